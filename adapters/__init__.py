@@ -1,0 +1,2 @@
+"""Adapters: learners and integrations that train policies on collab_env environments
+(installed as ``collab_env.adapters``)."""

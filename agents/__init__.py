@@ -1,0 +1,18 @@
+"""Policies: what produces the players' messages (installed as ``collab_env.agents``).
+
+One small async protocol, :class:`Policy`: ``await policy.act(observations, **sampling)``
+returns one :class:`~collab_env.types.Completion` per observation. Backends live one per file
+and import their heavy dependencies lazily.
+"""
+
+from collab_env.agents.base import Policy, SamplingParams, resolve_policy
+from collab_env.agents.scripted import CallablePolicy, FixedTextPolicy, ScriptedPolicy
+
+__all__ = [
+    "Policy",
+    "SamplingParams",
+    "resolve_policy",
+    "ScriptedPolicy",
+    "FixedTextPolicy",
+    "CallablePolicy",
+]

@@ -1,0 +1,103 @@
+"""The policy protocol and sampling parameters."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from collab_env.errors import ConfigError
+from collab_env.types import Completion, Conversation
+
+__all__ = ["Policy", "SamplingParams", "resolve_policy"]
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Anything with ``async act(observations, **sampling) -> list[Completion]``.
+
+    ``observations`` are the conversations as the acting player sees them (one per episode
+    that needs an action); the result has one completion per observation, in order. A policy
+    that fails after its own retries raises :class:`~collab_env.errors.PolicyError`; it never
+    returns empty text in place of an error.
+    """
+
+    async def act(self, observations: Sequence[Conversation], **sampling: Any) -> list[Completion]: ...
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling parameters every backend understands.
+
+    Args:
+        temperature: 0 means greedy.
+        top_p: Nucleus sampling mass.
+        top_k: Keep the k most likely tokens (``None``: no limit).
+        max_new_tokens: Longest completion.
+        stop: Strings that end a completion (not included in the text).
+        seed: Seed for reproducible sampling where the backend supports it.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}.")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError(f"top_k must be >= 1 or None, got {self.top_k}.")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}.")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> SamplingParams:
+        """Validate ``**sampling`` keywords; an unknown key is an error naming the valid ones."""
+        unknown = set(kwargs) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ConfigError(
+                f"unknown sampling parameter(s) {sorted(unknown)}; valid: {sorted(cls.__dataclass_fields__)}."
+            )
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["stop"] = list(self.stop)
+        return d
+
+
+def resolve_policy(ref: Any, **kwargs: Any) -> Policy:
+    """A policy object from an object, a class, or a ``"module:Class"`` string."""
+    from collab_env.registry import load_entry_point
+
+    obj = ref
+    if isinstance(ref, str):
+        obj = load_entry_point(ref)
+    if isinstance(obj, type):
+        obj = obj(**kwargs)
+    elif kwargs:
+        raise ConfigError(f"cannot pass constructor arguments to an existing policy object {obj!r}.")
+    if not isinstance(obj, Policy):
+        raise ConfigError(
+            f"{ref!r} is not a policy: it needs an async act(observations, **sampling) method."
+        )
+    return obj
+
+
+def describe(policy: Any) -> str:
+    """Short human name of a policy (for tables and logs)."""
+    name = getattr(policy, "name", None)
+    return str(name) if name else type(policy).__name__
+
+
+def as_mapping(policies: Mapping[str, Any] | None) -> dict[str, Policy]:
+    return {p: resolve_policy(v) for p, v in (policies or {}).items()}

@@ -1,0 +1,84 @@
+"""The one exception tree of collab_env.
+
+Every error the library raises on purpose derives from :class:`CollabEnvError` and
+also from the closest built-in exception (``ValueError``, ``TypeError``...), so
+callers can catch either. Messages say what went wrong, why, and how to fix it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+__all__ = [
+    "CollabEnvError",
+    "ConfigError",
+    "UnknownEnvError",
+    "ActionError",
+    "EnvStateError",
+    "DatasetUnavailableError",
+    "DataSchemaError",
+    "MissingDependencyError",
+    "PolicyError",
+    "did_you_mean",
+]
+
+
+class CollabEnvError(Exception):
+    """Base class of every error raised by collab_env."""
+
+
+class ConfigError(CollabEnvError, ValueError):
+    """A configuration value or keyword is invalid."""
+
+
+class UnknownEnvError(CollabEnvError, LookupError):
+    """An environment id is not registered."""
+
+    def __str__(self) -> str:  # LookupError would quote the message like a key
+        return str(self.args[0]) if self.args else ""
+
+
+class ActionError(CollabEnvError, TypeError):
+    """An action passed to ``step`` has the wrong type or names an unknown player."""
+
+
+class EnvStateError(CollabEnvError, RuntimeError):
+    """The environment was used out of order (step before reset, step after the end)."""
+
+
+class DatasetUnavailableError(CollabEnvError, RuntimeError):
+    """A dataset could not be loaded (offline, missing files, no access)."""
+
+
+class DataSchemaError(CollabEnvError, ValueError):
+    """Rows of a dataset do not follow the documented schema."""
+
+
+class MissingDependencyError(CollabEnvError, ImportError):
+    """An optional dependency is not installed; the message names the extra."""
+
+
+class PolicyError(CollabEnvError, RuntimeError):
+    """A policy failed to produce an action (after its own retries)."""
+
+
+def did_you_mean(name: str, choices: Iterable[str], n: int = 3) -> str:
+    """Return ``" Did you mean 'a' or 'b'?"`` for the closest choices, or ``""``."""
+    close = difflib.get_close_matches(name, list(choices), n=n, cutoff=0.5)
+    if not close:
+        return ""
+    return " Did you mean " + " or ".join(repr(c) for c in close) + "?"
+
+
+def require(module: str, extra: str, purpose: str):
+    """Import ``module`` or raise :class:`MissingDependencyError` naming the extra to install."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"{purpose} needs the optional dependency '{module}', which is not installed. "
+            f"Install it with: pip install 'collab_env[{extra}]'"
+        ) from exc

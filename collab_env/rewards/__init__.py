@@ -1,0 +1,1 @@
+"""Rewards: metrics, the multiturn-aware reward, joint rewards, the code sandbox."""

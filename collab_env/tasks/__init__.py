@@ -1,0 +1,123 @@
+"""Task suites.
+
+* ``hidden_facts``: the built-in collaboration suite (procedurally generated, offline): the user
+  wants a number but withholds quantities only they know; asking is the only way to the answer.
+* ``cooperative``: CoMLRL-style suites where several agents answer the same prompt and share one
+  joint reward (e.g. the length-ratio task).
+* ``collabllm``: the CollabLLM multiturn datasets (Hugging Face hub or local files).
+* :func:`from_dataset`: any dataset + per-agent formatters + a reward function is an env.
+
+Registering imports nothing heavy: entry points are strings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["from_dataset"]
+
+
+def from_dataset(*args: Any, **kwargs: Any):
+    """Build an env from any dataset; see :func:`collab_env.tasks.from_dataset.from_dataset`."""
+    from collab_env.tasks.dataset_env import from_dataset as _fd
+
+    return _fd(*args, **kwargs)
+
+
+_CHAT = (("assistant",), ("user",))
+
+_HIDDEN_FACTS = {
+    "hidden-facts": dict(
+        kwargs={},
+        description=(
+            "Built-in collaboration suite. The user wants a number (a total cost, weight or amount) "
+            "but the opening request withholds the quantities only the user knows; the user reveals "
+            "a fact when asked about it. The assistant answers with \\boxed{N}, checked exactly. "
+            "Two objects, every quantity withheld, one distractor."
+        ),
+    ),
+    "hidden-facts-easy": dict(
+        kwargs={"num_objects": 1, "vagueness": 0.5, "num_distractors": 0},
+        description="hidden-facts with one object, half the quantities stated, no distractor.",
+    ),
+    "hidden-facts-hard": dict(
+        kwargs={"num_objects": 3, "vagueness": 1.0, "vague_objects": True, "num_distractors": 2},
+        description=(
+            "hidden-facts with three objects that the opening does not even name, every quantity "
+            "withheld and two distractors."
+        ),
+    ),
+}
+
+# Default metric weights per CollabLLM dataset, from the paper and the verl recipe.
+_COLLABLLM = {
+    "math-hard": {"accuracy": 1.0, "interactivity": 1.0, "token_amount": -1e-4},
+    "medium": {"bleu_score": 1.0, "token_amount": -1e-4},
+    "bigcodebench": {"pass_rate": 1.0, "token_amount": -1e-4},
+}
+
+
+def _register_builtin() -> None:
+    from collab_env.registry import EnvSpec, register
+
+    for name, d in _HIDDEN_FACTS.items():
+        register(
+            EnvSpec(
+                id=f"{name}-v0",
+                entry_point="collab_env.tasks.hidden_facts:make_env",
+                kwargs=d["kwargs"],
+                players=("assistant", "user"),
+                turn_order=_CHAT,
+                trainable=("assistant",),
+                default_policies={"user": "collab_env.tasks.hidden_facts:HiddenFactsUser"},
+                reward={"accuracy": 1.0},
+                reward_range=(0.0, 1.0),
+                limits={"max_steps": 12},
+                description=d["description"],
+                suite="builtin",
+            )
+        )
+
+    register(
+        EnvSpec(
+            id="length-ratio-v0",
+            entry_point="collab_env.tasks.cooperative:make_length_ratio_env",
+            players=("agent_0", "agent_1"),
+            turn_order=(("agent_0", "agent_1"),),
+            trainable=("agent_0", "agent_1"),
+            reward={"length_ratio": 1.0},
+            reward_range=(0.0, 1.0),
+            limits={"num_turns": 1},
+            description=(
+                "CoMLRL-style cooperative suite: two agents answer the same creative prompt at once, "
+                "one briefly and one in detail; the joint reward exp(-distance) is 1 when the detailed "
+                "answer is 2-3 times as long as the brief one."
+            ),
+            suite="comlrl",
+        )
+    )
+
+    for ds, metrics in _COLLABLLM.items():
+        for large in (False, True):
+            name = f"collabllm-{ds}{'-large' if large else ''}"
+            register(
+                EnvSpec(
+                    id=f"{name}-v0",
+                    entry_point="collab_env.tasks.collabllm:make_env",
+                    kwargs={"dataset": f"collabllm/collabllm-multiturn-{ds}{'-large' if large else ''}"},
+                    players=("assistant", "user"),
+                    turn_order=_CHAT,
+                    trainable=("assistant",),
+                    default_policies={"user": "collab_env.tasks.collabllm:SessionReplayUser"},
+                    reward=metrics,
+                    limits={"max_assistant_turns": 3, "max_user_turns": 2},
+                    description=(
+                        f"CollabLLM {ds}{' (large, as in the paper)' if large else ''}: the assistant "
+                        "collaborates with a simulated user who holds the hidden single-turn prompt. "
+                        "Reads collabllm/collabllm-multiturn-"
+                        f"{ds}{'-large' if large else ''} from the hub, or data_files= offline."
+                    ),
+                    suite="collabllm",
+                    needs_data=True,
+                )
+            )
