@@ -5,13 +5,14 @@ returns one :class:`~collab_env.types.Completion` per observation. Backends live
 and import their heavy dependencies lazily.
 """
 
-from collab_env.agents.base import Policy, SamplingParams, resolve_policy
+from collab_env.agents.base import POLICY_ALIASES, Policy, SamplingParams, resolve_policy
 from collab_env.agents.scripted import CallablePolicy, FixedTextPolicy, ScriptedPolicy
 
 __all__ = [
     "Policy",
     "SamplingParams",
     "resolve_policy",
+    "POLICY_ALIASES",
     "ScriptedPolicy",
     "FixedTextPolicy",
     "CallablePolicy",

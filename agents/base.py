@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from collab_env.errors import ConfigError
+from collab_env.errors import ConfigError, did_you_mean
 from collab_env.types import Completion, Conversation
 
 __all__ = ["Policy", "SamplingParams", "resolve_policy"]
@@ -75,12 +75,29 @@ class SamplingParams:
         return d
 
 
+#: Short names usable wherever a policy is accepted (CLI, configs). Later backends add theirs.
+POLICY_ALIASES: dict[str, str] = {
+    "ask-then-answer": "collab_env.tasks.hidden_facts:AskThenAnswer",
+    "answer-at-once": "collab_env.tasks.hidden_facts:AnswerAtOnce",
+    "hidden-facts-user": "collab_env.tasks.hidden_facts:HiddenFactsUser",
+    "collabllm-replay-user": "collab_env.tasks.collabllm:SessionReplayUser",
+}
+
+
 def resolve_policy(ref: Any, **kwargs: Any) -> Policy:
-    """A policy object from an object, a class, or a ``"module:Class"`` string."""
+    """A policy object from an object, a class, an alias (:data:`POLICY_ALIASES`) or a
+    ``"module:Class"`` string."""
     from collab_env.registry import load_entry_point
 
     obj = ref
     if isinstance(ref, str):
+        if ref in POLICY_ALIASES:
+            ref = POLICY_ALIASES[ref]
+        elif ":" not in ref:
+            raise ConfigError(
+                f"unknown policy {ref!r}; use an alias {sorted(POLICY_ALIASES)} or 'module:Class'."
+                + did_you_mean(ref, POLICY_ALIASES)
+            )
         obj = load_entry_point(ref)
     if isinstance(obj, type):
         obj = obj(**kwargs)

@@ -1,0 +1,531 @@
+"""hidden-facts: the built-in collaboration suite, where asking is the only way to the answer.
+
+The user wants one number (a total cost, a total weight, the sugar for a bake sale) but the
+opening request withholds the quantities only the user knows. The user reveals a fact when the
+assistant asks about it; the assistant answers with ``\\boxed{N}``, checked exactly. Items are
+generated from a seed (unlimited, no download), so everything runs offline.
+
+Players
+    ``assistant`` (trained) and ``user`` (simulated; default policy :class:`HiddenFactsUser`).
+Turn order
+    The opening request is already in the transcript (written by the user); then assistant,
+    user, assistant, ...
+Observations
+    The assistant sees its system prompt (the answer protocol) and the chat. The user also sees
+    its hidden goal: the full problem and every fact, in a system message only it can see (with
+    the structured facts in ``meta["hidden"]`` for scripted users). The answer reaches nobody.
+Actions
+    Message text.
+Rewards
+    When the assistant's message contains ``\\boxed{...}`` the episode terminates and both
+    players get ``1.0`` if the boxed number equals the answer, else ``0.0``
+    (component ``accuracy``), minus ``cost_per_turn`` for every assistant turn after the first.
+    Every other step gives 0.
+Episode end
+    Terminated: the assistant answered (``"answered"``) or the user sent the termination signal
+    (``"user_terminated"``, reward 0). Truncated: ``max_steps`` (default 12: six assistant turns).
+Arguments
+    See :class:`HiddenFactsConfig`: ``num_objects``, ``vagueness`` (share of needed facts
+    withheld), ``vague_objects`` (the opening does not even name the objects),
+    ``num_distractors`` (irrelevant numbers in the opening), value ranges, ``split``.
+Version history
+    v0: initial release.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from collab_env.agents.scripted import ScriptedPolicy
+from collab_env.env import CollabEnv, EpisodeState, Outcome, Start, Task, env_message
+from collab_env.errors import ConfigError
+from collab_env.tasks._common import build_config, split_env_kwargs
+from collab_env.types import Conversation, Message
+
+__all__ = [
+    "HiddenFactsConfig",
+    "HiddenFactsTask",
+    "HiddenFactsUser",
+    "AskThenAnswer",
+    "AnswerAtOnce",
+    "make_env",
+    "extract_boxed",
+    "TERMINATION_SIGNAL",
+]
+
+TERMINATION_SIGNAL = "[[TERMINATE CHAT]]"
+
+ASSISTANT_PROMPT = (
+    "You are a helpful assistant. The user needs a number computed. Some information you need "
+    "may be missing from their request: ask the user about anything you need to know. When you "
+    "are sure, give the final number in \\boxed{}, for example \\boxed{42}."
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scenarios: the vocabulary a problem is generated from
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Attr:
+    label: str  # what the fact is about, for the hidden goal text
+    keywords: tuple[str, ...]  # words that, with the object, make a question about this fact
+    say: str  # sentence stating the fact: {n}/{v}, {one}, {many}
+    parse: str  # regex (with {one}/{many}) that reads the number back out of that sentence
+
+
+@dataclass(frozen=True)
+class _Scenario:
+    name: str
+    objects: tuple[tuple[str, str], ...]  # (singular, plural)
+    intro: str  # with {objects} and {occasion}
+    vague: str  # the intro when objects are not named
+    question: str
+    count: _Attr
+    unit: _Attr
+    list_keywords: tuple[str, ...]  # asking which objects are involved
+    list_say: str  # "It's {objects}."
+    occasions: tuple[str, ...]
+    distractors: tuple[str, ...]  # sentences with {d}: irrelevant numbers
+
+
+_SCENARIOS: tuple[_Scenario, ...] = (
+    _Scenario(
+        name="shopping",
+        objects=(("apple", "apples"), ("pear", "pears"), ("notebook", "notebooks"), ("candle", "candles"),
+                 ("lemon", "lemons"), ("balloon", "balloons"), ("towel", "towels"), ("mug", "mugs")),
+        intro="I'm buying {objects} for {occasion}.",
+        vague="I'm buying a few things for {occasion}.",
+        question="How much will it all cost, in dollars?",
+        count=_Attr("how many {many} I need", ("how many", "number of", "quantity", "count"),
+                    "I need {n} {many}.", r"I need (\d+) {many}\b"),
+        unit=_Attr("the price of one {one}", ("price", "cost", "how much", "each", "per"),
+                   "Each {one} costs {v} dollars.", r"Each {one} costs (\d+) dollars"),
+        list_keywords=("what items", "which items", "what are you buying", "what things", "which things",
+                       "what do you need to buy", "what exactly"),
+        list_say="I'm buying {objects}.",
+        occasions=("a birthday party", "the office", "a picnic", "my new flat", "a school fair"),
+        distractors=("The shop is {d} minutes from my house.", "The party starts at {d} o'clock.",
+                     "I already have {d} paper bags.", "My friend bought {d} cookies yesterday."),
+    ),
+    _Scenario(
+        name="baking",
+        objects=(("cookie", "cookies"), ("brownie", "brownies"), ("muffin", "muffins"), ("scone", "scones"),
+                 ("pancake", "pancakes"), ("waffle", "waffles"), ("cupcake", "cupcakes")),
+        intro="I'm baking {objects} for {occasion}.",
+        vague="I'm baking a few different treats for {occasion}.",
+        question="How many grams of sugar do I need in total?",
+        count=_Attr("how many batches of {many} I make", ("how many", "batches", "number of", "batch count"),
+                    "I'm making {n} batches of {many}.", r"making (\d+) batches of {many}\b"),
+        unit=_Attr("the sugar in one batch of {many}", ("sugar", "grams", "per batch", "each batch", "how much"),
+                   "Each batch of {many} needs {v} grams of sugar.", r"batch of {many} needs (\d+) grams"),
+        list_keywords=("what are you baking", "which treats", "what treats", "what kind", "which kinds",
+                       "what exactly", "which items"),
+        list_say="I'm baking {objects}.",
+        occasions=("a bake sale", "my sister's wedding", "the school fair", "a team breakfast"),
+        distractors=("The oven runs at {d} degrees.", "The sale opens at {d} o'clock.",
+                     "I have {d} baking trays.", "Last year we sold {d} pies."),
+    ),
+    _Scenario(
+        name="shipping",
+        objects=(("book", "books"), ("plate", "plates"), ("lamp", "lamps"), ("jar", "jars"),
+                 ("shoe", "shoes"), ("toy", "toys"), ("vase", "vases")),
+        intro="I'm shipping boxes of {objects} to {occasion}.",
+        vague="I'm shipping some boxes to {occasion}.",
+        question="What is the total weight, in kilograms?",
+        count=_Attr("how many boxes of {many} I ship", ("how many", "number of", "boxes", "count"),
+                    "I have {n} boxes of {many}.", r"I have (\d+) boxes of {many}\b"),
+        unit=_Attr("the weight of one box of {many}", ("weigh", "weight", "heavy", "kg", "kilogram", "how much"),
+                   "Each box of {many} weighs {v} kilograms.", r"box of {many} weighs (\d+) kilograms"),
+        list_keywords=("what is in", "what's in", "what are you shipping", "which items", "what items",
+                       "what exactly", "contents"),
+        list_say="The boxes hold {objects}.",
+        occasions=("my cousin in Lyon", "a customer in Osaka", "our new office", "my grandmother"),
+        distractors=("The courier comes at {d} o'clock.", "The tape roll is {d} meters long.",
+                     "I shipped {d} parcels last month.", "The post office is {d} blocks away."),
+    ),
+)
+_SCENARIO_BY_NAME = {s.name: s for s in _SCENARIOS}
+
+
+def _join(words: Sequence[str]) -> str:
+    words = list(words)
+    if len(words) <= 1:
+        return "".join(words)
+    return ", ".join(words[:-1]) + " and " + words[-1]
+
+
+_BOXED = re.compile(r"\\boxed\s*\{([^{}]*)\}")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def extract_boxed(text: str) -> float | None:
+    """The number in the last ``\\boxed{...}`` of ``text`` (``$``, commas and units ignored),
+    or ``None`` when there is no box or it holds no number."""
+    boxes = _BOXED.findall(text)
+    if not boxes:
+        return None
+    m = _NUMBER.search(boxes[-1].replace(",", ""))
+    return float(m.group()) if m else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Config and item generation
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HiddenFactsConfig:
+    """Difficulty knobs of the suite.
+
+    Args:
+        num_objects: Objects in a problem (each has a count and a unit value: 2 facts).
+        vagueness: Share of the needed facts withheld from the opening (0: all stated, 1: none).
+        vague_objects: The opening does not name the objects; the user says them when asked.
+        num_distractors: Irrelevant numeric sentences in the opening.
+        max_count: Counts are drawn from ``[2, max_count]``.
+        max_unit: Unit values are drawn from ``[1, max_unit]``.
+        scenarios: Scenario names to draw from (``shopping``, ``baking``, ``shipping``).
+        split: ``"train"`` or ``"test"``: disjoint item streams from the same generator.
+        num_items: Make the suite finite (items ``0..num_items-1``); ``None`` for unlimited.
+        cost_per_turn: Subtracted from the reward for every assistant turn after the first.
+        assistant_system_prompt: The assistant's system prompt (``None`` for none).
+        termination_signal: Text with which the user ends the chat.
+    """
+
+    num_objects: int = 2
+    vagueness: float = 1.0
+    vague_objects: bool = False
+    num_distractors: int = 1
+    max_count: int = 9
+    max_unit: int = 12
+    scenarios: tuple[str, ...] = ("shopping", "baking", "shipping")
+    split: str = "train"
+    num_items: int | None = None
+    cost_per_turn: float = 0.0
+    assistant_system_prompt: str | None = ASSISTANT_PROMPT
+    termination_signal: str = TERMINATION_SIGNAL
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.num_objects <= 4:
+            raise ConfigError(f"num_objects must be in 1..4, got {self.num_objects}.")
+        if not 0.0 <= self.vagueness <= 1.0:
+            raise ConfigError(f"vagueness must be in [0, 1], got {self.vagueness}.")
+        if not 0 <= self.num_distractors <= 4:
+            raise ConfigError(f"num_distractors must be in 0..4, got {self.num_distractors}.")
+        if self.max_count < 2 or self.max_unit < 1:
+            raise ConfigError("max_count must be >= 2 and max_unit >= 1.")
+        object.__setattr__(self, "scenarios", tuple(self.scenarios))
+        for s in self.scenarios:
+            if s not in _SCENARIO_BY_NAME:
+                raise ConfigError(f"unknown scenario {s!r}; choose from {sorted(_SCENARIO_BY_NAME)}.")
+        if not self.scenarios:
+            raise ConfigError("scenarios must name at least one scenario.")
+        if self.split not in ("train", "test"):
+            raise ConfigError(f"split must be 'train' or 'test', got {self.split!r}.")
+        if self.num_items is not None and self.num_items < 1:
+            raise ConfigError(f"num_items must be >= 1 or None, got {self.num_items}.")
+        if self.cost_per_turn < 0:
+            raise ConfigError(f"cost_per_turn must be >= 0, got {self.cost_per_turn}.")
+        if not self.termination_signal:
+            raise ConfigError("termination_signal must be a non-empty string.")
+
+
+_SPLIT_STREAM = {"train": 0x7A11, "test": 0x7E57}
+
+
+def generate_item(config: HiddenFactsConfig, index: int) -> dict[str, Any]:
+    """The problem at ``index``: a pure function of the config and the index."""
+    rng = np.random.default_rng([_SPLIT_STREAM[config.split], int(index)])
+    sc = _SCENARIO_BY_NAME[config.scenarios[int(rng.integers(len(config.scenarios)))]]
+    picks = rng.choice(len(sc.objects), size=config.num_objects, replace=False)
+    objects = [sc.objects[int(i)] for i in sorted(picks)]
+    facts = []
+    for one, many in objects:
+        n = int(rng.integers(2, config.max_count + 1))
+        v = int(rng.integers(1, config.max_unit + 1))
+        for kind, attr, value in (("count", sc.count, n), ("unit", sc.unit, v)):
+            facts.append({
+                "object": one,
+                "plural": many,
+                "kind": kind,
+                "value": value,
+                "label": attr.label.format(one=one, many=many),
+                "sentence": attr.say.format(n=value, v=value, one=one, many=many),
+            })
+    answer = sum(facts[2 * i]["value"] * facts[2 * i + 1]["value"] for i in range(len(objects)))
+    n_hidden = math.ceil(config.vagueness * len(facts) - 1e-9)
+    hidden = set(int(i) for i in rng.choice(len(facts), size=n_hidden, replace=False))
+    for i, f in enumerate(facts):
+        f["hidden"] = i in hidden
+    occasion = sc.occasions[int(rng.integers(len(sc.occasions)))]
+    names = _join([many for _, many in objects])
+    opening = [sc.vague.format(occasion=occasion) if config.vague_objects else
+               sc.intro.format(objects=names, occasion=occasion)]
+    opening += [f["sentence"] for f in facts if not f["hidden"]]
+    dpick = rng.choice(len(sc.distractors), size=config.num_distractors, replace=False)
+    distractors = [sc.distractors[int(i)].format(d=int(rng.integers(2, 60))) for i in dpick]
+    opening += distractors
+    opening.append(sc.question)
+    full = [sc.intro.format(objects=names, occasion=occasion)] + [f["sentence"] for f in facts]
+    return {
+        "index": int(index),
+        "scenario": sc.name,
+        "objects": [one for one, _ in objects],
+        "plurals": [many for _, many in objects],
+        "objects_named": not config.vague_objects,
+        "facts": facts,
+        "distractors": distractors,
+        "opening": " ".join(opening),
+        "question": sc.question,
+        "single_turn_prompt": " ".join(full + [sc.question]),
+        "answer": answer,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The task
+# ---------------------------------------------------------------------------------------------
+class HiddenFactsTask(Task):
+    """The hidden-facts rules; see the module docstring."""
+
+    players = ("assistant", "user")
+    user_players = ("user",)
+    turn_order = (("assistant",), ("user",))
+    default_max_steps = 12
+
+    def __init__(self, config: HiddenFactsConfig) -> None:
+        self.config = config
+
+    def num_items(self) -> int | None:
+        return self.config.num_items
+
+    def get_item(self, index: int) -> Mapping[str, Any]:
+        return generate_item(self.config, index)
+
+    def start(self, state: EpisodeState, options: Mapping[str, Any]) -> Start:
+        item, cfg = state.item, self.config
+        messages = []
+        if cfg.assistant_system_prompt:
+            messages.append(env_message(cfg.assistant_system_prompt, role="system", audience=("assistant",)))
+        sc = _SCENARIO_BY_NAME[item["scenario"]]
+        facts = "\n".join(f"- {f['sentence']}" for f in item["facts"])
+        goal = (
+            "You are a user chatting with an AI assistant. You want this answered: "
+            f"{item['single_turn_prompt']}\n"
+            f"Your first message only said: {item['opening']!r}. You know these facts:\n{facts}\n"
+            "Reveal a fact only when the assistant asks about it. When the assistant gives a final "
+            f"answer, or you want to stop, end your message with {cfg.termination_signal}."
+        )
+        hidden = {
+            "scenario": item["scenario"],
+            "facts": [{k: f[k] for k in ("object", "plural", "kind", "value", "sentence")} for f in item["facts"]],
+            "objects": item["objects"],
+            "plurals": item["plurals"],
+            "objects_named": item["objects_named"],
+            "list_sentence": sc.list_say.format(objects=_join(item["plurals"])),
+            "distractors": item["distractors"],
+            "termination_signal": cfg.termination_signal,
+        }
+        messages.append(env_message(goal, role="system", audience=("user",), meta={"hidden": hidden}))
+        # The opening request is the user's line, written from the item (not by a policy).
+        messages.append(Message(role="user", content=item["opening"], author="user", trainable=False))
+        return Start(messages=messages, on_turn=("assistant",))
+
+    def step(self, state: EpisodeState, moves: Mapping[str, str], final: bool) -> Outcome:
+        cfg = self.config
+        if "assistant" in moves:
+            guess = extract_boxed(moves["assistant"])
+            if guess is not None:
+                correct = float(guess == state.item["answer"])
+                penalty = cfg.cost_per_turn * (state.moves["assistant"] - 1)
+                r = correct - penalty
+                comp = {"accuracy": correct, "turn_cost": -penalty}
+                return Outcome(
+                    rewards={"assistant": r, "user": r},
+                    components={"assistant": comp, "user": comp},
+                    terminated=True,
+                    reason="answered",
+                )
+        if "user" in moves and cfg.termination_signal in moves["user"]:
+            comp = {"accuracy": 0.0, "turn_cost": 0.0}
+            return Outcome(components={"assistant": comp, "user": comp}, terminated=True,
+                           reason="user_terminated")
+        if final:
+            comp = {"accuracy": 0.0, "turn_cost": 0.0}
+            return Outcome(components={"assistant": comp, "user": comp})
+        return Outcome()
+
+
+def make_env(**kwargs: Any) -> CollabEnv:
+    """Entry point of the ``hidden-facts*`` ids: :class:`HiddenFactsConfig` keywords plus
+    ``max_steps``, ``max_message_chars``, ``max_total_chars``, ``render_mode``."""
+    env_kw, task_kw = split_env_kwargs(dict(kwargs))
+    config = build_config(HiddenFactsConfig, task_kw, where="hidden-facts")
+    return CollabEnv(HiddenFactsTask(config), **env_kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# Policies: the scripted user and two reference assistants
+# ---------------------------------------------------------------------------------------------
+def _hidden_of(observation: Conversation) -> Mapping[str, Any]:
+    for m in observation:
+        if m.role == "system" and "hidden" in m.meta:
+            return m.meta["hidden"]
+    raise ConfigError(
+        "HiddenFactsUser needs the user's observation of a hidden-facts env (its hidden system "
+        "message was not found); use it only as the 'user' player of hidden-facts."
+    )
+
+
+def _clauses(text: str) -> list[str]:
+    return [c.strip().lower() for c in re.split(r"[?.!;\n]+", text) if c.strip()]
+
+
+def _mentions(clause: str, word: str) -> bool:
+    return re.search(r"\b" + re.escape(word.lower()) + r"\b", clause) is not None
+
+
+class HiddenFactsUser(ScriptedPolicy):
+    """The scripted user of hidden-facts (deterministic under a seed).
+
+    It reads its hidden facts from its own observation. Each reply: if the assistant's last
+    message asks (in one clause) about an object and an attribute, it states those facts; if it
+    asks which objects are involved, it names them; once the assistant gives a boxed answer, or
+    after ``patience`` replies that revealed nothing, it ends the chat with the termination
+    signal. Otherwise it nudges the assistant, sometimes (``chattiness``) adding a distractor.
+
+    Args:
+        patience: Unhelpful assistant turns tolerated before the user gives up.
+        chattiness: Probability of adding an irrelevant sentence to a reply.
+    """
+
+    name = "hidden-facts-user"
+
+    def __init__(self, patience: int = 3, chattiness: float = 0.0) -> None:
+        if patience < 1:
+            raise ConfigError(f"patience must be >= 1, got {patience}.")
+        if not 0.0 <= chattiness <= 1.0:
+            raise ConfigError(f"chattiness must be in [0, 1], got {chattiness}.")
+        self.patience = patience
+        self.chattiness = chattiness
+
+    def respond(self, observation: Conversation, rng: np.random.Generator) -> str:
+        hidden = _hidden_of(observation)
+        signal = hidden["termination_signal"]
+        said = " ".join(m.content for m in observation if m.author == "user")
+        last = observation.last(role="user")  # in the user's view, the assistant speaks as "user"
+        asked = last.content if last is not None and last.author != "user" else ""
+        if _BOXED.search(asked):
+            return f"Thanks, that's what I needed. {signal}"
+        reply = []
+        clauses = _clauses(asked)
+        names_known = hidden["objects_named"] or hidden["list_sentence"] in said
+        if not names_known and any(any(k in c for k in _list_keywords(hidden)) for c in clauses):
+            reply.append(hidden["list_sentence"])
+        for f in hidden["facts"]:
+            if f["sentence"] in said:
+                continue
+            if any(
+                (_mentions(c, f["object"]) or _mentions(c, f["plural"]))
+                and any(k in c for k in _attr_keywords(hidden["scenario"], f["kind"]))
+                for c in clauses
+            ):
+                reply.append(f["sentence"])
+        if reply:
+            if self.chattiness and rng.random() < self.chattiness and hidden["distractors"]:
+                reply.append(hidden["distractors"][int(rng.integers(len(hidden["distractors"])))])
+            return " ".join(reply)
+        # Count earlier nudges from the transcript itself: the user keeps no state of its own.
+        unhelpful = sum(1 for m in observation if m.author == "user" and m.content.startswith(_NUDGES))
+        if unhelpful + 1 >= self.patience:
+            return f"I don't think we're getting anywhere. {signal}"
+        return _NUDGES[int(rng.integers(len(_NUDGES)))] + " Can you work it out for me?"
+
+
+_NUDGES = (
+    "Hmm, I'm not sure what you mean.",
+    "I just want the number, please.",
+    "Sorry, I don't follow.",
+)
+
+
+def _attr_keywords(scenario: str, kind: str) -> tuple[str, ...]:
+    sc = _SCENARIO_BY_NAME[scenario]
+    return (sc.count if kind == "count" else sc.unit).keywords
+
+
+def _list_keywords(hidden: Mapping[str, Any]) -> tuple[str, ...]:
+    return _SCENARIO_BY_NAME[hidden["scenario"]].list_keywords
+
+
+class _ReadsFacts(ScriptedPolicy):
+    """Shared parsing for the reference assistants: which scenario, which objects, which values
+    are already known, read from the visible chat only (never from hidden data)."""
+
+    def _state(self, observation: Conversation):
+        chat = " ".join(m.content for m in observation if m.role != "system" and m.author == "user")
+        for sc in _SCENARIOS:
+            if sc.question in chat:
+                break
+        else:
+            return None, [], {}, chat
+        objs = [(one, many) for one, many in sc.objects if re.search(r"\b" + many + r"\b", chat)]
+        known = {}
+        for one, many in objs:
+            for kind, attr in (("count", sc.count), ("unit", sc.unit)):
+                m = re.search(attr.parse.format(one=re.escape(one), many=re.escape(many)), chat)
+                if m:
+                    known[(one, kind)] = int(m.group(1))
+        return sc, objs, known, chat
+
+
+class AskThenAnswer(_ReadsFacts):
+    """Reference assistant: asks for every missing quantity, then answers exactly.
+
+    It first asks which objects are involved if the opening does not name them, then asks about
+    every unknown count and unit value in one message, then computes the total and boxes it.
+    """
+
+    name = "ask-then-answer"
+
+    def respond(self, observation: Conversation, rng: np.random.Generator) -> str:
+        sc, objs, known, _ = self._state(observation)
+        if sc is None:
+            return "Could you tell me exactly what you need me to compute?"
+        if not objs:
+            return "Happy to help. Which items exactly are involved?"
+        questions = []
+        for one, many in objs:
+            if (one, "count") not in known:
+                questions.append(_ASK[sc.name]["count"].format(one=one, many=many))
+            if (one, "unit") not in known:
+                questions.append(_ASK[sc.name]["unit"].format(one=one, many=many))
+        if questions:
+            return "Before I compute the total, I need a few details. " + " ".join(questions)
+        total = sum(known[(one, "count")] * known[(one, "unit")] for one, _ in objs)
+        return f"Thanks! The total is \\boxed{{{total}}}."
+
+
+_ASK = {
+    "shopping": {"count": "How many {many} do you need?", "unit": "What is the price of one {one}?"},
+    "baking": {"count": "How many batches of {many} are you making?",
+               "unit": "How many grams of sugar does each batch of {many} need?"},
+    "shipping": {"count": "How many boxes of {many} do you have?",
+                 "unit": "How much does each box of {many} weigh?"},
+}
+
+
+class AnswerAtOnce(_ReadsFacts):
+    """Reference assistant that never asks: it answers from the opening alone, taking 1 for
+    every quantity it was not told (the passive-responder baseline)."""
+
+    name = "answer-at-once"
+
+    def respond(self, observation: Conversation, rng: np.random.Generator) -> str:
+        sc, objs, known, _ = self._state(observation)
+        total = sum(known.get((one, "count"), 1) * known.get((one, "unit"), 1) for one, _ in objs)
+        return f"The total is \\boxed{{{total}}}."
