@@ -31,6 +31,7 @@ Episode end
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -198,13 +199,14 @@ class Task:
 # ---------------------------------------------------------------------------------------------
 # CollabEnv: the PettingZoo parallel environment
 # ---------------------------------------------------------------------------------------------
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _clean_text(text: str, limit: int) -> tuple[str, dict[str, Any]]:
     """Make any ``str`` safe to store, encode and print; report what was changed."""
     meta: dict[str, Any] = {}
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates: not valid text, replace them
-        text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    if _SURROGATE.search(text):  # lone surrogates cannot be encoded, printed or tokenised
+        text = _SURROGATE.sub("\ufffd", text)
         meta["replaced_invalid_unicode"] = True
     if len(text) > limit:
         meta["clipped_from"] = len(text)

@@ -1,0 +1,46 @@
+import pickle
+
+import gymnasium
+import pytest
+
+from collab_env.spaces import Chat, UnicodeText
+from collab_env.types import Conversation, Message
+
+REAL_TEXT = ["", "plain", "emoji 😀🤖", "中文 日本語 한국어", "“curly” ‘quotes’ — dash…", "line\nbreaks\r\n\ttabs",
+             "\x00nul", "a" * 5000]
+
+
+@pytest.mark.parametrize("text", REAL_TEXT)
+def test_real_llm_text_is_inside(text):
+    assert UnicodeText(10_000).contains(text)
+
+
+def test_bounds_and_types():
+    s = UnicodeText(5, min_length=1)
+    assert not s.contains("")
+    assert not s.contains("123456")
+    assert not s.contains(b"bytes")
+    assert not s.contains(3)
+    with pytest.raises(ValueError):
+        UnicodeText(3, min_length=4)
+
+
+def test_sampling_is_seeded_and_varied():
+    a, b = UnicodeText(seed=3), UnicodeText(seed=3)
+    xs = [a.sample() for _ in range(50)]
+    assert xs == [b.sample() for _ in range(50)]
+    assert all(a.contains(x) for x in xs)
+    joined = "".join(xs)
+    assert any(ord(c) > 0x4E00 for c in joined) and any(c.isascii() for c in joined)
+    assert len(set(xs)) > 40
+
+
+def test_chat_space():
+    space = Chat(max_messages=3, seed=1)
+    conv = space.sample()
+    assert space.contains(conv)
+    assert not space.contains([{"role": "user", "content": "x"}])
+    too_long = Conversation(tuple(Message("user", "x", author="user") for _ in range(4)))
+    assert not space.contains(too_long)
+    assert pickle.loads(pickle.dumps(space)) == space
+    assert isinstance(space, gymnasium.spaces.Space)
