@@ -64,6 +64,8 @@ def test_every_spec_matches_its_env():
         env = collab_env.make(env_id)
         assert env.possible_agents == list(s.players), env_id
         assert env.task.turn_order == s.turn_order, env_id
+        if "max_steps" in s.limits:
+            assert env.max_steps == s.limits["max_steps"], env_id
 
 
 def test_gymnasium_registration():
