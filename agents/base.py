@@ -81,6 +81,7 @@ POLICY_ALIASES: dict[str, str] = {
     "answer-at-once": "collab_env.tasks.hidden_facts:AnswerAtOnce",
     "hidden-facts-user": "collab_env.tasks.hidden_facts:HiddenFactsUser",
     "collabllm-replay-user": "collab_env.tasks.collabllm:SessionReplayUser",
+    "length-ratio-partner": "collab_env.tasks.cooperative:LengthRatioPartner",
 }
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "DataSchemaError",
     "MissingDependencyError",
     "PolicyError",
+    "TaskFunctionError",
     "did_you_mean",
 ]
 
@@ -61,6 +62,11 @@ class MissingDependencyError(CollabEnvError, ImportError):
 
 class PolicyError(CollabEnvError, RuntimeError):
     """A policy failed to produce an action (after its own retries)."""
+
+
+class TaskFunctionError(CollabEnvError, RuntimeError):
+    """A user-supplied formatter, reward function, reward processor or transition raised or
+    returned an invalid value (never turned into an empty prompt or a zero reward)."""
 
 
 def did_you_mean(name: str, choices: Iterable[str], n: int = 3) -> str:

@@ -85,6 +85,10 @@ def _register_builtin() -> None:
             players=("agent_0", "agent_1"),
             turn_order=(("agent_0", "agent_1"),),
             trainable=("agent_0", "agent_1"),
+            default_policies={
+                "agent_0": "collab_env.tasks.cooperative:LengthRatioPartner",
+                "agent_1": "collab_env.tasks.cooperative:LengthRatioPartner",
+            },
             reward={"length_ratio": 1.0},
             reward_range=(0.0, 1.0),
             limits={"num_turns": 1},
@@ -110,7 +114,8 @@ def _register_builtin() -> None:
                     trainable=("assistant",),
                     default_policies={"user": "collab_env.tasks.collabllm:SessionReplayUser"},
                     reward=metrics,
-                    limits={"max_assistant_turns": 3, "max_user_turns": 2},
+                    # Episode budgets (the recipe's 3/2 turns are the reward's future window).
+                    limits={"max_assistant_turns": 10, "max_user_turns": 10, "max_steps": 20},
                     description=(
                         f"CollabLLM {ds}{' (large, as in the paper)' if large else ''}: the assistant "
                         "collaborates with a simulated user who holds the hidden single-turn prompt. "

@@ -37,10 +37,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from collab_env.env import CollabEnv, EpisodeState, Outcome, Start, Task, env_message
-from collab_env.errors import CollabEnvError, ConfigError, DataSchemaError
+from collab_env.errors import ConfigError, DataSchemaError, TaskFunctionError
 from collab_env.types import ENV_AUTHOR
 
-__all__ = ["from_dataset", "DatasetTask", "TaskFunctionError", "TRANSITION_KEYWORDS"]
+__all__ = ["from_dataset", "DatasetTask", "TaskFunctionError", "TRANSITION_KEYWORDS", "REWARD_KEYWORDS"]
 
 #: Keywords an ``external_transition`` may declare (it gets exactly those it declares, or all of
 #: them when it takes ``**kwargs``).
@@ -56,11 +56,6 @@ TRANSITION_KEYWORDS: tuple[str, ...] = (
 )
 #: Keywords a ``reward_func`` may declare besides the per-agent completion lists.
 REWARD_KEYWORDS: tuple[str, ...] = ("batch_items", "prompts")
-
-
-class TaskFunctionError(CollabEnvError, RuntimeError):
-    """A user-supplied formatter, reward function, reward processor or transition raised or
-    returned an invalid value. Never turned into an empty prompt or a zero reward."""
 
 
 # ---------------------------------------------------------------------------------------------

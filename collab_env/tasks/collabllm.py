@@ -1,0 +1,672 @@
+"""CollabLLM suites: an assistant collaborates with a simulated user who holds a hidden problem.
+
+The rows come from the Hugging Face datasets ``collabllm/collabllm-multiturn-{math-hard, medium,
+bigcodebench}`` (and their ``-large`` variants, the ones used in the CollabLLM paper), or from
+local parquet / json / jsonl files in the same schema (``data_files=``).
+
+Schema (one row per recorded conversation prefix)
+    ======================== ========= ==========================================================
+    column                   required  meaning
+    ======================== ========= ==========================================================
+    ``prompt``               yes       ``[{"role", "content"}, ...]``: the conversation so far,
+                                       ending with a user turn (system messages allowed).
+    ``single_turn_prompt``   yes       The full problem the user wants solved; hidden from the
+                                       assistant (the simulated user's goal).
+    ``single_turn_completion`` yes     Reference answer of that problem (used by rewards only).
+    ``completion``           no        The recorded assistant reply to ``prompt``.
+    ``conv_id``, ``turn_id`` no        Conversation id and position of this prefix.
+    ``score``                no        Multiturn-aware reward of ``completion`` in the data.
+    ``single_turn_metadata`` no        Task extras for rewards (level, tests, entry point...).
+    ``sessions``             no        Recorded conversations sampled after ``completion``, as
+                                       a list of message lists, or as a struct keyed ``"0"``,
+                                       ``"1"``, ... whose values are message lists (``None`` where
+                                       ``datasets`` unified struct keys across rows). A session
+                                       may hold the whole conversation or only the continuation.
+    ``rewards``              no        Per-metric scores of the sessions (kept for rewards).
+    ``task_desc``            no        Short task description for the user simulator; default
+                                       per dataset (see :data:`TASK_DESCRIPTIONS`).
+    ======================== ========= ==========================================================
+
+    :meth:`CollabLLMTask.get_item` returns the row as a dict with ``sessions`` normalised to a
+    list of message lists and ``task_desc`` filled in.
+
+Players
+    ``"assistant"`` (trainable) and ``"user"`` (a simulated user; its default policy is
+    :class:`SessionReplayUser`, which replays the recorded user turns). Turn order alternates
+    ``("assistant",)``, ``("user",)``.
+
+Start modes (``mode=`` at make, or ``reset(options={"mode": ...})``)
+    * ``"train"``: the episode starts from the row's ``prompt`` prefix. Its messages are authored
+      by ``"user"`` / ``"assistant"`` but are data: never trainable, marked
+      ``meta={"from_data": True}``. The assistant is on turn, answering the last user turn.
+    * ``"eval"``: from scratch; the user opens the chat (the user is on turn first).
+
+Observations
+    The conversation as each player sees it. Only the user sees its hidden goal: a system message
+    (``audience=("user",)``) whose ``meta`` holds ``single_turn_prompt``, ``task_desc``,
+    ``termination_signal``, ``mode`` and ``user_turns`` (the recorded user turns to replay in
+    this mode). The assistant's ``system_prompt`` (or, without one, the system messages of the
+    row's ``prompt``) is visible to the assistant only. The reference answer
+    (``single_turn_completion``, ``completion``, ground truth) is in no observation; it stays in
+    the task item for the rewards.
+
+Actions
+    Message text (any ``str``).
+
+Rewards
+    The environment itself returns **0.0 on every step** and reports no reward components:
+    CollabLLM rewards (accuracy, interactivity, token amount, BLEU, pass rate and the
+    multiturn-aware reward built from them) come from the reward wrappers configured by
+    ``EnvSpec.reward``. The final step's info carries a ``"reward_note"`` saying so.
+
+Episode end
+    * terminated, reason ``"user_terminated"``: a user message contains the termination signal
+      (``"[[TERMINATE CHAT]]"`` by default);
+    * truncated, reason ``"max_assistant_turns"``: the assistant has written
+      ``max_assistant_turns`` messages in this episode (the prefix does not count);
+    * truncated, reason ``"max_user_turns"``: the user has written ``max_user_turns`` messages and
+      the assistant has answered the last one (as in verl's agent loop, budgets are checked after
+      an assistant turn, so a truncated episode ends on an assistant reply);
+    * truncated by the env's own ``max_steps`` (default ``2 * max_assistant_turns``) or
+      ``max_total_chars``.
+
+Loading
+    Datasets load eagerly at ``make`` so problems surface at once. With ``data_files`` the builder
+    follows the extension (``.json`` / ``.jsonl`` -> ``"json"``, ``.parquet`` -> ``"parquet"``).
+    Without it the rows come from the hub: with ``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE`` set,
+    only the local cache is used; otherwise the hub endpoint is probed first (3 s TCP connect)
+    and an unreachable hub raises :class:`~collab_env.errors.DatasetUnavailableError` at once,
+    saying what to do instead. A missing required column raises
+    :class:`~collab_env.errors.DataSchemaError` naming the column and the file; a malformed
+    ``prompt`` is reported when its row is first drawn (the first row is checked at make).
+
+Version history
+    * v0: first version.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Any, ClassVar, Literal
+from urllib.parse import urlparse
+
+import numpy as np
+
+from collab_env.agents.scripted import ScriptedPolicy
+from collab_env.env import CollabEnv, EpisodeState, Outcome, Start, Task, env_message
+from collab_env.errors import (
+    ConfigError,
+    DatasetUnavailableError,
+    DataSchemaError,
+    PolicyError,
+)
+from collab_env.tasks._common import build_config, build_env, split_env_kwargs
+from collab_env.types import Conversation, Message
+
+__all__ = [
+    "CollabLLMConfig",
+    "CollabLLMTask",
+    "SessionReplayUser",
+    "make_env",
+    "load_collabllm_dataset",
+    "REQUIRED_COLUMNS",
+    "OPTIONAL_COLUMNS",
+    "TASK_DESCRIPTIONS",
+    "DEFAULT_TERMINATION_SIGNAL",
+]
+
+REQUIRED_COLUMNS: tuple[str, ...] = ("prompt", "single_turn_prompt", "single_turn_completion")
+OPTIONAL_COLUMNS: tuple[str, ...] = (
+    "completion",
+    "conv_id",
+    "score",
+    "single_turn_metadata",
+    "turn_id",
+    "sessions",
+    "rewards",
+    "task_desc",
+)
+DEFAULT_TERMINATION_SIGNAL = "[[TERMINATE CHAT]]"
+
+#: Default ``task_desc`` per dataset family (matched against the dataset name); a ``task_desc``
+#: column wins over it, and ``task_desc=`` at make wins over both.
+TASK_DESCRIPTIONS: dict[str, str] = {
+    "math-hard": "solving math problems",
+    "medium": "writing and editing documents (articles)",
+    "bigcodebench": "writing Python code",
+}
+# verl's process_dataset.py default for datasets of other families.
+_GENERIC_TASK_DESC = "general ask-for-assistance task"
+
+_MODES = ("train", "eval")
+_GOAL_KIND = "collabllm_goal"
+_REWARD_NOTE = (
+    "collabllm envs return reward 0.0 on every step; CollabLLM rewards (accuracy, interactivity, "
+    "token amount, BLEU, pass rate, multiturn-aware reward) come from the reward wrappers "
+    "configured by EnvSpec.reward."
+)
+_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+_COMPRESSION = (".gz", ".bz2", ".xz", ".zst", ".zip")
+_TRUE = ("1", "true", "yes", "on")
+_PROBE_TIMEOUT_S = 3.0
+
+_OFFLINE_HINT = (
+    "To run without the hub, pass data_files= with a local copy in the documented schema "
+    "(parquet, json or jsonl; see the collab_env.tasks.collabllm docstring), e.g. "
+    "collab_env.make('collabllm-math-hard', data_files='math-hard.parquet'), or use the offline "
+    "suites 'hidden-facts' / 'length-ratio'. Set HF_DATASETS_OFFLINE=1 (and HF_HUB_OFFLINE=1) "
+    "to skip network access altogether."
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class CollabLLMConfig:
+    """Configuration of a CollabLLM task (the ``make`` keywords besides the env's own)."""
+
+    dataset: str = "collabllm/collabllm-multiturn-math-hard"
+    """Hub dataset id (or a local dataset directory); with ``data_files`` it only names the
+    dataset family (for the default ``task_desc``)."""
+
+    data_files: str | list[str] | dict[str, Any] | None = None
+    """Local parquet/json/jsonl file(s) in the documented schema: a path, a list of paths or a
+    ``{split: path(s)}`` dict. Globs are allowed."""
+
+    split: str = "train"
+    """Split to read."""
+
+    mode: Literal["train", "eval"] = "train"
+    """``"train"``: start from the row's prompt prefix, assistant on turn. ``"eval"``: start
+    from scratch, the user opens. ``reset(options={"mode": ...})`` overrides it per episode."""
+
+    system_prompt: str | None = None
+    """System prompt of the assistant (replaces the system messages of the row's prompt)."""
+
+    termination_signal: str = DEFAULT_TERMINATION_SIGNAL
+    """A user message containing this text ends the episode (``"user_terminated"``)."""
+
+    max_assistant_turns: int | None = 10
+    """Assistant messages per episode before truncation (``None``: no limit). The verl
+    recipe's 3 is the window of *future* rollouts in the reward, not an episode budget."""
+
+    max_user_turns: int | None = 10
+    """User messages per episode after which the episode ends once the assistant answered
+    (``None``: no limit). Prefix turns do not count."""
+
+    task_desc: str | None = None
+    """Task description shown to the user; overrides the row's ``task_desc`` and the default."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dataset, str) or not self.dataset.strip():
+            raise ConfigError(f"dataset must be a non-empty str, got {self.dataset!r}.")
+        self.data_files = _check_data_files(self.data_files)
+        if not isinstance(self.split, str) or not self.split:
+            raise ConfigError(f"split must be a non-empty str, got {self.split!r}.")
+        if self.mode not in _MODES:
+            raise ConfigError(f"mode must be one of {_MODES}, got {self.mode!r}.")
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            raise ConfigError(f"system_prompt must be a str or None, got {type(self.system_prompt).__name__}.")
+        if not isinstance(self.termination_signal, str) or not self.termination_signal:
+            raise ConfigError(
+                f"termination_signal must be a non-empty str, got {self.termination_signal!r}."
+            )
+        for name in ("max_assistant_turns", "max_user_turns"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
+                raise ConfigError(f"{name} must be an int >= 1 or None, got {v!r}.")
+        if self.task_desc is not None and not isinstance(self.task_desc, str):
+            raise ConfigError(f"task_desc must be a str or None, got {type(self.task_desc).__name__}.")
+
+
+def _check_data_files(data_files: Any) -> str | list[str] | dict[str, Any] | None:
+    """Normalise ``data_files`` (paths become str) and reject other types."""
+    if data_files is None:
+        return None
+    if isinstance(data_files, (str, os.PathLike)):
+        return os.fspath(data_files)
+    if isinstance(data_files, Mapping):
+        if not data_files:
+            raise ConfigError("data_files={} names no file; pass a path, a list or {split: path}.")
+        return {str(k): _check_data_files(v) for k, v in data_files.items()}
+    if isinstance(data_files, Sequence) and not isinstance(data_files, bytes):
+        if not data_files:
+            raise ConfigError("data_files=[] names no file; pass at least one path.")
+        out = []
+        for f in data_files:
+            if not isinstance(f, (str, os.PathLike)):
+                raise ConfigError(f"data_files entries must be paths, got {type(f).__name__}.")
+            out.append(os.fspath(f))
+        return out
+    raise ConfigError(
+        f"data_files must be a path, a list of paths or a {{split: paths}} dict, got {type(data_files).__name__}."
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------
+def _flat_files(data_files: str | list[str] | dict[str, Any]) -> list[str]:
+    if isinstance(data_files, str):
+        return [data_files]
+    if isinstance(data_files, Mapping):
+        return [f for v in data_files.values() for f in _flat_files(v)]
+    return list(data_files)
+
+
+def _builder_for(files: list[str]) -> str:
+    """The ``datasets`` builder for the files' extension (compression suffixes ignored)."""
+    builders = set()
+    for f in files:
+        suffixes = [s.lower() for s in PurePath(f).suffixes]
+        while suffixes and suffixes[-1] in _COMPRESSION:
+            suffixes.pop()
+        ext = suffixes[-1] if suffixes else ""
+        if ext not in _BUILDERS:
+            raise ConfigError(
+                f"cannot tell the format of data file {f!r} from its extension {ext or '(none)'!r}; "
+                f"supported: {sorted(_BUILDERS)} (optionally compressed)."
+            )
+        builders.add(_BUILDERS[ext])
+    if len(builders) > 1:
+        raise ConfigError(f"data_files mix formats {sorted(builders)}; pass files of one format.")
+    return builders.pop()
+
+
+def _env_offline() -> bool:
+    return any(os.environ.get(k, "").strip().lower() in _TRUE for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+class _ForceOffline:
+    """Make ``datasets`` and ``huggingface_hub`` honour offline flags set after their import.
+
+    Both libraries read ``HF_HUB_OFFLINE`` once, at import; a flag set later (a notebook, a
+    test's monkeypatch) would otherwise still mean ~25 s of network retries. The constants are
+    restored on exit. Not thread-safe: two loads racing may see each other's setting, which is
+    harmless since both asked for offline mode.
+    """
+
+    def __enter__(self) -> None:
+        import datasets.config
+        import huggingface_hub.constants
+
+        self._saved = (datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE)
+        datasets.config.HF_HUB_OFFLINE = True
+        huggingface_hub.constants.HF_HUB_OFFLINE = True
+
+    def __exit__(self, *exc: Any) -> None:
+        import datasets.config
+        import huggingface_hub.constants
+
+        datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = self._saved
+
+
+def _hub_endpoint() -> str:
+    from huggingface_hub import constants
+
+    return os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+
+
+def _probe(endpoint: str, timeout: float = _PROBE_TIMEOUT_S) -> str | None:
+    """``None`` when a TCP connection to ``endpoint`` opens within ``timeout``, else why not.
+
+    Runs in a daemon thread so that a slow DNS lookup (which ``socket`` timeouts do not bound)
+    cannot hold ``make`` longer than ``timeout``.
+    """
+    url = urlparse(endpoint)
+    host = url.hostname
+    if not host:
+        return f"cannot parse the hub endpoint {endpoint!r}"
+    port = url.port or (443 if url.scheme == "https" else 80)
+    result: list[str | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            result.append(None)
+        except OSError as exc:
+            result.append(f"{type(exc).__name__}: {exc}")
+
+    t = threading.Thread(target=connect, name="collabllm-hub-probe", daemon=True)
+    t.start()
+    t.join(timeout)
+    if not result:
+        return f"no answer within {timeout:.0f} s"
+    return result[0]
+
+
+def load_collabllm_dataset(dataset: str, data_files: Any = None, split: str = "train"):
+    """Load CollabLLM rows as a ``datasets.Dataset`` and check the required columns.
+
+    Args:
+        dataset: Hub id (``"collabllm/collabllm-multiturn-math-hard"``) or a local dataset
+            directory; ignored when ``data_files`` is given.
+        data_files: Local parquet/json/jsonl file(s): a path, a list or a ``{split: paths}`` dict.
+        split: Split to return.
+
+    Returns:
+        The ``datasets.Dataset`` of that split.
+
+    Raises:
+        DatasetUnavailableError: The hub is unreachable or offline without a cached copy, or a
+            file does not exist. The message says how to run offline.
+        DataSchemaError: A file cannot be parsed, or a required column is missing.
+        ConfigError: Unknown file format or split.
+    """
+    import datasets  # a core dependency, imported here to keep ``import collab_env`` light
+
+    data_files = _check_data_files(data_files)
+    if data_files is not None:
+        files = _flat_files(data_files)
+        source = ", ".join(files)
+        builder = _builder_for(files)
+        try:
+            loaded = datasets.load_dataset(builder, data_files=data_files)
+        except FileNotFoundError as exc:
+            raise DatasetUnavailableError(
+                f"collabllm: data file not found ({source}): {exc}. Check the path(s) given as data_files=."
+            ) from exc
+        except Exception as exc:  # parse errors of every kind: report as a schema problem
+            raise DataSchemaError(
+                f"collabllm: cannot read {source} as {builder}: {type(exc).__name__}: {exc}. "
+                "The files must hold rows in the schema documented in collab_env.tasks.collabllm."
+            ) from exc
+    else:
+        source = dataset
+        if os.path.isdir(dataset):
+            loaded = datasets.load_dataset(dataset)
+        else:
+            loaded = _load_from_hub(datasets, dataset)
+
+    if split not in loaded:
+        raise ConfigError(f"collabllm: {source} has no split {split!r}; splits: {sorted(loaded)}.")
+    ds = loaded[split]
+    missing = [c for c in REQUIRED_COLUMNS if c not in ds.column_names]
+    if missing:
+        raise DataSchemaError(
+            f"collabllm: {source} lacks required column(s) {missing} (it has {ds.column_names}). "
+            f"Required: {list(REQUIRED_COLUMNS)}; optional: {list(OPTIONAL_COLUMNS)}."
+        )
+    if len(ds) == 0:
+        raise DataSchemaError(f"collabllm: {source} (split {split!r}) has no rows.")
+    return ds
+
+
+def _load_from_hub(datasets: Any, dataset: str):
+    """``load_dataset(dataset)`` that fails within seconds when the hub cannot be used."""
+    if _env_offline() or datasets.config.HF_HUB_OFFLINE:
+        try:
+            with _ForceOffline():
+                return datasets.load_dataset(dataset)
+        except Exception as exc:
+            raise DatasetUnavailableError(
+                f"collabllm: offline mode is on (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) and "
+                f"{dataset!r} is not in the local Hugging Face cache ({type(exc).__name__}: {exc}). "
+                + _OFFLINE_HINT
+            ) from exc
+    endpoint = _hub_endpoint()
+    # Through a proxy a direct connection says nothing about reachability: skip the probe.
+    proxied = any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"))
+    if not proxied:
+        why = _probe(endpoint)
+        if why is not None:
+            raise DatasetUnavailableError(
+                f"collabllm: the Hugging Face Hub ({endpoint}) is unreachable ({why}), so "
+                f"{dataset!r} cannot be downloaded. " + _OFFLINE_HINT
+            )
+    try:
+        return datasets.load_dataset(dataset)
+    except Exception as exc:
+        raise DatasetUnavailableError(
+            f"collabllm: cannot load {dataset!r} from the Hugging Face Hub ({type(exc).__name__}: {exc}). "
+            + _OFFLINE_HINT
+        ) from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# Row normalisation
+# ---------------------------------------------------------------------------------------------
+def _messages(value: Any, *, what: str, where: str) -> list[dict[str, str]]:
+    """``[{"role", "content"}]`` from a message list, or DataSchemaError saying what is wrong."""
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+        raise DataSchemaError(f"{where}: {what} must be a list of {{role, content}} messages, got {type(value).__name__}.")
+    out = []
+    for j, m in enumerate(value):
+        if not isinstance(m, Mapping) or "role" not in m:
+            raise DataSchemaError(f"{where}: {what}[{j}] must be a {{role, content}} dict, got {m!r:.80}.")
+        role = m["role"]
+        if role not in ("system", "user", "assistant"):
+            raise DataSchemaError(
+                f"{where}: {what}[{j}] has role {role!r}; roles must be 'system', 'user' or 'assistant'."
+            )
+        content = m.get("content")
+        if content is not None and not isinstance(content, str):
+            raise DataSchemaError(f"{where}: {what}[{j}].content must be text, got {type(content).__name__}.")
+        out.append({"role": role, "content": content or ""})
+    return out
+
+
+def _sessions(value: Any, *, where: str) -> list[list[dict[str, str]]]:
+    """Both ``sessions`` layouts as a list of message lists (``None`` entries dropped)."""
+    if value is None:
+        return []
+    if isinstance(value, Mapping):
+        # Struct layout: keys "0", "1", ...; keys another row had are filled with None.
+        try:
+            keys = sorted(value, key=int)
+        except (TypeError, ValueError) as exc:
+            raise DataSchemaError(
+                f"{where}: sessions struct keys must be '0', '1', ..., got {sorted(map(str, value))}."
+            ) from exc
+        value = [value[k] for k in keys]
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+        raise DataSchemaError(f"{where}: sessions must be a list or a struct of message lists, got {type(value).__name__}.")
+    return [_messages(s, what=f"sessions[{i}]", where=where) for i, s in enumerate(value) if s is not None]
+
+
+def _default_task_desc(dataset: str) -> str:
+    name = dataset.lower()
+    # Longest key first so that e.g. a hypothetical "medium-x" never shadows a longer match.
+    for key in sorted(TASK_DESCRIPTIONS, key=len, reverse=True):
+        if key in name:
+            return TASK_DESCRIPTIONS[key]
+    return _GENERIC_TASK_DESC
+
+
+def _continuation(session: list[dict[str, str]], prefix: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The part of a recorded session that follows ``prefix`` (sessions may hold either the
+    whole conversation or only what came after the prefix). System messages are ignored."""
+    chat = [m for m in session if m["role"] != "system"]
+    pre = [m for m in prefix if m["role"] != "system"]
+    if len(chat) >= len(pre) and all(
+        a["role"] == b["role"] and a["content"] == b["content"] for a, b in zip(chat, pre)
+    ):
+        return chat[len(pre):]
+    return chat
+
+
+# ---------------------------------------------------------------------------------------------
+# The task
+# ---------------------------------------------------------------------------------------------
+class CollabLLMTask(Task):
+    """One CollabLLM dataset as a task; see the module docstring for the whole contract.
+
+    Args:
+        config: The validated configuration; the rows load here (eagerly).
+    """
+
+    players = ("assistant", "user")
+    user_players = ("user",)
+    turn_order = (("assistant",), ("user",))
+    option_keys: ClassVar[frozenset[str]] = frozenset({"mode"})
+
+    def __init__(self, config: CollabLLMConfig) -> None:
+        self.config = config
+        self._source = ", ".join(_flat_files(config.data_files)) if config.data_files else config.dataset
+        self._rows = load_collabllm_dataset(config.dataset, config.data_files, config.split)
+        self._default_desc = _default_task_desc(config.dataset)
+        # Enough env steps for the assistant's budget to end the episode first.
+        self.default_max_steps = 2 * (config.max_assistant_turns or 20)
+        self.get_item(0)  # fail fast on a malformed first row
+
+    # -- items ---------------------------------------------------------------------------
+    def num_items(self) -> int:
+        return len(self._rows)
+
+    def get_item(self, index: int) -> dict[str, Any]:
+        """Row ``index`` as a dict: ``prompt`` and ``sessions`` as plain message lists,
+        ``task_desc`` filled in. Raises DataSchemaError for a malformed row."""
+        row = dict(self._rows[int(index)])
+        where = f"collabllm: {self._source}, row {index}"
+        if row.get("conv_id") is not None:
+            where += f" (conv_id {row['conv_id']})"
+        prompt = _messages(row["prompt"], what="prompt", where=where)
+        chat = [m for m in prompt if m["role"] != "system"]
+        if not chat or chat[-1]["role"] != "user":
+            raise DataSchemaError(f"{where}: prompt must end with a user turn (the one the assistant answers).")
+        for name in ("single_turn_prompt", "single_turn_completion"):
+            if not isinstance(row[name], str):
+                raise DataSchemaError(f"{where}: {name} must be text, got {type(row[name]).__name__}.")
+        row["prompt"] = prompt
+        row["sessions"] = _sessions(row.get("sessions"), where=where)
+        row["task_desc"] = self.config.task_desc or row.get("task_desc") or self._default_desc
+        return row
+
+    # -- episode ---------------------------------------------------------------------------
+    def start(self, state: EpisodeState, options: Mapping[str, Any]) -> Start:
+        cfg = self.config
+        mode = options.get("mode", cfg.mode)
+        if mode not in _MODES:
+            raise ConfigError(f"reset option 'mode' must be one of {_MODES}, got {mode!r}.")
+        state.data["mode"] = mode
+        item = state.item
+        prefix = item["prompt"]
+        future = next((s for s in item["sessions"] if s), [])
+        future_user = [m["content"] for m in _continuation(future, prefix) if m["role"] == "user"]
+        prefix_user = [m["content"] for m in prefix if m["role"] == "user"]
+        # Train: the prefix was already said, the user continues with the recorded future.
+        # Eval: the user says everything, from its first recorded turn.
+        user_turns = future_user if mode == "train" else prefix_user + future_user
+
+        messages: list[Message] = []
+        if cfg.system_prompt is not None:
+            messages.append(env_message(cfg.system_prompt, role="system", audience=("assistant",)))
+        messages.append(self._goal_message(item, mode, user_turns))
+        for m in prefix:
+            if m["role"] == "system":
+                if cfg.system_prompt is None:  # the row's own assistant system prompt
+                    messages.append(env_message(m["content"], role="system", audience=("assistant",),
+                                                meta={"from_data": True}))
+            elif mode == "train":
+                messages.append(Message(role=m["role"], content=m["content"], author=m["role"],
+                                        trainable=False, meta={"from_data": True}))
+        on_turn = ("assistant",) if mode == "train" else ("user",)
+        return Start(messages=messages, on_turn=on_turn,
+                     info={"mode": mode, "conv_id": _jsonable(item.get("conv_id"))})
+
+    def _goal_message(self, item: Mapping[str, Any], mode: str, user_turns: list[str]) -> Message:
+        signal = self.config.termination_signal
+        text = (
+            f"You are a user asking an AI assistant for help with {item['task_desc']}. "
+            "This is the problem you want solved (the assistant cannot see it):\n\n"
+            f"{item['single_turn_prompt']}\n\n"
+            f"When you are satisfied or want to stop, reply with {signal}."
+        )
+        meta = {
+            "kind": _GOAL_KIND,
+            "single_turn_prompt": item["single_turn_prompt"],
+            "task_desc": item["task_desc"],
+            "termination_signal": signal,
+            "mode": mode,
+            "user_turns": list(user_turns),
+        }
+        return env_message(text, role="system", audience=("user",), meta=meta)
+
+    def step(self, state: EpisodeState, moves: Mapping[str, str], final: bool) -> Outcome:
+        cfg = self.config
+        end = {"reward_note": _REWARD_NOTE}
+        if "user" in moves and cfg.termination_signal in moves["user"]:
+            return Outcome(terminated=True, reason="user_terminated", info=end)
+        if "assistant" in moves:
+            if cfg.max_assistant_turns is not None and state.moves["assistant"] >= cfg.max_assistant_turns:
+                return Outcome(truncated=True, reason="max_assistant_turns", info=end)
+            if cfg.max_user_turns is not None and state.moves["user"] >= cfg.max_user_turns:
+                return Outcome(truncated=True, reason="max_user_turns", info=end)
+        return Outcome(info=end if final else {})
+
+
+def _jsonable(v: Any) -> Any:
+    return v.item() if isinstance(v, np.generic) else v
+
+
+# ---------------------------------------------------------------------------------------------
+# Default user: replay the recorded user turns
+# ---------------------------------------------------------------------------------------------
+class SessionReplayUser(ScriptedPolicy):
+    """Deterministic user that replays the recorded user turns of the row.
+
+    It reads everything from its own observation: the hidden goal message's ``meta`` holds the
+    turns to replay for the episode's start mode (train: the recorded continuation after the
+    prompt prefix; eval: the prefix's user turns, then the continuation). The n-th message the
+    user writes in the episode is the n-th recorded turn; once they run out it sends the
+    termination signal. In eval mode with nothing recorded, it opens with the
+    ``single_turn_prompt``. Messages replayed from the dataset prefix (``meta["from_data"]``) do
+    not count as the user's own moves.
+    """
+
+    name = "session-replay"
+
+    def respond(self, observation: Conversation, rng: np.random.Generator) -> str:
+        goal = next(
+            (m for m in observation if m.role == "system" and m.meta.get("kind") == _GOAL_KIND), None
+        )
+        if goal is None:
+            raise PolicyError(
+                "SessionReplayUser found no CollabLLM goal message in its observation; it only "
+                "drives the 'user' player of the collabllm-* environments."
+            )
+        me = observation.viewer or "user"
+        sent = sum(1 for m in observation if m.author == me and m.role != "system" and not m.meta.get("from_data"))
+        turns = list(goal.meta.get("user_turns") or [])
+        if not turns and goal.meta.get("mode") == "eval":
+            turns = [goal.meta["single_turn_prompt"]]
+        if sent < len(turns):
+            return turns[sent]
+        return goal.meta["termination_signal"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------------------------
+def make_env(**kwargs: Any) -> CollabEnv:
+    """Build a CollabLLM environment (the entry point of the ``collabllm-*`` ids).
+
+    Args:
+        dataset: Hub id, e.g. ``"collabllm/collabllm-multiturn-math-hard"`` (set by the spec).
+        data_files: Local parquet/json/jsonl file(s) in the documented schema (works offline).
+        split: Split to read (default ``"train"``).
+        mode: ``"train"`` (start from the prompt prefix) or ``"eval"`` (the user opens).
+        system_prompt: The assistant's system prompt (default: none, or the row's own).
+        termination_signal: Text that ends the chat when the user sends it.
+        max_assistant_turns: Assistant messages per episode (default 10; ``None``: no limit).
+        max_user_turns: User messages per episode (default 10; ``None``: no limit).
+        task_desc: Task description shown to the user (default: the row's, else per dataset).
+        render_mode: ``"ansi"`` or ``"human"``.
+        max_steps: Env steps before truncation (default ``2 * max_assistant_turns``).
+        max_message_chars: Longest message kept (longer actions are cut).
+        max_total_chars: Truncate once all players together wrote this many characters.
+
+    Raises:
+        ConfigError: Unknown keyword (the message lists the valid ones) or invalid value.
+        DatasetUnavailableError: The rows cannot be loaded (offline without ``data_files``...).
+        DataSchemaError: The rows do not follow the schema.
+    """
+    env_kw, task_kw = split_env_kwargs(dict(kwargs))
+    config = build_config(CollabLLMConfig, task_kw, where="collabllm make_env")
+    return build_env(CollabLLMTask(config), env_kw)
