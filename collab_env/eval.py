@@ -70,6 +70,8 @@ __all__ = [
     "Comparison",
     "failures_path",
     "policy_ref",
+    "choose_policies",
+    "load_policy",
 ]
 
 #: Suffix of the sidecar file that logs failed episodes next to the result file.
@@ -354,7 +356,7 @@ async def aevaluate(
         probe.close()
 
     refs = choose_policies(s, policies)
-    resolved = {p: _resolve(p, ref) for p, ref in refs.items()}
+    resolved = {p: load_policy(p, ref) for p, ref in refs.items()}
     run = {
         "env_id": s.id,
         "seed": seed,
@@ -485,15 +487,17 @@ def choose_policies(
 
 
 def policy_ref(ref: Any, policy: Policy | None = None) -> str:
-    """A stable name of a policy for result files: ``"module:Class"``, plus ``[name]`` when
-    the object names itself differently from its class (e.g. a fixed-text policy's text)."""
+    """A stable name of a policy for result files: ``"module:Class"``, plus ``[name]`` when the
+    object names itself apart from its class (e.g. a fixed-text policy's text), so two
+    differently configured objects of one class do not pass for the same policy."""
     if isinstance(ref, str):
         base = POLICY_ALIASES.get(ref, ref)
     else:
         cls = ref if isinstance(ref, type) else type(ref)
         base = f"{cls.__module__}:{cls.__qualname__}"
-    name = getattr(policy if policy is not None else ref, "name", None)
-    if isinstance(name, str) and name and name != base.rpartition(":")[2]:
+    obj = policy if policy is not None else ref
+    name = getattr(obj, "name", None)
+    if isinstance(name, str) and name and name != getattr(type(obj), "name", None):
         return f"{base}[{name}]"
     return base
 
@@ -523,35 +527,56 @@ async def _run_jobs(
         disable=not progress or not sys.stderr.isatty(),
         dynamic_ncols=True,
     )
-    main_f = fail_f = None
+    sink = _Sink(result.out)
     try:
-        if result.out is not None:
-            main_f = open(result.out, "a", encoding="utf-8", newline="\n")
-            fail_f = open(failures_path(result.out), "a", encoding="utf-8", newline="\n")
         stream = arun_episodes(lambda: make(s.id, **env_kwargs), policies, jobs,
                                concurrency=concurrency, sampling=sampling)
         # aclosing: on Ctrl-C the episodes still in flight are cancelled at once.
         async with aclosing(stream) as finished:
             async for job, outcome in finished:
-                _record(job, outcome, run, result, main_f, fail_f)
+                _record(job, outcome, run, result, sink)
                 bar.update(1)
                 if result.failures:
                     bar.set_postfix(failed=len(result.failures))
     finally:
         bar.close()
-        for f in (main_f, fail_f):
-            if f is not None:
-                f.close()
+        sink.close()
     result.episodes = dict(sorted(result.episodes.items()))
 
 
+class _Sink:
+    """Appends records to the result file and failures to the sidecar, each line made durable
+    (flush + fsync) before the next episode is counted. The sidecar is only created when an
+    episode fails, so a clean run leaves one file."""
+
+    def __init__(self, out: Path | None) -> None:
+        self.paths = {"ok": out, "failed": failures_path(out) if out is not None else None}
+        self.files: dict[str, Any] = {}
+
+    def write(self, kind: str, record: Mapping[str, Any]) -> None:
+        path = self.paths[kind]
+        if path is None:
+            return
+        if kind not in self.files:
+            self.files[kind] = open(path, "a", encoding="utf-8", newline="\n")
+        f = self.files[kind]
+        # ASCII-escaped like Episode.to_json, so any text (even lone surrogates) round-trips.
+        f.write(json.dumps(record, ensure_ascii=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+
+
 def _record(job: Mapping[str, Any], outcome: Episode | BaseException, run: Mapping[str, Any],
-            result: EvalResult, main_f, fail_f) -> None:
+            result: EvalResult, sink: _Sink) -> None:
     """Keep one finished (or failed) episode and write it to its file."""
     k = job["episode_id"]
     if isinstance(outcome, Episode):
         result.episodes[k] = outcome
-        _append(main_f, {"episode_id": k, "status": "ok", **outcome.to_dict(), "run": run})
+        sink.write("ok", {"episode_id": k, "status": "ok", **outcome.to_dict(), "run": run})
         return
     failure = EpisodeFailure(
         episode_id=k, seed=job["seed"], index=job["index"],
@@ -559,23 +584,14 @@ def _record(job: Mapping[str, Any], outcome: Episode | BaseException, run: Mappi
         traceback="".join(traceback.format_exception(outcome)),
     )
     result.failures.append(failure)
-    _append(fail_f, {"episode_id": k, "status": "failed", "seed": failure.seed,
-                     "index": failure.index, "error": failure.error,
-                     "traceback": failure.traceback, "run": run})
+    sink.write("failed", {"episode_id": k, "status": "failed", "seed": failure.seed,
+                          "index": failure.index, "error": failure.error,
+                          "traceback": failure.traceback, "run": run})
 
 
-def _append(f, record: Mapping[str, Any]) -> None:
-    """Write one record as one line and make it durable before the next episode is counted."""
-    if f is None:
-        return
-    # ASCII-escaped like Episode.to_json, so any text (even lone surrogates) round-trips.
-    f.write(json.dumps(record, ensure_ascii=True) + "\n")
-    f.flush()
-    os.fsync(f.fileno())
-
-
-def _resolve(player: str, ref: Any) -> Policy:
-    """resolve_policy with import problems reported as a ConfigError naming the player."""
+def load_policy(player: str, ref: Any) -> Policy:
+    """:func:`~collab_env.agents.base.resolve_policy` for ``player``, with a policy that
+    cannot be imported reported as a :class:`ConfigError` naming the player and the aliases."""
     try:
         return resolve_policy(ref)
     except (ImportError, AttributeError) as exc:

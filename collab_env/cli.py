@@ -1,0 +1,415 @@
+"""The ``collab-env`` command.
+
+::
+
+    collab-env list [--suite S]                 registered environments
+    collab-env info ID [--json]                 one environment's spec
+    collab-env check ID [--data-files F]        run the conformance checker on an env
+    collab-env play ID [--player P] ...         play one player yourself in the terminal
+    collab-env eval ID --policy P=SPEC ...      evaluation run, results to a JSONL file
+
+A policy ``SPEC`` is an alias (``ask-then-answer``, ``answer-at-once``...), ``default`` (the
+spec's default policy for that player) or ``module:Class``. ``--import MODULE`` (before the
+subcommand, repeatable) imports a module first, so environments and policies it registers are
+available: ``collab-env --import my_envs check my-env-v0``.
+
+Exit status: 0 success; 1 a check failed, an evaluation had failed episodes, or ``play`` input
+ended early; 2 a usage or configuration error (one line on stderr, no traceback); 130 Ctrl-C.
+:func:`main` takes ``argv`` and returns the status, so the CLI is testable in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import textwrap
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from collab_env.errors import CollabEnvError, ConfigError, did_you_mean
+
+__all__ = ["main", "build_parser"]
+
+PROG = "collab-env"
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument parsing helpers
+# ---------------------------------------------------------------------------------------------
+def _parse_value(text: str) -> Any:
+    """``--env-arg`` values: JSON when they parse (numbers, booleans, lists), else the string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _pairs(items: Sequence[str] | None, what: str, example: str) -> dict[str, str]:
+    """``["a=b", ...]`` -> ``{"a": "b"}``; a malformed or repeated key is a usage error."""
+    out: dict[str, str] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise ConfigError(f"{what} takes KEY=VALUE, e.g. {example}; got {item!r}.")
+        if key in out:
+            raise ConfigError(f"{what} gives {key!r} twice ({out[key]!r} and {value!r}).")
+        out[key] = value
+    return out
+
+
+def _env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    kwargs = {k: _parse_value(v) for k, v in
+              _pairs(getattr(args, "env_arg", None), "--env-arg", "--env-arg max_steps=8").items()}
+    files = getattr(args, "data_files", None)
+    if files:
+        kwargs["data_files"] = files[0] if len(files) == 1 else list(files)
+    return kwargs
+
+
+def _sampling(items: Sequence[str] | None) -> dict[str, dict[str, Any]]:
+    """``--sampling assistant.temperature=0.7`` -> ``{"assistant": {"temperature": 0.7}}``."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in _pairs(items, "--sampling", "--sampling assistant.temperature=0.7").items():
+        player, dot, name = key.partition(".")
+        if not dot or not player or not name:
+            raise ConfigError(f"--sampling takes PLAYER.KEY=VALUE, e.g. assistant.temperature=0.7; got {key!r}.")
+        out.setdefault(player, {})[name] = _parse_value(value)
+    return out
+
+
+def _one_line(text: str, width: int = 76) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3].rstrip() + "..."
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Subcommands
+# ---------------------------------------------------------------------------------------------
+def _cmd_list(args: argparse.Namespace, out: TextIO) -> int:
+    from collab_env.registry import list_envs, registry, spec
+
+    ids = list_envs(args.suite)
+    if not ids:
+        suites = sorted({s.suite for s in registry.values()})
+        raise ConfigError(f"no environments in suite {args.suite!r}; suites: {suites}."
+                          + did_you_mean(args.suite, suites))
+    rows = [["ID", "SUITE", "PLAYERS", "DESCRIPTION"]]
+    for env_id in ids:
+        s = spec(env_id)
+        rows.append([s.id, s.suite, ",".join(s.players), _one_line(s.description)])
+    print(_table(rows), file=out)
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace, out: TextIO) -> int:
+    from collab_env.registry import spec
+
+    s = spec(args.id)
+    d = s.to_dict()
+    if args.json:
+        print(json.dumps(d, indent=2, default=repr), file=out)
+        return 0
+
+    def kv(mapping: dict[str, Any], sep: str = "=") -> str:
+        return ", ".join(f"{k}{sep}{v}" for k, v in mapping.items()) or "-"
+
+    fields = [
+        ("suite", s.suite),
+        ("players", ", ".join(s.players)),
+        ("trainable", ", ".join(s.trainable) or "-"),
+        ("turn order", " -> ".join("+".join(t) for t in s.turn_order)),
+        ("default policies", kv(dict(s.default_policies), ": ")),
+        ("reward", kv(dict(s.reward), " x ")),
+        ("reward range", f"[{s.reward_range[0]}, {s.reward_range[1]}]"),
+        ("limits", kv(dict(s.limits))),
+        ("env arguments", kv(d["kwargs"])),
+        ("entry point", d["entry_point"]),
+        ("gymnasium id", s.gym_id),
+        ("needs data", "yes (pass --data-files to work offline)" if s.needs_data else "no"),
+    ]
+    print(s.id, file=out)
+    if s.description:
+        print(textwrap.fill(s.description, width=88, initial_indent="  ", subsequent_indent="  "),
+              file=out)
+    print(file=out)
+    width = max(len(k) for k, _ in fields)
+    for k, v in fields:
+        print(f"{k.ljust(width)}  {v}", file=out)
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace, out: TextIO) -> int:
+    from collab_env.checker import check_env
+    from collab_env.registry import spec
+
+    s = spec(args.id)
+    kwargs: dict[str, Any] = {"make_kwargs": _env_kwargs(args)}
+    if args.cycles is not None:
+        if args.cycles < 1:
+            raise ConfigError(f"--cycles must be >= 1, got {args.cycles}.")
+        kwargs["cycles"] = args.cycles
+    print(f"checking {s.id} ...", file=out, flush=True)
+    # The report, not the exception: every check gets its line, failed or not.
+    report = check_env(s.id, raise_on_failure=False, **kwargs)
+    status = {True: "PASS", False: "FAIL", None: "SKIP"}
+    for r in report.results:
+        print(f"{status[r.passed]}  {r.name}" + (f": {r.detail}" if r.detail else ""), file=out)
+    n_failed = len(report.failed)
+    print(f"{s.id}: " + (f"{n_failed} check(s) failed" if n_failed else "all checks passed"),
+          file=out)
+    return 1 if n_failed else 0
+
+
+def _cmd_play(args: argparse.Namespace, out: TextIO, inp: TextIO) -> int:
+    from collab_env._async import run_sync
+    from collab_env.eval import choose_policies, load_policy
+    from collab_env.registry import make, spec
+    from collab_env.rollout import act_for
+
+    s = spec(args.id)
+    player = args.player or (s.trainable[0] if s.trainable else s.players[0])
+    if player not in s.players:
+        raise ConfigError(f"--player {player!r} is not a player of {s.id}; players: {list(s.players)}."
+                          + did_you_mean(player, s.players))
+    given = _pairs(args.policy, "--policy", "--policy user=default")
+    if player in given:
+        raise ConfigError(f"you play {player!r}; give policies only for the other players.")
+    others = [p for p in s.players if p != player]
+    refs = choose_policies(s, given, others)
+    policies = {p: load_policy(p, ref) for p, ref in refs.items()}
+    sampling = _sampling(args.sampling)
+
+    env = make(s.id, **_env_kwargs(args))
+    seed = args.seed
+    if seed is None:  # a fresh game each time, but printed so it can be replayed
+        import secrets
+
+        seed = secrets.randbelow(2**31)
+    options = {"index": args.index} if args.index is not None else None
+    obs, infos = env.reset(seed=seed, options=options)
+    print(f"{s.id}: you are {player!r} (seed {seed}). Type your message; a line with only '.' "
+          "sends it, /quit leaves.", file=out)
+    shown = 0
+    typed = 0  # messages the person typed, which are not echoed back
+
+    def show_new() -> None:
+        # Print what this player can see and has not seen yet. Its own messages are skipped,
+        # except those the env wrote in its name (e.g. a simulated user's opening request).
+        nonlocal shown
+        view = env.observe(player)
+        own_total = sum(1 for m in view.messages if m.author == player)
+        own_seen = sum(1 for m in view.messages[:shown] if m.author == player)
+        for m in view.messages[shown:]:
+            if m.author == player:
+                own_seen += 1
+                if own_seen > own_total - typed:
+                    continue
+            who = "system" if m.role == "system" else m.author
+            if m.author == player:
+                who += " (you, written for you)"
+            print(f"\n[{who}]\n{m.content}", file=out)
+        shown = len(view)
+
+    step = 0
+    returns = dict.fromkeys(s.players, 0.0)
+    try:
+        while env.agents:
+            show_new()
+            on_turn = [a for a in env.agents if infos[a].get("on_turn")]
+            actions: dict[str, str] = {}
+            if player in on_turn:
+                text = _read_message(inp, out, player)
+                if text is None:
+                    print("\n(left the game)", file=out)
+                    return 0
+                if text is EOF:
+                    print(f"{PROG}: input ended before the episode did.", file=sys.stderr)
+                    return 1
+                actions[player] = text
+                typed += 1
+            bots = [a for a in on_turn if a != player]
+            completions = run_sync(act_for(bots, obs, policies, sampling, seed + step))
+            actions.update({p: c.text for p, c in completions.items()})
+            obs, rewards, _, _, infos = env.step(actions)
+            for p, r in rewards.items():
+                returns[p] += r
+            step += 1
+        show_new()
+        st = env.episode
+        how = "terminated" if st.terminated else "truncated" if st.truncated else "ended"
+        print(f"\n=== episode {how}: {st.end_reason} after {st.step} step(s) ===", file=out)
+        for p in s.players:
+            mark = "  (you)" if p == player else ""
+            print(f"reward {p}: {returns[p]:g}{mark}", file=out)
+        return 0
+    finally:
+        env.close()
+
+
+class _EOF:
+    """Sentinel: stdin ended in the middle of the game."""
+
+
+EOF = _EOF()
+
+
+def _read_message(inp: TextIO, out: TextIO, player: str) -> str | None | _EOF:
+    """One message from ``inp``: lines up to a line holding only ``.`` (or the end of input).
+
+    Returns the text, ``None`` for ``/quit``, or :data:`EOF` when input ended with nothing typed.
+    """
+    print(f"\n[{player}] (you; end with a line '.')", file=out, flush=True)
+    lines: list[str] = []
+    while True:
+        line = inp.readline()
+        if not line:  # end of input: send what was typed, if anything
+            return "\n".join(lines) if lines else EOF
+        line = line.rstrip("\r\n")
+        if not lines and line.strip() == "/quit":
+            return None
+        if line.strip() == ".":
+            return "\n".join(lines)
+        lines.append(line)
+
+
+def _cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
+    from collab_env.eval import evaluate, failures_path
+
+    policies = _pairs(args.policy, "--policy", "--policy assistant=ask-then-answer")
+    result = evaluate(
+        args.id,
+        policies,
+        num_episodes=args.episodes,
+        seed=args.seed,
+        out=args.out,
+        resume=args.resume,
+        concurrency=args.concurrency,
+        env_kwargs=_env_kwargs(args),
+        sampling=_sampling(args.sampling),
+        progress=not args.no_progress,
+    )
+    print(result.summary_table(), file=out)
+    if args.out:
+        print(f"\n{len(result.episodes)} episode records in {args.out}", file=out)
+    if result.failures:
+        where = f" (logged in {failures_path(args.out)})" if args.out else ""
+        first = result.failures[0]
+        print(f"{PROG}: {len(result.failures)} episode(s) failed{where}; first: episode "
+              f"{first.episode_id}: {first.error}", file=sys.stderr)
+        if args.out:
+            print(f"{PROG}: rerun the same command with --resume to retry them.", file=sys.stderr)
+        return 1
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Parser and entry point
+# ---------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``collab-env``."""
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Multi-turn, multi-party LLM collaboration environments.",
+        epilog="Policy SPEC: an alias, 'default' (the env's default for that player) or "
+               "'module:Class'.",
+    )
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (registers its environments/policies); repeatable")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    q = sub.add_parser("list", help="list registered environments")
+    q.add_argument("--suite", help="only this suite (builtin, collabllm, comlrl...)")
+
+    q = sub.add_parser("info", help="show an environment's spec")
+    q.add_argument("id")
+    q.add_argument("--json", action="store_true", help="print the spec as JSON")
+
+    def env_args(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--data-files", nargs="+", metavar="F",
+                       help="local dataset file(s), for suites that read data (works offline)")
+        q.add_argument("--env-arg", action="append", metavar="KEY=VALUE",
+                       help="keyword argument for the env (VALUE parsed as JSON if it can be); repeatable")
+
+    q = sub.add_parser("check", help="run the conformance checker on an environment")
+    q.add_argument("id")
+    q.add_argument("--cycles", type=int, help="episodes/steps the checker plays")
+    env_args(q)
+
+    q = sub.add_parser("play", help="play one player yourself; the others run their policies")
+    q.add_argument("id")
+    q.add_argument("--player", help="the player you play (default: the first trainable one)")
+    q.add_argument("--policy", action="append", metavar="PLAYER=SPEC",
+                   help="policy of another player (default: the env's); repeatable")
+    q.add_argument("--seed", type=int, help="reset seed (default: random, printed)")
+    q.add_argument("--index", type=int, help="task item index")
+    q.add_argument("--sampling", action="append", metavar="PLAYER.KEY=VALUE",
+                   help="sampling parameter for a policy, e.g. user.temperature=0.7; repeatable")
+    env_args(q)
+
+    q = sub.add_parser("eval", help="evaluate policies over many seeded episodes")
+    q.add_argument("id")
+    q.add_argument("--policy", action="append", metavar="PLAYER=SPEC",
+                   help="policy of a player (trainable players need one); repeatable")
+    q.add_argument("--episodes", type=int, required=True, help="number of episodes")
+    q.add_argument("--seed", type=int, default=0, help="base seed; episode k uses seed+k (default 0)")
+    q.add_argument("--out", help="JSONL result file, written as episodes finish")
+    q.add_argument("--resume", action="store_true",
+                   help="continue the run in --out: run only the episodes it lacks")
+    q.add_argument("--concurrency", type=int, default=8, help="episodes in flight (default 8)")
+    q.add_argument("--sampling", action="append", metavar="PLAYER.KEY=VALUE",
+                   help="sampling parameter for a policy, e.g. assistant.temperature=0.7; repeatable")
+    q.add_argument("--no-progress", action="store_true", help="no progress bar")
+    env_args(q)
+    return p
+
+
+def main(argv: list[str] | None = None, *, stdin: TextIO | None = None,
+         stdout: TextIO | None = None) -> int:
+    """Run ``collab-env`` with ``argv`` (default ``sys.argv[1:]``); return the exit status.
+
+    ``stdin``/``stdout`` default to the process's streams (tests may pass their own).
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help or a usage error: argparse already printed
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    out = stdout or sys.stdout
+    try:
+        for mod in args.imports:
+            try:
+                importlib.import_module(mod)
+            except ImportError as exc:
+                raise ConfigError(f"--import {mod}: {exc}") from exc
+        if args.command == "list":
+            return _cmd_list(args, out)
+        if args.command == "info":
+            return _cmd_info(args, out)
+        if args.command == "check":
+            return _cmd_check(args, out)
+        if args.command == "play":
+            return _cmd_play(args, out, stdin or sys.stdin)
+        if args.command == "eval":
+            return _cmd_eval(args, out)
+        parser.error(f"unknown command {args.command!r}")  # unreachable: argparse checks
+    except CollabEnvError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        hint = ""
+        if getattr(args, "command", None) == "eval" and getattr(args, "out", None):
+            hint = f" Finished episodes are in {args.out}; rerun with --resume to continue."
+        print(f"\n{PROG}: interrupted.{hint}", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

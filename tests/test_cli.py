@@ -1,0 +1,247 @@
+"""The ``collab-env`` command: in-process through ``main(argv)``, and as a real process for the
+console script, ``python -m collab_env.cli`` and interrupting an evaluation."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from collab_env.cli import main
+from collab_env.registry import spec
+from tests._eval_helpers import registered
+
+REPO = Path(__file__).resolve().parents[1]
+CHECKS = ("parallel_api", "parallel_seed", "determinism", "clone", "pickle", "robustness",
+          "gymnasium_view")
+
+
+def run(argv, stdin=""):
+    """main(argv) with captured stdout; returns (status, stdout)."""
+    out = io.StringIO()
+    rc = main(argv, stdin=io.StringIO(stdin), stdout=out)
+    return rc, out.getvalue()
+
+
+def subprocess_env(**extra):
+    env = {k: v for k, v in os.environ.items() if k != "COLLAB_TEST_DELAY"}
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra)
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# list / info
+# ---------------------------------------------------------------------------------------------
+def test_list_shows_ids_suites_players_and_descriptions():
+    rc, out = run(["list"])
+    assert rc == 0
+    row = next(line for line in out.splitlines() if line.startswith("hidden-facts-v0 "))
+    assert "builtin" in row and "assistant,user" in row and "Built-in collaboration" in row
+    assert "collabllm-math-hard-v0" in out
+
+    rc, out = run(["list", "--suite", "builtin"])
+    assert rc == 0 and "hidden-facts-hard-v0" in out and "collabllm" not in out
+
+
+def test_list_unknown_suite_is_an_error(capsys):
+    rc, _ = run(["list", "--suite", "bultin"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Did you mean 'builtin'" in err
+
+
+def test_info_text_and_json():
+    rc, out = run(["info", "hidden-facts-easy"])
+    assert rc == 0
+    assert out.splitlines()[0] == "hidden-facts-easy-v0"
+    assert "trainable         assistant" in out
+    assert "collab_env.tasks.hidden_facts:HiddenFactsUser" in out
+    assert "num_objects=1" in out
+
+    rc, out = run(["info", "hidden-facts", "--json"])
+    assert rc == 0 and json.loads(out) == spec("hidden-facts").to_dict()
+
+
+def test_unknown_id_gives_the_registry_suggestion_without_traceback(capsys):
+    rc, out = run(["info", "hiden-facts"])
+    err = capsys.readouterr().err
+    assert rc == 2 and out == ""
+    assert "no environment 'hiden-facts'" in err and "Did you mean 'hidden-facts'" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_usage_errors_exit_2(capsys):
+    assert run(["info"])[0] == 2
+    assert run(["frobnicate"])[0] == 2
+    rc, _ = run(["eval", "hidden-facts", "--policy", "assistant", "--episodes", "1"])
+    assert rc == 2 and "--policy takes KEY=VALUE" in capsys.readouterr().err
+    assert run(["--help"])[0] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# check
+# ---------------------------------------------------------------------------------------------
+def test_check_prints_each_check_and_passes():
+    rc, out = run(["check", "hidden-facts", "--cycles", "5"])
+    assert rc == 0, out
+    for name in CHECKS:
+        assert f"PASS  {name}" in out
+    assert "all checks passed" in out
+
+
+def test_check_of_a_broken_env_fails_with_status_1():
+    with registered("test-noisy-v0", "tests._eval_helpers:make_noisy_guess_env") as env_id:
+        rc, out = run(["check", env_id, "--cycles", "3"])
+    assert rc == 1
+    assert "FAIL  determinism" in out and "check(s) failed" in out
+
+
+def test_check_with_a_bad_env_argument_is_a_usage_error(capsys):
+    rc, _ = run(["check", "hidden-facts", "--env-arg", "num_objectz=2"])
+    assert rc == 2 and "num_objects" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# eval
+# ---------------------------------------------------------------------------------------------
+def test_eval_writes_one_line_per_episode_and_prints_the_table(tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    argv = ["eval", "hidden-facts", "--policy", "assistant=ask-then-answer", "--episodes", "5",
+            "--seed", "7", "--out", str(out), "--env-arg", "max_steps=8", "--no-progress"]
+    rc, text = run(argv)
+    assert rc == 0, capsys.readouterr().err
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert sorted(r["episode_id"] for r in recs) == list(range(5))
+    assert {r["seed"] for r in recs} == set(range(7, 12))
+    assert recs[0]["run"]["env_kwargs"] == {"max_steps": 8}
+    assert "ask-then-answer" in text and "5/5" in text and "100.0%" in text
+
+    rc, _ = run(argv)  # the same command again without --resume
+    assert rc == 2 and "--resume" in capsys.readouterr().err
+    other_seed = [("8" if a == "7" else a) for a in argv]
+    rc, _ = run(other_seed + ["--resume"])
+    assert rc == 2 and "different run" in capsys.readouterr().err
+    rc, text = run(argv + ["--resume"])
+    assert rc == 0 and "5/5" in text
+
+
+def test_eval_with_failures_exits_1_and_says_to_resume(tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    rc, text = run(["eval", "hidden-facts", "--policy", "assistant=tests._eval_helpers:MustNotRun",
+                    "--episodes", "3", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "3 episode(s) failed" in err and "--resume" in err and "must not be called" in err
+    assert "0/3" in text
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_interrupted_eval_resumes_without_losing_or_repeating_episodes(tmp_path, sig):
+    n = 40
+    out = tmp_path / "r.jsonl"
+    cmd = [sys.executable, "-m", "collab_env.cli", "eval", "hidden-facts",
+           "--policy", "assistant=tests._eval_helpers:SlowAskThenAnswer",
+           "--episodes", str(n), "--concurrency", "2", "--out", str(out), "--no-progress"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=subprocess_env(COLLAB_TEST_DELAY="0.1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if out.exists() and out.read_bytes().count(b"\n") >= 4:
+                break
+            if proc.poll() is not None:
+                pytest.fail(f"eval ended early: {proc.communicate()}")
+            time.sleep(0.02)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130 and "--resume" in err and "Traceback" not in err
+    else:
+        assert proc.returncode == -signal.SIGKILL
+    before = out.read_bytes()
+    complete_before = before[: before.rfind(b"\n") + 1]
+    ids_before = [json.loads(x)["episode_id"] for x in complete_before.splitlines()]
+    assert 4 <= len(ids_before) < n, "the run must be interrupted midway"
+
+    # Resume with the same policy (at full speed: the delay is not part of the run settings).
+    res = subprocess.run(cmd + ["--resume"], cwd=REPO, env=subprocess_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    after = out.read_bytes()
+    assert after.startswith(complete_before)  # nothing written before the kill was rewritten
+    ids = [json.loads(x)["episode_id"] for x in after.splitlines()]
+    assert len(ids) == n and sorted(ids) == list(range(n))  # none lost, none repeated
+    assert f"{n}/{n}" in res.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# play
+# ---------------------------------------------------------------------------------------------
+def test_play_a_full_episode_from_piped_stdin():
+    rc, out = run(["play", "hidden-facts", "--seed", "0"], stdin="\\boxed{0}\n.\n")
+    assert rc == 0, out
+    assert "you are 'assistant'" in out
+    assert "[user]" in out and "How many grams of sugar" in out  # the user's opening
+    assert "=== episode terminated: answered" in out
+    assert "reward assistant: 0  (you)" in out
+
+
+def test_play_multi_line_message_asking_then_answering():
+    # Ask for the facts (two lines, one message), then answer with the right total.
+    stdin = ("How many batches of brownies and waffles are you making?\n"
+             "And how many grams of sugar does each batch need?\n.\n"
+             "\\boxed{26}\n.\n")
+    rc, out = run(["play", "hidden-facts", "--seed", "0"], stdin=stdin)
+    assert rc == 0, out
+    assert "I'm making 9 batches of brownies" in out
+    assert "reward assistant: 1  (you)" in out
+
+
+def test_play_quit_and_early_end_of_input(capsys):
+    rc, out = run(["play", "hidden-facts", "--seed", "0"], stdin="/quit\n")
+    assert rc == 0 and "left the game" in out and "episode" not in out.split("left the game")[1]
+    rc, _ = run(["play", "hidden-facts", "--seed", "0"], stdin="")
+    assert rc == 1 and "input ended" in capsys.readouterr().err
+
+
+def test_play_as_the_user_against_a_baseline():
+    rc, out = run(["play", "hidden-facts", "--seed", "0", "--player", "user",
+                   "--policy", "assistant=answer-at-once"], stdin="thanks [[TERMINATE CHAT]]\n.\n")
+    assert rc == 0, out
+    assert "you are 'user'" in out and "[assistant]" in out and "\\boxed{" in out
+    # The opening the env wrote in the user's name is shown to the person playing the user.
+    assert "[user (you, written for you)]" in out
+    assert "=== episode" in out
+
+
+def test_play_rejects_a_policy_for_yourself(capsys):
+    rc, _ = run(["play", "hidden-facts", "--policy", "assistant=ask-then-answer"])
+    assert rc == 2 and "you play 'assistant'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# As a process
+# ---------------------------------------------------------------------------------------------
+def test_console_script_and_module_entry_point():
+    script = shutil.which("collab-env", path=str(Path(sys.executable).parent))
+    assert script is not None, "the collab-env console script is not installed"
+    res = subprocess.run([script, "play", "hidden-facts", "--seed", "0"], input="\\boxed{26}\n.\n",
+                         capture_output=True, text=True, timeout=60, cwd=REPO, env=subprocess_env())
+    assert res.returncode == 0, res.stderr
+    assert "reward assistant: 1  (you)" in res.stdout
+
+    res = subprocess.run([sys.executable, "-m", "collab_env.cli", "info", "hidden-fact"],
+                         capture_output=True, text=True, timeout=60, cwd=REPO, env=subprocess_env())
+    assert res.returncode == 2
+    assert "Did you mean 'hidden-facts'" in res.stderr and "Traceback" not in res.stderr
