@@ -491,6 +491,19 @@ class CollabEnv(ParallelEnv[str, Conversation, str]):
         """The current observation of one player (also after the episode ended)."""
         return self.episode.conversation.view(self._check_player(agent))
 
+    def end_episode(self, reason: str) -> None:
+        """Truncate the running episode from outside: a policy fault, a budget the caller holds.
+
+        The episode ends as a truncation with ``end_reason=reason``; ``agents`` becomes empty.
+        """
+        state = self.episode
+        if state.done:
+            raise EnvStateError(f"the episode has already ended ({state.end_reason}).")
+        state.done, state.terminated, state.truncated = True, False, True
+        state.end_reason = reason
+        state.on_turn = ()
+        self.agents = []
+
     # -- the rest of the ParallelEnv API ---------------------------------------------------------
     def state(self) -> Conversation:
         """Global view for centralised critics: the whole transcript, hidden messages included."""

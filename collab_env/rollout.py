@@ -15,9 +15,16 @@ from collab_env.env import CollabEnv
 from collab_env.errors import ConfigError, PolicyError
 from collab_env.types import Completion, Conversation, Episode, TurnRecord
 
-__all__ = ["act_for", "arun_episode", "run_episode", "arun_episodes", "check_policies"]
+__all__ = ["act_for", "arun_episode", "run_episode", "arun_episodes", "check_policies", "add_usage"]
 
 _USAGE_KEYS = ("model_calls", "prompt_tokens", "completion_tokens", "cost")
+
+
+def add_usage(costs: dict[str, float], completion: Completion) -> None:
+    """Add every numeric entry of ``completion.usage`` to ``costs``."""
+    for k, v in completion.usage.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            costs[k] = costs.get(k, 0.0) + float(v)
 
 
 def check_policies(env: CollabEnv, policies: Mapping[str, Any], players: Iterable[str]) -> dict[str, Policy]:
@@ -102,10 +109,16 @@ async def arun_episode(
         step_seed = None if seed is None else seed + step
         completions = await act_for(on_turn, obs, resolved, sampling, step_seed)
         for c in completions.values():
-            for k in _USAGE_KEYS:
-                ep.costs[k] += float(c.usage.get(k, 0.0))
+            add_usage(ep.costs, c)
         if on_step is not None:
             on_step(step, completions)
+        faulty = [p for p, c in completions.items() if c.is_fault]
+        if faulty:
+            ep.costs["faults"] = ep.costs.get("faults", 0.0) + len(faulty)
+            ep.info["faults"] = [{"step": step, "player": p, "reason": completions[p].meta.get("fault", "")}
+                                 for p in faulty]
+            env.end_episode(f"fault:{faulty[0]}")
+            break
         agents = list(env.agents)
         obs, rewards, terms, truncs, infos = await env.astep({p: c.text for p, c in completions.items()})
         for p in agents:

@@ -22,12 +22,16 @@ from typing import Any, Literal, overload
 
 from collab_env.errors import ConfigError
 
-__all__ = ["ROLES", "ENV_AUTHOR", "Message", "Conversation", "Completion", "TurnRecord", "Episode"]
+__all__ = ["ROLES", "ENV_AUTHOR", "FAULT", "Message", "Conversation", "Completion", "TurnRecord", "Episode"]
 
 Role = Literal["system", "user", "assistant"]
 ROLES: tuple[str, ...] = ("system", "user", "assistant")
 #: Author id of messages the environment itself writes (task prompts, feedback, hidden goals).
 ENV_AUTHOR = "env"
+#: ``Completion.finish_reason`` of a policy that could not produce a valid message after its own
+#: retries and whose fault policy is to end the episode: the runner then truncates the episode
+#: (``end_reason="fault:<player>"``) and counts the fault; the text is never used as a message.
+FAULT = "fault"
 
 
 @dataclass(frozen=True)
@@ -210,8 +214,10 @@ class Completion:
         token_ids: The exact generated token ids, where the backend gives them.
         logprobs: Log-probability of each generated token under the sampling policy.
         prompt_token_ids: The token ids of the prompt the completion was generated from.
-        finish_reason: ``"stop"``, ``"length"``, ``"error"``... as the backend reports it.
-        usage: Counts such as ``prompt_tokens``, ``completion_tokens``, ``model_calls``, ``cost``.
+        finish_reason: ``"stop"``, ``"length"``... as the backend reports it, or :data:`FAULT`
+            (the policy gave up; ``meta["fault"]`` says why).
+        usage: Counts such as ``prompt_tokens``, ``completion_tokens``, ``model_calls``, ``cost``,
+            ``retries``, ``faults``; the rollout sums every numeric entry into ``Episode.costs``.
         meta: Backend-specific extras (model name, latency, cache hit...).
     """
 
@@ -238,6 +244,11 @@ class Completion:
             raise ConfigError(
                 f"Completion has {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs."
             )
+
+    @property
+    def is_fault(self) -> bool:
+        """The policy gave up on this message (see :data:`FAULT`)."""
+        return self.finish_reason == FAULT
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

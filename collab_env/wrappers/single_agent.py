@@ -88,6 +88,8 @@ class SingleAgentEnv(gymnasium.Env[Conversation, str]):
         on_turn = [a for a in self.env.agents if self._infos[a].get("on_turn")]
         others = [a for a in on_turn if a != self.player]
         completions = await act_for(others, self._obs, self.policies, self.sampling, self._policy_seed())
+        if self._fault(completions):
+            return self._obs[self.player], 0.0, False, True, self._fault_info(completions)
         actions = {p: c.text for p, c in completions.items()}
         actions[self.player] = action
         out = await self.env.astep(actions)
@@ -112,6 +114,9 @@ class SingleAgentEnv(gymnasium.Env[Conversation, str]):
         while self.env.agents and not self._infos[self.player].get("on_turn"):
             on_turn = [a for a in self.env.agents if self._infos[a].get("on_turn")]
             completions = await act_for(on_turn, self._obs, self.policies, self.sampling, self._policy_seed())
+            if self._fault(completions):
+                self._infos = {a: self._fault_info(completions) for a in self.env.possible_agents}
+                break
             self._obs, rewards, terms, truncs, self._infos = await self.env.astep(
                 {p: c.text for p, c in completions.items()}
             )
@@ -119,6 +124,20 @@ class SingleAgentEnv(gymnasium.Env[Conversation, str]):
             total += rewards[self.player]
             moves += [(p, c.text) for p, c in completions.items()]
         return total, not self.env.agents, moves
+
+    def _fault(self, completions) -> bool:
+        """End the episode (as a truncation) when a partner's policy gave up."""
+        faulty = [p for p, c in completions.items() if c.is_fault]
+        if faulty:
+            self.env.end_episode(f"fault:{faulty[0]}")
+        return bool(faulty)
+
+    def _fault_info(self, completions) -> dict[str, Any]:
+        return {
+            "on_turn": False,
+            "end_reason": self.env.episode.end_reason,
+            "faults": {p: c.meta.get("fault", "") for p, c in completions.items() if c.is_fault},
+        }
 
     def _policy_seed(self) -> int | None:
         return None if self._seed is None else self._seed + self._steps
