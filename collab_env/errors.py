@@ -21,6 +21,7 @@ __all__ = [
     "MissingDependencyError",
     "PolicyError",
     "TaskFunctionError",
+    "SandboxError",
     "did_you_mean",
 ]
 
@@ -62,6 +63,11 @@ class MissingDependencyError(CollabEnvError, ImportError):
 
 class PolicyError(CollabEnvError, RuntimeError):
     """A policy failed to produce an action (after its own retries)."""
+
+
+class SandboxError(CollabEnvError, RuntimeError):
+    """The code sandbox itself failed (could not start, set up or clean up the child); never
+    raised for what the untrusted code does, which is reported in the SandboxResult."""
 
 
 class TaskFunctionError(CollabEnvError, RuntimeError):
