@@ -6,6 +6,7 @@ and import their heavy dependencies lazily.
 """
 
 from collab_env.agents.base import POLICY_ALIASES, Policy, SamplingParams, resolve_policy
+from collab_env.agents.litellm import ConcurrencyLimiter, LiteLLMPolicy
 from collab_env.agents.scripted import CallablePolicy, FixedTextPolicy, ScriptedPolicy
 
 __all__ = [
@@ -16,4 +17,6 @@ __all__ = [
     "ScriptedPolicy",
     "FixedTextPolicy",
     "CallablePolicy",
+    "LiteLLMPolicy",
+    "ConcurrencyLimiter",
 ]

@@ -82,6 +82,7 @@ POLICY_ALIASES: dict[str, str] = {
     "hidden-facts-user": "collab_env.tasks.hidden_facts:HiddenFactsUser",
     "collabllm-replay-user": "collab_env.tasks.collabllm:SessionReplayUser",
     "length-ratio-partner": "collab_env.tasks.cooperative:LengthRatioPartner",
+    "litellm": "collab_env.agents.litellm:LiteLLMPolicy",
 }
 
 

@@ -1,0 +1,614 @@
+"""API models through litellm: OpenAI, Anthropic, local OpenAI-compatible servers and the rest.
+
+:class:`LiteLLMPolicy` sends one ``litellm.acompletion`` per observation, all concurrently, under
+a concurrency limit shared with every other policy that talks to the same server and model.
+Transient failures (rate limits, 5xx, timeouts, dropped connections, malformed or empty
+responses) are retried with exponential backoff and jitter; requests the server rejects
+(400, 401, 403, 404...) are not retried and raise :class:`~collab_env.errors.PolicyError` at
+once with the server's message. When the retries run out, the policy either raises or returns a
+:data:`~collab_env.types.FAULT` completion (``fault_policy``), which the rollout turns into a
+counted truncation. It never returns empty text as if it were a reply.
+
+litellm is imported on first use, not when this module is imported (``import litellm`` takes
+seconds). Install it with ``pip install 'collab_env[api]'``.
+
+Example, a local vLLM or other OpenAI-compatible server::
+
+    policy = LiteLLMPolicy("openai/Qwen2.5-7B-Instruct", api_base="http://127.0.0.1:8000/v1",
+                           max_concurrency=128, temperature=0.7)
+    completions = await policy.act([conversation.view("user")])
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import email.utils
+import os
+import random
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from collab_env.agents.base import SamplingParams
+from collab_env.errors import ConfigError, PolicyError, require
+from collab_env.types import FAULT, Completion, Conversation
+
+__all__ = ["LiteLLMPolicy", "LiteLLMStats", "ConcurrencyLimiter", "shared_limiter"]
+
+FaultPolicy = Literal["raise", "fault"]
+FAULT_POLICIES: tuple[str, ...] = ("raise", "fault")
+
+#: Providers whose servers take ``top_k`` as an extra JSON field (vLLM, SGLang, llama.cpp and
+#: most OpenAI-compatible servers read it; the OpenAI API itself rejects it with a 400).
+_OPENAI_COMPATIBLE = ("openai", "hosted_vllm", "text-completion-openai")
+
+#: Request keywords the policy sets itself; ``completion_kwargs`` may not override them.
+_RESERVED_KWARGS = frozenset({
+    "model", "messages", "api_base", "api_key", "timeout", "max_retries", "num_retries",
+    "temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "logprobs", "stream",
+})
+
+
+def _litellm():
+    """Import litellm on first use, with the settings this backend relies on."""
+    # The price list bundled with litellm is used unless the user asks for the online one:
+    # fetching it at import time stalls offline machines and makes costs depend on the day.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    litellm = require("litellm", "api", "LiteLLMPolicy")
+    # litellm prints a "Give Feedback / Get Help" banner on every exception; retried faults
+    # are expected here and reported through PolicyError / FAULT completions instead.
+    litellm.suppress_debug_info = True
+    return litellm
+
+
+# ------------------------------------------------------------------------------------------
+# Concurrency limit
+# ------------------------------------------------------------------------------------------
+class ConcurrencyLimiter:
+    """At most ``max_concurrency`` requests in flight among every policy that shares it.
+
+    Unlike :class:`asyncio.Semaphore`, one limiter works across event loops and threads (a
+    sync facade may run a rollout on a fresh loop in a worker thread while another loop is
+    busy): the count is guarded by a lock and a freed slot is handed to the longest waiter on
+    whatever loop it waits. Waiters are served first come, first served.
+
+    Args:
+        max_concurrency: Largest number of requests in flight at once (>= 1).
+    """
+
+    def __init__(self, max_concurrency: int) -> None:
+        if not isinstance(max_concurrency, int) or max_concurrency < 1:
+            raise ConfigError(f"max_concurrency must be an int >= 1, got {max_concurrency!r}.")
+        self.max_concurrency = max_concurrency
+        #: Requests holding a slot now, and the most there have ever been at once.
+        self.in_flight = 0
+        self.peak = 0
+        self._shared_key: tuple[str, str | None] | None = None  # set by shared_limiter()
+        self._lock = threading.Lock()
+        self._waiters: collections.deque[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = collections.deque()
+
+    async def acquire(self) -> None:
+        """Wait for a free slot and take it."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self.in_flight < self.max_concurrency and not self._waiters:
+                self._take()
+                return
+            fut = loop.create_future()
+            self._waiters.append((loop, fut))
+        try:
+            await fut
+        except asyncio.CancelledError:
+            with self._lock:
+                try:
+                    self._waiters.remove((loop, fut))
+                    granted = False
+                except ValueError:
+                    # Already handed a slot: either it arrived (we hold it and give it back) or
+                    # its hand-over is still queued on the loop and will find the future
+                    # cancelled and release it (see _grant).
+                    granted = fut.done() and not fut.cancelled()
+            if granted:
+                self.release()
+            raise
+
+    def release(self) -> None:
+        """Give a slot back (to the longest waiter, if any)."""
+        with self._lock:
+            while self._waiters:
+                loop, fut = self._waiters.popleft()
+                if loop.is_closed() or fut.done():
+                    continue
+                # The slot moves to the waiter without ever being free, so nobody can jump
+                # the queue between this release and the waiter waking up.
+                loop.call_soon_threadsafe(self._grant, fut)
+                return
+            self.in_flight -= 1
+
+    def _take(self) -> None:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+
+    def _grant(self, fut: asyncio.Future) -> None:
+        if fut.done():  # the waiter was cancelled after the hand-over was queued
+            self.release()
+        else:
+            fut.set_result(None)
+
+    async def __aenter__(self) -> ConcurrencyLimiter:
+        await self.acquire()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+    def __reduce__(self):
+        # A lock does not pickle. A copy sent to another process limits that process only; a
+        # shared limiter becomes that process's shared limiter for the same server and model.
+        if self._shared_key is not None:
+            return (shared_limiter, (*self._shared_key, self.max_concurrency))
+        return (type(self), (self.max_concurrency,))
+
+    def __repr__(self) -> str:
+        return f"ConcurrencyLimiter(max_concurrency={self.max_concurrency}, in_flight={self.in_flight})"
+
+
+_SHARED: dict[tuple[str | None, str], ConcurrencyLimiter] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_limiter(model: str, api_base: str | None, max_concurrency: int) -> ConcurrencyLimiter:
+    """The process-wide limiter for ``(api_base, model)``, created on first use.
+
+    Every :class:`LiteLLMPolicy` built without ``limiter=`` uses it, so two policies on the same
+    server and model (an assistant and a user simulator, say) share one limit. Asking for a
+    different ``max_concurrency`` than the existing limiter has is an error: pass an explicit
+    ``limiter=ConcurrencyLimiter(n)`` to give a policy a limit of its own.
+    """
+    key = (api_base.rstrip("/") if api_base else None, model)
+    with _SHARED_LOCK:
+        lim = _SHARED.get(key)
+        if lim is None:
+            lim = _SHARED[key] = ConcurrencyLimiter(max_concurrency)
+            lim._shared_key = (model, api_base)
+        elif lim.max_concurrency != max_concurrency:
+            raise ConfigError(
+                f"model {model!r} at {api_base or 'its default endpoint'} already has a shared "
+                f"concurrency limit of {lim.max_concurrency}; got max_concurrency={max_concurrency}. "
+                "Use the same value, or pass limiter=ConcurrencyLimiter(n) for a separate limit."
+            )
+        return lim
+
+
+# ------------------------------------------------------------------------------------------
+# Accounting
+# ------------------------------------------------------------------------------------------
+@dataclass
+class LiteLLMStats:
+    """Running totals of one policy (every call it made since it was built).
+
+    Args:
+        calls: Requests sent (first attempts and retries).
+        retries: Requests that repeated a failed one.
+        failures: Observations the policy gave up on (raised or returned a FAULT completion).
+        completions: Observations answered with text.
+        prompt_tokens: Prompt tokens the server reported (failed-but-answered attempts, such
+            as empty replies, included: they were billed).
+        completion_tokens: Completion tokens the server reported.
+        cost: US dollars by litellm's price list; 0 for models it does not know (local servers).
+    """
+
+    calls: int = 0
+    retries: int = 0
+    failures: int = 0
+    completions: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+class _Retry(Exception):
+    """An attempt failed in a way that another attempt may fix."""
+
+    def __init__(self, reason: str, retry_after: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+class _GiveUp(Exception):
+    """An attempt failed in a way no retry fixes; ``fatal`` ones raise whatever the fault policy."""
+
+    def __init__(self, reason: str, *, fatal: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.fatal = fatal
+
+
+# ------------------------------------------------------------------------------------------
+# The policy
+# ------------------------------------------------------------------------------------------
+class LiteLLMPolicy:
+    """A policy backed by any model litellm can call.
+
+    Args:
+        model: litellm model string: ``"gpt-4o-mini"``, ``"anthropic/claude-..."``, or
+            ``"openai/NAME"`` with ``api_base`` for a local OpenAI-compatible server.
+        api_base: Base URL of the server (``http://127.0.0.1:8000/v1``). With ``api_base`` and
+            no key anywhere (argument or ``OPENAI_API_KEY``), the key ``"EMPTY"`` is sent, as
+            local servers expect some key.
+        api_key: API key; ``None`` lets litellm read the provider's environment variable.
+        max_concurrency: Most requests in flight at once. Shared: every policy in the process
+            with the same ``(api_base, model)`` and no ``limiter`` uses one
+            :func:`shared_limiter`, so the limit holds across policies, episodes and event loops.
+        limiter: An explicit :class:`ConcurrencyLimiter` to share among chosen policies (for
+            example several models behind one rate-limited gateway); overrides
+            ``max_concurrency``.
+        timeout: Seconds one request may take before it is abandoned and retried.
+        max_retries: Retries after the first attempt (0: try once).
+        backoff_base: First retry delay in seconds; it doubles at every retry, and each delay is
+            drawn uniformly from [half, all] of that value ("equal jitter"), so that many calls
+            failing together do not come back together.
+        backoff_max: Longest delay between attempts. A ``Retry-After`` (or ``retry-after-ms``)
+            header on a 429 or 503 replaces the computed delay, capped at ``backoff_max`` so the
+            worst case stays bounded: one observation takes at most
+            ``(max_retries + 1) * timeout + max_retries * backoff_max`` seconds once it holds a
+            slot (time spent queueing for the concurrency limit comes on top).
+        system_prompt: Prepended as the first message of every request.
+        name: Name in tables and logs (default ``"litellm:<model>"``).
+        fault_policy: When retries run out: ``"raise"`` raises :class:`PolicyError` naming the
+            model, the attempts and the last error; ``"fault"`` returns a completion with
+            ``finish_reason=FAULT`` and ``meta["fault"]`` saying why, so the rollout ends that
+            episode as a counted truncation and the others go on. Rejected requests (400, 401,
+            403, 404...) always raise: they are configuration errors that no episode survives.
+            A conversation longer than the model's context window is not one: it follows
+            ``fault_policy`` (without retries).
+        logprobs: Ask for the log-probability of each generated token; the completion carries
+            them when the server returns them, else ``None``. API servers do not return token
+            ids, so ``token_ids`` stays ``None``.
+        completion_kwargs: Extra keyword arguments passed as they are to
+            ``litellm.acompletion`` (``extra_headers``, ``extra_body``, provider options...).
+        **default_sampling: Default :class:`~collab_env.agents.base.SamplingParams` values;
+            those given to :meth:`act` win.
+
+    Sampling parameters map to the OpenAI request as ``temperature``, ``top_p`` (sent only
+    below 1), ``max_new_tokens`` -> ``max_tokens``, ``stop`` (when not empty) and ``seed`` (when
+    set). ``top_k`` is not part of the OpenAI API: for ``openai/``-style models (local
+    OpenAI-compatible servers, which read it) it goes in the request body through
+    ``extra_body``; for other providers it is passed as ``top_k`` and litellm maps it where the
+    provider supports it (Anthropic, Gemini...) and rejects it where not.
+
+    Completions carry ``usage = {model_calls, prompt_tokens, completion_tokens, cost,
+    retries}`` (summed over every attempt; the rollout adds them to ``Episode.costs``) and
+    ``meta = {model, latency_s}``; :attr:`stats` keeps the same totals for the policy.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_base: str | None = None,
+        api_key: str | None = None,
+        max_concurrency: int = 64,
+        limiter: ConcurrencyLimiter | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 4,
+        backoff_base: float = 0.5,
+        backoff_max: float = 8.0,
+        system_prompt: str | None = None,
+        name: str | None = None,
+        fault_policy: FaultPolicy = "raise",
+        logprobs: bool = False,
+        completion_kwargs: Mapping[str, Any] | None = None,
+        **default_sampling: Any,
+    ) -> None:
+        if not isinstance(model, str) or not model:
+            raise ConfigError(f"model must be a non-empty litellm model string, got {model!r}.")
+        if fault_policy not in FAULT_POLICIES:
+            raise ConfigError(f"fault_policy must be one of {FAULT_POLICIES}, got {fault_policy!r}.")
+        if not timeout > 0:
+            raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}.")
+        if not isinstance(max_retries, int) or max_retries < 0:
+            raise ConfigError(f"max_retries must be an int >= 0, got {max_retries!r}.")
+        if backoff_base < 0 or backoff_max < backoff_base:
+            raise ConfigError(
+                f"need 0 <= backoff_base <= backoff_max, got backoff_base={backoff_base!r}, "
+                f"backoff_max={backoff_max!r}."
+            )
+        if limiter is not None and not isinstance(limiter, ConcurrencyLimiter):
+            raise ConfigError(f"limiter must be a ConcurrencyLimiter, got {type(limiter).__name__}.")
+        SamplingParams.from_kwargs(**default_sampling)  # unknown or invalid keys fail here, not mid-run
+        reserved = sorted(set(completion_kwargs or {}) & _RESERVED_KWARGS)
+        if reserved:
+            raise ConfigError(
+                f"completion_kwargs may not set {reserved}: they are LiteLLMPolicy arguments or "
+                "sampling parameters; pass them as such."
+            )
+
+        self.model = model
+        self.api_base = api_base
+        self._api_key = api_key
+        self.limiter = limiter if limiter is not None else shared_limiter(model, api_base, max_concurrency)
+        self.timeout = float(timeout)
+        self.max_retries = max_retries
+        self.backoff_base = float(backoff_base)
+        self.backoff_max = float(backoff_max)
+        self.system_prompt = system_prompt
+        self.name = name or f"litellm:{model}"
+        self.fault_policy = fault_policy
+        self.logprobs = logprobs
+        self.completion_kwargs = dict(completion_kwargs or {})
+        self.default_sampling = dict(default_sampling)
+        self.stats = LiteLLMStats()
+        provider = model.split("/", 1)[0] if "/" in model else "openai"
+        self._top_k_in_body = provider in _OPENAI_COMPATIBLE
+        self._cost_unknown = False  # litellm has no price for this model: stop asking
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        self._stats_lock = threading.Lock()
+        self._rng = random.Random()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_stats_lock"], state["_rng"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
+
+    def __repr__(self) -> str:  # never shows the key
+        base = f", api_base={self.api_base!r}" if self.api_base else ""
+        return f"LiteLLMPolicy({self.model!r}{base}, max_concurrency={self.limiter.max_concurrency})"
+
+    # -- Policy protocol -----------------------------------------------------------------------
+    async def act(self, observations: Sequence[Conversation], **sampling: Any) -> list[Completion]:
+        """One completion per observation, requested concurrently under the shared limit.
+
+        Raises:
+            PolicyError: a request was rejected (not retried), or retries ran out with
+                ``fault_policy="raise"``. The other requests of the batch are cancelled.
+            ConfigError: an unknown or invalid sampling parameter.
+        """
+        params = SamplingParams.from_kwargs(**{**self.default_sampling, **sampling})
+        if "litellm" not in sys.modules:
+            # The first import takes seconds: do it off the event loop so other episodes
+            # sharing the loop keep moving meanwhile.
+            await asyncio.to_thread(_litellm)
+        request = self._request_kwargs(params)
+        tasks = [
+            asyncio.ensure_future(self._complete(i, self._messages(obs), request))
+            for i, obs in enumerate(observations)
+        ]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            # One failure fails the batch: stop the others instead of leaving them running
+            # (they would keep slots of the shared limit and add to the stats unseen).
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    # -- one observation -----------------------------------------------------------------------
+    async def _complete(self, index: int, messages: list[dict[str, str]], request: dict[str, Any]) -> Completion:
+        start = time.perf_counter()
+        usage = {"model_calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost": 0.0, "retries": 0}
+        attempt = 0
+        while True:
+            attempt += 1
+            usage["model_calls"] += 1
+            self._count(calls=1)
+            try:
+                async with self.limiter:
+                    text, finish_reason, logprobs = await self._attempt(messages, request, usage)
+            except _Retry as exc:
+                if attempt > self.max_retries:
+                    return self._give_up(index, attempt, exc.reason, usage, start, fatal=False)
+                usage["retries"] += 1
+                self._count(retries=1)
+                await asyncio.sleep(self._delay(attempt, exc.retry_after))
+                continue
+            except _GiveUp as exc:
+                return self._give_up(index, attempt, exc.reason, usage, start, fatal=exc.fatal)
+            self._count(completions=1)
+            return Completion(
+                text=text,
+                logprobs=logprobs,
+                finish_reason=finish_reason,
+                usage=usage,
+                meta={"model": self.model, "latency_s": time.perf_counter() - start},
+            )
+
+    async def _attempt(
+        self, messages: list[dict[str, str]], request: dict[str, Any], usage: dict[str, Any]
+    ) -> tuple[str, str | None, tuple[float, ...] | None]:
+        """One request; returns (text, finish_reason, logprobs) or raises _Retry / _GiveUp."""
+        litellm = _litellm()
+        try:
+            # litellm's own timeout covers the HTTP exchange; wait_for also bounds everything
+            # around it (connection pool waits, response parsing), so nothing can hang.
+            response = await asyncio.wait_for(
+                litellm.acompletion(messages=messages, **request), self.timeout
+            )
+        except asyncio.TimeoutError:
+            raise _Retry(f"timeout: no answer within {self.timeout:g} s") from None
+        except Exception as exc:
+            raise self._classify(exc) from exc
+
+        self._add_usage(response, usage)
+        choices = getattr(response, "choices", None)
+        if not choices:
+            raise _Retry("malformed response: no choices")
+        choice = choices[0]
+        message = getattr(choice, "message", None)
+        text = getattr(message, "content", None)
+        if not isinstance(text, str) or not text.strip():
+            # An empty reply is a fault, never a move: retry it, and report it if it persists.
+            raise _Retry(f"empty content (finish_reason={getattr(choice, 'finish_reason', None)!r})")
+        return text, getattr(choice, "finish_reason", None), self._logprobs(choice)
+
+    def _give_up(
+        self, index: int, attempts: int, reason: str, usage: dict[str, Any], start: float, *, fatal: bool
+    ) -> Completion:
+        self._count(failures=1)
+        where = f" at {self.api_base}" if self.api_base else ""
+        if fatal:
+            raise PolicyError(
+                f"{self.name}: model {self.model!r}{where} rejected the request for observation "
+                f"{index} ({reason}). Not retried: fix the model name, api_key, api_base or "
+                "sampling parameters and run again."
+            )
+        if self.fault_policy == "raise":
+            raise PolicyError(
+                f"{self.name}: model {self.model!r}{where} failed for observation {index} after "
+                f"{attempts} attempt(s) (max_retries={self.max_retries}); last error: {reason}. "
+                "Check that the server is up, raise timeout or max_retries, or pass "
+                "fault_policy='fault' to end such episodes as counted truncations."
+            )
+        return Completion(
+            text="",
+            finish_reason=FAULT,
+            usage=usage,
+            meta={
+                "model": self.model,
+                "latency_s": time.perf_counter() - start,
+                "fault": f"{reason} (after {attempts} attempt(s))",
+            },
+        )
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _messages(self, observation: Conversation) -> list[dict[str, str]]:
+        chat = observation.to_chat()
+        if self.system_prompt is not None:
+            chat.insert(0, {"role": "system", "content": self.system_prompt})
+        return chat
+
+    def _request_kwargs(self, p: SamplingParams) -> dict[str, Any]:
+        kw: dict[str, Any] = dict(self.completion_kwargs)
+        kw.update(
+            model=self.model,
+            temperature=p.temperature,
+            max_tokens=p.max_new_tokens,
+            timeout=self.timeout,
+            # Retries are ours (with the limiter released while backing off); litellm's and the
+            # OpenAI client's own would multiply them and hold a slot while sleeping.
+            max_retries=0,
+            num_retries=0,
+        )
+        if p.top_p < 1.0:
+            kw["top_p"] = p.top_p
+        if p.stop:
+            kw["stop"] = list(p.stop)
+        if p.seed is not None:
+            kw["seed"] = p.seed
+        if p.top_k is not None:
+            if self._top_k_in_body:
+                kw["extra_body"] = {**kw.get("extra_body", {}), "top_k": p.top_k}
+            else:
+                kw["top_k"] = p.top_k
+        if self.logprobs:
+            kw["logprobs"] = True
+        if self.api_base is not None:
+            kw["api_base"] = self.api_base
+        api_key = self._api_key
+        if api_key is None and self.api_base is not None and not os.environ.get("OPENAI_API_KEY"):
+            api_key = "EMPTY"  # local servers want some key; litellm would fail with a 500
+        if api_key is not None:
+            kw["api_key"] = api_key
+        return kw
+
+    def _classify(self, exc: Exception) -> _Retry | _GiveUp:
+        """Sort an exception from litellm into retry / give up."""
+        message = str(exc).strip() or repr(exc)
+        litellm = sys.modules.get("litellm")
+        if litellm is not None and isinstance(exc, litellm.ContextWindowExceededError):
+            return _GiveUp(f"context window exceeded: {message}", fatal=False)
+        if "Missing credentials" in message:  # litellm reports a missing key as a 500
+            return _GiveUp(f"no API key: {message}", fatal=True)
+        status = getattr(exc, "status_code", None)
+        if isinstance(status, int):
+            if status == 429 or status >= 500 or status in (408, 409, 425):
+                return _Retry(f"{status} {type(exc).__name__}: {message}", _retry_after(exc))
+            if 400 <= status < 500:
+                return _GiveUp(f"{status} {type(exc).__name__}: {message}", fatal=True)
+        if litellm is not None and isinstance(exc, (litellm.Timeout, litellm.APIConnectionError)):
+            return _Retry(f"{type(exc).__name__}: {message}")
+        if isinstance(exc, (ConnectionError, TimeoutError, OSError)):
+            return _Retry(f"{type(exc).__name__}: {message}")
+        # Anything else is a bug or a misuse (a bad keyword in completion_kwargs...): retrying
+        # would only hide it.
+        return _GiveUp(f"unexpected {type(exc).__name__}: {message}", fatal=True)
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.backoff_max)
+        cap = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1))
+        return cap * self._rng.uniform(0.5, 1.0)
+
+    def _add_usage(self, response: Any, usage: dict[str, Any]) -> None:
+        u = getattr(response, "usage", None)
+        prompt = int(getattr(u, "prompt_tokens", 0) or 0)
+        completion = int(getattr(u, "completion_tokens", 0) or 0)
+        cost = self._cost(response)
+        usage["prompt_tokens"] += prompt
+        usage["completion_tokens"] += completion
+        usage["cost"] += cost
+        self._count(prompt_tokens=prompt, completion_tokens=completion, cost=cost)
+
+    def _cost(self, response: Any) -> float:
+        hidden = getattr(response, "_hidden_params", None) or {}
+        cost = hidden.get("response_cost")
+        if cost is None and not self._cost_unknown:
+            try:
+                cost = _litellm().completion_cost(completion_response=response)
+            except Exception:  # no price for this model (local servers): cost unknown, counted 0
+                self._cost_unknown = True
+        return float(cost or 0.0)
+
+    @staticmethod
+    def _logprobs(choice: Any) -> tuple[float, ...] | None:
+        lp = getattr(choice, "logprobs", None)
+        content = lp.get("content") if isinstance(lp, Mapping) else getattr(lp, "content", None)
+        if not content:
+            return None
+        return tuple(
+            float(t["logprob"] if isinstance(t, Mapping) else t.logprob) for t in content
+        )
+
+    def _count(self, **deltas: float) -> None:
+        with self._stats_lock:
+            for k, v in deltas.items():
+                setattr(self.stats, k, getattr(self.stats, k) + v)
+
+
+def _retry_after(exc: Exception) -> float | None:
+    """Seconds the server asked us to wait (``retry-after-ms`` or ``Retry-After``), if any."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None) or getattr(exc, "headers", None) or {}
+    try:
+        ms = headers.get("retry-after-ms")
+        if ms is not None:
+            return float(ms) / 1000.0
+        value = headers.get("retry-after")
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:  # an HTTP date
+        when = email.utils.parsedate_to_datetime(value)
+        return max(0.0, when.timestamp() - time.time())
+    except (TypeError, ValueError, IndexError):
+        return None
