@@ -83,6 +83,9 @@ POLICY_ALIASES: dict[str, str] = {
     "collabllm-replay-user": "collab_env.tasks.collabllm:SessionReplayUser",
     "length-ratio-partner": "collab_env.tasks.cooperative:LengthRatioPartner",
     "litellm": "collab_env.agents.litellm:LiteLLMPolicy",
+    "hf": "collab_env.agents.hf:HFPolicy",
+    "embedded": "collab_env.agents.embedded:EmbeddedPolicy",
+    "smollm2": "collab_env.agents.embedded:EmbeddedPolicy",
 }
 
 

