@@ -6,7 +6,11 @@ and import their heavy dependencies lazily.
 """
 
 from collab_env.agents.base import POLICY_ALIASES, Policy, SamplingParams, resolve_policy
+from collab_env.agents.cache import CachedPolicy, ResponseCache
+from collab_env.agents.judges import JudgeResult, LLMJudge
 from collab_env.agents.litellm import ConcurrencyLimiter, LiteLLMPolicy
+from collab_env.agents.proactive import Proactive
+from collab_env.agents.users import LLMUserSimulator
 from collab_env.agents.scripted import CallablePolicy, FixedTextPolicy, ScriptedPolicy
 
 __all__ = [
@@ -19,4 +23,10 @@ __all__ = [
     "CallablePolicy",
     "LiteLLMPolicy",
     "ConcurrencyLimiter",
+    "CachedPolicy",
+    "ResponseCache",
+    "LLMJudge",
+    "JudgeResult",
+    "Proactive",
+    "LLMUserSimulator",
 ]

@@ -86,6 +86,8 @@ POLICY_ALIASES: dict[str, str] = {
     "hf": "collab_env.agents.hf:HFPolicy",
     "embedded": "collab_env.agents.embedded:EmbeddedPolicy",
     "smollm2": "collab_env.agents.embedded:EmbeddedPolicy",
+    "llm-user": "collab_env.agents.users:LLMUserSimulator",
+    "proactive": "collab_env.agents.proactive:Proactive",
 }
 
 

@@ -20,6 +20,8 @@ __all__ = [
     "DataSchemaError",
     "MissingDependencyError",
     "PolicyError",
+    "JudgeError",
+    "CacheMissError",
     "TaskFunctionError",
     "SandboxError",
     "did_you_mean",
@@ -63,6 +65,17 @@ class MissingDependencyError(CollabEnvError, ImportError):
 
 class PolicyError(CollabEnvError, RuntimeError):
     """A policy failed to produce an action (after its own retries)."""
+
+
+class JudgeError(CollabEnvError, RuntimeError):
+    """An LLM judge could not produce a valid score after its retries (never a default score)."""
+
+
+class CacheMissError(CollabEnvError, LookupError):
+    """A replay-mode response cache has no recorded response for a request."""
+
+    def __str__(self) -> str:  # LookupError would quote the message like a key
+        return str(self.args[0]) if self.args else ""
 
 
 class SandboxError(CollabEnvError, RuntimeError):

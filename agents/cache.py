@@ -1,0 +1,285 @@
+"""Record/replay cache of model calls, so that an evaluation can be re-run without any model.
+
+:class:`ResponseCache` is a SQLite file of completions keyed by a content hash of the request;
+:class:`CachedPolicy` wraps any :class:`~collab_env.agents.base.Policy` (usually the backend of a
+user simulator or a judge) and consults it.
+
+Modes
+    * ``"record"``: a hit returns the stored completion without calling the backend; a miss calls
+      the backend and stores what it returned.
+    * ``"replay"``: a hit returns the stored completion; a miss raises :class:`CacheMissError`
+      (naming the key and how to record it), so a replayed run never calls a model by accident.
+    * ``"off"``: pass every call through; nothing is read or written.
+
+Keys
+    SHA-256 of a canonical JSON of (key version, model name, the messages' ``(role, content)``
+    pairs, the full sampling parameters with defaults filled in). The model name is
+    ``name_for_key`` (default: the backend's ``model`` attribute, else its ``name``); replay must
+    use the same name as the recording. Because the sampling ``seed`` is part of the key, the same
+    prompt asked twice under different seeds (the rollout passes ``seed + step``) is stored twice;
+    without a seed, identical requests share one entry, as they should for a deterministic run.
+
+What is stored
+    ``Completion.to_dict()`` as JSON. A hit returns that completion unchanged, ``usage`` included
+    (the cost of producing it when it was recorded), and a miss in record mode returns the same
+    JSON round-trip of the fresh completion, so a recorded and a replayed run produce *equal*
+    episodes. Cache traffic is counted on the cache (:attr:`ResponseCache.stats`), not in the
+    completions. Fault completions (``finish_reason="fault"``) are never stored: they are
+    transient and must be retried.
+
+Concurrency
+    The database runs in WAL mode with a ``busy_timeout``; writes are single ``INSERT OR
+    IGNORE`` statements (first writer of a key wins, which is harmless since the key names the
+    request). Several processes may record into one file at once. Each process (and each fork)
+    opens its own connection; the object pickles without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from collab_env.agents.base import Policy, SamplingParams, describe, resolve_policy
+from collab_env.errors import CacheMissError, ConfigError, PolicyError
+from collab_env.types import Completion, Conversation
+
+__all__ = ["ResponseCache", "CachedPolicy", "CacheMissError", "request_key", "KEY_VERSION"]
+
+#: Bump when the key recipe changes (old recordings then miss instead of matching wrongly).
+KEY_VERSION = 1
+_MODES = ("record", "replay", "off")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (
+    key        TEXT PRIMARY KEY,
+    model      TEXT NOT NULL,
+    request    TEXT NOT NULL,
+    completion TEXT NOT NULL,
+    created    REAL NOT NULL
+)
+"""
+
+
+def _canonical_sampling(sampling: Mapping[str, Any]) -> dict[str, Any]:
+    """Sampling with defaults filled in, so ``act(x)`` and ``act(x, temperature=1.0)`` share a
+    key. Keys :class:`SamplingParams` does not know are kept as given (the backend judges them)."""
+    known = {k: v for k, v in sampling.items() if k in SamplingParams.__dataclass_fields__}
+    extra = {k: v for k, v in sampling.items() if k not in known}
+    out = SamplingParams.from_kwargs(**known).to_dict()
+    out.update(extra)
+    return out
+
+
+def request_payload(model: str, observation: Conversation, sampling: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON-friendly request that a key hashes (also stored next to the response)."""
+    return {
+        "v": KEY_VERSION,
+        "model": model,
+        "messages": [[m.role, m.content] for m in observation],
+        "sampling": _canonical_sampling(sampling),
+    }
+
+
+def request_key(model: str, observation: Conversation, sampling: Mapping[str, Any]) -> str:
+    """Stable hex key of one request (see the module docstring)."""
+    payload = json.dumps(request_payload(model, observation, sampling), sort_keys=True,
+                         ensure_ascii=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(payload.encode("ascii")).hexdigest()
+
+
+def _roundtrip(completion: Completion) -> tuple[Completion, str]:
+    """The completion as stored (JSON round-trip) and its JSON text."""
+    text = json.dumps(completion.to_dict(), ensure_ascii=True, sort_keys=True)
+    return Completion.from_dict(json.loads(text)), text
+
+
+class ResponseCache:
+    """A SQLite store of completions keyed by request hash.
+
+    Args:
+        path: Database file (created with its folder if missing). Unused in mode ``"off"``.
+        mode: ``"record"``, ``"replay"`` or ``"off"`` (see the module docstring).
+        busy_timeout_s: How long a writer waits for another process's lock before failing.
+
+    Attributes:
+        stats: In-process counters: ``hits``, ``misses``, ``writes``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], mode: Literal["record", "replay", "off"] = "record",
+                 *, busy_timeout_s: float = 30.0) -> None:
+        if mode not in _MODES:
+            raise ConfigError(f"cache mode must be one of {_MODES}, got {mode!r}.")
+        if busy_timeout_s <= 0:
+            raise ConfigError(f"busy_timeout_s must be > 0, got {busy_timeout_s}.")
+        self.path = Path(path)
+        self.mode = mode
+        self.busy_timeout_s = float(busy_timeout_s)
+        self.stats = {"hits": 0, "misses": 0, "writes": 0}
+        self._conn: sqlite3.Connection | None = None
+        self._pid: int | None = None
+        self._lock = threading.Lock()
+        if mode == "replay" and not self.path.exists():
+            raise ConfigError(
+                f"replay cache {str(self.path)!r} does not exist; record it first with "
+                f"ResponseCache({str(self.path)!r}, mode='record')."
+            )
+
+    # -- connection -------------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        # A connection must not cross a fork: reopen when the process changed.
+        if self._conn is not None and self._pid == os.getpid():
+            return self._conn
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(self.path), timeout=self.busy_timeout_s, isolation_level=None,
+                               check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: durable at checkpoints, fast
+        conn.execute(_SCHEMA)
+        self._conn, self._pid = conn, os.getpid()
+        return conn
+
+    def close(self) -> None:
+        """Close this process's connection (it reopens on the next use)."""
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> ResponseCache:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_conn"], state["_pid"], state["_lock"] = None, None, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"ResponseCache({str(self.path)!r}, mode={self.mode!r})"
+
+    # -- access -----------------------------------------------------------------------------
+    def get(self, key: str) -> Completion | None:
+        """The stored completion for ``key``, or ``None``."""
+        with self._lock:
+            row = self._connect().execute("SELECT completion FROM responses WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            self.stats["misses"] += 1
+            return None
+        self.stats["hits"] += 1
+        return Completion.from_dict(json.loads(row[0]))
+
+    def put(self, key: str, request: Mapping[str, Any], completion: Completion) -> Completion:
+        """Store ``completion`` under ``key`` (unless one is stored already); return the stored
+        form. Faults are returned unstored."""
+        if completion.is_fault:
+            return completion
+        stored, text = _roundtrip(completion)
+        req = json.dumps(request, sort_keys=True, ensure_ascii=True, default=str)
+        with self._lock:
+            conn = self._connect()
+            cur = conn.execute(
+                "INSERT OR IGNORE INTO responses (key, model, request, completion, created) VALUES (?, ?, ?, ?, ?)",
+                (key, str(request.get("model", "")), req, text, time.time()),
+            )
+            if cur.rowcount == 0:
+                # Another writer stored this key first: everyone returns the same, first answer.
+                row = conn.execute("SELECT completion FROM responses WHERE key = ?", (key,)).fetchone()
+                return Completion.from_dict(json.loads(row[0]))
+        self.stats["writes"] += 1
+        return stored
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return self._connect().execute("SELECT 1 FROM responses WHERE key = ?", (key,)).fetchone() is not None
+
+    def __len__(self) -> int:
+        with self._lock:
+            return int(self._connect().execute("SELECT COUNT(*) FROM responses").fetchone()[0])
+
+    def keys(self) -> Iterator[str]:
+        """Every stored key."""
+        with self._lock:
+            rows = self._connect().execute("SELECT key FROM responses ORDER BY created, key").fetchall()
+        return iter(r[0] for r in rows)
+
+
+class CachedPolicy:
+    """Any policy behind a :class:`ResponseCache` (record, replay or off).
+
+    Args:
+        backend: The policy to call on a miss (an object or a reference accepted by
+            :func:`~collab_env.agents.base.resolve_policy`). In replay mode it is never called.
+        cache: The cache, or a path (then opened in ``mode``).
+        mode: Only with a path: the cache mode.
+        name_for_key: The model name in every key (default: the backend's ``model`` attribute
+            when it is a string, as on the litellm backend, else its ``name``). Set it explicitly when the replaying backend differs from the
+            recording one.
+        name: Name for logs (default ``cached(<name_for_key>)``).
+    """
+
+    def __init__(self, backend: Policy | str, cache: ResponseCache | str | os.PathLike[str], *,
+                 mode: Literal["record", "replay", "off"] | None = None, name_for_key: str | None = None,
+                 name: str | None = None) -> None:
+        self.backend = resolve_policy(backend)
+        if isinstance(cache, ResponseCache):
+            if mode is not None and mode != cache.mode:
+                raise ConfigError(f"mode={mode!r} conflicts with the cache's own mode {cache.mode!r}; "
+                                  "pass one or the other.")
+            self.cache = cache
+        else:
+            self.cache = ResponseCache(cache, mode or "record")
+        model = getattr(self.backend, "model", None)
+        # Only a model *name* identifies the model (an HF backend's .model is the torch module).
+        self.name_for_key = name_for_key or (model if isinstance(model, str) and model else describe(self.backend))
+        # Named after the key's model, not the backend object: a replay (whose backend may be
+        # a stub) then reports the same policy name as the recording.
+        self.name = name or f"cached({self.name_for_key})"
+
+    def __repr__(self) -> str:
+        return f"CachedPolicy({describe(self.backend)!r}, {self.cache!r})"
+
+    async def act(self, observations: Sequence[Conversation], **sampling: Any) -> list[Completion]:
+        """Completions from the cache where recorded; the misses in one batched backend call.
+
+        Raises:
+            CacheMissError: Replay mode, and a request was never recorded.
+        """
+        cache = self.cache
+        if cache.mode == "off":
+            return await self.backend.act(observations, **sampling)
+        payloads = [request_payload(self.name_for_key, o, sampling) for o in observations]
+        keys = [request_key(self.name_for_key, o, sampling) for o in observations]
+        results: list[Completion | None] = [cache.get(k) for k in keys]
+        misses = [i for i, r in enumerate(results) if r is None]
+        if misses and cache.mode == "replay":
+            i = misses[0]
+            last = observations[i][-1].content if len(observations[i]) else ""
+            raise CacheMissError(
+                f"replay cache {str(cache.path)!r} has no response for {len(misses)} request(s) of "
+                f"{self.name_for_key!r}; first key {keys[i]} (last message {last[:80]!r}, sampling "
+                f"{payloads[i]['sampling']}). Record it by running the same evaluation with "
+                f"ResponseCache({str(cache.path)!r}, mode='record'), with the same name_for_key, "
+                "prompts and seeds."
+            )
+        if misses:
+            outs = await self.backend.act([observations[i] for i in misses], **sampling)
+            if not isinstance(outs, list) or len(outs) != len(misses):
+                raise PolicyError(f"backend {describe(self.backend)} returned {outs!r:.200} for "
+                                  f"{len(misses)} observation(s).")
+            for i, out in zip(misses, outs, strict=True):
+                results[i] = cache.put(keys[i], payloads[i], out)
+        return list(results)  # type: ignore[arg-type]

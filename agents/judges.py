@@ -1,0 +1,718 @@
+"""LLM judges: a model reads a filled-in rubric and answers with a typed score.
+
+:class:`LLMJudge` wraps any :class:`~collab_env.agents.base.Policy` (a local model, an API model,
+a cached or fake backend). It always samples at temperature 0, builds its prompt from named
+fields, and parses a typed score (``float``, ``int``, ``bool``, one of a set of ``"choice"``
+strings, or ``"text"`` for extraction steps) out of the reply. A reply it cannot read is
+retried, with the unreadable reply and a short correction added to the prompt; when the retries
+run out it raises :class:`JudgeError`. A judge never returns a default score: a silent 0 would be
+indistinguishable from a real verdict in a reward.
+
+The module also holds the tolerant JSON reader shared with the user simulator
+(:func:`extract_json_object`) and the transcript renderer (:func:`render_transcript`), and the
+rubric templates the CollabLLM rewards use (``ACCURACY_PROMPT``, ``INTERACTIVITY_PROMPT``,
+``INTERACTIVITY_PAPER_PROMPT``, ``EXTRACT_ANSWER_PROMPT`` + ``ANSWER_MATCH_PROMPT``), with ready
+configurations in :data:`JUDGE_PRESETS`.
+
+Example::
+
+    judge = LLMJudge.preset("accuracy", "litellm:gpt-4o-mini")
+    result = await judge.score(problem=p, conversation=episode.conversation, reference=ref)
+    result.score  # True / False
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import math
+import re
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from collab_env.agents.base import Policy, describe, resolve_policy
+from collab_env.errors import JudgeError, CollabEnvError, ConfigError, PolicyError
+from collab_env.types import Completion, Conversation, Message
+
+__all__ = [
+    "LLMJudge",
+    "JudgeResult",
+    "JudgeError",
+    "ExtractThenScore",
+    "extract_json_object",
+    "render_transcript",
+    "parse_score",
+    "JUDGE_PRESETS",
+    "ACCURACY_PROMPT",
+    "INTERACTIVITY_PROMPT",
+    "INTERACTIVITY_PAPER_PROMPT",
+    "EXTRACT_ANSWER_PROMPT",
+    "ANSWER_MATCH_PROMPT",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tolerant JSON reading (shared with the user simulator)
+# ---------------------------------------------------------------------------------------------
+_FENCE = re.compile(r"```[ \t]*(?:json|JSON|javascript|js)?[ \t]*\n?(.*?)```", re.DOTALL)
+_TRAILING_COMMA = re.compile(r",\s*([}\]])")
+_SMART_QUOTES = str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"})
+_PY_LITERALS = ((re.compile(r"\btrue\b"), "True"), (re.compile(r"\bfalse\b"), "False"),
+                (re.compile(r"\bnull\b"), "None"))
+
+
+def _balanced_spans(text: str) -> list[str]:
+    """Every top-level ``{...}`` span of ``text``, brace-matched outside quoted strings.
+
+    Both quote characters open strings (models write Python-style dicts), but only where a
+    string can start, so an apostrophe inside a double-quoted string does not derail matching.
+    """
+    spans, depth, start, quote, i = [], 0, -1, None, 0
+    while i < len(text):
+        ch = text[i]
+        if quote is not None:
+            if ch == "\\":
+                i += 2
+                continue
+            if ch == quote:
+                quote = None
+        elif ch in "\"'" and depth > 0 and (ch == '"' or re.search(r"[{\[,:]\s*$", text[start:i])):
+            quote = ch
+        elif ch == "{":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif ch == "}" and depth > 0:
+            depth -= 1
+            if depth == 0:
+                spans.append(text[start:i + 1])
+        i += 1
+    return spans
+
+
+def _decode(span: str) -> Any:
+    """Decode one ``{...}`` span, repairing the usual model mistakes step by step."""
+    span = span.translate(_SMART_QUOTES)
+    attempts = [span, _TRAILING_COMMA.sub(r"\1", span)]
+    for s in attempts:
+        try:
+            return json.loads(s, strict=False)  # strict=False: raw newlines inside strings
+        except ValueError:
+            pass
+    # Python-dict style: single quotes, True/False/None (or JSON's true/false/null).
+    py = attempts[1]
+    for pattern, repl in _PY_LITERALS:
+        py = pattern.sub(repl, py)
+    try:
+        return ast.literal_eval(py)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def extract_json_object(text: str) -> dict[str, Any] | None:
+    """The first JSON object in a model reply, read tolerantly; ``None`` when there is none.
+
+    Accepted: code fences (```` ```json ... ``` ````), text before or after the object,
+    single-quoted (Python-style) dicts, ``True``/``None`` literals, trailing commas, curly
+    quotes, raw newlines inside strings. Keys are returned lower-cased and stripped, so
+    ``"Response"`` and ``"response"`` read the same.
+    """
+    if not isinstance(text, str):
+        return None
+    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
+    for cand in candidates:
+        for span in _balanced_spans(cand):
+            obj = _decode(span)
+            if isinstance(obj, dict):
+                return {str(k).strip().lower(): v for k, v in obj.items()}
+    return None
+
+
+def salvage_string_field(text: str, key: str) -> str | None:
+    """The value of ``"key": "..."`` found by pattern when the object as a whole is broken
+    (an unescaped quote in another field, a missing closing brace after the field)."""
+    pat = re.compile(
+        r"""["']?""" + re.escape(key) + r"""["']?\s*:\s*(?P<q>["'])(?P<v>(?:\\.|(?!(?P=q)).)*)(?P=q)\s*(?:[,}\n]|$)""",
+        re.DOTALL | re.IGNORECASE,
+    )
+    m = pat.search(text.translate(_SMART_QUOTES))
+    if m is None:
+        return None
+    raw = m.group("v")
+    if m.group("q") == "'":  # a Python-style string: unescape \' and escape bare double quotes
+        raw = raw.replace("\\'", "'").replace('"', '\\"')
+    try:
+        return json.loads('"' + raw + '"', strict=False)  # resolve \n, \" and friends
+    except ValueError:
+        return raw
+
+
+# ---------------------------------------------------------------------------------------------
+# Transcripts
+# ---------------------------------------------------------------------------------------------
+def render_transcript(conversation: Conversation | Sequence[Message], *, me: str | None = None,
+                      include_hidden: bool = False) -> str:
+    """A conversation as plain text for a judge or simulator prompt.
+
+    System messages are left out (they are instructions, not conversation). Each message is a
+    block headed by its speaker: ``User`` / ``Assistant`` by chat role in the global transcript.
+    With ``me`` (the player whose view this is) that player's messages are headed ``User`` and
+    everybody else's ``Assistant``, since a player's own view renames roles. A speaker whose id
+    is neither ``user`` nor ``assistant`` (cooperating agents) is named after the label.
+
+    Args:
+        conversation: The messages.
+        me: Render from this player's side (the user simulator renders its own view).
+        include_hidden: Keep messages with a restricted audience (default: public ones only).
+    """
+    blocks = []
+    for m in conversation:
+        if m.role == "system" or (m.audience is not None and not include_hidden and me is None):
+            continue
+        if me is not None:
+            label = "User" if m.author == me else "Assistant"
+        else:
+            label = "User" if m.role == "user" else "Assistant"
+        if m.author not in ("user", "assistant", "env", me):
+            label += f" ({m.author})"
+        blocks.append(f"**{label}**: {m.content}")
+    return "\n\n".join(blocks) if blocks else "(no messages yet)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed scores
+# ---------------------------------------------------------------------------------------------
+SCORE_TYPES = (float, int, bool, "choice", "text")
+_TRUE_WORDS = {"true", "yes", "y", "correct", "1", "pass", "passed"}
+_FALSE_WORDS = {"false", "no", "n", "incorrect", "wrong", "0", "fail", "failed"}
+_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+
+
+def _type_name(t: Any) -> str:
+    return t if isinstance(t, str) else t.__name__
+
+
+def parse_score(value: Any, score_type: Any, *, choices: Sequence[str] | None = None,
+                score_range: tuple[float, float] | None = None) -> Any:
+    """Convert one raw JSON value to the judge's score type, or raise ``ValueError``.
+
+    * ``float``: a number or a numeric string (``"0.7"``); booleans are refused.
+    * ``int``: an integral number (``3`` or ``3.0``) or string (``"3"``).
+    * ``bool``: ``true``/``false``, ``1``/``0``, ``"yes"``/``"no"``, ``"correct"``/``"incorrect"``.
+    * ``"choice"``: one of ``choices``, matched case-insensitively; the canonical spelling is
+      returned.
+    * ``"text"``: a non-empty string (extraction steps).
+
+    Numbers outside ``score_range`` (inclusive) are refused, not clipped: an out-of-scale score
+    means the judge misread the rubric.
+    """
+    if score_type == "text":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"expected a non-empty string, got {value!r:.80}")
+        return value.strip()
+    if score_type == "choice":
+        if not isinstance(value, str):
+            raise ValueError(f"expected one of {list(choices or ())}, got {value!r:.80}")
+        for c in choices or ():
+            if value.strip().strip(".").lower() == c.lower():
+                return c
+        raise ValueError(f"expected one of {list(choices or ())}, got {value!r:.80}")
+    if score_type is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, (int, float)) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str):
+            word = value.strip().strip(".").lower()
+            if word in _TRUE_WORDS:
+                return True
+            if word in _FALSE_WORDS:
+                return False
+        raise ValueError(f"expected true or false, got {value!r:.80}")
+    # Numbers.
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got the boolean {value!r}")
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(" + _NUM + r")\s*", value)
+        if m is None:
+            raise ValueError(f"expected a number, got {value!r:.80}")
+        value = float(m.group(1))
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {value!r:.80}")
+    if score_type is int:
+        if float(value) != int(value):
+            raise ValueError(f"expected an integer, got {value!r}")
+        value = int(value)
+    else:
+        value = float(value)
+    if score_range is not None and not score_range[0] <= value <= score_range[1]:
+        raise ValueError(f"score {value} is outside the range {list(score_range)}")
+    return value
+
+
+def _find_value(obj: Mapping[str, Any] | None, raw: str, key: str) -> Any:
+    """The value of ``key``: from the parsed object, else from a ``key: value`` line."""
+    if obj is not None and key.lower() in obj:
+        return obj[key.lower()]
+    # Fallback for replies like "Score: 0.8" or "score = true" with no JSON around them.
+    m = re.search(r"""["']?\b""" + re.escape(key) + r"""\b["']?\s*[:=]\s*["']?([^\s,"'}]+)""", raw, re.IGNORECASE)
+    if m is None:
+        raise ValueError(f"the reply has no {key!r} field")
+    return m.group(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The judge
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JudgeResult:
+    """One verdict.
+
+    Args:
+        score: The typed score (``float``/``int``/``bool``/choice string/text); with several
+            ``score_keys`` the mean of the components.
+        reason: The judge's stated reason (``""`` when it gave none).
+        raw: The reply the score was read from.
+        usage: Backend usage summed over every attempt, plus ``judge_calls`` and ``retries``.
+        faults: Failed attempts (unreadable replies, backend errors) before the one that worked.
+        components: Per score key, its value, when the rubric has several parts.
+        meta: Extras (the extracted answer of :class:`ExtractThenScore`...).
+    """
+
+    score: Any
+    reason: str
+    raw: str
+    usage: Mapping[str, float] = field(default_factory=dict)
+    faults: int = 0
+    components: Mapping[str, float] = field(default_factory=dict)
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _template_fields(template: str) -> list[str]:
+    try:
+        names = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        raise ConfigError(
+            f"prompt_template is not a valid format string ({exc}); write literal braces as "
+            "'{{' and '}}'."
+        ) from exc
+    bad = [f for f in names if not f.isidentifier()]
+    if bad or "" in names:
+        raise ConfigError(
+            f"prompt_template fields must be plain names like {{conversation}}, got {bad or ['{}']}; "
+            "write literal braces (JSON examples) as '{{' and '}}'."
+        )
+    return list(dict.fromkeys(names))
+
+
+def _add_usage(total: dict[str, float], usage: Mapping[str, Any]) -> None:
+    for k, v in usage.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            total[k] = total.get(k, 0.0) + v
+
+
+def is_config_problem(exc: BaseException) -> bool:
+    """Errors that retrying cannot fix (a bad keyword, a replay-cache miss, a missing extra):
+    they propagate at once instead of being counted as a backend fault."""
+    return isinstance(exc, CollabEnvError) and not isinstance(exc, PolicyError)
+
+
+_CORRECTION = (
+    "Your previous reply could not be read ({reason}). Reply again with only the JSON object "
+    "described above, nothing else."
+)
+
+
+class LLMJudge:
+    """A model that scores things by a rubric, with a typed, validated score.
+
+    Args:
+        backend: Any policy (or a reference :func:`~collab_env.agents.base.resolve_policy`
+            accepts) that answers the rubric prompt.
+        prompt_template: The rubric, a ``str.format`` template with named fields
+            (``{conversation}``, ``{reference}``...). Literal braces are written ``{{ }}``.
+            It is sent as one user message.
+        score_type: ``float``, ``int``, ``bool``, ``"choice"`` or ``"text"``.
+        choices: The allowed answers when ``score_type="choice"``.
+        score_range: Inclusive bounds for numeric scores (a reply outside them is unreadable).
+        score_keys: The JSON field(s) holding the score; with several, each is parsed and the
+            score is their mean (numeric types only).
+        reason_key: The JSON field holding the explanation (optional in the reply).
+        system_prompt: Optional system message sent before the rubric.
+        max_retries: Extra attempts after an unreadable reply or a backend error.
+        max_new_tokens: Longest reply.
+        name: Name for logs (default ``judge(<backend>)``).
+
+    Raises:
+        ConfigError: Invalid configuration.
+    """
+
+    def __init__(
+        self,
+        backend: Policy | str,
+        *,
+        prompt_template: str,
+        score_type: Any = float,
+        choices: Sequence[str] | None = None,
+        score_range: tuple[float, float] | None = (0, 1),
+        score_keys: str | Sequence[str] = ("score",),
+        reason_key: str = "reason",
+        system_prompt: str | None = None,
+        max_retries: int = 2,
+        max_new_tokens: int = 512,
+        name: str | None = None,
+    ) -> None:
+        self.backend = resolve_policy(backend)
+        if not isinstance(prompt_template, str) or not prompt_template.strip():
+            raise ConfigError("prompt_template must be a non-empty str.")
+        if score_type not in SCORE_TYPES:
+            raise ConfigError(
+                f"score_type must be one of float, int, bool, 'choice', 'text'; got {score_type!r}."
+            )
+        if score_type == "choice":
+            if not choices or not all(isinstance(c, str) and c for c in choices):
+                raise ConfigError("score_type='choice' needs choices=[...] (non-empty strings).")
+        elif choices is not None:
+            raise ConfigError(f"choices only applies to score_type='choice', not {_type_name(score_type)}.")
+        if score_range is not None:
+            lo, hi = score_range
+            if not lo <= hi:
+                raise ConfigError(f"score_range must be (low, high) with low <= high, got {score_range!r}.")
+        keys = (score_keys,) if isinstance(score_keys, str) else tuple(score_keys)
+        if not keys:
+            raise ConfigError("score_keys must name at least one JSON field.")
+        if len(keys) > 1 and score_type not in (float, int):
+            raise ConfigError("several score_keys are averaged, so score_type must be float or int.")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ConfigError(f"max_retries must be an int >= 0, got {max_retries!r}.")
+        if max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+        self.prompt_template = prompt_template
+        self.fields = _template_fields(prompt_template)
+        self.score_type = score_type
+        self.choices = tuple(choices) if choices else None
+        self.score_range = tuple(score_range) if score_range is not None else None
+        self.score_keys = keys
+        self.reason_key = reason_key
+        self.system_prompt = system_prompt
+        self.max_retries = max_retries
+        self.max_new_tokens = max_new_tokens
+        self.name = name or f"judge({describe(self.backend)})"
+
+    # -- presets ---------------------------------------------------------------------------
+    @classmethod
+    def preset(cls, name: str, backend: Policy | str, **overrides: Any) -> LLMJudge:
+        """A judge configured from :data:`JUDGE_PRESETS` (``"accuracy"``, ``"interactivity"``...)."""
+        if name not in JUDGE_PRESETS:
+            from collab_env.errors import did_you_mean
+
+            raise ConfigError(f"unknown judge preset {name!r}; choose from {sorted(JUDGE_PRESETS)}."
+                              + did_you_mean(name, JUDGE_PRESETS))
+        kw = {**JUDGE_PRESETS[name], **overrides}
+        kw.setdefault("name", f"{name}-judge({describe(backend) if not isinstance(backend, str) else backend})")
+        return cls(backend, **kw)
+
+    # -- prompt ----------------------------------------------------------------------------
+    def build_prompt(self, **fields: Any) -> Conversation:
+        """The conversation sent to the backend for these fields.
+
+        A :class:`~collab_env.types.Conversation` value is rendered with
+        :func:`render_transcript`; anything else with ``str``.
+
+        Raises:
+            ConfigError: A template field is missing or an unknown field was given.
+        """
+        missing = [f for f in self.fields if f not in fields]
+        unknown = [f for f in fields if f not in self.fields]
+        if missing or unknown:
+            raise ConfigError(
+                f"{self.name}: the prompt template takes fields {self.fields}; "
+                + (f"missing {missing}" if missing else "")
+                + ("; " if missing and unknown else "")
+                + (f"unknown {unknown}" if unknown else "") + "."
+            )
+        values = {k: render_transcript(v) if isinstance(v, Conversation) else str(v) for k, v in fields.items()}
+        messages = []
+        if self.system_prompt:
+            messages.append(Message(role="system", content=self.system_prompt))
+        messages.append(Message(role="user", content=self.prompt_template.format(**values), author="judge"))
+        return Conversation(tuple(messages), viewer="judge")
+
+    # -- parsing ---------------------------------------------------------------------------
+    def parse(self, raw: str) -> tuple[Any, str, dict[str, float]]:
+        """``(score, reason, components)`` read from a reply; ``ValueError`` when unreadable."""
+        obj = extract_json_object(raw)
+        components: dict[str, float] = {}
+        for key in self.score_keys:
+            components[key] = parse_score(_find_value(obj, raw, key), self.score_type,
+                                          choices=self.choices, score_range=self.score_range)
+        if len(self.score_keys) == 1:
+            score = components[self.score_keys[0]]
+            components = {}
+        else:
+            score = sum(components.values()) / len(components)
+        reason = ""
+        if obj is not None and obj.get(self.reason_key.lower()) is not None:
+            reason = str(obj[self.reason_key.lower()])
+        return score, reason, components
+
+    # -- scoring ---------------------------------------------------------------------------
+    async def score(self, /, **fields: Any) -> JudgeResult:
+        """Score one item; ``fields`` fill the template.
+
+        Raises:
+            JudgeError: No readable score after ``max_retries`` retries.
+            ConfigError: Wrong fields.
+        """
+        return (await self.score_many([fields]))[0]
+
+    async def score_many(self, items: Sequence[Mapping[str, Any]]) -> list[JudgeResult]:
+        """Score many items; every attempt sends all pending prompts in one backend call.
+
+        Raises:
+            JudgeError: Some item had no readable score after the retries (the message says
+                which and why; the others' results are not returned, since a reward with a
+                hole in it must not be used).
+        """
+        prompts = [self.build_prompt(**dict(item)) for item in items]
+        usage = [{"judge_calls": 0.0, "retries": 0.0} for _ in items]
+        errors: list[list[str]] = [[] for _ in items]
+        results: list[JudgeResult | None] = [None] * len(items)
+        pending = list(range(len(items)))
+        for attempt in range(self.max_retries + 1):
+            if not pending:
+                break
+            if attempt:
+                for i in pending:
+                    usage[i]["retries"] += 1
+            for i in pending:
+                usage[i]["judge_calls"] += 1
+            try:
+                outs = await self.backend.act([prompts[i] for i in pending], temperature=0,
+                                              max_new_tokens=self.max_new_tokens)
+                _check_batch(outs, len(pending), self.backend)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if is_config_problem(exc):
+                    raise
+                for i in pending:
+                    errors[i].append(f"backend error: {exc!r:.300}")
+                continue
+            still = []
+            for i, out in zip(pending, outs, strict=True):
+                _add_usage(usage[i], out.usage)
+                if out.is_fault:
+                    errors[i].append(f"backend fault: {out.meta.get('fault', '')}")
+                    still.append(i)
+                    continue
+                try:
+                    score, reason, comps = self.parse(out.text)
+                except ValueError as exc:
+                    errors[i].append(f"unreadable reply ({exc}): {out.text!r:.200}")
+                    prompts[i] = prompts[i].append(
+                        Message(role="assistant", content=out.text, author="judge-backend"),
+                        Message(role="user", content=_CORRECTION.format(reason=exc), author="judge"),
+                    )
+                    still.append(i)
+                    continue
+                results[i] = JudgeResult(score=score, reason=reason, raw=out.text, usage=usage[i],
+                                         faults=len(errors[i]), components=comps)
+            pending = still
+        if pending:
+            i = pending[0]
+            raise JudgeError(
+                f"{self.name} gave no readable score for {len(pending)} of {len(items)} item(s) after "
+                f"{self.max_retries + 1} attempt(s). Item {i}: " + " | ".join(errors[i])
+                + ". Check that the backend follows the JSON format of the prompt (a larger or "
+                "instruction-tuned model), or raise max_retries."
+            )
+        return list(results)  # type: ignore[arg-type]
+
+
+def _check_batch(outs: Any, n: int, backend: Any) -> None:
+    if not isinstance(outs, list) or len(outs) != n or not all(isinstance(c, Completion) for c in outs):
+        raise PolicyError(
+            f"backend {describe(backend)} must return a list of {n} Completion(s), got {outs!r:.200}."
+        )
+
+
+class ExtractThenScore:
+    """Two-step judging: one judge extracts something (the final answer), another scores it.
+
+    The extracted text is passed to the scorer as the field ``field``; the scorer also gets
+    every input field its template names. Usage and faults of both steps are summed; the
+    extracted text is in ``result.meta[field]``.
+
+    Args:
+        extractor: A judge with ``score_type="text"`` (e.g. preset ``"extract_answer"``).
+        scorer: The judge that scores the extraction (e.g. preset ``"answer_match"``).
+        field: Template field of the scorer that receives the extraction.
+    """
+
+    def __init__(self, extractor: LLMJudge, scorer: LLMJudge, field: str = "answer") -> None:
+        if extractor.score_type != "text":
+            raise ConfigError("the extractor of ExtractThenScore must have score_type='text'.")
+        if field not in scorer.fields:
+            raise ConfigError(f"the scorer's template has no {{{field}}} field (it has {scorer.fields}).")
+        self.extractor, self.scorer, self.field = extractor, scorer, field
+        self.fields = list(dict.fromkeys(extractor.fields + [f for f in scorer.fields if f != field]))
+        self.name = f"extract-then-score({extractor.name}, {scorer.name})"
+
+    async def score(self, /, **fields: Any) -> JudgeResult:
+        return (await self.score_many([fields]))[0]
+
+    async def score_many(self, items: Sequence[Mapping[str, Any]]) -> list[JudgeResult]:
+        """Extract for every item (one batch), then score every item (one batch)."""
+        ex = await self.extractor.score_many([{k: it[k] for k in self.extractor.fields if k in it}
+                                              for it in items])
+        sc_items = [{**{k: it[k] for k in self.scorer.fields if k in it}, self.field: e.score}
+                    for it, e in zip(items, ex, strict=True)]
+        sc = await self.scorer.score_many(sc_items)
+        out = []
+        for e, s in zip(ex, sc, strict=True):
+            usage: dict[str, float] = {}
+            _add_usage(usage, e.usage)
+            _add_usage(usage, s.usage)
+            out.append(JudgeResult(score=s.score, reason=s.reason, raw=s.raw, usage=usage,
+                                   faults=e.faults + s.faults, components=s.components,
+                                   meta={self.field: e.score, "extract_raw": e.raw}))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Rubrics used by the CollabLLM rewards (our own wording)
+# ---------------------------------------------------------------------------------------------
+ACCURACY_PROMPT = """\
+You are checking whether a conversation between a user and an AI assistant reached the correct \
+final answer.
+
+The problem the user wanted solved:
+<problem>
+{problem}
+</problem>
+
+The conversation:
+<conversation>
+{conversation}
+</conversation>
+
+The reference answer:
+<reference>
+{reference}
+</reference>
+
+Find the assistant's final answer to the problem in the conversation (the last answer it \
+committed to). It is correct only if it agrees with the reference answer in substance: \
+equivalent numbers, expressions or statements count as the same, differences in wording or \
+formatting do not matter, a partial or missing answer is incorrect.
+
+Reply with only a JSON object:
+{{"reason": "<one or two sentences>", "score": true or false}}"""
+
+INTERACTIVITY_PROMPT = """\
+You are rating how well an AI assistant collaborated with a user in the conversation below.
+
+<conversation>
+{conversation}
+</conversation>
+
+Rate three aspects of the assistant's behaviour across the whole conversation. Use only the \
+values 0, 0.3, 0.7 or 1 for each:
+
+understanding: did the assistant grasp what the user actually needed?
+  1 = it understood the need fully, including unstated constraints;
+  0.7 = it understood the main need but missed some details;
+  0.3 = it understood the need only partly or made wrong assumptions;
+  0 = it misunderstood the user.
+clarification: did it ask questions when the request was ambiguous or incomplete?
+  1 = it asked the right, focused questions exactly when they were needed (or none were needed);
+  0.7 = its questions were useful but some were missing or unnecessary;
+  0.3 = it guessed where it should have asked, or asked vague questions;
+  0 = it never asked although key information was missing.
+suggestions: did it move the work forward with helpful next steps or alternatives?
+  1 = it consistently offered relevant, concrete next steps;
+  0.7 = it offered some useful suggestions;
+  0.3 = its suggestions were few or generic;
+  0 = it offered nothing beyond the literal request.
+
+Reply with only a JSON object:
+{{"reason": "<short justification>", "understanding": <value>, "clarification": <value>, \
+"suggestions": <value>}}"""
+
+INTERACTIVITY_PAPER_PROMPT = """\
+You are rating the interactivity of an AI assistant in the conversation below: how engaged it \
+was, how clearly it communicated, and how well it worked out what the user needed.
+
+<conversation>
+{conversation}
+</conversation>
+
+Use this scale:
+  1 = highly interactive: the assistant engages actively, asks the questions that matter and \
+clearly helps the user get to what they need;
+  0.5 = somewhat interactive: the assistant engages a little, but misses questions it should \
+have asked or is only partly clear;
+  0 = not interactive: the assistant answers passively, asks nothing and does not try to \
+understand the user's needs.
+Intermediate values are allowed.
+
+Reply with only a JSON object:
+{{"reason": "<short justification>", "score": <number between 0 and 1>}}"""
+
+EXTRACT_ANSWER_PROMPT = """\
+Below are a problem and a conversation in which an AI assistant helped a user with it.
+
+<problem>
+{problem}
+</problem>
+
+<conversation>
+{conversation}
+</conversation>
+
+Copy out the assistant's final answer to the problem: the last answer it committed to, as \
+short as possible (a number, an expression, a short statement or a code block). If the \
+assistant never gave an answer, write NONE.
+
+Reply with only a JSON object:
+{{"answer": "<the final answer, or NONE>"}}"""
+
+ANSWER_MATCH_PROMPT = """\
+Does the given answer agree with the reference answer? Equivalent numbers, expressions or \
+statements count as the same; wording and formatting do not matter. An answer of NONE is \
+never correct.
+
+Given answer:
+<answer>
+{answer}
+</answer>
+
+Reference answer:
+<reference>
+{reference}
+</reference>
+
+Reply with only a JSON object:
+{{"reason": "<one sentence>", "score": true or false}}"""
+
+#: Judge configurations by name, for :meth:`LLMJudge.preset`.
+JUDGE_PRESETS: dict[str, dict[str, Any]] = {
+    # Binary accuracy in one call; fields: problem, conversation, reference.
+    "accuracy": dict(prompt_template=ACCURACY_PROMPT, score_type=bool, score_range=None),
+    # verl recipe rubric: mean of three anchored parts; field: conversation.
+    "interactivity": dict(prompt_template=INTERACTIVITY_PROMPT, score_type=float, score_range=(0, 1),
+                          score_keys=("understanding", "clarification", "suggestions")),
+    # Paper's three-anchor scale; field: conversation.
+    "interactivity_paper": dict(prompt_template=INTERACTIVITY_PAPER_PROMPT, score_type=float,
+                                score_range=(0, 1)),
+    # Extract-then-score accuracy, step 1 (fields: problem, conversation) and step 2 (answer, reference).
+    "extract_answer": dict(prompt_template=EXTRACT_ANSWER_PROMPT, score_type="text", score_range=None,
+                           score_keys=("answer",)),
+    "answer_match": dict(prompt_template=ANSWER_MATCH_PROMPT, score_type=bool, score_range=None),
+}
