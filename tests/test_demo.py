@@ -4,7 +4,7 @@ from collab_env.demo import main
 
 
 def test_demo_prints_the_table_and_writes_results(tmp_path, capsys):
-    assert main(["--episodes", "6", "--out", str(tmp_path)]) == 0
+    assert main(["--episodes", "6", "--model-episodes", "0", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     for env_id in ("hidden-facts-easy-v0", "hidden-facts-v0", "hidden-facts-hard-v0"):
         assert env_id in out

@@ -162,3 +162,43 @@ def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("COLLAB_ENV_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert embedded.default_cache_root() == tmp_path / "xdg" / "collab_env"
+
+
+class _Unloaded:
+    """Stands in for a backend whose model is not loaded: any call is a test failure."""
+
+    def __init__(self, name):
+        self.name = name
+        self.model = name
+
+    async def act(self, observations, **sampling):
+        raise AssertionError("the model was called during replay")
+
+
+@pytest.mark.slow
+@needs_weights
+def test_llm_user_simulator_on_the_embedded_model_records_and_replays(embedded_env, tmp_path):
+    """A whole hidden-facts conversation where the user is LLMUserSimulator on the embedded
+    model (and so is the assistant); recorded once, then replayed with no model at all."""
+    from collab_env.agents.cache import CachedPolicy, ResponseCache
+    from collab_env.agents.users import LLMUserSimulator
+    from collab_env.rollout import run_episode
+
+    model = embedded.EmbeddedPolicy(temperature=0.0, max_new_tokens=64)
+
+    def players(backend, mode):
+        cache = ResponseCache(tmp_path / "calls.sqlite", mode=mode)
+        assistant = CachedPolicy(backend, cache, name_for_key="embedded")
+        user_backend = CachedPolicy(backend, cache, name_for_key="embedded")
+        user = LLMUserSimulator(user_backend, max_retries=1, on_failure="truncate",
+                                sampling={"max_new_tokens": 64})
+        return {"assistant": assistant, "user": user}
+
+    env = collab_env.make("hidden-facts", max_steps=6)
+    recorded = run_episode(env, players(model, "record"), seed=0)
+    user_turns = [t for t in recorded.turns if t.player == "user"]
+    assert recorded.end_reason is not None and (user_turns or recorded.costs.get("simulator_faults"))
+    assert recorded.costs["model_calls"] >= 2  # the model really ran, for both players
+    replayed = run_episode(collab_env.make("hidden-facts", max_steps=6),
+                           players(_Unloaded("embedded"), "replay"), seed=0)
+    assert replayed.to_dict() == recorded.to_dict()
