@@ -188,11 +188,11 @@ stop, write a short closing message that contains {signal}. Do not use {signal} 
 
 _FORMAT = """\
 Reply with only a JSON object with exactly these keys:
-{{
+{
   "current_answer": "<the answer you have received from the assistant so far, or an empty string>",
   "thought": "<your private reasoning: is the problem solved? what should you say next?>",
   "response": "<the message you send to the assistant>"
-}}"""
+}"""
 
 _OPENING = {
     "clear": "Open the conversation now. State your request clearly, with the details you know.",

@@ -190,15 +190,18 @@ def test_llm_user_simulator_on_the_embedded_model_records_and_replays(embedded_e
         cache = ResponseCache(tmp_path / "calls.sqlite", mode=mode)
         assistant = CachedPolicy(backend, cache, name_for_key="embedded")
         user_backend = CachedPolicy(backend, cache, name_for_key="embedded")
-        user = LLMUserSimulator(user_backend, max_retries=1, on_failure="truncate",
-                                sampling={"max_new_tokens": 64})
+        # Greedy: a 135M model sampled at temperature 1 rarely writes the JSON it is asked for.
+        user = LLMUserSimulator(user_backend, max_retries=2, on_failure="truncate",
+                                sampling={"max_new_tokens": 128, "temperature": 0.0})
         return {"assistant": assistant, "user": user}
 
     env = collab_env.make("hidden-facts", max_steps=6)
     recorded = run_episode(env, players(model, "record"), seed=0)
     user_turns = [t for t in recorded.turns if t.player == "user"]
-    assert recorded.end_reason is not None and (user_turns or recorded.costs.get("simulator_faults"))
-    assert recorded.costs["model_calls"] >= 2  # the model really ran, for both players
+    # a whole conversation: the simulator spoke at every user turn until the step budget
+    assert recorded.end_reason in ("max_steps", "user_terminated", "answered"), recorded.end_reason
+    assert len(user_turns) >= 2 and all(t.text.strip() for t in user_turns)
+    assert recorded.costs["model_calls"] >= 4  # the model really ran, for both players
     replayed = run_episode(collab_env.make("hidden-facts", max_steps=6),
                            players(_Unloaded("embedded"), "replay"), seed=0)
     assert replayed.to_dict() == recorded.to_dict()
