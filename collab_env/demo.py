@@ -27,8 +27,12 @@ BASELINES = {
 
 
 def model_policy_sets(max_new_tokens: int) -> dict[str, dict[str, object]]:
+    from transformers.utils import logging as hf_logging
+
     from collab_env.agents.embedded import EmbeddedPolicy
     from collab_env.agents.proactive import Proactive
+
+    hf_logging.disable_progress_bar()  # the weight-loading bar would break up the table output
 
     # One model serves both sets; greedy decoding so the table is reproducible.
     model = EmbeddedPolicy(max_batch_size=32, temperature=0.0, max_new_tokens=max_new_tokens)
@@ -42,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m collab_env.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=100, help="episodes per env for the baselines")
-    parser.add_argument("--model-episodes", type=int, default=24,
+    parser.add_argument("--model-episodes", type=int, default=16,
                         help="episodes for each embedded-model set (0 skips the model)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--seed", type=int, default=0)
