@@ -135,6 +135,14 @@ def resolve_policy(ref: Any, **kwargs: Any) -> Policy:
     return obj
 
 
+def add_usage(total: dict[str, float], usage: Mapping[str, Any]) -> dict[str, float]:
+    """Add every numeric entry of ``usage`` (a ``Completion.usage``) into ``total``."""
+    for k, v in usage.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            total[k] = total.get(k, 0.0) + float(v)
+    return total
+
+
 def describe(policy: Any) -> str:
     """Short human name of a policy (for tables and logs)."""
     name = getattr(policy, "name", None)

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from collab_env.agents.base import Policy, describe, resolve_policy
+from collab_env.agents.base import Policy, add_usage, describe, resolve_policy
 from collab_env.errors import JudgeError, CollabEnvError, ConfigError, PolicyError
 from collab_env.types import Completion, Conversation, Message
 
@@ -310,11 +310,6 @@ def _template_fields(template: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _add_usage(total: dict[str, float], usage: Mapping[str, Any]) -> None:
-    for k, v in usage.items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            total[k] = total.get(k, 0.0) + v
-
 
 def is_config_problem(exc: BaseException) -> bool:
     """Errors that retrying cannot fix (a bad keyword, a replay-cache miss, a missing extra):
@@ -506,7 +501,7 @@ class LLMJudge:
                 continue
             still = []
             for i, out in zip(pending, outs, strict=True):
-                _add_usage(usage[i], out.usage)
+                add_usage(usage[i], out.usage)
                 if out.is_fault:
                     errors[i].append(f"backend fault: {out.meta.get('fault', '')}")
                     still.append(i)
@@ -577,8 +572,8 @@ class ExtractThenScore:
         out = []
         for e, s in zip(ex, sc, strict=True):
             usage: dict[str, float] = {}
-            _add_usage(usage, e.usage)
-            _add_usage(usage, s.usage)
+            add_usage(usage, e.usage)
+            add_usage(usage, s.usage)
             out.append(JudgeResult(score=s.score, reason=s.reason, raw=s.raw, usage=usage,
                                    faults=e.faults + s.faults, components=s.components,
                                    meta={self.field: e.score, "extract_raw": e.raw}))

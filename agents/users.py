@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from collab_env.agents.base import Policy, SamplingParams, describe, resolve_policy
+from collab_env.agents.base import Policy, SamplingParams, add_usage, describe, resolve_policy
 from collab_env.agents.judges import (
     _check_batch,
     extract_json_object,
@@ -368,9 +368,7 @@ class LLMUserSimulator:
                 continue
             still = []
             for i, out in zip(pending, outs, strict=True):
-                for k, v in out.usage.items():
-                    if isinstance(v, (int, float)) and not isinstance(v, bool):
-                        usage[i][k] = usage[i].get(k, 0.0) + v
+                add_usage(usage[i], out.usage)
                 if out.is_fault:
                     errors[i].append(f"backend fault: {out.meta.get('fault', '')}")
                     still.append(i)

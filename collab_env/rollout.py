@@ -10,21 +10,16 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
-from collab_env.agents.base import Policy, describe, resolve_policy
+from collab_env.agents.base import Policy, add_usage, describe, resolve_policy
 from collab_env.env import CollabEnv
 from collab_env.errors import ConfigError, PolicyError
 from collab_env.types import Completion, Conversation, Episode, TurnRecord
 
-__all__ = ["act_for", "arun_episode", "run_episode", "arun_episodes", "check_policies", "add_usage"]
+__all__ = ["act_for", "arun_episode", "run_episode", "arun_episodes", "check_policies"]
 
 _USAGE_KEYS = ("model_calls", "prompt_tokens", "completion_tokens", "cost")
 
 
-def add_usage(costs: dict[str, float], completion: Completion) -> None:
-    """Add every numeric entry of ``completion.usage`` to ``costs``."""
-    for k, v in completion.usage.items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            costs[k] = costs.get(k, 0.0) + float(v)
 
 
 def check_policies(env: CollabEnv, policies: Mapping[str, Any], players: Iterable[str]) -> dict[str, Policy]:
@@ -109,7 +104,7 @@ async def arun_episode(
         step_seed = None if seed is None else seed + step
         completions = await act_for(on_turn, obs, resolved, sampling, step_seed)
         for c in completions.values():
-            add_usage(ep.costs, c)
+            add_usage(ep.costs, c.usage)
         if on_step is not None:
             on_step(step, completions)
         faulty = [p for p, c in completions.items() if c.is_fault]
