@@ -270,8 +270,15 @@ def _setup_filesystem(cfg, modes):
     # Trees the interpreter needs, opened before anything is mounted over their ancestors.
     keep = {}
     for p in cfg["python_paths"]:
-        anc = _blocked_ancestor(p) if os.path.isdir(p) else None
-        if anc is not None and not any(p.startswith(k + "/") for k in keep):
+        if not os.path.isdir(p) or any(p.startswith(k + "/") for k in keep):
+            continue
+        if p.startswith(("/tmp/", "/dev/shm/")):
+            # A virtual environment under /tmp (a CI clone, say) would vanish under the private
+            # /tmp: bind it back (read-only below) after the tmpfs is mounted.
+            keep[p] = None
+            continue
+        anc = _blocked_ancestor(p)
+        if anc is not None:
             keep[p] = anc
     fds = {p: os.open(p, os.O_RDONLY | os.O_DIRECTORY) for p in keep}
     size = "size=%dm" % cfg["disk_mb"]
@@ -279,7 +286,7 @@ def _setup_filesystem(cfg, modes):
     os.mkdir(_WORKDIR, 0o700)
     if os.path.isdir("/dev/shm"):
         _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, size + ",mode=1777")
-    for anc in sorted(set(keep.values())):
+    for anc in sorted({a for a in keep.values() if a is not None}):
         _mount("tmpfs", anc, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
     for p, fd in fds.items():
         os.makedirs(p, 0o755, exist_ok=True)
@@ -295,7 +302,9 @@ def _setup_filesystem(cfg, modes):
     for line in lines:
         fields = line.split()
         target, opts = _unescape(fields[4]), fields[5].split(",")
-        if target in ("/tmp", "/dev/shm", "/proc") or target.startswith(("/proc/", "/tmp/")):
+        if target in ("/tmp", "/dev/shm", "/proc") or target.startswith("/proc/"):
+            continue
+        if target.startswith(("/tmp/", "/dev/shm/")) and target not in keep:
             continue
         if "ro" in opts:
             continue
