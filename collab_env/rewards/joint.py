@@ -41,6 +41,7 @@ from collab_env.tasks.dataset_env import (
     _name,
     _one_reward,
     _signature,
+    check_reward_callables,
 )
 from collab_env.types import Conversation
 
@@ -112,16 +113,7 @@ class JointReward:
             raise ConfigError(f"mode must be one of {list(MODES)}, got {mode!r}.")
         if not isinstance(default_action, str):
             raise ConfigError(f"default_action must be a str, got {type(default_action).__name__}.")
-        if not callable(reward_func):
-            raise ConfigError(
-                f"reward_func must be callable, got {type(reward_func).__name__}. It takes one list "
-                "of completions per agent and returns a list with one reward."
-            )
-        if reward_processor is not None and not callable(reward_processor):
-            raise ConfigError(
-                f"reward_processor must be a callable float -> float or None, got "
-                f"{type(reward_processor).__name__}."
-            )
+        check_reward_callables(reward_func, reward_processor)
         if not isinstance(name, str) or not name or name == "env":
             raise ConfigError(f"name must be a non-empty str other than 'env', got {name!r}.")
         if agents is None:

@@ -114,6 +114,21 @@ def _check_bindable(sig: inspect.Signature | None, what: str, fn: Any, args: Seq
 # ---------------------------------------------------------------------------------------------
 # The task
 # ---------------------------------------------------------------------------------------------
+def check_reward_callables(reward_func: Any, reward_processor: Any) -> None:
+    """Validate a CoMLRL ``reward_func`` and optional ``reward_processor`` (shared with
+    :class:`~collab_env.rewards.joint.JointReward`)."""
+    if not callable(reward_func):
+        raise ConfigError(
+            f"reward_func must be callable, got {type(reward_func).__name__}. It takes one list "
+            "of completions per agent and returns a list with one reward."
+        )
+    if reward_processor is not None and not callable(reward_processor):
+        raise ConfigError(
+            f"reward_processor must be a callable float -> float or None, got "
+            f"{type(reward_processor).__name__}."
+        )
+
+
 class DatasetTask(Task):
     """The :class:`~collab_env.env.Task` behind :func:`from_dataset` (see there for the
     arguments and the semantics). Immutable after construction; holds no per-episode state."""
@@ -137,16 +152,7 @@ class DatasetTask(Task):
         players = self._check_agent_ids(agent_ids, len(formatters))
         if isinstance(num_turns, bool) or not isinstance(num_turns, int) or num_turns < 1:
             raise ConfigError(f"num_turns must be an int >= 1, got {num_turns!r}.")
-        if not callable(reward_func):
-            raise ConfigError(
-                f"reward_func must be callable, got {type(reward_func).__name__}. It takes one list "
-                "of completions per agent and returns a list with one reward."
-            )
-        if reward_processor is not None and not callable(reward_processor):
-            raise ConfigError(
-                f"reward_processor must be a callable float -> float or None, got "
-                f"{type(reward_processor).__name__}."
-            )
+        check_reward_callables(reward_func, reward_processor)
         if external_transition is not None and not callable(external_transition):
             raise ConfigError(
                 f"external_transition must be callable or None, got {type(external_transition).__name__}."
