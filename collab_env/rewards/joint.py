@@ -41,6 +41,7 @@ from collab_env.tasks.dataset_env import (
     _name,
     _one_reward,
     _signature,
+    call_reward_func,
     check_reward_callables,
 )
 from collab_env.types import Conversation
@@ -262,17 +263,8 @@ class JointReward:
 
     def _call(self, completions: Sequence[str], state: EpisodeState,
               prompts: list[str] | None, what: str) -> Any:
-        fn = self.reward_func
-        available = {"batch_items": [state.item], "prompts": list(prompts or [])}
-        kwargs = {k: available[k] for k in self._reward_keywords}
-        try:
-            out = fn(*[[c] for c in completions], **kwargs)
-        except Exception as exc:
-            raise TaskFunctionError(
-                f"reward_func {_name(fn)!r} raised {type(exc).__name__}: {exc} {what}. A failing "
-                "reward is an error, never a silent 0: fix the function."
-            ) from exc
-        return out
+        return call_reward_func(self.reward_func, self._reward_keywords, completions, state.item,
+                                prompts, what)
 
     def _per_agent(self, out: Any, who: str, where: str) -> list[float]:
         n = len(self.scored_agents)

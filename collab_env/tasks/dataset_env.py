@@ -114,6 +114,21 @@ def _check_bindable(sig: inspect.Signature | None, what: str, fn: Any, args: Seq
 # ---------------------------------------------------------------------------------------------
 # The task
 # ---------------------------------------------------------------------------------------------
+def call_reward_func(fn: Callable[..., Any], keywords: Sequence[str], completions: Sequence[str],
+                     item: Mapping[str, Any], prompts: Sequence[str] | None, where: str) -> Any:
+    """Call a CoMLRL ``reward_func`` on one joint response: one single-completion list per agent,
+    positionally, plus the declared ``keywords`` (``batch_items`` / ``prompts``). Its exception
+    becomes a :class:`TaskFunctionError` naming the function and ``where``."""
+    available = {"batch_items": [item], "prompts": list(prompts or [])}
+    try:
+        return fn(*[[c] for c in completions], **{k: available[k] for k in keywords})
+    except Exception as exc:
+        raise TaskFunctionError(
+            f"reward_func {_name(fn)!r} raised {type(exc).__name__}: {exc} {where}. A failing "
+            "reward is an error, never a silent 0: fix the function."
+        ) from exc
+
+
 def check_reward_callables(reward_func: Any, reward_processor: Any) -> None:
     """Validate a CoMLRL ``reward_func`` and optional ``reward_processor`` (shared with
     :class:`~collab_env.rewards.joint.JointReward`)."""
@@ -376,15 +391,7 @@ class DatasetTask(Task):
     def _reward(self, replies: list[str], prompts: list[str], state: EpisodeState, turn: int) -> tuple[float, float]:
         fn = self.reward_func
         where = f"on item {state.index}, turn {turn}"
-        available = {"batch_items": [state.item], "prompts": list(prompts)}
-        kwargs = {k: available[k] for k in self._reward_keywords}
-        try:
-            out = fn(*[[r] for r in replies], **kwargs)
-        except Exception as exc:
-            raise TaskFunctionError(
-                f"reward_func {_name(fn)!r} raised {type(exc).__name__}: {exc} {where}. A failing "
-                "reward is an error, never a silent 0: fix the function."
-            ) from exc
+        out = call_reward_func(fn, self._reward_keywords, replies, state.item, prompts, where)
         raw = _one_reward(out, f"reward_func {_name(fn)!r}", where)
         if self.reward_processor is None:
             return raw, raw
