@@ -10,8 +10,8 @@ from collab_env.agents.cache import CachedPolicy, ResponseCache
 from collab_env.agents.judges import JudgeResult, LLMJudge
 from collab_env.agents.litellm import ConcurrencyLimiter, LiteLLMPolicy
 from collab_env.agents.proactive import Proactive
-from collab_env.agents.users import LLMUserSimulator
 from collab_env.agents.scripted import CallablePolicy, FixedTextPolicy, ScriptedPolicy
+from collab_env.agents.users import LLMUserSimulator
 
 __all__ = [
     "Policy",

@@ -135,6 +135,69 @@ def resolve_policy(ref: Any, **kwargs: Any) -> Policy:
     return obj
 
 
+#: ``Message.meta`` key marking a final assistant message as a *prefill*: the start of the reply
+#: that the model continues (local backends with ``supports_prefill = True``: HF, vLLM).
+PREFILL = "prefill"
+
+
+def is_prefilled(observation: Any) -> bool:
+    """Whether the observation ends with an assistant message to be continued (a prefill)."""
+    msgs = getattr(observation, "messages", ())
+    return bool(msgs) and msgs[-1].role == "assistant" and bool(msgs[-1].meta.get(PREFILL))
+
+
+def usable_prefill(backend: Any, prefix: str | None) -> str | None:
+    """``prefix`` when ``backend`` can continue a prefilled reply (``supports_prefill``), else
+    ``None`` (API backends get the plain prompt)."""
+    return prefix if prefix is not None and getattr(backend, "supports_prefill", False) else None
+
+
+def add_prefill(prompt: Any, prefix: str | None, author: str) -> Any:
+    """``prompt`` (a Conversation) with ``prefix`` appended as the start of the reply to continue."""
+    if prefix is None:
+        return prompt
+    from collab_env.types import Message
+
+    return prompt.append(Message(role="assistant", content=prefix, author=author, meta={PREFILL: True}))
+
+
+def _opens_string(prefix: str | None) -> bool:
+    """Whether a reply prefix ends inside an open JSON string (an odd number of quotes)."""
+    return prefix is not None and (prefix.count('"') - prefix.count('\\"')) % 2 == 1
+
+
+def prefill_sampling(prefix: str | None, sampling: Mapping[str, Any]) -> dict[str, Any]:
+    """Sampling keywords for a prefilled call: a prefix that opens a JSON string (e.g.
+    ``'{"response": "'``) stops at the string's closing quote."""
+    if not _opens_string(prefix):
+        return dict(sampling)
+    return {**sampling, "stop": [*sampling.get("stop", ()), '"']}
+
+
+def prefill_reply(prefix: str | None, completion: Any) -> str:
+    """The reply to parse: the prefix + the continuation (+ the closing ``"}`` that the stop
+    string of :func:`prefill_sampling` cut off, unless the reply ran out of tokens)."""
+    raw = (prefix or "") + completion.text
+    if _opens_string(prefix) and completion.finish_reason != "length":
+        raw += '"}'
+    return raw
+
+
+def check_prefix(prefix: Any) -> str | None:
+    """Validate a ``response_prefix`` argument."""
+    if prefix is not None and (not isinstance(prefix, str) or not prefix):
+        raise ConfigError(f"response_prefix must be a non-empty str or None, got {prefix!r}.")
+    return prefix
+
+
+def chat_template_mode(observation: Any) -> dict[str, bool]:
+    """``apply_chat_template`` keywords for an observation: continue a prefilled final assistant
+    message, otherwise open a new assistant turn."""
+    if is_prefilled(observation):
+        return {"add_generation_prompt": False, "continue_final_message": True}
+    return {"add_generation_prompt": True}
+
+
 def add_usage(total: dict[str, float], usage: Mapping[str, Any]) -> dict[str, float]:
     """Add every numeric entry of ``usage`` (a ``Completion.usage``) into ``total``."""
     for k, v in usage.items():

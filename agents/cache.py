@@ -249,6 +249,12 @@ class CachedPolicy:
         # a stub) then reports the same policy name as the recording.
         self.name = name or f"cached({self.name_for_key})"
 
+    @property
+    def supports_prefill(self) -> bool:
+        """As the backend: prompts (and so cache keys) are built the same way when recording
+        and when replaying with the same kind of backend."""
+        return bool(getattr(self.backend, "supports_prefill", False))
+
     def __repr__(self) -> str:
         return f"CachedPolicy({describe(self.backend)!r}, {self.cache!r})"
 

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collab_env.agents.base import SamplingParams
+from collab_env.agents.base import SamplingParams, chat_template_mode
 from collab_env.errors import ConfigError, PolicyError, require
 from collab_env.types import Completion, Conversation
 
@@ -141,7 +141,13 @@ class HFPolicy:
     Raises:
         ConfigError: Invalid argument (the message lists the valid choices).
         MissingDependencyError: torch, transformers or peft is not installed.
+
+    An observation ending with an assistant message marked ``meta["prefill"]`` is *continued*:
+    the completion is what follows that text (judges use it to start the JSON reply).
     """
+
+    #: Continues a prefilled final assistant message (see :data:`~collab_env.agents.base.PREFILL`).
+    supports_prefill = True
 
     def __init__(
         self,
@@ -280,7 +286,7 @@ class HFPolicy:
         chat = observation.to_chat()
         if self.system_prompt is not None and not any(m["role"] == "system" for m in chat):
             chat = [{"role": "system", "content": self.system_prompt}, *chat]
-        text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        text = self.tokenizer.apply_chat_template(chat, tokenize=False, **chat_template_mode(observation))
         # The template already writes any BOS token, so the tokenizer must not add another.
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -512,7 +518,7 @@ class _Batcher:
                 if not r.future.done():
                     r.future.set_exception(error)
             return
-        for r, c in zip(batch, results):
+        for r, c in zip(batch, results, strict=True):
             if not r.future.done():
                 r.future.set_result(c)
 

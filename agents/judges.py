@@ -33,8 +33,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from collab_env.agents.base import Policy, add_usage, describe, resolve_policy
-from collab_env.errors import JudgeError, CollabEnvError, ConfigError, PolicyError
+from collab_env.agents.base import (
+    Policy,
+    add_prefill,
+    add_usage,
+    check_prefix,
+    describe,
+    prefill_reply,
+    prefill_sampling,
+    resolve_policy,
+    usable_prefill,
+)
+from collab_env.errors import CollabEnvError, ConfigError, JudgeError, PolicyError
 from collab_env.types import Completion, Conversation, Message
 
 __all__ = [
@@ -46,6 +56,7 @@ __all__ = [
     "render_transcript",
     "parse_score",
     "JUDGE_PRESETS",
+    "JUDGE_PREFILLS",
     "ACCURACY_PROMPT",
     "INTERACTIVITY_PROMPT",
     "INTERACTIVITY_PAPER_PROMPT",
@@ -260,7 +271,9 @@ def _find_value(obj: Mapping[str, Any] | None, raw: str, key: str) -> Any:
     if obj is not None and key.lower() in obj:
         return obj[key.lower()]
     # Fallback for replies like "Score: 0.8" or "score = true" with no JSON around them.
-    m = re.search(r"""["']?\b""" + re.escape(key) + r"""\b["']?\s*[:=]\s*["']?([^\s,"'}]+)""", raw, re.IGNORECASE)
+    # The value must end the field ("score": true or false" is the template, not a verdict).
+    m = re.search(r"""["']?\b""" + re.escape(key) + r"""\b["']?\s*[:=]\s*["']?([^\s,"'}]+)["']?\s*(?:[,}\n]|$)""",
+                  raw, re.IGNORECASE)
     if m is None:
         raise ValueError(f"the reply has no {key!r} field")
     return m.group(1)
@@ -342,6 +355,11 @@ class LLMJudge:
         max_retries: Extra attempts after an unreadable reply or a backend error.
         max_new_tokens: Longest reply.
         name: Name for logs (default ``judge(<backend>)``).
+        response_prefix: The start of the reply, written for the model when the backend can
+            continue a prefilled reply (``supports_prefill``: the HF and vLLM backends), e.g.
+            ``'{"score": '``. Small local models then fill in the score instead of drifting
+            from the JSON format; the reply parsed is ``response_prefix`` + the continuation.
+            API backends ignore it (they get the plain prompt). ``None``: no prefill.
 
     Raises:
         ConfigError: Invalid configuration.
@@ -361,8 +379,10 @@ class LLMJudge:
         max_retries: int = 2,
         max_new_tokens: int = 512,
         name: str | None = None,
+        response_prefix: str | None = None,
     ) -> None:
         self.backend = resolve_policy(backend)
+        self.response_prefix = check_prefix(response_prefix)
         if not isinstance(prompt_template, str) or not prompt_template.strip():
             raise ConfigError("prompt_template must be a non-empty str.")
         if score_type not in SCORE_TYPES:
@@ -401,14 +421,21 @@ class LLMJudge:
 
     # -- presets ---------------------------------------------------------------------------
     @classmethod
-    def preset(cls, name: str, backend: Policy | str, **overrides: Any) -> LLMJudge:
-        """A judge configured from :data:`JUDGE_PRESETS` (``"accuracy"``, ``"interactivity"``...)."""
+    def preset(cls, name: str, backend: Policy | str, *, prefill: bool = False, **overrides: Any) -> LLMJudge:
+        """A judge configured from :data:`JUDGE_PRESETS` (``"accuracy"``, ``"interactivity"``...).
+
+        ``prefill=True`` starts the reply with the preset's first score field
+        (:data:`JUDGE_PREFILLS`) on backends that can continue it: the verdict then comes before
+        any reasoning, which small local models (the embedded model) need to stay in format.
+        """
         if name not in JUDGE_PRESETS:
             from collab_env.errors import did_you_mean
 
             raise ConfigError(f"unknown judge preset {name!r}; choose from {sorted(JUDGE_PRESETS)}."
                               + did_you_mean(name, JUDGE_PRESETS))
         kw = {**JUDGE_PRESETS[name], **overrides}
+        if prefill:
+            kw.setdefault("response_prefix", JUDGE_PREFILLS[name])
         kw.setdefault("name", f"{name}-judge({describe(backend) if not isinstance(backend, str) else backend})")
         return cls(backend, **kw)
 
@@ -437,6 +464,12 @@ class LLMJudge:
             messages.append(Message(role="system", content=self.system_prompt))
         messages.append(Message(role="user", content=self.prompt_template.format(**values), author="judge"))
         return Conversation(tuple(messages), viewer="judge")
+
+    @property
+    def prefill(self) -> str | None:
+        """The reply prefix actually written for the model (``None`` when the backend cannot
+        continue a prefilled reply)."""
+        return usable_prefill(self.backend, self.response_prefix)
 
     # -- parsing ---------------------------------------------------------------------------
     def parse(self, raw: str) -> tuple[Any, str, dict[str, float]]:
@@ -488,8 +521,9 @@ class LLMJudge:
             for i in pending:
                 usage[i]["judge_calls"] += 1
             try:
-                outs = await self.backend.act([prompts[i] for i in pending], temperature=0,
-                                              max_new_tokens=self.max_new_tokens)
+                outs = await self.backend.act(
+                    [add_prefill(prompts[i], self.prefill, "judge-backend") for i in pending],
+                    **prefill_sampling(self.prefill, {"temperature": 0, "max_new_tokens": self.max_new_tokens}))
                 _check_batch(outs, len(pending), self.backend)
             except asyncio.CancelledError:
                 raise
@@ -506,17 +540,18 @@ class LLMJudge:
                     errors[i].append(f"backend fault: {out.meta.get('fault', '')}")
                     still.append(i)
                     continue
+                reply = prefill_reply(self.prefill, out)
                 try:
-                    score, reason, comps = self.parse(out.text)
+                    score, reason, comps = self.parse(reply)
                 except ValueError as exc:
-                    errors[i].append(f"unreadable reply ({exc}): {out.text!r:.200}")
+                    errors[i].append(f"unreadable reply ({exc}): {reply!r:.200}")
                     prompts[i] = prompts[i].append(
-                        Message(role="assistant", content=out.text, author="judge-backend"),
+                        Message(role="assistant", content=reply, author="judge-backend"),
                         Message(role="user", content=_CORRECTION.format(reason=exc), author="judge"),
                     )
                     still.append(i)
                     continue
-                results[i] = JudgeResult(score=score, reason=reason, raw=out.text, usage=usage[i],
+                results[i] = JudgeResult(score=score, reason=reason, raw=reply, usage=usage[i],
                                          faults=len(errors[i]), components=comps)
             pending = still
         if pending:
@@ -710,4 +745,14 @@ JUDGE_PRESETS: dict[str, dict[str, Any]] = {
     "extract_answer": dict(prompt_template=EXTRACT_ANSWER_PROMPT, score_type="text", score_range=None,
                            score_keys=("answer",)),
     "answer_match": dict(prompt_template=ANSWER_MATCH_PROMPT, score_type=bool, score_range=None),
+}
+
+#: The reply prefix of each preset for ``LLMJudge.preset(..., prefill=True)``: the JSON opening
+#: of its (first) score field.
+JUDGE_PREFILLS: dict[str, str] = {
+    "accuracy": '{"score":',
+    "interactivity": '{"understanding":',
+    "interactivity_paper": '{"score":',
+    "extract_answer": '{"answer": "',
+    "answer_match": '{"score":',
 }

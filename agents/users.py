@@ -45,7 +45,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from collab_env.agents.base import Policy, SamplingParams, add_usage, describe, resolve_policy
+from collab_env.agents.base import (
+    Policy,
+    SamplingParams,
+    add_prefill,
+    add_usage,
+    check_prefix,
+    describe,
+    prefill_reply,
+    prefill_sampling,
+    resolve_policy,
+    usable_prefill,
+)
 from collab_env.agents.judges import (
     _check_batch,
     extract_json_object,
@@ -56,7 +67,10 @@ from collab_env.agents.judges import (
 from collab_env.errors import ConfigError, PolicyError
 from collab_env.types import FAULT, Completion, Conversation, Message
 
-__all__ = ["LLMUserSimulator", "UserGoal", "read_goal", "parse_user_reply", "DEFAULT_TERMINATION_SIGNAL"]
+#: ``response_prefix`` for small local models: go straight to the message (no thought).
+RESPONSE_PREFIX = '{"response": "'
+
+__all__ = ["RESPONSE_PREFIX", "LLMUserSimulator", "UserGoal", "read_goal", "parse_user_reply", "DEFAULT_TERMINATION_SIGNAL"]
 
 DEFAULT_TERMINATION_SIGNAL = "[[TERMINATE CHAT]]"
 
@@ -194,6 +208,10 @@ Reply with only a JSON object with exactly these keys:
   "response": "<the message you send to the assistant>"
 }"""
 
+_PLAIN_FORMAT = """\
+Reply with only the message you send to the assistant: one to three sentences, in your own \
+words, nothing else."""
+
 _OPENING = {
     "clear": "Open the conversation now. State your request clearly, with the details you know.",
     "partial": "Open the conversation now with your main request, leaving some details out; "
@@ -230,6 +248,15 @@ class LLMUserSimulator:
         sampling: Default sampling keywords for the backend (:class:`SamplingParams` or a
             mapping); the rollout's per-call keywords (``seed``...) override them. Default:
             ``temperature=1.0, max_new_tokens=512`` (the JSON with a thought needs room).
+        reply_format: ``"json"`` (default, the recipe's JSON with current_answer, thought and
+            response) or ``"plain"``: the model writes only the message (stopped at the first
+            blank line; a reply cut off at ``max_new_tokens`` is kept, since there is no
+            format to have drifted from). Small local models (the embedded one) only manage
+            ``"plain"``; it costs the private thought.
+        response_prefix: The start of the reply, written for the model on backends that can
+            continue a prefilled reply (HF, vLLM), e.g. ``'{"response": "'``: a small local model
+            then writes the message itself instead of drifting from the format (it skips the
+            thought). The reply parsed is the prefix + the continuation. ``None``: no prefill.
 
     Raises:
         ConfigError: Invalid arguments, or (at ``act``) an observation without a goal.
@@ -248,8 +275,14 @@ class LLMUserSimulator:
         accept_plain_text: bool = True,
         name: str | None = None,
         sampling: SamplingParams | Mapping[str, Any] | None = None,
+        response_prefix: str | None = None,
+        reply_format: Literal["json", "plain"] = "json",
     ) -> None:
         self.backend = resolve_policy(backend)
+        if reply_format not in ("json", "plain"):
+            raise ConfigError(f"reply_format must be 'json' or 'plain', got {reply_format!r}.")
+        self.reply_format = reply_format
+        self.response_prefix = check_prefix(response_prefix)
         if not isinstance(termination_signal, str) or not termination_signal.strip():
             raise ConfigError(f"termination_signal must be a non-empty str, got {termination_signal!r}.")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
@@ -318,7 +351,7 @@ class LLMUserSimulator:
                 )
             else:
                 parts.append(f"You have patience for {left} more messages, this one included.")
-        parts.append(_FORMAT)
+        parts.append(_FORMAT if self.reply_format == "json" else _PLAIN_FORMAT)
         return Conversation((
             Message(role="system", content=_SYSTEM),
             Message(role="user", content="\n\n".join(parts), author="user-simulator"),
@@ -356,7 +389,12 @@ class LLMUserSimulator:
                 for i in pending:
                     usage[i]["retries"] += 1
             try:
-                outs = await self.backend.act([prompts[i] for i in pending], **kw)
+                prefix = usable_prefill(self.backend, self.response_prefix)
+                call_kw = prefill_sampling(prefix, kw)
+                if self.reply_format == "plain":
+                    call_kw["stop"] = [*call_kw.get("stop", ()), "\n\n"]
+                outs = await self.backend.act([add_prefill(prompts[i], prefix, "simulator-backend")
+                                               for i in pending], **call_kw)
                 _check_batch(outs, len(pending), self.backend)
             except asyncio.CancelledError:
                 raise
@@ -373,33 +411,35 @@ class LLMUserSimulator:
                     errors[i].append(f"backend fault: {out.meta.get('fault', '')}")
                     still.append(i)
                     continue
+                raw = prefill_reply(prefix, out)
                 try:
-                    reply = parse_user_reply(out.text)
+                    reply = parse_user_reply(raw)
                     if not reply.json and not self.accept_plain_text:
                         raise ValueError("the reply is plain text, not JSON")
-                    if not reply.json and out.finish_reason == "length":
+                    if not reply.json and out.finish_reason == "length" and self.reply_format == "json":
                         # A plain reply that ran out of tokens is rambling, not a message.
                         raise ValueError("the plain-text reply was cut off at max_new_tokens")
                 except ValueError as exc:
-                    errors[i].append(f"unreadable reply ({exc}): {out.text!r:.200}")
+                    errors[i].append(f"unreadable reply ({exc}): {raw!r:.200}")
                     # Show the model its bad reply and what was wrong: a corrected prompt also
                     # gives deterministic backends (and a record/replay cache) a new request.
                     prompts[i] = prompts[i].append(
-                        Message(role="assistant", content=out.text, author="simulator-backend"),
+                        Message(role="assistant", content=raw, author="simulator-backend"),
                         Message(role="user", author="user-simulator", content=(
-                            f"Your reply could not be read ({exc}). Answer again with only the JSON "
-                            "object with the keys current_answer, thought and response.")),
+                            f"Your reply could not be read ({exc}). Answer again with only "
+                            + ("the JSON object with the keys current_answer, thought and response."
+                               if self.reply_format == "json" else "the message you send to the assistant."))),
                     )
                     still.append(i)
                     continue
-                results[i] = self._completion(observations[i], goals[i], reply, out, usage[i], errors[i])
+                results[i] = self._completion(observations[i], goals[i], reply, out, raw, usage[i], errors[i])
             pending = still
         for i in pending:
             results[i] = self._fault(i, usage[i], errors[i])
         return list(results)  # type: ignore[arg-type]
 
     def _completion(self, observation: Conversation, goal: UserGoal, reply: UserReply, out: Completion,
-                    usage: dict[str, float], errors: list[str]) -> Completion:
+                    raw: str, usage: dict[str, float], errors: list[str]) -> Completion:
         text = reply.response
         forced = False
         if (self.patience is not None and self._sent(observation) + 1 >= self.patience
@@ -412,7 +452,7 @@ class LLMUserSimulator:
             "current_answer": reply.current_answer,
             "json": reply.json,
             "terminated": goal.termination_signal in text,
-            "raw": out.text,
+            "raw": raw,
         }
         if forced:
             meta["patience_exhausted"] = True

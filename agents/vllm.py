@@ -61,8 +61,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from collab_env.agents.base import SamplingParams
-
+from collab_env.agents.base import SamplingParams, chat_template_mode
 from collab_env.errors import ConfigError, MissingDependencyError, PolicyError
 from collab_env.types import Completion, Conversation
 
@@ -132,6 +131,9 @@ class VLLMStats:
 
 class _VLLMBase:
     """What both policies share: engine arguments, prompts, sampling and result conversion."""
+
+    #: Continues a prefilled final assistant message (see :data:`~collab_env.agents.base.PREFILL`).
+    supports_prefill = True
 
     _engine: Any
 
@@ -207,7 +209,7 @@ class _VLLMBase:
         if self.system_prompt is not None and not any(m["role"] == "system" for m in chat):
             chat = [{"role": "system", "content": self.system_prompt}, *chat]
         tok = self.tokenizer
-        text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        text = tok.apply_chat_template(chat, tokenize=False, **chat_template_mode(observation))
         # The template already writes any BOS token, so the tokenizer must not add another.
         return list(tok(text, add_special_tokens=False)["input_ids"])
 

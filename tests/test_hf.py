@@ -392,3 +392,16 @@ def test_importing_the_backends_does_not_import_torch():
             "print(','.join(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_a_prefilled_reply_is_continued_not_reopened(tiny):
+    from collab_env.types import Message
+
+    model, tok = tiny
+    policy = HFPolicy(model, tok)
+    obs = chat("hello").append(Message(role="assistant", content='{"score":', author="me", meta={"prefill": True}))
+    ids = policy.prompt_ids(obs)
+    text = tok.decode(ids)
+    assert text.endswith('<|im_start|>assistant\n{"score":')  # no end-of-turn, no new turn
+    plain = policy.prompt_ids(chat("hello"))
+    assert tok.decode(plain).endswith("<|im_start|>assistant\n")

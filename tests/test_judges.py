@@ -261,3 +261,44 @@ def test_extract_then_score():
     assert [r.score for r in rs] == [True, False]
     assert rs[0].meta["answer"] == "25" and rs[0].usage["model_calls"] == 2
     assert len(backend.calls) == 2  # one batch per step
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefilled replies (small local models)
+# ---------------------------------------------------------------------------------------------
+class PrefillJudgeLLM(FakeJudgeLLM):
+    supports_prefill = True
+
+
+def test_prefill_is_written_for_backends_that_continue_it_and_parsed_with_the_reply():
+    backend = PrefillJudgeLLM([" 0.25}"])
+    judge = simple_judge(backend, response_prefix='{"score":')
+    res = run(judge.score(text="x"))
+    assert res.score == 0.25 and res.raw == '{"score": 0.25}'
+    sent = backend.calls[0][0][0]
+    assert sent[-1].role == "assistant" and sent[-1].content == '{"score":' and sent[-1].meta["prefill"]
+
+
+def test_prefill_is_not_sent_to_backends_without_support():
+    backend = FakeJudgeLLM(['{"score": 0.5}'])
+    judge = simple_judge(backend, response_prefix='{"score":')
+    assert judge.prefill is None
+    assert run(judge.score(text="x")).score == 0.5
+    assert backend.calls[0][0][0][-1].role == "user"
+
+
+def test_preset_prefill_uses_the_first_score_field():
+    judge = LLMJudge.preset("interactivity", PrefillJudgeLLM([' 1, "clarification": 0.7, "suggestions": 0.3}']),
+                            prefill=True)
+    res = run(judge.score(conversation=Conversation.from_chat([{"role": "user", "content": "hi"}])))
+    assert res.score == pytest.approx((1 + 0.7 + 0.3) / 3)
+    with pytest.raises(ConfigError, match="response_prefix"):
+        simple_judge(FakeJudgeLLM([]), response_prefix="")
+
+
+def test_the_format_template_is_not_a_verdict():
+    judge = simple_judge(FakeJudgeLLM(['{"score": true or false}', '{"score": 0.5}']), score_type=bool,
+                         score_range=None, max_retries=0)
+    with pytest.raises(CollabEnvError, match="no readable score"):
+        run(judge.score(text="x"))
+    assert simple_judge(FakeJudgeLLM(["Score: 0.8\nbecause"])).parse("Score: 0.8\nbecause")[0] == 0.8

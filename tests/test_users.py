@@ -392,3 +392,25 @@ def test_collabllm_train_mode_continues_from_prefix(tmp_path):
     prompt = backend.calls[0][0][0]
     assert "**User**: Could you help me add up some odd numbers? (conversation 1)" in prompt
     assert "**Assistant**: Which odd numbers?" in prompt
+
+
+class PrefillLLM(FakeLLM):
+    supports_prefill = True
+
+    async def act(self, observations, **sampling):
+        self.prefills = [o[-1].content if o[-1].meta.get("prefill") else None for o in observations]
+        return await super().act(observations, **sampling)
+
+
+def test_response_prefix_is_continued_by_local_backends():
+    from collab_env.agents.users import RESPONSE_PREFIX
+
+    backend = PrefillLLM(['Which numbers do you mean?'])
+    sim = LLMUserSimulator(backend, response_prefix=RESPONSE_PREFIX)
+    out = act(sim, [user_view(("assistant", "Hello!"), goal=collab_goal())])[0]
+    assert backend.prefills == [RESPONSE_PREFIX]
+    assert out.text == "Which numbers do you mean?" and out.meta["raw"].startswith(RESPONSE_PREFIX)
+    assert backend.calls[0][1]["stop"] == ['"']
+    plain = FakeLLM([reply_json("ok then")])
+    assert act(LLMUserSimulator(plain, response_prefix=RESPONSE_PREFIX),
+               [user_view(("assistant", "Hello!"), goal=collab_goal())])[0].text == "ok then"
