@@ -24,6 +24,7 @@ __all__ = [
     "CacheMissError",
     "TaskFunctionError",
     "SandboxError",
+    "RewardError",
     "did_you_mean",
 ]
 
@@ -81,6 +82,11 @@ class CacheMissError(CollabEnvError, LookupError):
 class SandboxError(CollabEnvError, RuntimeError):
     """The code sandbox itself failed (could not start, set up or clean up the child); never
     raised for what the untrusted code does, which is reported in the SandboxResult."""
+
+
+class RewardError(CollabEnvError, RuntimeError):
+    """A reward could not be computed (e.g. every sampled future of a multiturn-aware reward
+    faulted); never replaced by a made-up value."""
 
 
 class TaskFunctionError(CollabEnvError, RuntimeError):

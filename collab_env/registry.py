@@ -188,6 +188,8 @@ def make(
     view: str | None = None,
     policies: Mapping[str, Any] | None = None,
     render_mode: str | None = None,
+    reward: str | None = None,
+    reward_kwargs: Mapping[str, Any] | None = None,
     **overrides: Any,
 ):
     """Build a registered environment.
@@ -198,14 +200,27 @@ def make(
             ParallelEnv, the other players driven by ``policies`` or the spec's defaults.
         policies: Player -> policy object or ``"module:Class"`` spec (only with ``view``).
         render_mode: ``"ansi"`` or ``"human"``.
+        reward: ``None`` (the env's own reward), ``"mr"`` (the multiturn-aware reward) or
+            ``"conversation"`` (scored at the episode's end), built from the spec's reward
+            weights by :func:`collab_env.rewards.mr.default_reward`.
+        reward_kwargs: Keywords for that builder: ``judge``, ``user``, ``policy`` (an API model
+            string, ``"embedded"`` or a policy object), ``num_rollouts``, ``aggregation``...
         **overrides: Merged over the spec's kwargs; unknown keywords are an error that lists the
             valid ones.
     """
     s = spec(env_id)
     fn = load_entry_point(s.entry_point)
     kwargs = {**s.kwargs, **overrides}
+    if reward not in (None, "mr", "conversation"):
+        raise ConfigError(f"reward must be None, 'mr' or 'conversation', got {reward!r}.")
+    if reward is None and reward_kwargs:
+        raise ConfigError("reward_kwargs= needs reward='mr' or reward='conversation'.")
     env = fn(render_mode=render_mode, **kwargs)
     env.spec = replace(s, kwargs=kwargs)
+    if reward is not None:
+        from collab_env.rewards.mr import default_reward
+
+        env = default_reward(env, reward, **dict(reward_kwargs or {}))
     if view is None:
         if policies is not None:
             raise ConfigError("policies= only applies with view=<player>; drive players yourself otherwise.")
@@ -216,10 +231,12 @@ def make(
 
 
 def _make_gym_view(env_id: str, player: str | None = None, policies: Mapping[str, Any] | None = None,
-                   render_mode: str | None = None, **overrides: Any):
+                   render_mode: str | None = None, reward: str | None = None,
+                   reward_kwargs: Mapping[str, Any] | None = None, **overrides: Any):
     s = spec(env_id)
     player = player or (s.trainable[0] if s.trainable else s.players[0])
-    return make(env_id, view=player, policies=policies, render_mode=render_mode, **overrides)
+    return make(env_id, view=player, policies=policies, render_mode=render_mode, reward=reward,
+                reward_kwargs=reward_kwargs, **overrides)
 
 
 def list_envs(suite: str | None = None) -> list[str]:

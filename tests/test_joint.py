@@ -269,7 +269,8 @@ def test_parallel_api(mode, fn):
 def test_delegation():
     base = make_base(render_mode="ansi")
     env = JointReward(base, weighted)
-    assert not hasattr(env, "task")  # no blanket __getattr__
+    assert not hasattr(env, "max_steps")  # no blanket __getattr__
+    assert env.task is base.task
     assert env.unwrapped is base
     assert env.possible_agents == ["agent_0", "agent_1"]
     env.reset(seed=1, options={"index": 0})

@@ -22,14 +22,15 @@ Modes
     agent; the env is not stepped).
 
 The wrapper is not a subclass of ``CollabEnv``: it exposes the same PettingZoo ``ParallelEnv``
-API by delegating each method explicitly (no blanket ``__getattr__``).
+API through :class:`~collab_env.wrappers.base.EnvWrapper` (explicit delegation, no blanket
+``__getattr__``).
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from collab_env.env import CollabEnv, EpisodeState
 from collab_env.errors import ConfigError, TaskFunctionError
@@ -44,7 +45,7 @@ from collab_env.tasks.dataset_env import (
     call_reward_func,
     check_reward_callables,
 )
-from collab_env.types import Conversation
+from collab_env.wrappers.base import EnvWrapper
 
 __all__ = ["JointReward", "MODES"]
 
@@ -52,7 +53,7 @@ __all__ = ["JointReward", "MODES"]
 MODES: tuple[str, ...] = ("shared", "per_agent", "difference")
 
 
-class JointReward:
+class JointReward(EnvWrapper):
     """A :class:`CollabEnv` whose rewards come from a CoMLRL-style joint ``reward_func``.
 
     Args:
@@ -92,8 +93,6 @@ class JointReward:
     the original's statistics); the reward function is shared.
     """
 
-    metadata: ClassVar[dict[str, Any]] = CollabEnv.metadata
-
     def __init__(
         self,
         env: Any,
@@ -105,11 +104,8 @@ class JointReward:
         name: str = "joint",
         agents: Sequence[str] | None = None,
     ) -> None:
-        base = getattr(env, "unwrapped", None)
-        if not isinstance(base, CollabEnv):
-            raise ConfigError(
-                f"JointReward wraps a CollabEnv (or a wrapper of one), got {type(env).__name__}."
-            )
+        super().__init__(env)
+        base = env.unwrapped
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {list(MODES)}, got {mode!r}.")
         if not isinstance(default_action, str):
@@ -148,69 +144,8 @@ class JointReward:
         )
         self._latest: dict[str, str] = {}
 
-    # -- the ParallelEnv API, delegated ------------------------------------------------------
-    @property
-    def possible_agents(self) -> list[str]:
-        return self.env.possible_agents
-
-    @property
-    def agents(self) -> list[str]:
-        return self.env.agents
-
-    @property
-    def unwrapped(self) -> CollabEnv:
-        return self.env.unwrapped
-
-    @property
-    def render_mode(self) -> str | None:
-        return self.env.render_mode
-
-    @property
-    def spec(self) -> Any:
-        return self.env.spec
-
-    @property
-    def episode(self) -> EpisodeState:
-        return self.env.unwrapped.episode
-
-    @property
-    def on_turn(self) -> tuple[str, ...]:
-        return self.env.on_turn
-
-    def observation_space(self, agent: str) -> Any:
-        return self.env.observation_space(agent)
-
-    def action_space(self, agent: str) -> Any:
-        return self.env.action_space(agent)
-
-    def observe(self, agent: str) -> Conversation:
-        return self.env.observe(agent)
-
-    def state(self) -> Conversation:
-        return self.env.state()
-
-    def render(self) -> str | None:
-        return self.env.render()
-
-    def close(self) -> None:
-        self.env.close()
-
-    def end_episode(self, reason: str) -> None:
-        self.env.end_episode(reason)
-
-    def reset(self, seed: int | None = None, options: Mapping[str, Any] | None = None):
-        from collab_env._async import run_sync
-
-        return run_sync(self.areset(seed=seed, options=options))
-
-    def step(self, actions: Mapping[str, str]):
-        from collab_env._async import run_sync
-
-        return run_sync(self.astep(actions))
-
     def clone(self) -> JointReward:
-        new = copy.copy(self)
-        new.env = self.env.clone()
+        new = super().clone()
         new.reward_processor = copy.deepcopy(self.reward_processor)
         new._latest = dict(self._latest)
         return new

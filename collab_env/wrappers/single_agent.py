@@ -77,7 +77,7 @@ class SingleAgentEnv(gymnasium.Env[Conversation, str]):
         self._seed = seed
         self._steps = 0
         self._obs, self._infos = await self.env.areset(seed=seed, options=options)
-        reward, done, moves = await self._advance()
+        reward, done, moves, _ = await self._advance()
         info = dict(self._infos[self.player])
         info["other_moves"] = moves
         return self._obs[self.player], info
@@ -98,19 +98,28 @@ class SingleAgentEnv(gymnasium.Env[Conversation, str]):
         reward = rewards[self.player]
         terminated, truncated = terms[self.player], truncs[self.player]
         moves = [(p, c.text) for p, c in completions.items()]
+        # The info of our own move (it holds e.g. the multiturn-aware reward's details); later
+        # steps update what they report and add their reward components.
+        info = dict(self._infos[self.player])
+        components = dict(info.get("reward_components", {}))
         if not (terminated or truncated):
-            more, _, later = await self._advance()
+            more, _, later, more_components = await self._advance()
             reward += more
             moves += later
+            for k, v in more_components.items():
+                components[k] = components.get(k, 0.0) + v
+            info.update({k: v for k, v in self._infos[self.player].items() if k != "reward_components"})
             st = self.env.episode
             terminated, truncated = st.terminated, st.truncated
-        info = dict(self._infos[self.player])
+        if components:
+            info["reward_components"] = components
         info["other_moves"] = moves
         return self._obs[self.player], reward, terminated, truncated, info
 
-    async def _advance(self) -> tuple[float, bool, list[tuple[str, str]]]:
-        """Let the other players act until ours is on turn or the episode ends."""
-        total, moves = 0.0, []
+    async def _advance(self) -> tuple[float, bool, list[tuple[str, str]], dict[str, float]]:
+        """Let the other players act until ours is on turn or the episode ends. Returns our
+        reward, whether the episode ended, the moves and our summed reward components."""
+        total, moves, components = 0.0, [], {}
         while self.env.agents and not self._infos[self.player].get("on_turn"):
             on_turn = [a for a in self.env.agents if self._infos[a].get("on_turn")]
             completions = await act_for(on_turn, self._obs, self.policies, self.sampling, self._policy_seed())
@@ -122,8 +131,10 @@ class SingleAgentEnv(gymnasium.Env[Conversation, str]):
             )
             self._steps += 1
             total += rewards[self.player]
+            for k, v in self._infos[self.player].get("reward_components", {}).items():
+                components[k] = components.get(k, 0.0) + float(v)
             moves += [(p, c.text) for p, c in completions.items()]
-        return total, not self.env.agents, moves
+        return total, not self.env.agents, moves, components
 
     def _fault(self, completions) -> bool:
         """End the episode (as a truncation) when a partner's policy gave up."""

@@ -1,0 +1,480 @@
+"""MultiturnAwareReward, ConversationReward, aggregation rules and the CollabLLM default rewards.
+
+Expected values are computed by hand in the comments. Policies are scripted (no model) except
+in tests/test_mr_embedded.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+from pettingzoo.test import parallel_api_test
+
+import collab_env
+from collab_env.agents.scripted import CallablePolicy, FixedTextPolicy
+from collab_env.errors import ConfigError, JudgeError, PolicyError, RewardError
+from collab_env.rewards.metrics import MetricResult, register_metric
+from collab_env.rewards.mr import (
+    ConversationReward,
+    MultiturnAwareReward,
+    aggregate,
+    default_reward,
+)
+from collab_env.types import FAULT, Completion
+from tests.collabllm_fixtures import write_collabllm_fixture
+
+
+# ---------------------------------------------------------------------------------------------
+# Test metrics (registered once): deterministic functions of the future
+# ---------------------------------------------------------------------------------------------
+async def _future_len(conversation, item, *, start=0, **ctx):
+    """Number of messages from ``start`` on (the reply and its future)."""
+    return MetricResult(float(len(conversation.messages) - start))
+
+
+async def _said_yes(conversation, item, *, start=0, **ctx):
+    """1 when some future assistant message says YES."""
+    return MetricResult(float(any("YES" in m.content for m in conversation.messages[start:] if m.role == "assistant")))
+
+
+async def _judge_fault(conversation, item, *, start=0, **ctx):
+    """Raises JudgeError when a future holds 'BAD', else 1."""
+    if any("BAD" in m.content for m in conversation.messages[start:]):
+        raise JudgeError("the test judge could not read its verdict")
+    return MetricResult(1.0, usage={"judge_calls": 1.0})
+
+
+register_metric("test_future_len", _future_len, overwrite=True)
+register_metric("test_said_yes", _said_yes, overwrite=True)
+register_metric("test_judge_fault", _judge_fault, overwrite=True)
+
+
+@pytest.fixture()
+def math_env(tmp_path):
+    path = write_collabllm_fixture(tmp_path / "rows.jsonl", n=4)
+    return collab_env.make("collabllm-math-hard", data_files=str(path))
+
+
+def replay_user():
+    from collab_env.tasks.collabllm import SessionReplayUser
+
+    return SessionReplayUser()
+
+
+def numbered_assistant():
+    """Replies 'A<k>' where k counts its own messages in the observation (reply included)."""
+    def fn(obs):
+        return f"A{1 + sum(1 for m in obs if m.author == 'assistant')} words here"
+    return CallablePolicy(fn, name="numbered")
+
+
+# ---------------------------------------------------------------------------------------------
+# Aggregation rules, hand-computed
+# ---------------------------------------------------------------------------------------------
+VALUES = {"accuracy": [1.0, 0.0, 1.0], "interactivity": [0.5, 1.0, 0.0], "token_amount": [100.0, 300.0, 200.0]}
+WEIGHTS = {"accuracy": 1.0, "interactivity": 1.0, "token_amount": -1e-4}
+
+
+def test_verl_rule_by_hand():
+    # accuracy mean 2/3, interactivity 0.5, tokens mean 200 * -1e-4 = -0.02 -> 1.146667
+    r, c = aggregate(VALUES, WEIGHTS, "verl")
+    assert c["accuracy"] == pytest.approx(2 / 3)
+    assert c["interactivity"] == pytest.approx(0.5)
+    assert c["token_amount"] == pytest.approx(-0.02)
+    assert r == pytest.approx(2 / 3 + 0.5 - 0.02)
+
+
+def test_collabllm_rule_by_hand():
+    # per rollout: 1 + 0.5 - 0.01 = 1.49; 0 + 1 - 0.03 = 0.97; 1 + 0 - 0.02 = 0.98; mean 1.146667
+    r, c = aggregate(VALUES, WEIGHTS, "collabllm")
+    assert r == pytest.approx((1.49 + 0.97 + 0.98) / 3)
+    assert sum(c.values()) == pytest.approx(r)
+
+
+def test_verl_clamps_each_weighted_mean_and_collabllm_does_not():
+    w = {**WEIGHTS, "accuracy": 3.0}
+    # verl: clamp(3 * 2/3 = 2) = 1, + 0.5 - 0.02 = 1.48
+    assert aggregate(VALUES, w, "verl")[0] == pytest.approx(1.48)
+    # collabllm: (3 + 0.5 - 0.01 + 0 + 1 - 0.03 + 3 + 0 - 0.02) / 3 = 7.44 / 3
+    assert aggregate(VALUES, w, "collabllm")[0] == pytest.approx(7.44 / 3)
+    # clamp at -1 too: tokens mean 200 * -0.01 = -2 -> -1
+    assert aggregate(VALUES, {**WEIGHTS, "token_amount": -0.01}, "verl")[1]["token_amount"] == -1.0
+
+
+def test_paper_rule_caps_the_token_penalty_per_rollout():
+    values = {**VALUES, "token_amount": [100.0, 300.0, 2000.0]}
+    w = {**WEIGHTS, "token_amount": -1e-3}
+    # penalties min(0.1, 1), min(0.3, 1), min(2, 1) -> mean 1.4 / 3; task + judge = 2/3 + 0.5
+    r, c = aggregate(values, w, "paper")
+    assert c["token_amount"] == pytest.approx(-1.4 / 3)
+    assert r == pytest.approx(2 / 3 + 0.5 - 1.4 / 3)
+    # the verl rule on the same values: -min(1e-3 * 800, 1) = -0.8
+    assert aggregate(values, w, "verl")[0] == pytest.approx(2 / 3 + 0.5 - 0.8)
+
+
+def test_aggregate_errors():
+    with pytest.raises(ConfigError, match="aggregation must be one of"):
+        aggregate(VALUES, WEIGHTS, "mean")
+    with pytest.raises(ConfigError, match="must be negative"):
+        aggregate(VALUES, {**WEIGHTS, "token_amount": 1e-4}, "paper")
+    with pytest.raises(ConfigError, match="token metric"):
+        aggregate({"accuracy": [1.0]}, {"accuracy": 1.0}, "paper")
+    with pytest.raises(ConfigError, match="one value per scored rollout"):
+        aggregate({"accuracy": [1.0], "interactivity": []}, WEIGHTS, "verl")
+    with pytest.raises(ConfigError, match="no weight"):
+        aggregate({"bleu_score": [1.0]}, WEIGHTS, "verl")
+
+
+# ---------------------------------------------------------------------------------------------
+# The window
+# ---------------------------------------------------------------------------------------------
+def test_window_zero_is_the_immediate_reward(math_env):
+    env = MultiturnAwareReward(math_env, weights={"token_amount": -0.1}, max_user_turns=0)
+    env.reset(seed=0, options={"index": 0})
+    _, rewards, _, _, infos = env.step({"assistant": "one two three"})
+    # only the reply is in the future scope: 3 words * -0.1 = -0.3; scored once
+    assert rewards["assistant"] == pytest.approx(-0.3)
+    mr = infos["assistant"]["mr"]
+    assert mr["num_rollouts"] == 1 and mr["window"]["immediate"] is True
+    assert mr["future_turns"] == [0]
+    assert rewards["assistant"] == pytest.approx(infos["assistant"]["reward_components"]["mr"])
+
+
+def test_default_window_ends_on_a_user_turn(math_env):
+    # recipe defaults: 2 user turns, 3 assistant turns counting the reply -> reply, U, A, U
+    env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(), "user": replay_user()},
+                               weights={"test_future_len": 1.0}, return_futures=True)
+    env.reset(seed=0, options={"index": 0})
+    _, rewards, _, _, infos = env.step({"assistant": "A1 reply"})
+    mr = infos["assistant"]["mr"]
+    assert mr["num_rollouts"] == 3 and mr["scored"] == 3
+    assert mr["future_turns"] == [3, 3, 3]
+    for fut in mr["futures"]:
+        assert [m["role"] for m in fut] == ["assistant", "user", "assistant", "user"]
+        assert fut[0]["content"] == "A1 reply" and fut[2]["content"].startswith("A2")
+        assert fut[1]["content"] == "FUTURE-USER-0-1"
+    # 4 messages per future, weight 1, verl clamps to 1
+    assert mr["metrics"]["test_future_len"]["mean"] == 4.0
+    assert rewards["assistant"] == 1.0
+
+
+def test_longer_user_budget_ends_on_an_assistant_turn(math_env):
+    env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(), "user": replay_user()},
+                               weights={"test_future_len": 0.1}, max_user_turns=3, max_assistant_turns=3,
+                               num_rollouts=2, return_futures=True)
+    env.reset(seed=0, options={"index": 0})
+    _, rewards, _, _, infos = env.step({"assistant": "A1 reply"})
+    fut = infos["assistant"]["mr"]["futures"][0]
+    assert [m["role"] for m in fut] == ["assistant", "user", "assistant", "user", "assistant"]
+    assert rewards["assistant"] == pytest.approx(0.5)  # 5 messages * 0.1
+
+
+def test_future_stops_when_the_user_terminates(math_env):
+    # The replaying user has 2 recorded turns, then sends the termination signal.
+    env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(), "user": replay_user()},
+                               weights={"test_future_len": 0.01}, max_user_turns=10, max_assistant_turns=10,
+                               num_rollouts=1, return_futures=True)
+    env.reset(seed=0, options={"index": 0})
+    _, _, _, _, infos = env.step({"assistant": "A1"})
+    fut = infos["assistant"]["mr"]["futures"][0]
+    assert "[[TERMINATE CHAT]]" in fut[-1]["content"] and len(fut) == 6  # A U A U A U(stop)
+
+
+def test_futures_do_not_touch_the_real_episode(math_env):
+    env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(), "user": replay_user()},
+                               weights={"test_future_len": 1.0})
+    env.reset(seed=0, options={"index": 0})
+    before = len(env.episode.messages)
+    env.step({"assistant": "A1"})
+    assert len(env.episode.messages) == before + 1
+    assert env.agents == ["assistant", "user"] and env.on_turn == ("user",)
+
+
+def test_user_steps_keep_the_env_reward_and_components_sum(math_env):
+    env = MultiturnAwareReward(math_env, policies={"assistant": FixedTextPolicy("YES sure"), "user": replay_user()},
+                               weights={"test_said_yes": 0.5, "token_amount": -0.01})
+    env.reset(seed=0, options={"index": 0})
+    _, rewards, _, _, infos = env.step({"assistant": "no"})
+    comp = infos["assistant"]["reward_components"]
+    # every future has the future assistant turn "YES sure": 0.5; words: "no"(1) + user(1) + "YES sure"(2)
+    # + user(1) = 5 -> -0.05
+    assert comp["test_said_yes"] == pytest.approx(0.5)
+    assert comp["token_amount"] == pytest.approx(-0.05)
+    assert comp["mr"] == pytest.approx(0.45) == rewards["assistant"]
+    assert comp["env"] == 0.0
+    _, rewards, _, _, infos = env.step({"user": "hello"})
+    assert rewards["assistant"] == 0.0 and "mr" not in infos["assistant"]
+    assert env.stats["rewards"] == 1 and env.stats["rollouts"] == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults
+# ---------------------------------------------------------------------------------------------
+class FaultOnCalls:
+    """A user that faults on the given call numbers (1-based), else replays."""
+
+    def __init__(self, bad: set[int]) -> None:
+        self.bad, self.calls, self.inner = bad, 0, replay_user()
+
+    async def act(self, observations, **sampling):
+        out = []
+        for obs in observations:
+            self.calls += 1
+            if self.calls in self.bad:
+                out.append(Completion(text="", finish_reason=FAULT, meta={"fault": "unreadable"}))
+            else:
+                out.extend(await self.inner.act([obs], **sampling))
+        return out
+
+
+def test_a_faulted_future_is_dropped_and_reported(math_env):
+    env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(), "user": FaultOnCalls({2})},
+                               weights={"test_future_len": 0.1})
+    env.reset(seed=0, options={"index": 0})
+    _, rewards, _, _, infos = env.step({"assistant": "A1"})
+    mr = infos["assistant"]["mr"]
+    assert mr["scored"] == 2 and len(mr["faults"]) == 1
+    assert mr["faults"][0]["rollout"] in (0, 1, 2) and mr["faults"][0]["stage"] == "policy"
+    assert mr["metrics"]["test_future_len"]["values"] == [4.0, 4.0]
+    assert rewards["assistant"] == pytest.approx(0.4)
+    assert mr["cost"]["faults"] == 1 and env.stats["faults"] == 1
+
+
+def test_all_futures_faulted_raises_instead_of_a_reward(math_env):
+    env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(),
+                                                   "user": FaultOnCalls({1, 2, 3})},
+                               weights={"test_future_len": 0.1})
+    env.reset(seed=0, options={"index": 0})
+    with pytest.raises(RewardError, match="no future could be scored"):
+        env.step({"assistant": "A1"})
+
+
+def test_on_fault_raise(math_env):
+    env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(), "user": FaultOnCalls({2})},
+                               weights={"test_future_len": 0.1}, on_fault="raise")
+    env.reset(seed=0, options={"index": 0})
+    with pytest.raises(PolicyError, match="gave up"):
+        env.step({"assistant": "A1"})
+
+
+def test_a_judge_fault_drops_that_future(math_env):
+    # the second assistant turn of future 0 says BAD (the assistant policy counts its calls)
+    calls = {"n": 0}
+
+    def fn(obs):
+        calls["n"] += 1
+        return "BAD" if calls["n"] == 1 else "fine"
+
+    env = MultiturnAwareReward(math_env, policies={"assistant": CallablePolicy(fn), "user": replay_user()},
+                               weights={"test_judge_fault": 1.0})
+    env.reset(seed=0, options={"index": 0})
+    _, rewards, _, _, infos = env.step({"assistant": "A1"})
+    mr = infos["assistant"]["mr"]
+    assert mr["scored"] == 2 and mr["faults"][0]["stage"] == "metric:test_judge_fault"
+    assert "JudgeError" in mr["faults"][0]["error"]
+    assert mr["cost"]["judge_calls"] == 2.0
+    assert rewards["assistant"] == 1.0
+
+
+class Boom:
+    async def act(self, observations, **sampling):
+        raise RuntimeError("backend down")
+
+
+def test_a_raising_policy_counts_as_a_fault(math_env):
+    env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(), "user": Boom()},
+                               weights={"test_future_len": 0.1})
+    env.reset(seed=0, options={"index": 0})
+    with pytest.raises(RewardError, match="backend down"):
+        env.step({"assistant": "A1"})
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration, determinism, API
+# ---------------------------------------------------------------------------------------------
+def test_configuration_errors(math_env):
+    with pytest.raises(ConfigError, match="needs a policy for 'assistant'"):
+        MultiturnAwareReward(math_env, weights={"token_amount": -1e-4})
+    with pytest.raises(ConfigError, match="num_rollouts must be an int >= 1"):
+        MultiturnAwareReward(math_env, num_rollouts=0, max_user_turns=0)
+    with pytest.raises(ConfigError, match="unknown metric"):
+        MultiturnAwareReward(math_env, weights={"acuracy": 1.0}, max_user_turns=0)
+    with pytest.raises(ConfigError, match="aggregation must be one of"):
+        MultiturnAwareReward(math_env, aggregation="sum", max_user_turns=0, weights={"token_amount": -1})
+    with pytest.raises(ConfigError, match="must be negative"):
+        MultiturnAwareReward(math_env, aggregation="paper", max_user_turns=0, weights={"token_amount": 1e-4})
+    with pytest.raises(ConfigError, match="unknown players"):
+        MultiturnAwareReward(math_env, policies={"bot": FixedTextPolicy("x")}, max_user_turns=0,
+                             weights={"token_amount": -1})
+
+
+def test_spec_weights_are_the_default(math_env):
+    env = MultiturnAwareReward(math_env, max_user_turns=0)
+    assert env.weights == {"accuracy": 1.0, "interactivity": 1.0, "token_amount": -1e-4}
+
+
+def test_seeded_runs_repeat_and_clones_are_independent(math_env):
+    def sampled(obs, rng):
+        return f"reply {int(rng.integers(1000))}"
+
+    def run(seed):
+        env = MultiturnAwareReward(math_env.clone(), policies={"assistant": CallablePolicy(sampled), "user": replay_user()},
+                                   weights={"token_amount": -0.01}, return_futures=True)
+        env.reset(seed=seed, options={"index": 1})
+        return env.step({"assistant": "A1"})[4]["assistant"]["mr"]["futures"]
+
+    a, b, c = run(3), run(3), run(4)
+    assert a == b and a != c
+    assert a[0] != a[1]  # rollouts get different seeds
+
+    env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(), "user": replay_user()},
+                               weights={"test_future_len": 0.1})
+    env.reset(seed=0, options={"index": 0})
+    twin = env.clone()
+    twin.step({"assistant": "A1"})
+    assert env.stats["rewards"] == 0 and twin.stats["rewards"] == 1
+    assert len(env.episode.messages) + 1 == len(twin.episode.messages)
+
+
+def test_futures_run_concurrently(math_env):
+    """All futures are in flight at once: the policy sees their calls overlap."""
+    state = {"now": 0, "peak": 0}
+
+    class Slow:
+        async def act(self, observations, **sampling):
+            state["now"] += 1
+            state["peak"] = max(state["peak"], state["now"])
+            await asyncio.sleep(0.01)
+            state["now"] -= 1
+            return [Completion(text="ok", finish_reason="stop") for _ in observations]
+
+    env = MultiturnAwareReward(math_env, policies={"assistant": Slow(), "user": Slow()},
+                               weights={"test_future_len": 0.1}, num_rollouts=5)
+    env.reset(seed=0, options={"index": 0})
+    env.step({"assistant": "A1"})
+    assert state["peak"] == 5
+
+
+def test_parallel_api(math_env):
+    env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(), "user": replay_user()},
+                               weights={"test_future_len": 0.1, "token_amount": -1e-4}, num_rollouts=2)
+    parallel_api_test(env, num_cycles=10)
+
+
+# ---------------------------------------------------------------------------------------------
+# Conversation-level reward
+# ---------------------------------------------------------------------------------------------
+def test_conversation_reward_scores_the_finished_episode_once(math_env):
+    env = ConversationReward(math_env, weights={"token_amount": -0.1, "test_said_yes": 1.0})
+    env.reset(seed=0, options={"index": 1})  # odd rows have a 3-message prefix (not counted)
+    total = {"assistant": 0.0}
+    done = False
+    moves = iter(["one", "YES two words", "three"])
+    while not done:
+        if env.on_turn == ("assistant",):
+            act = {"assistant": next(moves, "more")}
+        else:
+            act = {"user": f"user says {len(env.episode.messages)}"}
+        _, rewards, terms, truncs, infos = env.step(act)
+        total["assistant"] += rewards["assistant"]
+        done = terms["assistant"] or truncs["assistant"]
+        if not done:
+            assert rewards["assistant"] == 0.0
+    cr = infos["assistant"]["conversation_reward"]
+    words = sum(len(m.content.split()) for m in env.episode.messages[cr_start(env):] if m.audience is None
+                and m.role != "system")
+    assert cr["metrics"]["token_amount"]["value"] == words
+    assert cr["metrics"]["test_said_yes"]["value"] == 1.0
+    assert total["assistant"] == pytest.approx(1.0 - 0.1 * words)
+
+
+def cr_start(env):
+    prefix = [i for i, m in enumerate(env.episode.messages) if m.meta.get("from_data")]
+    return prefix[-1] + 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The CollabLLM default rewards
+# ---------------------------------------------------------------------------------------------
+class JsonJudgeBackend:
+    """A judge backend: answers the accuracy and interactivity rubrics with fixed JSON."""
+
+    name = "json-judge"
+
+    def __init__(self):
+        self.prompts = []
+
+    async def act(self, observations, **sampling):
+        out = []
+        for obs in observations:
+            text = obs.messages[-1].content
+            self.prompts.append(text)
+            if "reference answer" in text:
+                out.append(Completion(text='{"reason": "ok", "score": true}', finish_reason="stop",
+                                      usage={"model_calls": 1}))
+            else:
+                out.append(Completion(text='{"understanding": 1, "clarification": 0.7, "suggestions": 0.3}',
+                                      finish_reason="stop", usage={"model_calls": 1}))
+        return out
+
+
+def test_default_reward_of_math_hard(math_env):
+    judge = JsonJudgeBackend()
+    env = default_reward(math_env, judge=judge, user=replay_user(), policy=FixedTextPolicy("sure thing"))
+    assert isinstance(env, MultiturnAwareReward)
+    env.reset(seed=0, options={"index": 0})
+    _, rewards, _, _, infos = env.step({"assistant": "what do you mean"})
+    m = infos["assistant"]["mr"]["metrics"]
+    assert m["accuracy"]["mean"] == 1.0
+    assert m["interactivity"]["mean"] == pytest.approx((1 + 0.7 + 0.3) / 3)
+    # words: reply 4 + user 1 + "sure thing" 2 + user 1 = 8 -> -8e-4
+    assert m["token_amount"]["mean"] == 8.0
+    assert rewards["assistant"] == pytest.approx(1 + 2 / 3 - 8e-4)
+    assert infos["assistant"]["mr"]["cost"]["judge_calls"] == 6.0
+    # the judge never sees the hidden goal message
+    assert not any("HIDDEN-GOAL" in p.split("<conversation>")[1].split("</conversation>")[0] for p in judge.prompts)
+
+
+def test_default_reward_needs_a_judge_for_judge_metrics(math_env):
+    with pytest.raises(ConfigError, match="need an LLM judge"):
+        default_reward(math_env, user=replay_user(), policy="answer-at-once")
+
+
+def test_default_rewards_of_medium_and_bigcodebench(tmp_path):
+    path = write_collabllm_fixture(tmp_path / "rows.jsonl", n=2)
+    medium = collab_env.make("collabllm-medium", data_files=str(path), reward="conversation")
+    assert isinstance(medium, ConversationReward)
+    assert medium.metric_set.weights == {"bleu_score": 1.0, "token_amount": -1e-4}
+    code = collab_env.make("collabllm-bigcodebench", data_files=str(path), reward="mr",
+                           reward_kwargs={"max_user_turns": 0})
+    assert code.weights == {"pass_rate": 1.0, "token_amount": -1e-4}
+
+
+def test_make_with_reward_and_view(tmp_path):
+    path = write_collabllm_fixture(tmp_path / "rows.jsonl", n=2)
+    env = collab_env.make("collabllm-math-hard", data_files=str(path), view="assistant",
+                          reward="mr", reward_kwargs={"judge": JsonJudgeBackend(), "user": replay_user(),
+                                                      "policy": FixedTextPolicy("ok"), "num_rollouts": 2})
+    env.reset(seed=0, options={"index": 0})
+    _, reward, _, _, info = env.step("hello there")
+    assert info["mr"]["num_rollouts"] == 2
+    assert math.isfinite(reward) and reward == pytest.approx(info["reward_components"]["mr"])
+    with pytest.raises(ConfigError, match="reward must be"):
+        collab_env.make("collabllm-math-hard", data_files=str(path), reward="multiturn")
+    with pytest.raises(ConfigError, match="reward_kwargs"):
+        collab_env.make("collabllm-math-hard", data_files=str(path), reward_kwargs={"judge": "x"})
+
+
+def test_learner_placeholder_must_be_bound(math_env):
+    from collab_env.rewards.mr import LEARNER, bind_learner_policies
+
+    env = MultiturnAwareReward(math_env, policies={"assistant": LEARNER, "user": replay_user()},
+                               weights={"test_future_len": 0.1}, num_rollouts=1)
+    env.reset(seed=0, options={"index": 0})
+    with pytest.raises(ConfigError, match="no learner bound"):
+        env.clone().step({"assistant": "A1"})
+    assert bind_learner_policies(env, {"assistant": FixedTextPolicy("bound")}) == 1
+    _, _, _, _, infos = env.step({"assistant": "A1"})
+    assert infos["assistant"]["mr"]["scored"] == 1
