@@ -1,0 +1,20 @@
+"""The learners' shared toolkit (``collab_env.adapters.common``).
+
+Small modules that every torch learner in :mod:`collab_env.adapters` builds on, so that each
+algorithm file reads top to bottom:
+
+* :mod:`~collab_env.adapters.common.config`: the config fields every trainer shares
+  (:class:`TrainerConfig`) and the evaluation schedule.
+* :mod:`~collab_env.adapters.common.models`: loading the agents' models (a folder, a hub id,
+  ``"embedded"``, a loaded model), one per agent or shared, LoRA through ``peft``, device and
+  dtype, gradient checkpointing, reference models, batched generation with exact token ids.
+* :mod:`~collab_env.adapters.common.losses`: per-token log-probs under masks, group-relative
+  advantages, the clipped surrogate and the k3 estimator of the KL to a reference model.
+* :mod:`~collab_env.adapters.common.rollout`: rollout trees on any collab_env environment
+  (the CoMLRL multi-turn tree: a group of joint actions per node, returns from children).
+* :mod:`~collab_env.adapters.common.logging`: JSONL log, PNG curves, optional Weights & Biases.
+* :mod:`~collab_env.adapters.common.checkpoint`: saving and resuming (weights, optimizers,
+  schedulers, data position, RNG states).
+
+Importing this package imports nothing heavy; the modules that need torch import it themselves.
+"""

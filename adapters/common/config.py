@@ -1,0 +1,181 @@
+"""Config fields every trainer shares, their validation, and the evaluation schedule.
+
+A learner's config is a dataclass that inherits :class:`TrainerConfig` and adds its own fields,
+each with one docstring; ``__post_init__`` validates every field and raises
+:class:`~collab_env.errors.ConfigError` with the fix in the message.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+from collab_env.errors import ConfigError
+
+__all__ = ["TrainerConfig", "eval_due", "check_int", "check_float", "check_choice"]
+
+
+def check_int(name: str, value: Any, low: int | None = None, *, allow_none: bool = False) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is an int (not a bool) ``>= low``."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{name} must be an int, got {type(value).__name__} ({value!r}).")
+    if low is not None and value < low:
+        raise ConfigError(f"{name} must be >= {low}, got {value}.")
+
+
+def check_float(name: str, value: Any, low: float | None = None, high: float | None = None, *,
+                low_open: bool = False, allow_none: bool = False) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is a finite real in the given range."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number, got {value!r}.")
+    if low is not None and (value <= low if low_open else value < low):
+        raise ConfigError(f"{name} must be {'>' if low_open else '>='} {low}, got {value}.")
+    if high is not None and value > high:
+        raise ConfigError(f"{name} must be <= {high}, got {value}.")
+
+
+def check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {list(choices)}, got {value!r}.")
+
+
+@dataclass
+class TrainerConfig:
+    """Fields shared by every torch learner of :mod:`collab_env.adapters` (optimisation, model
+    placement, evaluation and logging schedule, checkpoints). Learner configs inherit it."""
+
+    # -- data and schedule ------------------------------------------------------------------
+    num_train_epochs: int = 1
+    """Passes over the training items."""
+    max_steps: int = -1
+    """Stop after this many training items (``-1``: run every epoch to the end). Needed for
+    environments whose item count is unlimited."""
+    per_device_train_batch_size: int = 1
+    """Training items rolled out together per update (the guide's value is 1)."""
+    seed: int = 0
+    """Seed of every random choice the trainer makes (sampling, LoRA init): a fixed seed on CPU
+    gives the same run bit for bit, also across a checkpoint and resume."""
+
+    # -- optimisation -----------------------------------------------------------------------
+    learning_rate: float = 1e-5
+    """AdamW learning rate (peak value of the schedule)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.999
+    """AdamW beta2."""
+    adam_epsilon: float = 1e-8
+    """AdamW epsilon."""
+    max_grad_norm: float | None = 1.0
+    """Clip the gradient's global norm to this value per optimiser step (``None``: no clipping)."""
+    lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule after warm-up: constant, linear decay to 0, or cosine decay to 0
+    over the planned optimiser steps."""
+    warmup_steps: int = 0
+    """Optimiser steps of linear warm-up from 0 to ``learning_rate``."""
+
+    # -- models -----------------------------------------------------------------------------
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where models train and generate: ``"auto"`` is CUDA when torch sees a GPU, else CPU."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Parameter dtype: ``"auto"`` is bfloat16 on CUDA and float32 on CPU. Losses are always
+    computed in float32."""
+    gradient_checkpointing: bool | None = None
+    """Recompute activations in the backward pass to save memory (``None``: on for CUDA)."""
+    share_model: bool = False
+    """One model (and optimiser) for every agent instead of one copy per agent."""
+    lora_r: int = 0
+    """LoRA rank; ``0`` trains every parameter. Needs ``peft``."""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator (the update is scaled by ``lora_alpha / lora_r``)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA branch."""
+    lora_target_modules: tuple[str, ...] | str = "all-linear"
+    """Modules that get LoRA adapters: names, or ``"all-linear"``."""
+
+    # -- evaluation, logging, checkpoints -----------------------------------------------------
+    eval_interval: int = 16
+    """Evaluate before the first item of every epoch, then every ``eval_interval`` training
+    items; ``0`` evaluates only when ``evaluate()`` is called."""
+    eval_num_samples: int = 4
+    """Evaluation items used (at most), from the start of the evaluation split."""
+    eval_batch_size: int = 1
+    """Evaluation items rolled out together (not the number of samples per agent)."""
+    logging_steps: int = 1
+    """Smallest ``env_step`` interval between two training log lines (``env_step`` counts the
+    joint-action reward evaluations)."""
+    output_dir: str = "collab_env_output"
+    """Folder of the JSONL log, the PNG curves and the checkpoints."""
+    save_steps: int = 0
+    """Save a checkpoint every this many training items (``0``: only when asked)."""
+    plot: bool = True
+    """Write the curves as ``<output_dir>/curves.png`` (needs matplotlib; skipped with a warning
+    when it is missing)."""
+
+    def __post_init__(self) -> None:
+        check_int("num_train_epochs", self.num_train_epochs, 1)
+        check_int("max_steps", self.max_steps, -1)
+        if self.max_steps == 0:
+            raise ConfigError("max_steps must be -1 (no limit) or >= 1, got 0.")
+        check_int("per_device_train_batch_size", self.per_device_train_batch_size, 1)
+        check_int("seed", self.seed, 0)
+        check_float("learning_rate", self.learning_rate, 0.0)
+        check_float("weight_decay", self.weight_decay, 0.0)
+        check_float("adam_beta1", self.adam_beta1, 0.0, 1.0)
+        check_float("adam_beta2", self.adam_beta2, 0.0, 1.0)
+        check_float("adam_epsilon", self.adam_epsilon, 0.0, low_open=True)
+        check_float("max_grad_norm", self.max_grad_norm, 0.0, low_open=True, allow_none=True)
+        check_choice("lr_scheduler_type", self.lr_scheduler_type, ("constant", "linear", "cosine"))
+        check_int("warmup_steps", self.warmup_steps, 0)
+        check_choice("device", self.device, ("auto", "cpu", "cuda"))
+        check_choice("dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
+        if self.gradient_checkpointing not in (None, True, False):
+            raise ConfigError(f"gradient_checkpointing must be True, False or None, got {self.gradient_checkpointing!r}.")
+        check_int("lora_r", self.lora_r, 0)
+        check_float("lora_alpha", self.lora_alpha, 0.0, low_open=True)
+        check_float("lora_dropout", self.lora_dropout, 0.0, 1.0)
+        if isinstance(self.lora_target_modules, list):
+            self.lora_target_modules = tuple(self.lora_target_modules)
+        if not isinstance(self.lora_target_modules, (str, tuple)) or (
+            isinstance(self.lora_target_modules, tuple)
+            and not all(isinstance(m, str) for m in self.lora_target_modules)
+        ):
+            raise ConfigError(
+                "lora_target_modules must be 'all-linear' or a list of module names such as "
+                f"['q_proj', 'v_proj'], got {self.lora_target_modules!r}."
+            )
+        check_int("eval_interval", self.eval_interval, 0)
+        check_int("eval_num_samples", self.eval_num_samples, 0)
+        check_int("eval_batch_size", self.eval_batch_size, 1)
+        check_int("logging_steps", self.logging_steps, 1)
+        if not isinstance(self.output_dir, str) or not self.output_dir:
+            raise ConfigError(f"output_dir must be a non-empty str, got {self.output_dir!r}.")
+        check_int("save_steps", self.save_steps, 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly dict of every field (for logs and Weights & Biases)."""
+        d = asdict(self)
+        for f in fields(self):
+            if isinstance(d[f.name], tuple):
+                d[f.name] = list(d[f.name])
+        return d
+
+
+def eval_due(item_in_epoch: int, batch_size: int, eval_interval: int) -> bool:
+    """Whether the schedule evaluates before the batch of ``batch_size`` training items that
+    starts at position ``item_in_epoch`` of its epoch.
+
+    The CoMLRL schedule: before the first item of every epoch, then every ``eval_interval``
+    items (a batch that contains such an item triggers it); ``eval_interval == 0`` never.
+    """
+    if eval_interval <= 0:
+        return False
+    return any((item_in_epoch + k) % eval_interval == 0 for k in range(batch_size))

@@ -1,0 +1,298 @@
+"""The agents' models: loading, LoRA, device and dtype, optimisers, reference models, generation.
+
+:func:`load_policy_models` turns what a user passes as ``agent_model`` (a folder, a hub id,
+``"embedded"``, a loaded ``PreTrainedModel`` or ``PeftModel``, or one of those per agent) into
+one :class:`PolicyModel` per agent. With ``share_model`` every agent gets the *same*
+:class:`PolicyModel` (one set of weights, one optimiser); otherwise each agent gets its own copy.
+
+Placement follows the config: CUDA with bfloat16 weights when torch sees a GPU, CPU with float32
+otherwise; gradient checkpointing is on by default on CUDA. The code path is the same on both.
+
+Generation goes through :class:`~collab_env.agents.hf.HFPolicy` on the model being trained, so a
+:class:`~collab_env.types.Completion` holds the exact token ids the learner puts in its loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from collab_env.errors import ConfigError, require
+
+__all__ = [
+    "resolve_device",
+    "resolve_dtype",
+    "PolicyModel",
+    "load_policy_models",
+    "make_optimizer",
+    "make_scheduler",
+    "unique_models",
+]
+
+#: Values of ``agent_model`` that mean the embedded SmolLM2-135M-Instruct (offline).
+EMBEDDED_NAMES = ("embedded", "smollm2")
+
+
+def resolve_device(device: str) -> str:
+    """``"cuda"`` or ``"cpu"`` for a config's ``device`` (``"auto"``: CUDA when available)."""
+    torch = require("torch", "hf", "Training")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device='cuda' but torch sees no CUDA device; use device='cpu' or 'auto'.")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str):
+    """The torch dtype of the parameters: ``"auto"`` is bfloat16 on CUDA (float16 on GPUs
+    without bfloat16) and float32 on CPU, where bfloat16 matmuls are slow and coarse."""
+    torch = require("torch", "hf", "Training")
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    if device == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+@dataclass(eq=False)  # compared by identity: agents sharing a model share this object
+class PolicyModel:
+    """One trainable model with everything a learner needs around it.
+
+    Attributes:
+        model: The ``PreTrainedModel`` (a ``PeftModel`` under LoRA).
+        tokenizer: Its tokenizer (with a chat template).
+        generator: An :class:`~collab_env.agents.hf.HFPolicy` over ``model`` (shares weights).
+        lora: Whether ``model`` is a ``PeftModel`` whose adapters are what trains.
+        reference: A frozen copy of the initial model, when a KL term needs one and ``lora`` is
+            off (under LoRA the reference is the model with its adapters disabled).
+        optimizer: AdamW over the trainable parameters (set by the trainer).
+        scheduler: Its learning-rate schedule (set by the trainer).
+        agents: Indices of the agents this model plays.
+    """
+
+    model: Any
+    tokenizer: Any
+    generator: Any
+    lora: bool = False
+    reference: Any = None
+    optimizer: Any = None
+    scheduler: Any = None
+    agents: list[int] = field(default_factory=list)
+
+    @property
+    def device(self):
+        """The device of the model's parameters."""
+        return next(self.model.parameters()).device
+
+    @property
+    def pad_id(self) -> int:
+        """The id used for padding (the tokenizer's pad token, else its EOS)."""
+        return int(self.generator._pad_id)
+
+    def trainable_parameters(self) -> list[tuple[str, Any]]:
+        """``(name, parameter)`` of every parameter with ``requires_grad``."""
+        return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+
+    def prompt_ids(self, observation: Any) -> list[int]:
+        """The chat-template token ids of one :class:`~collab_env.types.Conversation`."""
+        return self.generator.prompt_ids(observation)
+
+    def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], *,
+                 max_batch_size: int = 64, **sampling: Any) -> list[Any]:
+        """One :class:`~collab_env.types.Completion` per tokenised prompt, in chunks of
+        ``max_batch_size``; row ``i`` samples with its own generator seeded by ``seeds[i]``."""
+        from collab_env.agents.base import SamplingParams
+
+        params = SamplingParams.from_kwargs(**sampling)
+        self.model.eval()
+        out: list[Any] = []
+        for start in range(0, len(prompts), max_batch_size):
+            chunk = [list(p) for p in prompts[start:start + max_batch_size]]
+            out.extend(self.generator.generate_batch(chunk, params, list(seeds[start:start + max_batch_size])))
+        return out
+
+    @contextlib.contextmanager
+    def as_reference(self):
+        """Context in which :meth:`reference_model` is the frozen initial policy."""
+        if self.lora:
+            with self.model.disable_adapter():
+                yield self.model
+        elif self.reference is not None:
+            yield self.reference
+        else:
+            raise ConfigError("internal: no reference model was built; the KL term needs one.")
+
+
+def _load_one(spec: Any, tokenizer: Any, device: str, dtype: Any) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` from one ``agent_model`` entry, on ``device`` in ``dtype``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if isinstance(spec, str) and spec in EMBEDDED_NAMES:
+        from collab_env.agents.embedded import embedded_model_dir
+
+        spec = embedded_model_dir()
+    if isinstance(spec, (str, Path)):
+        source = str(spec)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        except OSError as exc:
+            raise ConfigError(
+                f"could not load a causal LM from {source!r}: {exc}. Pass a local model folder "
+                "(the hub is not reachable offline), a loaded model, or 'embedded'."
+            ) from exc
+        if tokenizer is None:
+            tokenizer = source
+    elif hasattr(spec, "generate") and hasattr(spec, "config"):
+        model = spec
+        model.to(dtype=dtype)
+        if tokenizer is None:
+            source = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "")
+            if not source:
+                raise ConfigError("cannot tell where this model was loaded from; pass tokenizer=... to the trainer.")
+            tokenizer = source
+    else:
+        raise ConfigError(
+            "agent_model must be a model folder, a hub id, 'embedded', a loaded transformers "
+            f"model, or a list of those (one per agent); got {type(spec).__name__}."
+        )
+    if isinstance(tokenizer, (str, Path)):
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
+        except OSError as exc:
+            raise ConfigError(f"could not load a tokenizer from {str(tokenizer)!r}: {exc}") from exc
+    model.to(device)
+    return model, tokenizer
+
+
+def _apply_lora(model: Any, config: Any) -> Any:
+    peft = require("peft", "hf", "LoRA training (lora_r > 0)")
+    if isinstance(model, peft.PeftModel):
+        return model  # the caller brought its own adapters: train those
+    target = config.lora_target_modules
+    lora = peft.LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules=target if isinstance(target, str) else list(target),
+        task_type="CAUSAL_LM",
+    )
+    return peft.get_peft_model(model, lora)
+
+
+def _frozen_copy(model: Any) -> Any:
+    ref = copy.deepcopy(model)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def load_policy_models(agent_model: Any, tokenizer: Any, num_agents: int, config: Any, *,
+                       need_reference: bool) -> list[PolicyModel]:
+    """One :class:`PolicyModel` per agent (the same object for every agent under
+    ``config.share_model``).
+
+    Args:
+        agent_model: A folder, hub id, ``"embedded"``, a loaded model, or a list with one of
+            those per agent. A single loaded model is copied for the other agents unless
+            ``share_model``.
+        tokenizer: A tokenizer (or folder), or a list with one per agent; default: loaded from
+            the model's folder.
+        num_agents: Number of agents.
+        config: A :class:`~collab_env.adapters.common.config.TrainerConfig`.
+        need_reference: Build a frozen reference (a KL term is on).
+    """
+    torch = require("torch", "hf", "Training")
+    require("transformers", "hf", "Training")
+    from collab_env.agents.hf import HFPolicy
+
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    specs = list(agent_model) if isinstance(agent_model, (list, tuple)) else [agent_model]
+    toks = list(tokenizer) if isinstance(tokenizer, (list, tuple)) else [tokenizer] * len(specs)
+    if len(toks) != len(specs):
+        raise ConfigError(f"{len(toks)} tokenizers for {len(specs)} models: pass one per model.")
+    if config.share_model and len(specs) > 1:
+        raise ConfigError("share_model=True trains one model for every agent: pass a single agent_model.")
+    if len(specs) not in (1, num_agents):
+        raise ConfigError(f"agent_model lists {len(specs)} models for {num_agents} agents: pass one, or one per agent.")
+    n_models = 1 if config.share_model else num_agents
+    if len(specs) == 1 and n_models > 1:
+        specs, toks = specs * n_models, toks * n_models
+    loaded: list[tuple[Any, Any]] = []
+    with torch.random.fork_rng(devices=[]):
+        # LoRA initialisation draws random numbers: seed it, without moving the caller's RNG.
+        torch.manual_seed(config.seed)
+        for i, (spec, tok) in enumerate(zip(specs, toks, strict=True)):
+            if i > 0 and spec is specs[0] and not isinstance(spec, (str, Path)):
+                model, tok = copy.deepcopy(loaded[0][0]), loaded[0][1]  # one loaded model, n agents
+            else:
+                model, tok = _load_one(spec, tok, device, dtype)
+            loaded.append((model, tok))
+        out: list[PolicyModel] = []
+        for model, tok in loaded:
+            lora = config.lora_r > 0
+            if lora:
+                model = _apply_lora(model, config)
+            reference = _frozen_copy(model) if need_reference and not lora else None
+            checkpointing = config.gradient_checkpointing
+            if checkpointing is None:
+                checkpointing = device == "cuda"
+            if checkpointing:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            generator = HFPolicy(model, tok, device="auto", dtype="auto", max_batch_size=64)
+            out.append(PolicyModel(model=model, tokenizer=tok, generator=generator, lora=lora,
+                                   reference=reference))
+    if config.share_model:
+        out[0].agents = list(range(num_agents))
+        return [out[0]] * num_agents
+    for i, pm in enumerate(out):
+        pm.agents = [i]
+    return out
+
+
+def unique_models(models: Sequence[PolicyModel]) -> list[PolicyModel]:
+    """The distinct :class:`PolicyModel` objects of a per-agent list, in first-seen order."""
+    seen: list[PolicyModel] = []
+    for m in models:
+        if not any(m is s for s in seen):
+            seen.append(m)
+    return seen
+
+
+def make_optimizer(pm: PolicyModel, config: Any):
+    """AdamW over ``pm``'s trainable parameters, from the config's ``learning_rate``,
+    ``weight_decay`` and Adam fields."""
+    import torch
+
+    params = [p for _, p in pm.trainable_parameters()]
+    if not params:
+        raise ConfigError("the model has no trainable parameters (all have requires_grad=False).")
+    return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay,
+                             betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon)
+
+
+def make_scheduler(optimizer: Any, config: Any, total_steps: int):
+    """The config's learning-rate schedule (``lr_scheduler_type``, ``warmup_steps``) over
+    ``total_steps`` optimiser steps, as a ``LambdaLR``."""
+    import math
+
+    import torch
+
+    warmup, kind, total = config.warmup_steps, config.lr_scheduler_type, max(int(total_steps), 1)
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / (warmup + 1)
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if kind == "linear":
+            return max(0.0, 1.0 - progress)
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

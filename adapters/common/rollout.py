@@ -1,0 +1,268 @@
+"""Rollout trees on any collab_env environment (the CoMLRL multi-turn tree).
+
+A tree starts at a task item. At every **node** (an environment state where trained agents are
+on turn) each trained agent on turn samples ``G`` completions from its observation; the
+completions form the node's **joint actions** — aligned (the ``j``-th completion of every agent,
+``G`` joint actions) or crossed (every combination, ``G ** n``). Each joint action is applied to
+its own ``env.clone()``; players the learner does not train act through their own policies
+until a trained agent is on turn again (their steps' rewards count towards the joint action).
+The resulting state is the joint action's **child** node at the next depth, until the episode
+ends or the tree reaches ``max_depth`` turns.
+
+The **return** of a joint action is its reward plus ``discount`` times the mean return of its
+child's joint actions; a learner turns the returns of sibling joint actions into group-relative
+advantages. The same function evaluates (``G = 1``) and samples ``k`` independent chains for
+pass@k (``G = k`` at the root, 1 below).
+
+Anything with ``areset``/``astep``/``clone``/``possible_agents`` works as the environment: a
+:class:`~collab_env.env.CollabEnv`, a :func:`~collab_env.tasks.from_dataset` env, or a reward
+wrapper around one (``JointReward``, the multiturn-aware reward).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from collab_env.errors import ConfigError
+
+__all__ = [
+    "TreeNode", "JointAction", "start_roots", "expand_tree", "compute_returns", "completion_values",
+    "episode_item",
+]
+
+
+@dataclass
+class JointAction:
+    """One joint action of a node: which completion each acting agent chose, what the trained
+    agents earned for it, and the child state it led to."""
+
+    choice: dict[int, int]
+    """Acting agent index -> index of its completion in ``node.completions[agent]``."""
+    rewards: list[float]
+    """Per trained agent, the env rewards from this step until a trained agent acts again."""
+    child: TreeNode | None = None
+    """The next node (``None`` when the episode ended or the tree is at its depth)."""
+    returns: list[float] = field(default_factory=list)
+    """Per trained agent, reward plus discounted mean child return (:func:`compute_returns`)."""
+
+
+@dataclass
+class TreeNode:
+    """A state where trained agents are on turn, and what they did there."""
+
+    root: int
+    """Index of the tree (the task item's position in the batch)."""
+    depth: int
+    """0-based turn of the tree (``turn_{depth + 1}`` in metric names)."""
+    env: Any
+    """The environment in this state (owned by this node)."""
+    obs: Mapping[str, Any]
+    """Observations of the state."""
+    infos: Mapping[str, Any]
+    """Infos of the state (who is on turn)."""
+    players: tuple[str, ...]
+    """Trained player ids; agent ``i`` is ``players[i]``."""
+    acting: list[int]
+    """Trained agents on turn here."""
+    prompt_ids: dict[int, list[int]] = field(default_factory=dict)
+    """Per acting agent, its observation as chat-template token ids."""
+    prompts: dict[int, str] = field(default_factory=dict)
+    """Per acting agent, the text of the latest message addressed to it (the turn's prompt)."""
+    completions: dict[int, list[Any]] = field(default_factory=dict)
+    """Per acting agent, its ``G`` sampled :class:`~collab_env.types.Completion` objects."""
+    joint: list[JointAction] = field(default_factory=list)
+    """The joint actions tried from here."""
+
+
+def episode_item(env: Any) -> Mapping[str, Any]:
+    """The task item of ``env``'s running episode (through wrappers), or ``{}``."""
+    for obj in (env, getattr(env, "unwrapped", None)):
+        ep = getattr(obj, "episode", None) if obj is not None else None
+        item = getattr(ep, "item", None)
+        if item is not None:
+            return item
+    return {}
+
+
+def _latest_prompt(observation: Any) -> str:
+    for m in reversed(list(observation)):
+        if getattr(m, "role", None) == "user":
+            return m.content
+    return ""
+
+
+async def _act_others(env: Any, obs: Mapping[str, Any], infos: Mapping[str, Any], players: Sequence[str],
+                      others: Mapping[str, Any], seed: int | None) -> dict[str, str]:
+    """Actions of the untrained players on turn, from their policies."""
+    from collab_env.rollout import act_for
+
+    on_turn = [p for p in env.possible_agents if p not in players and infos.get(p, {}).get("on_turn")]
+    missing = [p for p in on_turn if p not in others]
+    if missing:
+        raise ConfigError(
+            f"player(s) {missing} are on turn but neither trained nor given a policy; pass "
+            f"policies={{{missing[0]!r}: ...}} or add them to the trained players."
+        )
+    if not on_turn:
+        return {}
+    done = await act_for(on_turn, obs, others, seed=seed)
+    return {p: c.text for p, c in done.items()}
+
+
+async def _advance(env: Any, obs: Any, infos: Any, players: Sequence[str], others: Mapping[str, Any],
+                   rewards: list[float], seeds: Callable[[int], list[int]], done: bool):
+    """Let untrained players act until a trained player is on turn or the episode ends; add
+    the trained players' rewards of those steps to ``rewards``. Returns ``(obs, infos, done)``."""
+    while not done and not any(infos.get(p, {}).get("on_turn") for p in players):
+        actions = await _act_others(env, obs, infos, players, others, seeds(1)[0])
+        obs, rew, terms, truncs, infos = await env.astep(actions)
+        for i, p in enumerate(players):
+            rewards[i] += float(rew.get(p, 0.0))
+        done = any(terms.values()) or any(truncs.values())
+    return obs, infos, done
+
+
+async def start_roots(base_env: Any, indices: Sequence[int], players: Sequence[str],
+                      others: Mapping[str, Any], seeds: Callable[[int], list[int]]) -> list[TreeNode]:
+    """One root node per task index: a clone of ``base_env`` reset on that item, advanced until
+    a trained player is on turn. Items whose episode ends before that get no root."""
+    roots: list[TreeNode] = []
+    for k, index in enumerate(indices):
+        env = base_env.clone()
+        obs, infos = await env.areset(seed=seeds(1)[0], options={"index": int(index)})
+        rewards = [0.0] * len(players)  # rewards before the first trained move count for nothing
+        obs, infos, done = await _advance(env, obs, infos, players, others, rewards, seeds, False)
+        if done:
+            continue
+        roots.append(TreeNode(root=k, depth=0, env=env, obs=obs, infos=infos, players=tuple(players),
+                              acting=[i for i, p in enumerate(players) if infos[p].get("on_turn")]))
+    return roots
+
+
+async def expand_tree(
+    roots: Sequence[TreeNode],
+    *,
+    players: Sequence[str],
+    models: Sequence[Any],
+    others: Mapping[str, Any],
+    branching: Callable[[int], int],
+    max_depth: int,
+    joint_mode: Literal["aligned", "cross"],
+    sampling: Mapping[str, Any],
+    seeds: Callable[[int], list[int]],
+) -> list[list[TreeNode]]:
+    """Grow the trees level by level; return the nodes of every depth (``levels[d]``).
+
+    Args:
+        roots: From :func:`start_roots`.
+        players: Trained player ids; agent ``i`` is ``players[i]``.
+        models: Per agent, a :class:`~collab_env.adapters.common.models.PolicyModel` (the same
+            object for agents sharing a model: their requests then share generate calls).
+        others: Policies of the untrained players.
+        branching: Completions per acting agent at a depth (``G``).
+        max_depth: Turns per tree.
+        joint_mode: ``"aligned"`` or ``"cross"`` joint actions.
+        sampling: Sampling keywords (temperature, top_p, top_k, max_new_tokens).
+        seeds: ``seeds(n)`` returns ``n`` fresh generator seeds (the learner's RNG).
+    """
+    levels: list[list[TreeNode]] = []
+    frontier = list(roots)
+    depth = 0
+    while frontier and depth < max_depth:
+        levels.append(frontier)
+        g = branching(depth)
+        _generate(frontier, models, g, sampling, seeds)
+        children: list[TreeNode] = []
+        steps = []
+        for node in frontier:
+            for choice in _joint_choices(node, g, joint_mode):
+                ja = JointAction(choice=choice, rewards=[0.0] * len(players))
+                node.joint.append(ja)
+                steps.append(_step_joint(node, ja, players, others, seeds, depth + 1 < max_depth))
+        for child in await asyncio.gather(*steps):
+            if child is not None:
+                children.append(child)
+        frontier = children
+        depth += 1
+    return levels
+
+
+def _generate(nodes: Sequence[TreeNode], models: Sequence[Any], g: int, sampling: Mapping[str, Any],
+              seeds: Callable[[int], list[int]]) -> None:
+    """Sample ``g`` completions per acting agent of every node, one batched call per model."""
+    requests: list[tuple[Any, TreeNode, int]] = []  # (model, node, agent)
+    for node in nodes:
+        for a in node.acting:
+            obs = node.obs[node.players[a]]
+            node.prompt_ids[a] = models[a].prompt_ids(obs)
+            node.prompts[a] = _latest_prompt(obs)
+            requests.append((models[a], node, a))
+    by_model: list[tuple[Any, list[tuple[TreeNode, int]]]] = []
+    for model, node, a in requests:
+        for m, reqs in by_model:
+            if m is model:
+                reqs.append((node, a))
+                break
+        else:
+            by_model.append((model, [(node, a)]))
+    for model, reqs in by_model:
+        prompts = [node.prompt_ids[a] for node, a in reqs for _ in range(g)]
+        outs = model.generate(prompts, seeds(len(prompts)), **sampling)
+        for k, (node, a) in enumerate(reqs):
+            node.completions[a] = outs[k * g:(k + 1) * g]
+
+
+def _joint_choices(node: TreeNode, g: int, mode: str) -> list[dict[int, int]]:
+    if mode == "aligned" or len(node.acting) <= 1:
+        return [dict.fromkeys(node.acting, j) for j in range(g)]
+    return [dict(zip(node.acting, combo, strict=True)) for combo in itertools.product(range(g), repeat=len(node.acting))]
+
+
+async def _step_joint(node: TreeNode, ja: JointAction, players: Sequence[str], others: Mapping[str, Any],
+                      seeds: Callable[[int], list[int]], expand: bool) -> TreeNode | None:
+    env = node.env.clone()
+    actions = {players[a]: node.completions[a][j].text for a, j in ja.choice.items()}
+    actions.update(await _act_others(env, node.obs, node.infos, players, others, seeds(1)[0]))
+    obs, rew, terms, truncs, infos = await env.astep(actions)
+    for i, p in enumerate(players):
+        ja.rewards[i] += float(rew.get(p, 0.0))
+    done = any(terms.values()) or any(truncs.values())
+    obs, infos, done = await _advance(env, obs, infos, players, others, ja.rewards, seeds, done)
+    if done or not expand:
+        return None
+    child = TreeNode(root=node.root, depth=node.depth + 1, env=env, obs=obs, infos=infos,
+                     players=node.players,
+                     acting=[i for i, p in enumerate(players) if infos[p].get("on_turn")])
+    ja.child = child
+    return child
+
+
+def compute_returns(levels: Sequence[Sequence[TreeNode]], num_agents: int, discount: float) -> None:
+    """Fill ``JointAction.returns`` bottom-up: reward plus ``discount`` times the mean return
+    of the child's joint actions (no child: the reward alone)."""
+    for nodes in reversed(levels):
+        for node in nodes:
+            for ja in node.joint:
+                child = ja.child
+                if child is not None and child.joint:
+                    future = [sum(c.returns[i] for c in child.joint) / len(child.joint) for i in range(num_agents)]
+                else:
+                    future = [0.0] * num_agents
+                ja.returns = [ja.rewards[i] + discount * future[i] for i in range(num_agents)]
+
+
+def completion_values(node: TreeNode, agent: int) -> list[float]:
+    """Per completion of ``agent`` at ``node``, the mean return (to that agent) of the joint
+    actions that used it: exactly its joint action's return when aligned, the marginal over the
+    other agents' choices when crossed."""
+    g = len(node.completions[agent])
+    sums, counts = [0.0] * g, [0] * g
+    for ja in node.joint:
+        j = ja.choice[agent]
+        sums[j] += ja.returns[agent]
+        counts[j] += 1
+    return [s / c if c else 0.0 for s, c in zip(sums, counts, strict=True)]

@@ -1,0 +1,298 @@
+"""MAGRPOTrainer: the CoMLRL trainer surface on the dataset path and on registered envs, the
+rollout tree's returns, training steps, the guide's metrics and schedule, and bit-exact resume."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import collab_env  # noqa: E402
+from collab_env.adapters.common.logging import read_jsonl  # noqa: E402
+from collab_env.adapters.common.rollout import (  # noqa: E402
+    JointAction,
+    TreeNode,
+    completion_values,
+    compute_returns,
+)
+from collab_env.adapters.magrpo import MAGRPOConfig, MAGRPOTrainer  # noqa: E402
+from collab_env.errors import ConfigError  # noqa: E402
+from collab_env.tasks.cooperative import formatters, length_ratio_rows, reward_func  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from tests.tiny_model import build_tiny_chat_model
+
+    return build_tiny_chat_model(tmp_path_factory.mktemp("tiny"))
+
+
+def _tiny(tiny_dir):
+    from tests.tiny_model import load_tiny_chat_model
+
+    return load_tiny_chat_model(tiny_dir)
+
+
+def _cfg(tmp_path, **kw):
+    base = dict(num_agents=2, num_generations=2, max_new_tokens=4, eval_interval=0, eval_num_samples=1,
+                logging_steps=1, learning_rate=1e-2, output_dir=str(tmp_path / "out"))
+    base.update(kw)
+    return MAGRPOConfig(**base)
+
+
+def one_agent_reward(completions, *, batch_items):
+    return [min(len(c), 12) / 12.0 for c in completions]
+
+
+# -- config and arguments ------------------------------------------------------------------------
+
+
+def test_config_validation():
+    assert MAGRPOConfig().num_generations == 4
+    with pytest.raises(ConfigError, match="num_generations"):
+        MAGRPOConfig(num_generations=1)
+    with pytest.raises(ConfigError, match="joint_mode"):
+        MAGRPOConfig(joint_mode="both")
+    with pytest.raises(ConfigError, match="eval_pass_k"):
+        MAGRPOConfig(eval_greedy=True, eval_pass_k=4)
+    with pytest.raises(ConfigError, match="temperature"):
+        MAGRPOConfig(temperature=0.0)
+
+
+def test_trainer_argument_errors(tiny_dir, tmp_path):
+    model, tok = _tiny(tiny_dir)
+    rows = length_ratio_rows("train")[:2]
+    with pytest.raises(ConfigError, match="formatters"):
+        MAGRPOTrainer(agent_model=model, tokenizer=tok, reward_func=reward_func, train_dataset=rows,
+                      args=_cfg(tmp_path))
+    with pytest.raises(ConfigError, match="num_agents=3"):
+        MAGRPOTrainer(agent_model=model, tokenizer=tok, num_agents=3, formatters=formatters * 2,
+                      reward_func=reward_func, train_dataset=rows, args=_cfg(tmp_path))
+    with pytest.raises(ConfigError, match="not both"):
+        MAGRPOTrainer(agent_model=model, tokenizer=tok, env="length-ratio", formatters=formatters,
+                      args=_cfg(tmp_path))
+
+
+# -- the tree's returns and advantages (no model) ------------------------------------------------
+
+
+def _node(depth, acting, g):
+    node = TreeNode(root=0, depth=depth, env=None, obs={}, infos={}, players=("a", "b"), acting=acting)
+    node.completions = {a: [None] * g for a in acting}
+    return node
+
+
+def test_returns_are_reward_plus_discounted_mean_child_return():
+    root = _node(0, [0, 1], 2)
+    kids = [_node(1, [0, 1], 2), _node(1, [0, 1], 2)]
+    root.joint = [JointAction({0: 0, 1: 0}, [1.0, 1.0], kids[0]), JointAction({0: 1, 1: 1}, [0.0, 0.0], kids[1])]
+    kids[0].joint = [JointAction({0: j, 1: j}, [r, r]) for j, r in enumerate([0.0, 1.0])]
+    kids[1].joint = [JointAction({0: j, 1: j}, [r, r]) for j, r in enumerate([1.0, 1.0])]
+    compute_returns([[root], kids], 2, discount=0.5)
+    assert [ja.returns[0] for ja in root.joint] == [1.0 + 0.5 * 0.5, 0.0 + 0.5 * 1.0]
+    assert completion_values(root, 0) == [1.25, 0.5]
+    assert completion_values(kids[0], 1) == [0.0, 1.0]
+
+
+def test_cross_mode_values_are_marginals():
+    node = _node(0, [0, 1], 2)
+    # rewards [[1, 0], [0, 0]] over (agent 0 choice, agent 1 choice)
+    node.joint = [JointAction({0: i, 1: j}, [r, r]) for (i, j), r in
+                  zip([(0, 0), (0, 1), (1, 0), (1, 1)], [1.0, 0.0, 0.0, 0.0], strict=True)]
+    compute_returns([[node]], 2, discount=1.0)
+    assert completion_values(node, 0) == [0.5, 0.0]
+    assert completion_values(node, 1) == [0.5, 0.0]
+
+
+# -- training ------------------------------------------------------------------------------------
+
+
+def test_train_step_changes_parameters_and_logs_the_guides_metrics(tiny_dir, tmp_path):
+    model, tok = _tiny(tiny_dir)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    args = _cfg(tmp_path, beta=0.1, num_turns=2, eval_interval=1, eval_pass_k=2, max_grad_norm=0.5)
+    trainer = MAGRPOTrainer(agent_model=model, tokenizer=tok, num_agents=2, formatters=formatters,
+                            reward_func=reward_func, train_dataset=length_ratio_rows("train")[:1],
+                            eval_dataset=length_ratio_rows("test")[:1], args=args)
+    trainer.train()
+    for pm in trainer.models:   # each agent trains its own copy
+        changed = [n for n, p in pm.model.named_parameters() if not torch.equal(p, before[n])]
+        assert changed, "a training step left every parameter unchanged"
+    assert trainer.models[0].model is not trainer.models[1].model
+    assert trainer.state.env_step == 2 + 4          # G joint actions at turn 1, G*G at turn 2
+    records = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    train = [r for r in records if "turn_1/reward_mean" in r][0]
+    for key in ("turn_1/reward_mean", "turn_1/expected_return", "turn_2/reward_mean",
+                "turn_2/expected_return", "turn_1/reference_kl_mean", "turn_1/reference_kl_penalty_mean",
+                "reference_kl_mean", "reference_kl_penalty_mean", "loss", "grad_norm", "learning_rate"):
+        assert key in train, key
+    assert train["env_step"] == 6
+    evals = [r for r in records if "eval/turn_1/reward_mean" in r]
+    assert evals and evals[0]["env_step"] == 0       # before the first item
+    assert {"eval/turn_1/expected_return", "eval/turn_2/reward_mean", "eval/pass@2",
+            "eval/best_of_2_return"} <= set(evals[0])
+    assert (tmp_path / "out" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_lora_on_a_shared_model_trains_only_the_adapters(tiny_dir, tmp_path):
+    """share_model: one PeftModel plays both agents; the base weights stay frozen and the
+    reference (adapters disabled) is the base model."""
+    pytest.importorskip("peft")
+    model, tok = _tiny(tiny_dir)
+    args = _cfg(tmp_path, share_model=True, lora_r=4, lora_alpha=8.0, beta=0.2, learning_rate=5e-2)
+    trainer = MAGRPOTrainer(agent_model=model, tokenizer=tok, num_agents=2, formatters=formatters,
+                            reward_func=reward_func, train_dataset=length_ratio_rows("train")[:1], args=args)
+    pm = trainer.models[0]
+    assert trainer.models[1] is pm and pm.lora
+    base = {n: p.detach().clone() for n, p in pm.model.named_parameters() if not p.requires_grad}
+    lora = {n: p.detach().clone() for n, p in pm.trainable_parameters()}
+    assert lora and all("lora_" in n for n in lora)
+    trainer.train()
+    assert all(torch.equal(p, base[n]) for n, p in pm.model.named_parameters() if n in base)
+    assert any(not torch.equal(p, lora[n]) for n, p in pm.trainable_parameters())
+    assert trainer.logger.records[-1]["reference_kl_mean"] >= 0.0
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "model_0" / "adapter_config.json").is_file()
+
+
+def test_one_agent_is_grpo_and_eval_schedule(tiny_dir, tmp_path):
+    """num_agents=1 trains one model; eval_interval=2 over 3 items x 2 epochs evaluates before
+    items 0 and 2 of each epoch."""
+    model, tok = _tiny(tiny_dir)
+    args = _cfg(tmp_path, num_agents=1, num_train_epochs=2, eval_interval=2, max_new_tokens=2)
+    trainer = MAGRPOTrainer(agent_model=model, tokenizer=tok, num_agents=1, formatters=[formatters[0]],
+                            reward_func=one_agent_reward, train_dataset=length_ratio_rows("train")[:3],
+                            eval_dataset=length_ratio_rows("test")[:1], args=args)
+    trainer.train()
+    records = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert [r["item"] for r in records if "eval/turn_1/reward_mean" in r] == [0, 2, 3, 5]
+    assert [r["env_step"] for r in records if "turn_1/reward_mean" in r] == [2, 4, 6, 8, 10, 12]
+    assert trainer.state.optimizer_steps == 6
+
+
+def test_checkpoint_resume_is_bit_for_bit(tiny_dir, tmp_path):
+    """Training 3 items straight equals training 2, saving, and resuming in a new trainer."""
+    def make(out):
+        model, tok = _tiny(tiny_dir)
+        args = _cfg(tmp_path, num_agents=1, output_dir=str(out), save_steps=2, num_iterations=2, beta=0.05,
+                    lr_scheduler_type="linear", warmup_steps=1, eval_interval=2)
+        return MAGRPOTrainer(agent_model=model, tokenizer=tok, num_agents=1, formatters=[formatters[0]],
+                             reward_func=one_agent_reward, train_dataset=length_ratio_rows("train")[:3],
+                             eval_dataset=length_ratio_rows("test")[:1], args=args)
+
+    straight = make(tmp_path / "a")
+    straight.train()
+    resumed = make(tmp_path / "b")
+    resumed.train(resume_from_checkpoint=tmp_path / "a" / "checkpoint-2")
+    for (n, p), (_, q) in zip(straight.models[0].model.named_parameters(), resumed.models[0].model.named_parameters(), strict=True):
+        assert torch.equal(p, q), n
+    last_a = [r for r in read_jsonl(tmp_path / "a" / "metrics.jsonl") if "loss" in r][-1]
+    last_b = [r for r in read_jsonl(tmp_path / "b" / "metrics.jsonl") if "loss" in r][-1]
+    assert last_a == last_b
+    assert resumed.state.items_done == 3 and resumed.state.env_step == straight.state.env_step
+
+
+# -- evaluation ----------------------------------------------------------------------------------
+
+
+def eval_logger(*, agent_completions_turns, batch_items, prompts):
+    return [
+        {
+            f"turn_{turn + 1}/response_chars": sum(
+                len(agent[row][turn]) for agent in agent_completions_turns
+            ) / len(agent_completions_turns)
+            for turn in range(len(agent_completions_turns[0][row]))
+        }
+        for row in range(len(batch_items))
+    ]
+
+
+def eval_aggregator(rows, *, num_turns):
+    return {
+        key: sum(row[key] for row in rows) / len(rows)
+        for turn in range(num_turns)
+        for key in [f"turn_{turn + 1}/response_chars"]
+    } if rows else {}
+
+
+def test_eval_logger_and_aggregator_contract(tiny_dir, tmp_path):
+    model, tok = _tiny(tiny_dir)
+    seen = {}
+
+    def spy(*, agent_completions_turns, batch_items, prompts):
+        seen.update(completions=agent_completions_turns, items=batch_items, prompts=prompts)
+        return eval_logger(agent_completions_turns=agent_completions_turns, batch_items=batch_items, prompts=prompts)
+
+    test_rows = length_ratio_rows("test")[:2]
+    trainer = MAGRPOTrainer(agent_model=model, tokenizer=tok, num_agents=2, formatters=formatters,
+                            reward_func=reward_func, train_dataset=length_ratio_rows("train")[:1],
+                            eval_dataset=test_rows, args=_cfg(tmp_path, num_turns=2, eval_batch_size=2, eval_greedy=True),
+                            eval_logger=spy, eval_aggregator=eval_aggregator)
+    metrics = trainer.evaluate(num_eval_samples=len(test_rows))
+    assert len(seen["completions"]) == 2                       # [agent]
+    assert len(seen["completions"][0]) == 2                    # [agent][item]
+    assert len(seen["completions"][0][0]) == 2                 # [agent][item][turn]
+    assert seen["items"] == test_rows and seen["prompts"] == [r["prompt"] for r in test_rows]
+    assert {"eval/turn_1/response_chars", "eval/turn_2/response_chars", "eval/turn_1/reward_mean",
+            "eval/turn_2/expected_return"} <= set(metrics)
+    assert not any(k.startswith("eval/eval/") for k in metrics)
+    # greedy evaluation is deterministic
+    again = trainer.evaluate(num_eval_samples=len(test_rows))
+    assert again["eval/turn_1/reward_mean"] == metrics["eval/turn_1/reward_mean"]
+    no_eval = MAGRPOTrainer(agent_model=model, tokenizer=tok, num_agents=2, formatters=formatters,
+                            reward_func=reward_func, train_dataset=length_ratio_rows("train")[:1],
+                            args=_cfg(tmp_path / "x"))
+    assert no_eval.evaluate(num_eval_samples=3) == {}
+
+
+# -- env path ------------------------------------------------------------------------------------
+
+
+def test_env_path_with_an_untrained_partner(tiny_dir, tmp_path):
+    """length-ratio with only agent_0 trained: agent_1 is the spec's scripted partner."""
+    model, tok = _tiny(tiny_dir)
+    trainer = MAGRPOTrainer(agent_model=model, tokenizer=tok, env="length-ratio", trained_players=["agent_0"],
+                            eval_env=collab_env.make("length-ratio", split="test"),
+                            args=_cfg(tmp_path, num_agents=1, max_steps=1))
+    assert trainer.players == ("agent_0",) and set(trainer.others) == {"agent_1"}
+    out = trainer.train()
+    assert out["env_step"] == 2 and math.isfinite(out["turn_1/reward_mean"])
+    assert "eval/turn_1/reward_mean" in trainer.evaluate(num_eval_samples=1)
+
+
+def test_env_path_alternating_turns_with_a_simulated_user(tiny_dir, tmp_path):
+    """hidden-facts: the assistant is trained over 2 of its turns; the user's replies (default
+    policy) happen between them inside each joint action."""
+    model, tok = _tiny(tiny_dir)
+    trainer = MAGRPOTrainer(agent_model=model, tokenizer=tok, env="hidden-facts",
+                            args=_cfg(tmp_path, num_agents=1, num_turns=2, max_steps=1))
+    assert trainer.players == ("assistant",) and set(trainer.others) == {"user"}
+    trainer.train()
+    records = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert "turn_2/reward_mean" in records[-1] and records[-1]["env_step"] == 6
+
+
+def test_collabllm_style_training_with_the_multiturn_aware_reward(tiny_dir, tmp_path):
+    """GRPO on hidden-facts whose reward is the MR: the futures' assistant turns are played by
+    the policy being trained (bound by the trainer), the scripted user answers."""
+    from collab_env.rewards.mr import LEARNER, MultiturnAwareReward
+
+    model, tok = _tiny(tiny_dir)
+    env = MultiturnAwareReward(collab_env.make("hidden-facts-easy"), policies={"assistant": LEARNER},
+                               weights={"accuracy_rule": 1.0, "token_amount": -1e-2}, num_rollouts=2,
+                               max_user_turns=1, max_assistant_turns=2,
+                               sampling={"assistant": {"max_new_tokens": 4}})
+    trainer = MAGRPOTrainer(agent_model=model, tokenizer=tok, env=env,
+                            args=_cfg(tmp_path, num_agents=1, num_turns=1, max_steps=1, num_generations=4,
+                                      max_new_tokens=8))
+    bound = env.policies["assistant"]
+    assert bound is trainer.models[0].generator  # futures use the model being trained
+    trained = trainer.models[0].model
+    before = [p.detach().clone() for p in trained.parameters()]
+    trainer.train()
+    assert any(not torch.equal(a, b) for a, b in zip(before, trained.parameters(), strict=True))
+    rec = read_jsonl(tmp_path / "out" / "metrics.jsonl")[-1]
+    # token_amount < 0 on every sample (the reply and the futures have words): a negative mean
+    assert rec["turn_1/reward_mean"] < 0 and math.isfinite(rec["turn_1/reward_mean"])
+    assert bound.stats.batched_requests > 0

@@ -1,0 +1,225 @@
+"""The learners' toolkit (collab_env.adapters.common): the math against hand-computed values,
+masking, the evaluation schedule, logging and checkpoint RNG round trips."""
+
+import json
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from collab_env.adapters.common.config import TrainerConfig, eval_due  # noqa: E402
+from collab_env.adapters.common.losses import (  # noqa: E402
+    clipped_surrogate,
+    group_advantages,
+    kl_k3,
+    masked_aggregate,
+    pack_sequences,
+    policy_loss,
+    token_logprobs,
+)
+from collab_env.errors import ConfigError  # noqa: E402
+
+# -- advantages ----------------------------------------------------------------------------------
+
+
+def test_group_advantages_by_hand():
+    assert group_advantages([1, 0, 0, 1]) == [0.5, -0.5, -0.5, 0.5]
+    norm = group_advantages([1, 0, 0, 1], normalize_std=True, eps=1e-4)
+    assert norm == pytest.approx([0.5 / 0.5001, -0.5 / 0.5001, -0.5 / 0.5001, 0.5 / 0.5001])
+    # mean 2, population std sqrt(2/3)
+    assert group_advantages([1, 2, 3]) == [-1.0, 0.0, 1.0]
+    std = math.sqrt(2 / 3)
+    assert group_advantages([1, 2, 3], normalize_std=True, eps=0.0) == pytest.approx([-1 / std, 0, 1 / std])
+    assert group_advantages([0.7, 0.7]) == [0.0, 0.0]          # no signal, no gradient
+    assert group_advantages([5.0]) == [0.0]
+    assert group_advantages([]) == []
+
+
+# -- losses --------------------------------------------------------------------------------------
+
+
+def test_clipped_surrogate_by_hand():
+    logp = torch.log(torch.tensor([[1.5, 0.5], [1.5, 0.5]]))
+    old = torch.zeros(2, 2)
+    adv = torch.tensor([1.0, -1.0])
+    mask = torch.ones(2, 2)
+    loss, active = clipped_surrogate(logp, old, adv, mask, clip_low=0.2)
+    # A>0: ratio 1.5 -> min(1.5, 1.2) = 1.2; ratio 0.5 -> min(0.5, 0.8) = 0.5
+    # A<0: ratio 1.5 -> min(-1.5, -1.2) = -1.5; ratio 0.5 -> min(-0.5, -0.8) = -0.8
+    assert loss.flatten().tolist() == pytest.approx([-1.2, -0.5, 1.5, 0.8])
+    assert active.tolist() == [[True, False], [False, True]]
+    # an asymmetric upper clip
+    loss_hi, _ = clipped_surrogate(logp, old, adv, mask, clip_low=0.2, clip_high=0.4)
+    assert loss_hi[0, 0].item() == pytest.approx(-1.4)
+
+
+def test_kl_k3_by_hand():
+    logp = torch.log(torch.tensor([[0.5, 0.5]]))
+    ref = torch.log(torch.tensor([[0.25, 0.5]]))
+    kl = kl_k3(logp, ref, torch.tensor([[1, 1]]))
+    # d = log(0.25 / 0.5) = -log 2: exp(d) - d - 1 = 0.5 + log 2 - 1
+    assert kl[0, 0].item() == pytest.approx(0.5 + math.log(2) - 1)
+    assert kl[0, 1].item() == 0.0                      # same policy: zero
+
+
+def test_aggregation_sequence_vs_token_by_hand():
+    per_token = torch.tensor([[1.0, 3.0, 99.0], [4.0, 99.0, 99.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    # sequence: mean(1, 3) = 2 and 4 -> (2 + 4) / 2 = 3; token: (1 + 3 + 4) / 3
+    assert masked_aggregate(per_token, mask, "sequence", 2, 3).item() == pytest.approx(3.0)
+    assert masked_aggregate(per_token, mask, "token", 2, 3).item() == pytest.approx(8 / 3)
+    # micro-batch shares add up to the full-batch value
+    a = masked_aggregate(per_token[:1], mask[:1], "sequence", 2, 3)
+    b = masked_aggregate(per_token[1:], mask[1:], "sequence", 2, 3)
+    assert (a + b).item() == pytest.approx(3.0)
+    with pytest.raises(ConfigError):
+        masked_aggregate(per_token, mask, "mean", 2, 3)
+
+
+def test_policy_loss_with_kl_term_by_hand():
+    logp = torch.log(torch.tensor([[0.5, 0.5]])).requires_grad_()
+    old = logp.detach().clone()
+    ref = torch.log(torch.tensor([[0.25, 0.5]]))
+    loss, stats = policy_loss(logp, old, torch.tensor([2.0]), torch.tensor([[1, 1]]), ref_logp=ref, beta=0.1)
+    kl = (0.5 + math.log(2) - 1) / 2                  # mean over the two tokens
+    assert stats["policy_loss"].item() == pytest.approx(-2.0)  # ratio 1: -A
+    assert stats["kl"].item() == pytest.approx(kl)
+    assert loss.item() == pytest.approx(-2.0 + 0.1 * kl)
+    assert stats["clip_fraction"].item() == 0.0
+
+
+def test_masked_tokens_get_exactly_zero_gradient_even_with_garbage_logprobs():
+    logp = torch.tensor([[-0.5, -1.0, -1e4], [-0.2, -3e4, -5e4]], requires_grad=True)
+    old = torch.tensor([[-0.4, -1.2, 0.0], [-0.3, 0.0, 0.0]])
+    ref = torch.tensor([[-0.6, -0.9, 0.0], [-0.1, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    for loss_type in ("sequence", "token"):
+        logp.grad = None
+        loss, _ = policy_loss(logp, old, torch.tensor([1.0, -0.5]), mask, ref_logp=ref, beta=0.3,
+                              loss_type=loss_type)
+        loss.backward()
+        assert torch.isfinite(loss)
+        assert torch.all(logp.grad[mask == 0] == 0.0)
+        assert torch.all(logp.grad[mask == 1] != 0.0)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from tests.tiny_model import build_tiny_chat_model, load_tiny_chat_model
+
+    return load_tiny_chat_model(build_tiny_chat_model(tmp_path_factory.mktemp("tiny")))
+
+
+def test_pack_sequences_layout():
+    b = pack_sequences([[5, 6, 7], [8]], [[1, 2], [3, 4, 9]], pad_id=0)
+    assert b.input_ids.tolist() == [[5, 6, 7, 1, 2, 0], [0, 0, 8, 3, 4, 9]]
+    assert b.attention_mask.tolist() == [[1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]]
+    assert b.completion_mask.tolist() == [[1, 1, 0], [1, 1, 1]]
+    assert b.position_ids.tolist()[1][2:] == [0, 1, 2, 3]
+
+
+def test_padding_never_reaches_the_loss_or_the_gradient(tiny):
+    """Changing what sits in padding slots (prompt left-padding, completion right-padding)
+    changes neither the loss nor any parameter gradient: bit for bit."""
+    model, _ = tiny
+    prompts, completions = [[3, 4, 5, 6], [7, 8]], [[9, 10], [11, 12, 13, 14]]
+    adv = torch.tensor([1.0, -1.0])
+    results = []
+    for pad in (0, 50):
+        batch = pack_sequences(prompts, completions, pad_id=pad)
+        model.zero_grad(set_to_none=True)
+        logp = token_logprobs(model, batch)
+        loss, _ = policy_loss(logp, logp.detach() - 0.1, adv, batch.completion_mask)
+        loss.backward()
+        results.append((loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    assert results[0][0] == results[1][0]
+    for n in results[0][1]:
+        assert torch.equal(results[0][1][n], results[1][1][n]), n
+    model.zero_grad(set_to_none=True)
+
+
+def test_token_logprobs_match_a_plain_forward(tiny):
+    model, _ = tiny
+    batch = pack_sequences([[3, 4, 5], [6]], [[7, 8], [9]], pad_id=0)
+    got = token_logprobs(model, batch)
+    with torch.no_grad():
+        full = torch.log_softmax(model(torch.tensor([[3, 4, 5, 7, 8]])).logits[0].float(), -1)
+    assert got[0, 0].item() == pytest.approx(full[2, 7].item(), abs=1e-5)
+    assert got[0, 1].item() == pytest.approx(full[3, 8].item(), abs=1e-5)
+    with torch.no_grad():
+        one = torch.log_softmax(model(torch.tensor([[6, 9]])).logits[0].float(), -1)
+    assert got[1, 0].item() == pytest.approx(one[0, 9].item(), abs=1e-5)
+
+
+# -- schedule and config -------------------------------------------------------------------------
+
+
+def test_eval_schedule_guide_example():
+    """eval_interval=4 over 2 epochs of 8 items: before items 0 and 4 of each epoch."""
+    due = [(epoch, i) for epoch in range(2) for i in range(8) if eval_due(i, 1, 4)]
+    assert due == [(0, 0), (0, 4), (1, 0), (1, 4)]
+    assert not any(eval_due(i, 1, 0) for i in range(8))        # 0: manual only
+    # batches of 3 over 8 items: 0-2 holds item 0, 3-5 holds item 4, 6-7 holds neither
+    assert [i for i in range(0, 8, 3) if eval_due(i, min(3, 8 - i), 4)] == [0, 3]
+
+
+def test_config_validation_messages():
+    with pytest.raises(ConfigError, match="learning_rate"):
+        TrainerConfig(learning_rate=-1.0)
+    with pytest.raises(ConfigError, match="lr_scheduler_type"):
+        TrainerConfig(lr_scheduler_type="exp")
+    with pytest.raises(ConfigError, match="max_steps"):
+        TrainerConfig(max_steps=0)
+    assert TrainerConfig(lora_target_modules=["q_proj"]).lora_target_modules == ("q_proj",)
+
+
+# -- logging and checkpoints ---------------------------------------------------------------------
+
+
+def test_metrics_logger_writes_jsonl_and_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from collab_env.adapters.common.logging import MetricsLogger, read_jsonl
+
+    log = MetricsLogger(tmp_path, {"a": 1})
+    log.log({"turn_1/reward_mean": 0.5, "loss": torch.tensor(0.25)}, env_step=4)
+    log.log({"eval/turn_1/reward_mean": 0.7}, env_step=4)
+    log.log({"turn_1/reward_mean": 0.6}, env_step=8)
+    assert read_jsonl(tmp_path / "metrics.jsonl")[0] == {"env_step": 4, "turn_1/reward_mean": 0.5, "loss": 0.25}
+    png = log.plot()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    again = MetricsLogger(tmp_path, resume=True)
+    again.log({"turn_1/reward_mean": 0.9}, env_step=12)
+    assert len(read_jsonl(tmp_path / "metrics.jsonl")) == 4
+    with pytest.raises(ConfigError, match="unknown wandb_config"):
+        MetricsLogger(tmp_path, wandb_config={"projekt": "x"})
+
+
+def test_wandb_offline(tmp_path):
+    pytest.importorskip("wandb")
+    from collab_env.adapters.common.logging import MetricsLogger
+
+    log = MetricsLogger(tmp_path / "out", {"lr": 1e-5}, {
+        "project": "collab-env-test", "name": "offline", "tags": ["t"], "mode": "offline",
+        "dir": str(tmp_path / "wandb"), "config_sections": {"output": {"verbose": False}}})
+    assert log.verbose is False
+    log.log({"turn_1/reward_mean": 0.5}, env_step=1)
+    log.close()
+    runs = list((tmp_path / "wandb" / "wandb").glob("offline-run-*"))
+    assert runs, "wandb wrote no offline run"
+
+
+def test_rng_round_trip():
+    import random
+
+    import numpy as np
+
+    from collab_env.adapters.common.checkpoint import capture_rng, restore_rng
+
+    gen = np.random.default_rng(3)
+    state = capture_rng(gen)
+    first = (random.random(), np.random.rand(), torch.rand(1).item(), gen.random())
+    restore_rng(state, gen)
+    assert (random.random(), np.random.rand(), torch.rand(1).item(), gen.random()) == first
+    json.dumps(gen.bit_generator.state)  # the trainer's generator state is plain data
