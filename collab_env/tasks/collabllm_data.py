@@ -1,0 +1,757 @@
+"""Training sets from CollabLLM conversations: RL prompts, SFT conversations, DPO pairs.
+
+The input is rows in the CollabLLM schema (see :mod:`collab_env.tasks.collabllm`): one row per
+recorded conversation prefix (``prompt``) with one recorded assistant reply (``completion``) and
+its multiturn-aware reward (``score``). Several rows share a ``conv_id`` (the turns of one
+conversation, and several candidate replies per turn). Three modes turn them into training data,
+like the verl recipe's ``recipe/collabllm/process_dataset.py`` (modes ``rl`` and ``sft``) and the
+collabllm package's ``MultiturnDataset.to_sft_dataset`` / ``to_dpo_dataset``.
+
+The hidden goal (``single_turn_prompt``) and the reference answer (``single_turn_completion``)
+never go into a prompt, a message list or a response that a model is trained on: prompts and
+conversations are built only from the row's ``prompt`` messages, its ``completion`` and the
+optional ``system_prompt``. In RL rows the hidden goal lives in
+``extra_info["interaction_kwargs"]`` (for the user simulator) and the reference answer in
+``reward_model["ground_truth"]`` (for the reward), as in the verl recipe.
+
+Mode ``"rl"`` (:func:`build_rl_dataset`): one row per distinct conversation prefix
+    ==================== ==============================================================
+    column               value
+    ==================== ==============================================================
+    ``data_source``      ``"collabllm"`` (what verl's reward manager routes on)
+    ``agent_name``       ``"collabllm_agent"`` (verl's agent loop for the recipe)
+    ``prompt``           what the policy sees: the optional system prompt, then the row's
+                         ``prompt`` messages (ending with the user turn to answer)
+    ``ability``          ``"math"``, ``"writing"``, ``"code"`` by dataset family, else
+                         ``"general"`` (or ``ability=``)
+    ``reward_model``     ``{"style": "rule", "ground_truth": single_turn_completion}``
+    ``extra_info``       every other column of the row (``completion``, ``conv_id``,
+                         ``turn_id``, ``score``, ``single_turn_completion``,
+                         ``single_turn_metadata``, ``rewards``, ``sessions`` normalised to a
+                         list of message lists...), plus ``index`` (the source row number),
+                         ``prompt`` (the policy prompt again, as the recipe's reward function
+                         reads it) and ``interaction_kwargs`` = ``{"name": "collabllm",
+                         "single_turn_prompt": <hidden goal>, "task_desc": ...}``
+    ``index``            the source row number (int)
+    ==================== ==============================================================
+
+Mode ``"sft"`` (:func:`build_sft_dataset`): one row per ``conv_id``
+    ==================== ==============================================================
+    ``messages``         the optional system prompt, the selected row's ``prompt``, then
+                         ``{"role": "assistant", "content": completion}``
+    ``trainable``        one bool per message: ``True`` for assistant messages (every one
+                         with ``train_on="assistant"``, only the last with
+                         ``train_on="completion"``); system and user messages are context
+    ``conv_id``, ``turn_id``, ``score``  of the selected row
+    ==================== ==============================================================
+
+Mode ``"dpo"`` (:func:`build_dpo_dataset`): preference pairs of replies to the same prefix
+    ==================== ==============================================================
+    ``prompt``           the optional system prompt, then the shared ``prompt`` messages
+    ``chosen``           the higher-scored reply: ``[{"role": "assistant", "content"}]``
+                         (TRL's conversational format), or the text with
+                         ``response_format="text"`` (the collabllm package's format)
+    ``rejected``         the lower-scored reply, same format
+    ``score_chosen``, ``score_rejected``  their ``score`` values
+    ``conv_id``, ``turn_id``  of the group
+    ==================== ==============================================================
+
+Selection rules, and where they follow which reference
+    * SFT, ``select="latest"`` (default; the verl recipe and the collabllm package agree): per
+      ``conv_id`` the row with the largest ``turn_id`` (the longest conversation), then the
+      highest ``score``. ``select="score"``: the highest ``score``, then the largest
+      ``turn_id``. Ties are broken by input order: the first row wins (as the package's strict
+      ``>`` scan does).
+    * SFT ``min_score``: applied to the *selected* row, kept when ``score >= min_score`` (the
+      package's ``lower_bound`` rule); a conversation whose selected row scores lower is
+      dropped, not replaced by another row. The recipe has no threshold.
+    * DPO groups: rows with the same ``conv_id`` **and** the same ``prompt`` messages are
+      replies to one prefix and are compared on ``score``. The package groups by ``(conv_id,
+      turn_id)``; grouping on the prompt itself never pairs replies to different prefixes when
+      data disagree. ``pairing="best_worst"`` (default, the package's rule): one pair, the first
+      row with the highest score against the first row with the lowest. ``pairing="all"``: every
+      two rows with different scores, in input order.
+    * DPO gap: a pair is kept when ``score_chosen - score_rejected >= min_gap`` (a gap exactly
+      equal to ``min_gap`` is **kept**, as in the package, which drops only ``gap <
+      min_gap``), compared with an absolute tolerance of ``1e-9`` so that decimal scores such as
+      ``0.3 - 0.1`` against ``min_gap=0.2`` behave as written. Unlike the package, a pair also
+      needs a positive gap (equal scores state no preference, even with ``min_gap=0``) and two
+      different reply texts.
+    * RL dedup: rows with the same policy prompt **and** the same hidden goal are kept once (the
+      first). The recipe dedups on the prompt alone, which would drop a different task whose
+      opening message happens to be the same ("Can you help me with a math problem?").
+    * RL ``task_desc``: ``task_desc=`` > the row's ``task_desc`` column > the dataset family's
+      default (:data:`~collab_env.tasks.collabllm.TASK_DESCRIPTIONS`) > the recipe's generic
+      description. The recipe's CLI sets one value for every row.
+    * RL ``reward_model.ground_truth`` is ``single_turn_completion`` (required). The recipe
+      falls back to ``completion`` when it is empty; a recorded reply is not a reference answer,
+      so there is no fallback here. The recipe's duplicate columns ``ground_truth`` and
+      ``raw_prompt`` are left out (verl builds ``raw_prompt`` itself), and ``index`` is the
+      source row number instead of a random UUID, so outputs are reproducible.
+    * System prompt: none by default. The recipe and the package prepend their collaborative
+      prompt to every row; pass ``system_prompt=`` (e.g.
+      :data:`collab_env.agents.proactive.COLLABORATIVE_PROMPT`) to do the same. It **replaces**
+      the system messages of the row's ``prompt``, as ``CollabLLMConfig.system_prompt`` does.
+    * SFT column name: ``messages`` (TRL's conversational format and verl's default
+      ``data.multiturn.messages_key``); the recipe names it ``prompt`` and sets
+      ``messages_key=prompt`` in its SFT script.
+
+Splits and files
+    :func:`process_collabllm_dataset` shuffles with ``seed`` and holds out ``validation_size``
+    rows (a fraction, rounded up as ``datasets`` does, or a count), with
+    ``Dataset.train_test_split`` as the recipe does (default 0.1 and seed 42). With
+    ``output_dir`` it writes ``<mode>_train.parquet`` and ``<mode>_validation.parquet``, the
+    recipe's file names, so its training scripts find them.
+
+Command line::
+
+    python -m collab_env.tasks.collabllm_data --data_files math-hard.parquet --mode rl \\
+        --output_dir ~/data/collabllm-math-hard
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+import os
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from collab_env.errors import CollabEnvError, ConfigError, DataSchemaError, did_you_mean
+
+if TYPE_CHECKING:  # datasets is imported lazily, inside the functions
+    import datasets
+
+__all__ = [
+    "MODES",
+    "RL_COLUMNS",
+    "SFT_COLUMNS",
+    "DPO_COLUMNS",
+    "build_rl_dataset",
+    "build_sft_dataset",
+    "build_dpo_dataset",
+    "train_validation_split",
+    "process_collabllm_dataset",
+    "main",
+]
+
+#: The modes of :func:`process_collabllm_dataset`.
+MODES: tuple[str, ...] = ("rl", "sft", "dpo")
+#: Columns of a mode ``"rl"`` dataset, in order.
+RL_COLUMNS: tuple[str, ...] = (
+    "data_source", "agent_name", "prompt", "ability", "reward_model", "extra_info", "index",
+)
+#: Columns of a mode ``"sft"`` dataset, in order.
+SFT_COLUMNS: tuple[str, ...] = ("messages", "trainable", "conv_id", "turn_id", "score")
+#: Columns of a mode ``"dpo"`` dataset, in order.
+DPO_COLUMNS: tuple[str, ...] = (
+    "prompt", "chosen", "rejected", "score_chosen", "score_rejected", "conv_id", "turn_id",
+)
+
+_DEFAULT_DATASET = "collabllm/collabllm-multiturn-math-hard"
+_GAP_TOL = 1e-9
+#: ``ability`` per dataset family (matched in the dataset name, like ``TASK_DESCRIPTIONS``).
+_ABILITIES = {"math-hard": "math", "medium": "writing", "bigcodebench": "code"}
+_SFT_NEEDS = ("prompt", "completion", "conv_id", "score")
+_DPO_NEEDS = ("prompt", "completion", "conv_id", "score")
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows in, checked
+# ---------------------------------------------------------------------------------------------
+def _iter_rows(data: Any, needs: Sequence[str], what: str) -> Iterable[tuple[int, dict[str, Any]]]:
+    """``(row number, row dict)`` pairs of a ``datasets.Dataset`` or a sequence of mappings,
+    after checking that the columns ``needs`` are present."""
+    if isinstance(data, (str, bytes, os.PathLike)):
+        raise ConfigError(
+            f"{what} takes rows (a datasets.Dataset or a list of dicts), got the path/id {data!r}; "
+            "use process_collabllm_dataset(..., data_files=...) or load_collabllm_dataset() to read files "
+            "or a hub dataset."
+        )
+    columns = getattr(data, "column_names", None)
+    if isinstance(columns, Mapping):  # a DatasetDict
+        raise ConfigError(
+            f"{what} takes one split, got a DatasetDict with splits {sorted(columns)}; pass e.g. data['train']."
+        )
+    if columns is not None:  # a datasets.Dataset: check the columns once
+        missing = [c for c in needs if c not in columns]
+        if missing:
+            raise DataSchemaError(
+                f"collabllm data: {what} needs column(s) {missing}; the dataset has {list(columns)}. "
+                "Rows must follow the CollabLLM schema documented in collab_env.tasks.collabllm."
+            )
+        return enumerate(data)
+    if not isinstance(data, Iterable) or isinstance(data, Mapping):
+        raise ConfigError(
+            f"{what} takes a datasets.Dataset or a list of dict rows, got {type(data).__name__}."
+        )
+    rows = list(data)
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise DataSchemaError(f"collabllm data: row {i} must be a dict, got {type(row).__name__}.")
+        missing = [c for c in needs if c not in row]
+        if missing:
+            raise DataSchemaError(
+                f"collabllm data: row {i} lacks column(s) {missing} that {what} needs (it has "
+                f"{sorted(row)}). Rows must follow the CollabLLM schema documented in "
+                "collab_env.tasks.collabllm."
+            )
+    return enumerate(rows)
+
+
+def _where(i: int, row: Mapping[str, Any]) -> str:
+    where = f"collabllm data: row {i}"
+    if row.get("conv_id") is not None:
+        where += f" (conv_id {row['conv_id']!r})"
+    return where
+
+
+def _prompt(row: Mapping[str, Any], where: str) -> list[dict[str, str]]:
+    """The row's ``prompt`` as plain messages; it must end with the user turn to answer."""
+    from collab_env.tasks.collabllm import _messages
+
+    prompt = _messages(row["prompt"], what="prompt", where=where)
+    chat = [m for m in prompt if m["role"] != "system"]
+    if not chat or chat[-1]["role"] != "user":
+        raise DataSchemaError(
+            f"{where}: prompt must end with a user turn (the one the completion answers); "
+            f"it ends with {chat[-1]['role'] if chat else 'no chat message'!r}."
+        )
+    return prompt
+
+
+def _text(row: Mapping[str, Any], name: str, where: str) -> str:
+    value = row[name]
+    if not isinstance(value, str):
+        raise DataSchemaError(f"{where}: {name} must be text, got {type(value).__name__}.")
+    return value
+
+
+def _score(row: Mapping[str, Any], where: str) -> float:
+    value = _plain(row["score"])
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DataSchemaError(f"{where}: score must be a number, got {value!r}.")
+    if not math.isfinite(value):
+        raise DataSchemaError(f"{where}: score is {value!r}; drop or rescore this row.")
+    return float(value)
+
+
+def _conv_id(row: Mapping[str, Any], where: str) -> Any:
+    value = _plain(row["conv_id"])
+    if value is None:
+        raise DataSchemaError(f"{where}: conv_id is missing (None); every row needs its conversation id.")
+    try:
+        hash(value)
+    except TypeError as exc:
+        raise DataSchemaError(f"{where}: conv_id must be a str or an int, got {type(value).__name__}.") from exc
+    return value
+
+
+def _turn_id(row: Mapping[str, Any], prompt: list[dict[str, str]], where: str) -> int:
+    """The row's ``turn_id``, or ``len(prompt)`` when absent (the collabllm package's default)."""
+    value = row.get("turn_id")
+    if value is None:
+        return len(prompt)
+    value = _plain(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
+        raise DataSchemaError(f"{where}: turn_id must be an int, got {value!r}.")
+    return int(value)
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars (from pandas-made datasets) as Python values."""
+    return value.item() if hasattr(value, "item") and getattr(value, "shape", None) == () else value
+
+
+def _with_system(prompt: list[dict[str, str]], system_prompt: str | None) -> list[dict[str, str]]:
+    if system_prompt is None:
+        return [dict(m) for m in prompt]
+    return [{"role": "system", "content": system_prompt}] + [dict(m) for m in prompt if m["role"] != "system"]
+
+
+def _check_system_prompt(system_prompt: Any) -> None:
+    if system_prompt is not None and not isinstance(system_prompt, str):
+        raise ConfigError(f"system_prompt must be a str or None, got {type(system_prompt).__name__}.")
+
+
+def _check_choice(name: str, value: Any, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {tuple(choices)}, got {value!r}.")
+
+
+def _family_value(dataset: str | None, table: Mapping[str, str], default: str) -> str:
+    name = (dataset or "").lower()
+    for key in sorted(table, key=len, reverse=True):
+        if key in name:
+            return table[key]
+    return default
+
+
+def _to_dataset(records: list[dict[str, Any]], columns: Sequence[str]) -> datasets.Dataset:
+    import datasets
+
+    if not records:  # an empty dataset that still has the documented columns
+        return datasets.Dataset.from_dict({c: [] for c in columns})
+    return datasets.Dataset.from_list(records)
+
+
+# ---------------------------------------------------------------------------------------------
+# The three modes
+# ---------------------------------------------------------------------------------------------
+def build_rl_dataset(
+    data: Any,
+    *,
+    system_prompt: str | None = None,
+    task_desc: str | None = None,
+    dataset: str | None = None,
+    ability: str | None = None,
+    data_source: str = "collabllm",
+    agent_name: str = "collabllm_agent",
+    dedup: bool = True,
+) -> datasets.Dataset:
+    """verl RL rows: the policy prompt, the hidden goal for the user simulator, the reference.
+
+    Columns: :data:`RL_COLUMNS`, described in the module docstring. The hidden goal
+    (``single_turn_prompt``) goes to ``extra_info["interaction_kwargs"]`` and the reference
+    answer to ``reward_model["ground_truth"]``; neither is in ``prompt``.
+
+    Args:
+        data: A ``datasets.Dataset`` or a list of dict rows in the CollabLLM schema.
+        system_prompt: System prompt of the policy; replaces the rows' own system messages
+            (default: none added, the rows' own kept).
+        task_desc: Task description for the user simulator, for every row (default: the row's
+            ``task_desc`` column, else the default of the dataset family named by ``dataset``).
+        dataset: Dataset name, used only to pick the default ``task_desc`` and ``ability``.
+        ability: The ``ability`` column (default by dataset family, else ``"general"``).
+        data_source: The ``data_source`` column (verl routes rewards on it).
+        agent_name: The ``agent_name`` column (verl's agent loop name).
+        dedup: Keep only the first row of each (prompt, hidden goal); rows that differ only in
+            their recorded completion give the same RL prompt.
+
+    Returns:
+        A ``datasets.Dataset`` with the columns :data:`RL_COLUMNS`.
+
+    Raises:
+        DataSchemaError: A required column is missing or a row is malformed.
+        ConfigError: An argument is invalid.
+    """
+    from collab_env.tasks.collabllm import (
+        _GENERIC_TASK_DESC,
+        REQUIRED_COLUMNS,
+        _default_task_desc,
+        _sessions,
+    )
+
+    _check_system_prompt(system_prompt)
+    for name, value in (("task_desc", task_desc), ("ability", ability), ("dataset", dataset)):
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"{name} must be a str or None, got {type(value).__name__}.")
+    for name, value in (("data_source", data_source), ("agent_name", agent_name)):
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{name} must be a non-empty str, got {value!r}.")
+    default_desc = _default_task_desc(dataset) if dataset else _GENERIC_TASK_DESC
+    ability = ability or _family_value(dataset, _ABILITIES, "general")
+
+    records, seen = [], set()
+    for i, row in _iter_rows(data, REQUIRED_COLUMNS, "mode 'rl'"):
+        where = _where(i, row)
+        prompt = _with_system(_prompt(row, where), system_prompt)
+        goal = _text(row, "single_turn_prompt", where)
+        truth = _text(row, "single_turn_completion", where)
+        desc = task_desc or row.get("task_desc") or default_desc
+        if dedup:
+            key = json.dumps([prompt, goal], sort_keys=True, ensure_ascii=False)
+            if key in seen:
+                continue
+            seen.add(key)
+        # Everything else the row has, for custom rewards (a shallow copy, as in the recipe).
+        extra = {k: _plain(v) for k, v in row.items() if k not in ("prompt", "single_turn_prompt", "task_desc")}
+        if "sessions" in extra:
+            extra["sessions"] = _sessions(row["sessions"], where=where)
+        extra.update(
+            index=i,
+            prompt=prompt,
+            interaction_kwargs={"name": "collabllm", "single_turn_prompt": goal, "task_desc": desc},
+        )
+        records.append({
+            "data_source": data_source,
+            "agent_name": agent_name,
+            "prompt": prompt,
+            "ability": ability,
+            "reward_model": {"style": "rule", "ground_truth": truth},
+            "extra_info": extra,
+            "index": i,
+        })
+    return _to_dataset(records, RL_COLUMNS)
+
+
+def build_sft_dataset(
+    data: Any,
+    *,
+    system_prompt: str | None = None,
+    select: Literal["latest", "score"] = "latest",
+    min_score: float | None = None,
+    train_on: Literal["assistant", "completion"] = "assistant",
+) -> datasets.Dataset:
+    """One conversation per ``conv_id``: the best row's prompt followed by its completion.
+
+    Columns: :data:`SFT_COLUMNS`, described in the module docstring. The messages come only
+    from the row's ``prompt`` and ``completion`` (and ``system_prompt``): the hidden goal and
+    the reference answer are never in them.
+
+    Args:
+        data: A ``datasets.Dataset`` or a list of dict rows (needs ``prompt``, ``completion``,
+            ``conv_id``, ``score``; ``turn_id`` defaults to ``len(prompt)``).
+        system_prompt: System prompt put first; replaces the rows' own system messages
+            (default: none added, the rows' own kept).
+        select: ``"latest"``: the largest ``turn_id``, then the highest ``score`` (the verl
+            recipe's and the collabllm package's rule). ``"score"``: the highest ``score``, then
+            the largest ``turn_id``. Ties: the first row in input order.
+        min_score: Drop a conversation whose selected row has ``score < min_score``.
+        train_on: ``"assistant"``: every assistant message is trainable (recorded earlier
+            assistant turns included, as verl's multi-turn SFT trains them); ``"completion"``:
+            only the final completion.
+
+    Returns:
+        A ``datasets.Dataset`` with the columns :data:`SFT_COLUMNS`, conversations in order of
+        their first row.
+
+    Raises:
+        DataSchemaError: A required column is missing or a row is malformed.
+        ConfigError: An argument is invalid.
+    """
+    _check_system_prompt(system_prompt)
+    _check_choice("select", select, ("latest", "score"))
+    _check_choice("train_on", train_on, ("assistant", "completion"))
+    min_score = _check_number("min_score", min_score)
+
+    best: dict[Any, tuple[tuple[float, float], dict[str, Any]]] = {}
+    for i, row in _iter_rows(data, _SFT_NEEDS, "mode 'sft'"):
+        where = _where(i, row)
+        prompt = _prompt(row, where)
+        item = {
+            "prompt": prompt,
+            "completion": _text(row, "completion", where),
+            "conv_id": _conv_id(row, where),
+            "turn_id": _turn_id(row, prompt, where),
+            "score": _score(row, where),
+        }
+        rank = (item["turn_id"], item["score"]) if select == "latest" else (item["score"], item["turn_id"])
+        held = best.get(item["conv_id"])
+        if held is None or rank > held[0]:  # strict: the first of equal rows stays
+            best[item["conv_id"]] = (rank, item)
+
+    records = []
+    for _, item in best.values():
+        if min_score is not None and item["score"] < min_score:
+            continue
+        messages = _with_system(item["prompt"], system_prompt)
+        messages.append({"role": "assistant", "content": item["completion"]})
+        if train_on == "assistant":
+            trainable = [m["role"] == "assistant" for m in messages]
+        else:
+            trainable = [False] * (len(messages) - 1) + [True]
+        records.append({
+            "messages": messages,
+            "trainable": trainable,
+            "conv_id": item["conv_id"],
+            "turn_id": item["turn_id"],
+            "score": item["score"],
+        })
+    return _to_dataset(records, SFT_COLUMNS)
+
+
+def build_dpo_dataset(
+    data: Any,
+    *,
+    min_gap: float = 0.0,
+    system_prompt: str | None = None,
+    pairing: Literal["best_worst", "all"] = "best_worst",
+    response_format: Literal["messages", "text"] = "messages",
+) -> datasets.Dataset:
+    """Preference pairs of recorded replies to the same conversation prefix.
+
+    Rows with the same ``conv_id`` and the same ``prompt`` messages form a group; a pair
+    (chosen, rejected) of the group is kept when ``score_chosen - score_rejected >= min_gap``
+    (equality kept, absolute tolerance 1e-9), the gap is positive and the two texts differ.
+    Columns: :data:`DPO_COLUMNS`, described in the module docstring.
+
+    Args:
+        data: A ``datasets.Dataset`` or a list of dict rows (needs ``prompt``, ``completion``,
+            ``conv_id``, ``score``; ``turn_id`` defaults to ``len(prompt)``).
+        min_gap: Smallest score difference of a kept pair (``>= 0``; the collabllm package's
+            ``minimum_gap``, whose training script uses 0.02).
+        system_prompt: System prompt put first in ``prompt``; replaces the rows' own system
+            messages (default: none added, the rows' own kept).
+        pairing: ``"best_worst"``: one pair per group, the first highest-scored row against the
+            first lowest-scored row. ``"all"``: every two rows of the group whose scores differ
+            enough, higher-scored one chosen.
+        response_format: ``"messages"``: ``chosen`` / ``rejected`` are one-message assistant
+            lists (TRL's conversational format); ``"text"``: plain strings.
+
+    Returns:
+        A ``datasets.Dataset`` with the columns :data:`DPO_COLUMNS`, groups in order of their
+        first row.
+
+    Raises:
+        DataSchemaError: A required column is missing or a row is malformed.
+        ConfigError: An argument is invalid.
+    """
+    _check_system_prompt(system_prompt)
+    _check_choice("pairing", pairing, ("best_worst", "all"))
+    _check_choice("response_format", response_format, ("messages", "text"))
+    min_gap = _check_number("min_gap", min_gap)
+    if min_gap is None or min_gap < 0:
+        raise ConfigError(f"min_gap must be a number >= 0, got {min_gap!r}.")
+
+    groups: dict[tuple[Any, str], list[dict[str, Any]]] = {}
+    for i, row in _iter_rows(data, _DPO_NEEDS, "mode 'dpo'"):
+        where = _where(i, row)
+        prompt = _prompt(row, where)
+        item = {
+            "prompt": prompt,
+            "completion": _text(row, "completion", where),
+            "conv_id": _conv_id(row, where),
+            "turn_id": _turn_id(row, prompt, where),
+            "score": _score(row, where),
+        }
+        key = (item["conv_id"], json.dumps(prompt, sort_keys=True, ensure_ascii=False))
+        groups.setdefault(key, []).append(item)
+
+    def wrap(text: str) -> Any:
+        return [{"role": "assistant", "content": text}] if response_format == "messages" else text
+
+    records = []
+    for items in groups.values():
+        if pairing == "best_worst":
+            top = max(items, key=lambda r: r["score"])  # max/min return the first of equals
+            low = min(items, key=lambda r: r["score"])
+            candidates = [(top, low)]
+        else:
+            candidates = [(a, b) if a["score"] > b["score"] else (b, a)
+                          for j, a in enumerate(items) for b in items[j + 1:]]
+        for chosen, rejected in candidates:
+            gap = chosen["score"] - rejected["score"]
+            if gap <= 0 or gap < min_gap - _GAP_TOL or chosen["completion"] == rejected["completion"]:
+                continue
+            records.append({
+                "prompt": _with_system(chosen["prompt"], system_prompt),
+                "chosen": wrap(chosen["completion"]),
+                "rejected": wrap(rejected["completion"]),
+                "score_chosen": chosen["score"],
+                "score_rejected": rejected["score"],
+                "conv_id": chosen["conv_id"],
+                "turn_id": chosen["turn_id"],
+            })
+    return _to_dataset(records, DPO_COLUMNS)
+
+
+def _check_number(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number or None, got {value!r}.")
+    return float(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Splits, files, entry point
+# ---------------------------------------------------------------------------------------------
+def train_validation_split(
+    ds: datasets.Dataset, validation_size: float | int = 0.1, seed: int = 42
+) -> datasets.DatasetDict:
+    """Shuffle ``ds`` with ``seed`` and hold out a validation split (deterministic).
+
+    Args:
+        ds: A ``datasets.Dataset``.
+        validation_size: A fraction in ``[0, 1)`` (rounded up to whole rows, as
+            ``Dataset.train_test_split`` does) or a row count ``>= 0``. ``0``: an empty
+            validation split.
+        seed: Shuffle seed (the verl recipe's default is 42).
+
+    Returns:
+        A ``datasets.DatasetDict`` with ``"train"`` and ``"validation"``.
+
+    Raises:
+        ConfigError: ``validation_size`` is invalid or leaves no training row.
+    """
+    import datasets
+
+    n = len(ds)
+    if isinstance(validation_size, bool) or not isinstance(validation_size, (int, float)):
+        raise ConfigError(f"validation_size must be a fraction in [0, 1) or a row count, got {validation_size!r}.")
+    if isinstance(validation_size, float) and not validation_size.is_integer():  # a fraction
+        if not 0 < validation_size < 1:
+            raise ConfigError(f"validation_size as a fraction must be in [0, 1), got {validation_size!r}.")
+        n_val = math.ceil(validation_size * n)
+    else:
+        n_val = int(validation_size)
+        if n_val < 0:
+            raise ConfigError(f"validation_size must be >= 0, got {validation_size!r}.")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"seed must be an int, got {seed!r}.")
+    if n_val == 0:
+        return datasets.DatasetDict({"train": ds.shuffle(seed=seed), "validation": ds.select([])})
+    if n_val >= n:
+        raise ConfigError(
+            f"validation_size={validation_size!r} holds out {n_val} of {n} row(s) and leaves none to "
+            "train on; pass a smaller validation_size (0 for no validation split) or more rows."
+        )
+    split = ds.train_test_split(test_size=n_val, seed=seed, shuffle=True)
+    return datasets.DatasetDict({"train": split["train"], "validation": split["test"]})
+
+
+_BUILDERS = {"rl": build_rl_dataset, "sft": build_sft_dataset, "dpo": build_dpo_dataset}
+_EMPTY_HINTS = {
+    "rl": "the input has no row",
+    "sft": "no conversation passed min_score; lower it",
+    "dpo": "no group of replies to the same prefix has two replies whose scores differ by at least "
+           "min_gap; lower min_gap, or check that rows share conv_id and prompt",
+}
+
+
+def process_collabllm_dataset(
+    data: Any = _DEFAULT_DATASET,
+    mode: Literal["rl", "sft", "dpo"] = "rl",
+    *,
+    data_files: Any = None,
+    split: str = "train",
+    output_dir: str | os.PathLike[str] | None = None,
+    validation_size: float | int = 0.1,
+    seed: int = 42,
+    **options: Any,
+) -> datasets.DatasetDict:
+    """Build the ``mode`` dataset, split it, and optionally write the parquet files.
+
+    Args:
+        data: A ``datasets.Dataset``, a list of dict rows, or a hub id / local dataset
+            directory read with :func:`~collab_env.tasks.collabllm.load_collabllm_dataset`
+            (with ``data_files`` the id only names the dataset family).
+        mode: ``"rl"``, ``"sft"`` or ``"dpo"``; see the module docstring.
+        data_files: Local parquet/json/jsonl file(s) in the CollabLLM schema (works offline).
+        split: Split to read when loading.
+        output_dir: When given, write ``<mode>_train.parquet`` and ``<mode>_validation.parquet``
+            there (created if needed).
+        validation_size: Fraction or row count held out; see :func:`train_validation_split`.
+        seed: Shuffle seed of the split.
+        **options: Keywords of the mode's builder (:func:`build_rl_dataset`,
+            :func:`build_sft_dataset`, :func:`build_dpo_dataset`); another mode's keyword is an
+            error.
+
+    Returns:
+        A ``datasets.DatasetDict`` with ``"train"`` and ``"validation"``.
+
+    Raises:
+        ConfigError: Unknown mode or option, invalid value.
+        DatasetUnavailableError: The rows cannot be loaded.
+        DataSchemaError: Malformed rows, or the mode produced no row (the message says why).
+    """
+    _check_choice("mode", mode, MODES)
+    builder = _BUILDERS[mode]
+    valid = [p for p in inspect.signature(builder).parameters if p != "data"]
+    for key in options:
+        if key not in valid:
+            raise ConfigError(
+                f"mode {mode!r} takes no option {key!r}.{did_you_mean(key, valid)} Valid options: {valid}."
+            )
+    if isinstance(data, (str, os.PathLike)):
+        from collab_env.tasks.collabllm import load_collabllm_dataset
+
+        name = os.fspath(data)
+        if mode == "rl":
+            options.setdefault("dataset", name)
+        data = load_collabllm_dataset(name, data_files, split)
+    elif data_files is not None:
+        raise ConfigError("data_files= is for loading files; pass either rows or data_files, not both.")
+
+    built = builder(data, **options)
+    if len(built) == 0:
+        raise DataSchemaError(f"collabllm data: mode {mode!r} produced no row: {_EMPTY_HINTS[mode]}.")
+    splits = train_validation_split(built, validation_size, seed)
+    if output_dir is not None:
+        out = os.path.expanduser(os.fspath(output_dir))
+        os.makedirs(out, exist_ok=True)
+        for name, part in splits.items():
+            part.to_parquet(os.path.join(out, f"{mode}_{name}.parquet"))
+    return splits
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+def _size(text: str) -> float | int:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a fraction or a row count, got {text!r}") from exc
+    return int(value) if value.is_integer() and value >= 1 else value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m collab_env.tasks.collabllm_data",
+        description="Build RL, SFT or DPO datasets (parquet train/validation splits) from CollabLLM "
+                    "conversations. See the collab_env.tasks.collabllm_data docstring for the columns.",
+    )
+    p.add_argument("--dataset", default=_DEFAULT_DATASET,
+                   help="hub id or local dataset directory; with --data_files only the family name")
+    p.add_argument("--data_files", nargs="+", default=None,
+                   help="local parquet/json/jsonl file(s) in the CollabLLM schema (offline)")
+    p.add_argument("--split", default="train", help="split to read (default: train)")
+    p.add_argument("--mode", "--dataset_type", dest="mode", choices=MODES, default="rl")
+    p.add_argument("--output_dir", "--local_dir", dest="output_dir", required=True,
+                   help="where <mode>_train.parquet and <mode>_validation.parquet are written")
+    p.add_argument("--validation_size", type=_size, default=0.1,
+                   help="fraction (<1) or row count held out (default: 0.1)")
+    p.add_argument("--seed", type=int, default=42, help="split seed (default: 42)")
+    p.add_argument("--system_prompt", default=None, help="system prompt put first in every prompt")
+    g = p.add_argument_group("rl")
+    g.add_argument("--task_desc", default=None, help="task description for the user simulator")
+    g.add_argument("--ability", default=None, help="the ability column")
+    g.add_argument("--no_dedup", dest="dedup", action="store_false", default=None,
+                   help="keep rows with the same prompt and hidden goal")
+    g = p.add_argument_group("sft")
+    g.add_argument("--select", choices=("latest", "score"), default=None)
+    g.add_argument("--min_score", type=float, default=None)
+    g.add_argument("--train_on", choices=("assistant", "completion"), default=None)
+    g = p.add_argument_group("dpo")
+    g.add_argument("--min_gap", type=float, default=None)
+    g.add_argument("--pairing", choices=("best_worst", "all"), default=None)
+    g.add_argument("--response_format", choices=("messages", "text"), default=None)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line entry point; returns the exit status.
+
+    Only the mode options given on the command line are passed on, so an option of another
+    mode (``--min_gap`` with ``--mode rl``) is reported as an error.
+
+    Args:
+        argv: Arguments without the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        0 on success, 1 when the data or the options are rejected (the reason on stderr).
+    """
+    args = _parser().parse_args(argv)
+    common = ("dataset", "data_files", "split", "mode", "output_dir", "validation_size", "seed")
+    options = {k: v for k, v in vars(args).items() if k not in common and v is not None}
+    try:
+        splits = process_collabllm_dataset(
+            args.dataset, args.mode, data_files=args.data_files, split=args.split,
+            output_dir=args.output_dir, validation_size=args.validation_size, seed=args.seed, **options,
+        )
+    except CollabEnvError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    out = os.path.expanduser(args.output_dir)
+    for name, part in splits.items():
+        print(f"wrote {os.path.join(out, f'{args.mode}_{name}.parquet')} ({len(part)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
