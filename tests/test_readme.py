@@ -29,3 +29,11 @@ def test_quickstart_runs(tmp_path, monkeypatch):
     write_collabllm_fixture(data, layout="list", fmt="parquet")
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+
+
+def test_rollouts_snippet_runs():
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"## Rollouts\n\n.*?```python\n(.*?)```", readme, re.S).group(1)
+    scope = {"__name__": "readme"}
+    exec(compile(code, "README.md", "exec"), scope)
+    assert len(scope["returns"]) == 64 and sum(scope["returns"]) == 64.0  # ask-then-answer solves all
