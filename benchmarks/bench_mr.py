@@ -1,8 +1,9 @@
 """Cost of one multiturn-aware reward: 3 futures rolled concurrently vs the same futures in turn.
 
 One CollabLLM-style math item (written to a temporary file in the dataset's schema), the embedded
-SmolLM2-135M-Instruct as the assistant, the user simulator (greedy JSON) and the judges
-(prefilled replies), the verl recipe's window (2 user turns, 3 assistant turns) and weights.
+SmolLM2-135M-Instruct as the assistant, the user simulator (greedy, plain-text replies) and the
+interactivity judge (prefilled replies), the verl recipe's window (2 user turns, 3 assistant
+turns); math accuracy by rule.
 
 * **concurrent**: ``MultiturnAwareReward.score_reply``: the futures advance together, so the
   model serves each stage of all futures in one batched ``generate`` call, then all judge calls
@@ -62,11 +63,15 @@ async def run(args) -> None:
     tmp = Path(tempfile.mkdtemp())
     (tmp / "rows.jsonl").write_text(json.dumps(ROW) + "\n")
     model = EmbeddedPolicy(max_batch_size=32)
-    user = LLMUserSimulator(model, sampling={"temperature": 0.0, "max_new_tokens": 2 * args.max_new_tokens})
+    user = LLMUserSimulator(model, reply_format="plain",
+                            sampling={"temperature": 0.0, "max_new_tokens": args.max_new_tokens})
     sampling = {"assistant": {"temperature": 1.0, "max_new_tokens": args.max_new_tokens}}
     base = collab_env.make("collabllm-math-hard", data_files=str(tmp / "rows.jsonl"))
+    # As in tests/test_mr_embedded.py: math accuracy by rule (the 135M model copies the accuracy
+    # judge's template), interactivity by the judge (paper rubric, prefilled reply).
     env = default_reward(base, judge=model, user=user, policy=model, num_rollouts=args.rollouts,
-                         sampling=sampling, judge_kwargs={"max_new_tokens": 40, "max_retries": 1})
+                         weights={"accuracy_rule": 1.0, "interactivity": 1.0, "token_amount": -1e-4},
+                         rubric="paper", sampling=sampling, judge_kwargs={"max_new_tokens": 40, "max_retries": 1})
     await env.areset(seed=11, options={"index": 0})
     reply = "Happy to help. Which numbers would you like to add?"
     # Take the reply with the base env, then score its futures both ways from the same state.

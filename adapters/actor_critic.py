@@ -1,0 +1,951 @@
+"""IAC and MAAC: actor-critic learners for LLM agents (independent and centralised critics).
+
+The trainer surface is CoMLRL's, so a CoMLRL script runs with only its import changed::
+
+    from collab_env.adapters.actor_critic import IACConfig, IACTrainer
+
+    trainer = IACTrainer(agent_model="embedded", num_agents=2, formatters=formatters,
+                         reward_func=reward_func, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, args=IACConfig(num_agents=2, ...),
+                         metrics_callback=metrics_callback)
+    trainer.train()
+    trainer.args.eval_num_samples = len(eval_dataset)
+    metrics = trainer.evaluate()
+
+Like :class:`~collab_env.adapters.magrpo.MAGRPOTrainer` it also trains on a registered
+environment (``env="length-ratio"``); the rewards are the env's per-agent rewards.
+
+The algorithm, per batch of training items:
+
+1. **Rollout**: one episode of up to ``num_turns`` turns per item, one completion per agent on
+   turn (:mod:`~collab_env.adapters.common.rollout` with a branching of 1). Agent ``i``'s
+   trajectory is its turns; the rewards it gets while others act are credited to its latest
+   turn. The episode is cut at ``num_turns`` and nothing is bootstrapped past it.
+2. **Critic** (:class:`~collab_env.adapters.common.critics.ValueCritic`): IAC gives each agent
+   its own critic, reading only that agent's view (its chat prompt, and its completion);
+   MAAC has one centralised critic reading the env's ``state()`` (the global transcript, every
+   agent's messages, hidden ones included) with one output per agent. ``critic_estimate="v"``
+   estimates ``V(s)`` at the last token of the state; ``"q"`` also reads, in the same forward
+   pass, ``Q(s, a)`` at the last token of the completion (MAAC: of the joint action).
+3. **Advantages and targets**: ``"v"``: ``delta_t = r_t + discount * V_{t+1} - V_t``, the
+   advantage is GAE(``gae_lambda``) of the deltas (``advantage_estimator="td"``: the delta
+   itself) and the critic's target is advantage + ``V_t``. ``"q"``: the advantage is
+   ``Q_t - V_t``; ``Q_t`` regresses on ``r_t + discount * V_{t+1}`` and ``V_t`` on the same
+   targets as ``"v"``.
+4. **Update**, ``num_iterations`` times: actor loss ``-(A * sum log pi(completion tokens))``
+   per sequence (completion tokens only; from the second iteration the PPO ratio clip keeps the
+   policy near the one that sampled), critic loss the clipped MSE (``value_clip_range``), each
+   model stepped by its own AdamW with gradient clipping.
+
+``metrics_callback(rollouts)`` receives :class:`RolloutSample` objects (``agent_idx``,
+``prompt``, ``completion``, ``metadata``) of every training batch (logged at once) and of every
+evaluation item (averaged over items, prefixed ``eval/``).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from collab_env.adapters.common.config import (
+    TrainerConfig,
+    check_choice,
+    check_float,
+    check_int,
+    eval_due,
+)
+from collab_env.errors import ConfigError, TaskFunctionError
+
+__all__ = [
+    "ActorCriticConfig",
+    "IACConfig",
+    "MAACConfig",
+    "RolloutSample",
+    "Transition",
+    "IACTrainer",
+    "MAACTrainer",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class ActorCriticConfig(TrainerConfig):
+    """Fields shared by :class:`IACConfig` and :class:`MAACConfig` (the CoMLRL guide's names plus
+    the learner's options). Every :class:`~collab_env.adapters.common.config.TrainerConfig`
+    field applies too (learning rate, schedule, LoRA, evaluation and logging schedule...)."""
+
+    num_agents: int = 2
+    """Number of agents."""
+    num_turns: int = 1
+    """Turns per episode (the horizon of the TD targets)."""
+    max_new_tokens: int = 256
+    """Longest completion, in tokens."""
+    temperature: float = 1.0
+    """Sampling temperature of training rollouts; log-probs are computed at it too."""
+    top_p: float = 1.0
+    """Nucleus sampling mass of training rollouts."""
+    top_k: int | None = None
+    """Top-k sampling of training rollouts (``None``: off)."""
+    discount: float = 0.9
+    """Discount of the next turn's value in TD targets and GAE."""
+    advantage_estimator: Literal["gae", "td"] = "gae"
+    """``"gae"``: generalised advantage estimation with ``gae_lambda``; ``"td"``: the one-step
+    TD error (GAE with lambda 0)."""
+    gae_lambda: float = 0.95
+    """GAE lambda (0: one-step TD, 1: Monte-Carlo return minus the value)."""
+    critic_estimate: Literal["v", "q"] = "v"
+    """``"v"``: the critic estimates the value before the completion (last prompt token);
+    ``"q"``: also the value after it (last completion token), and the advantage is ``Q - V``."""
+    critic_type: Literal["separate", "head"] = "separate"
+    """``"separate"``: the critic is its own model (a copy of the agent's initial model, or
+    ``critic_model``) with a value head; ``"head"`` (IAC only): a value head on the actor,
+    whose weights then also learn from the critic loss (scaled by ``value_loss_coef``)."""
+    critic_learning_rate: float | None = None
+    """AdamW learning rate of the critics (``None``: ``learning_rate``)."""
+    value_loss_coef: float = 1.0
+    """Weight of the critic loss (matters where it shares weights with the actor)."""
+    value_clip_range: float | None = 0.2
+    """PPO value clipping: a new value may move at most this far from its rollout-time value
+    before the loss stops rewarding the move (``None``: plain MSE)."""
+    num_iterations: int = 1
+    """Optimisation epochs over each rollout batch (value and ratio clipping act from the
+    second)."""
+    clip_range: float = 0.2
+    """Ratio clip of the actor loss from the second iteration on."""
+    normalize_advantages: bool = False
+    """Centre and scale each batch's advantages (over all agents' samples) before the actor loss."""
+    train_micro_batch_size: int = 8
+    """Sequences per forward/backward pass (gradients accumulate to the full-batch gradient)."""
+    eval_greedy: bool = False
+    """Evaluate with greedy decoding instead of the training sampling settings."""
+    eval_max_new_tokens: int | None = None
+    """Longest completion in evaluation (``None``: ``max_new_tokens``)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int("num_agents", self.num_agents, 1)
+        check_int("num_turns", self.num_turns, 1)
+        check_int("max_new_tokens", self.max_new_tokens, 1)
+        check_float("temperature", self.temperature, 0.0, low_open=True)
+        check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        check_int("top_k", self.top_k, 1, allow_none=True)
+        check_float("discount", self.discount, 0.0, 1.0)
+        check_choice("advantage_estimator", self.advantage_estimator, ("gae", "td"))
+        check_float("gae_lambda", self.gae_lambda, 0.0, 1.0)
+        check_choice("critic_estimate", self.critic_estimate, ("v", "q"))
+        check_choice("critic_type", self.critic_type, ("separate", "head"))
+        check_float("critic_learning_rate", self.critic_learning_rate, 0.0, allow_none=True)
+        check_float("value_loss_coef", self.value_loss_coef, 0.0)
+        check_float("value_clip_range", self.value_clip_range, 0.0, low_open=True, allow_none=True)
+        check_int("num_iterations", self.num_iterations, 1)
+        check_float("clip_range", self.clip_range, 0.0, 1.0, low_open=True)
+        check_int("train_micro_batch_size", self.train_micro_batch_size, 1)
+        check_int("eval_max_new_tokens", self.eval_max_new_tokens, 1, allow_none=True)
+
+    @property
+    def lam(self) -> float:
+        """The lambda actually used (0 for ``advantage_estimator="td"``)."""
+        return 0.0 if self.advantage_estimator == "td" else self.gae_lambda
+
+
+@dataclass
+class IACConfig(ActorCriticConfig):
+    """Configuration of :class:`IACTrainer`: one critic per agent, reading only its view."""
+
+
+@dataclass
+class MAACConfig(ActorCriticConfig):
+    """Configuration of :class:`MAACTrainer`: one centralised critic reading ``env.state()``."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.critic_type != "separate":
+            raise ConfigError(
+                "MAAC's centralised critic reads the global transcript, which no actor sees, so it "
+                "cannot be a head on an actor: use critic_type='separate' (or IAC for a value head)."
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollout records
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class RolloutSample:
+    """What ``metrics_callback(rollouts)`` receives: one completion of one agent."""
+
+    agent_idx: int
+    """Index of the agent (its position in ``formatters`` / the trained players)."""
+    prompt: str
+    """The latest message addressed to the agent (the turn's prompt)."""
+    completion: str
+    """The agent's completion text."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """``turn`` (1-based), ``reward`` (the agent's reward for this turn), ``player``,
+    ``item_index`` (position in the split) and ``item`` (the task item)."""
+
+
+@dataclass
+class Transition:
+    """One agent's turn, as the learner uses it."""
+
+    root: int
+    """Index of the episode in the batch."""
+    turn: int
+    """0-based turn (depth of the rollout tree)."""
+    agent: int
+    """Agent index."""
+    prompt_ids: list[int]
+    """The actor's prompt token ids."""
+    completion_ids: tuple[int, ...]
+    """The sampled completion token ids."""
+    reward: float
+    """The agent's reward for this turn (plus rewards earned until its next turn)."""
+    critic_key: tuple[int, ...]
+    """Transitions with the same key share one critic input (MAAC: every agent of a node)."""
+    critic_prefix: list[int]
+    """Critic token ids of the state (IAC: the agent's prompt; MAAC: ``env.state()``)."""
+    critic_suffix: list[int]
+    """Critic token ids of the action (IAC: the completion; MAAC: the joint action)."""
+    sample: RolloutSample
+    """The record handed to ``metrics_callback``."""
+
+
+@dataclass
+class ActorCriticState:
+    """Where a run is."""
+
+    epoch: int = 0
+    """Current epoch (0-based)."""
+    item_in_epoch: int = 0
+    """Training items of the current epoch already trained on."""
+    items_done: int = 0
+    """Training items trained on in total."""
+    env_step: int = 0
+    """Joint-action reward evaluations in training rollouts so far."""
+    optimizer_steps: int = 0
+    """Optimiser steps taken (per model)."""
+    evaluations: int = 0
+    """Evaluations run (seeds each evaluation's sampling)."""
+    last_log_step: int = 0
+    """``env_step`` of the last training log line."""
+    pending: list[dict[str, float]] = field(default_factory=list)
+    """Training metrics not yet logged (``logging_steps`` not reached)."""
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer
+# ---------------------------------------------------------------------------------------------
+class _ActorCriticTrainer:
+    """Shared body of :class:`IACTrainer` and :class:`MAACTrainer` (``centralised`` differs)."""
+
+    centralised: bool = False
+    config_class: type = ActorCriticConfig
+    name: str = "AC"
+
+    def __init__(
+        self,
+        agent_model: Any = None,
+        num_agents: int | None = None,
+        formatters: Sequence[Callable[..., str]] | Callable[..., str] | None = None,
+        reward_func: Callable[..., Any] | None = None,
+        reward_processor: Callable[[float], float] | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        args: ActorCriticConfig | None = None,
+        wandb_config: Mapping[str, Any] | None = None,
+        metrics_callback: Callable[[list[RolloutSample]], Mapping[str, float]] | None = None,
+        *,
+        external_transition: Callable[..., Any] | None = None,
+        tokenizer: Any = None,
+        critic_model: Any = None,
+        critic_tokenizer: Any = None,
+        env: Any = None,
+        eval_env: Any = None,
+        env_kwargs: Mapping[str, Any] | None = None,
+        policies: Mapping[str, Any] | None = None,
+        trained_players: Sequence[str] | None = None,
+    ) -> None:
+        import numpy as np
+        import torch
+
+        from collab_env.adapters.common.logging import MetricsLogger
+        from collab_env.adapters.common.models import (
+            load_policy_models,
+            make_optimizer,
+            make_scheduler,
+            unique_models,
+        )
+
+        args = self.config_class() if args is None else args
+        if not isinstance(args, self.config_class):
+            raise ConfigError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}.")
+        if agent_model is None:
+            raise ConfigError("agent_model is required: a model folder, a hub id, 'embedded' or a loaded model.")
+        if metrics_callback is not None and not callable(metrics_callback):
+            raise ConfigError(f"metrics_callback must be callable or None, got {type(metrics_callback).__name__}.")
+        if num_agents is not None and num_agents != args.num_agents:
+            raise ConfigError(f"num_agents={num_agents} but args.num_agents={args.num_agents}: set both to the same value.")
+        if args.critic_type == "head" and critic_model is not None:
+            raise ConfigError("critic_model= gives the critic its own model; it contradicts critic_type='head'.")
+        if env is not None:
+            self._setup_env_path(env, eval_env, env_kwargs, policies, trained_players, num_agents, args,
+                                 formatters, reward_func, train_dataset, eval_dataset)
+            args = replace(args, num_agents=len(self.players)) if num_agents is None else args
+        else:
+            if eval_env is not None or policies is not None or trained_players is not None:
+                raise ConfigError("eval_env, policies and trained_players belong to the env path: pass env=... too.")
+            self._setup_dataset_path(formatters, reward_func, reward_processor, external_transition,
+                                     train_dataset, eval_dataset, args, num_agents)
+        if len(self.players) != args.num_agents:
+            raise ConfigError(
+                f"the environment trains {len(self.players)} player(s) {list(self.players)} but "
+                f"args.num_agents={args.num_agents}; set num_agents={len(self.players)}."
+            )
+        self.args = args
+        self.metrics_callback = metrics_callback
+        torch.manual_seed(args.seed)
+        self._rng = np.random.default_rng(args.seed)
+        self.models = load_policy_models(agent_model, tokenizer, args.num_agents, args, need_reference=False)
+        self._unique = unique_models(self.models)
+        self.critics = self._build_critics(critic_model, critic_tokenizer)
+        steps = self._planned_optimizer_steps()
+        for pm in self._unique:
+            pm.optimizer = make_optimizer(pm, args)
+            pm.scheduler = make_scheduler(pm.optimizer, args, steps)
+        critic_lr = args.critic_learning_rate if args.critic_learning_rate is not None else args.learning_rate
+        for c in self.critics:
+            c.optimizer = torch.optim.AdamW(c.parameters(), lr=critic_lr, weight_decay=args.weight_decay,
+                                            betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
+            c.scheduler = make_scheduler(c.optimizer, args, steps)
+        self.state = ActorCriticState()
+        config = {**args.to_dict(), "algorithm": self.name, "players": list(self.players),
+                  "env": getattr(getattr(self.train_env, "spec", None), "id", None)}
+        self.logger = MetricsLogger(args.output_dir, config, wandb_config)
+
+    # -- construction ---------------------------------------------------------------------------
+    def _setup_dataset_path(self, formatters, reward_func, reward_processor, external_transition,
+                            train_dataset, eval_dataset, args, num_agents) -> None:
+        from collab_env.tasks.dataset_env import from_dataset
+
+        if formatters is None or reward_func is None:
+            raise ConfigError("the dataset path needs formatters= (one per agent) and reward_func=; or pass "
+                              "env=<id> to train on a registered environment.")
+        if train_dataset is None and eval_dataset is None:
+            raise ConfigError("pass train_dataset= (and optionally eval_dataset=), or env=<id>.")
+        n = args.num_agents if num_agents is None else num_agents
+        if callable(formatters) and not isinstance(formatters, (list, tuple)):
+            formatters = [formatters] * n
+        if len(formatters) != n:
+            raise ConfigError(f"{len(formatters)} formatters for {n} agents: pass one formatter per agent.")
+
+        def build(dataset):
+            if dataset is None:
+                return None
+            return from_dataset(dataset, list(formatters), reward_func, num_turns=args.num_turns,
+                                external_transition=external_transition, reward_processor=reward_processor)
+
+        self.train_env, self.eval_env = build(train_dataset), build(eval_dataset)
+        self.players = tuple((self.train_env or self.eval_env).possible_agents)
+        self.others: dict[str, Any] = {}
+        self._train_items = len(train_dataset) if train_dataset is not None else 0
+        self._eval_items = len(eval_dataset) if eval_dataset is not None else 0
+
+    def _setup_env_path(self, env, eval_env, env_kwargs, policies, trained_players, num_agents, args,
+                        formatters, reward_func, train_dataset, eval_dataset) -> None:
+        import collab_env
+        from collab_env.agents.base import resolve_policy
+
+        if any(x is not None for x in (formatters, reward_func, train_dataset, eval_dataset)):
+            raise ConfigError("env= trains on an environment: its prompts and rewards replace formatters, "
+                              "reward_func and the datasets. Pass either env= or the dataset arguments, not both.")
+
+        def build(e):
+            if e is None:
+                return None
+            if isinstance(e, str):
+                return collab_env.make(e, **dict(env_kwargs or {}))
+            for attr in ("areset", "astep", "clone", "possible_agents", "state"):
+                if not hasattr(e, attr):
+                    raise ConfigError(f"env must be a registered id or an environment object; {type(e).__name__} has no {attr!r}.")
+            return e
+
+        self.train_env, self.eval_env = build(env), build(eval_env)
+        spec = getattr(self.train_env, "spec", None)
+        possible = list(self.train_env.possible_agents)
+        if trained_players is not None:
+            players = list(trained_players)
+        elif spec is not None and getattr(spec, "trainable", ()):
+            players = list(spec.trainable)
+        else:
+            players = possible
+        unknown = [p for p in players if p not in possible]
+        if unknown or not players:
+            raise ConfigError(f"trained_players {unknown or players} must be players of the env: {possible}.")
+        if num_agents is not None and num_agents != len(players):
+            raise ConfigError(f"num_agents={num_agents} but the env trains {len(players)} player(s) {players}; "
+                              "pass trained_players=[...] to choose which.")
+        self.players = tuple(players)
+        chosen = {**dict(getattr(spec, "default_policies", {}) or {}), **dict(policies or {})}
+        self.others = {p: resolve_policy(chosen[p]) for p in possible if p not in players and p in chosen}
+        self._train_items = _num_items(self.train_env)
+        self._eval_items = _num_items(self.eval_env) if self.eval_env is not None else 0
+        if self._train_items is None and args.max_steps < 0:
+            raise ConfigError("this env generates unlimited items: set args.max_steps to the number of training items.")
+
+    def _build_critics(self, critic_model: Any, critic_tokenizer: Any) -> list[Any]:
+        """IAC: one critic per agent; MAAC: one critic with an output per agent."""
+        from collab_env.adapters.common.critics import ValueCritic
+
+        a = self.args
+        n_critics = 1 if self.centralised else a.num_agents
+        outputs = a.num_agents if self.centralised else 1
+        critics = []
+        for k in range(n_critics):
+            actor = self.models[k]
+            if a.critic_type == "head":
+                critics.append(ValueCritic(actor.model, actor.tokenizer, outputs, shares_actor=True, seed=a.seed + k))
+                continue
+            if critic_model is None:  # a copy of the agent's initial model
+                backbone, tok = copy.deepcopy(actor.model), actor.tokenizer
+            else:
+                backbone, tok = _load_critic_model(critic_model, critic_tokenizer, actor.device)
+                if k > 0:
+                    backbone = copy.deepcopy(backbone)
+            critics.append(ValueCritic(backbone, tok, outputs, seed=a.seed + k))
+        return critics
+
+    def _items_per_epoch(self) -> int:
+        return self.args.max_steps if self._train_items is None else self._train_items
+
+    def _planned_optimizer_steps(self) -> int:
+        items = self._items_per_epoch() * self.args.num_train_epochs
+        if self.args.max_steps > 0:
+            items = min(items, self.args.max_steps)
+        return max(1, math.ceil(items / self.args.per_device_train_batch_size) * self.args.num_iterations)
+
+    def _seeds(self, n: int) -> list[int]:
+        return [int(s) for s in self._rng.integers(0, 2**62, size=n)]
+
+    def _sampling(self, evaluation: bool) -> dict[str, Any]:
+        a = self.args
+        tokens = (a.eval_max_new_tokens or a.max_new_tokens) if evaluation else a.max_new_tokens
+        if evaluation and a.eval_greedy:
+            return {"temperature": 0.0, "max_new_tokens": tokens}
+        return {"temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k, "max_new_tokens": tokens}
+
+    # -- rollouts -------------------------------------------------------------------------------
+    def _rollout(self, base_env: Any, indices: Sequence[int], sampling: Mapping[str, Any],
+                 seeds: Callable[[int], list[int]]):
+        from collab_env._async import run_sync
+        from collab_env.adapters.common.rollout import compute_returns, expand_tree, start_roots
+
+        async def go():
+            roots = await start_roots(base_env, indices, self.players, self.others, seeds)
+            levels = await expand_tree(roots, players=self.players, models=self.models, others=self.others,
+                                       branching=lambda d: 1, max_depth=self.args.num_turns,
+                                       joint_mode="aligned", sampling=sampling, seeds=seeds)
+            return roots, levels
+
+        roots, levels = run_sync(go())
+        compute_returns(levels, len(self.players), self.args.discount)
+        return roots, levels
+
+    def collect(self, indices: Sequence[int], *, evaluation: bool = False,
+                seeds: Callable[[int], list[int]] | None = None):
+        """Roll out one episode per item index of the training (or evaluation) split.
+
+        Returns:
+            ``(transitions, levels)``: every agent turn as a :class:`Transition` (ordered by
+            episode, turn, agent), and the rollout tree's nodes per depth.
+        """
+        from collab_env.adapters.common.rollout import episode_item
+
+        env = self.eval_env if evaluation else self.train_env
+        roots, levels = self._rollout(env, indices, self._sampling(evaluation), seeds or self._seeds)
+        out: list[Transition] = []
+        for root in roots:
+            item = dict(episode_item(root.env))
+            latest: dict[int, Transition] = {}  # the agent's last turn: where its later rewards go
+            node = root
+            while node is not None and node.joint:
+                ja = node.joint[0]
+                state = node.env.state() if self.centralised else None
+                joint_ids = self._joint_ids(node, ja, state) if self.centralised else None
+                for agent in node.acting:
+                    comp = node.completions[agent][ja.choice[agent]]
+                    prefix, suffix = (joint_ids if self.centralised
+                                      else self._own_view_ids(node, agent, comp))
+                    key = (root.root, node.depth) if self.centralised else (root.root, node.depth, agent)
+                    sample = RolloutSample(agent_idx=agent, prompt=node.prompts.get(agent, ""), completion=comp.text,
+                                           metadata={"turn": node.depth + 1, "reward": 0.0,
+                                                     "player": self.players[agent],
+                                                     "item_index": int(indices[root.root]), "item": item})
+                    tr = Transition(root=root.root, turn=node.depth, agent=agent, prompt_ids=list(node.prompt_ids[agent]),
+                                    completion_ids=tuple(comp.token_ids or ()), reward=0.0, critic_key=key,
+                                    critic_prefix=prefix, critic_suffix=suffix, sample=sample)
+                    out.append(tr)
+                    latest[agent] = tr
+                for agent, tr in latest.items():
+                    tr.reward += float(ja.rewards[agent])
+                    tr.sample.metadata["reward"] = tr.reward
+                node = ja.child
+        return out, levels
+
+    def _own_view_ids(self, node: Any, agent: int, comp: Any) -> tuple[list[int], list[int]]:
+        """IAC critic input: the agent's own prompt and completion (its view only)."""
+        critic = self.critics[agent]
+        if critic.tokenizer is self.models[agent].tokenizer:
+            return list(node.prompt_ids[agent]), list(comp.token_ids or ())
+        obs = node.obs[self.players[agent]]
+        prefix = _encode(critic.tokenizer, _chat_text(critic.tokenizer, obs))
+        return prefix, _encode(critic.tokenizer, comp.text)
+
+    def _joint_ids(self, node: Any, ja: Any, state: Any) -> tuple[list[int], list[int]]:
+        """MAAC critic input: the global transcript ``env.state()`` and, after it, every acting
+        agent's completion of the joint action (as messages by their authors)."""
+        from collab_env.types import Message
+
+        tok = self.critics[0].tokenizer
+        before = state.render()
+        moves = [Message(role="assistant", content=node.completions[a][j].text, author=self.players[a])
+                 for a, j in sorted(ja.choice.items())]
+        after = state.append(*moves).render()
+        return _encode(tok, before), _encode(tok, after[len(before):])
+
+    def critic_text(self, transition: Transition) -> str:
+        """The text the critic reads for ``transition`` (state, then action), decoded."""
+        tok = self.critics[0 if self.centralised else transition.agent].tokenizer
+        return tok.decode(list(transition.critic_prefix) + list(transition.critic_suffix))
+
+    # -- advantages ------------------------------------------------------------------------------
+    def _critic_values(self, transitions: Sequence[Transition], *, grad: bool):
+        """Per transition, ``(V, Q)`` tensors ``[len]`` (Q is None for ``critic_estimate="v"``),
+        one critic forward per distinct critic input, in micro-batches."""
+        import torch
+
+        a = self.args
+        want_q = a.critic_estimate == "q"
+        v_out: list[Any] = [None] * len(transitions)
+        q_out: list[Any] = [None] * len(transitions)
+        by_critic: dict[int, dict[tuple[int, ...], list[int]]] = {}
+        for i, tr in enumerate(transitions):
+            c = 0 if self.centralised else tr.agent
+            by_critic.setdefault(c, {}).setdefault(tr.critic_key, []).append(i)
+        ctx = torch.enable_grad() if grad else torch.no_grad()
+        with ctx:
+            for c, groups in by_critic.items():
+                critic = self.critics[c]
+                keys = list(groups)
+                for s in range(0, len(keys), a.train_micro_batch_size):
+                    chunk = keys[s:s + a.train_micro_batch_size]
+                    first = [transitions[groups[k][0]] for k in chunk]
+                    suffixes = [t.critic_suffix if want_q else [] for t in first]
+                    v, q = critic.values([t.critic_prefix for t in first], suffixes)
+                    for row, k in enumerate(chunk):
+                        for i in groups[k]:
+                            col = transitions[i].agent if self.centralised else 0
+                            v_out[i] = v[row, col]
+                            q_out[i] = q[row, col] if want_q else None
+        return v_out, q_out
+
+    def _advantages(self, transitions: Sequence[Transition], v_old: Sequence[float],
+                    q_old: Sequence[float] | None) -> tuple[list[float], list[float], list[float] | None]:
+        """Per transition: advantage, V target and (``"q"``) Q target, trajectory by trajectory."""
+        from collab_env.adapters.common.critics import gae, td_targets
+
+        a = self.args
+        adv, v_tgt = [0.0] * len(transitions), [0.0] * len(transitions)
+        q_tgt = [0.0] * len(transitions) if q_old is not None else None
+        trajectories: dict[tuple[int, int], list[int]] = {}
+        for i, tr in enumerate(transitions):
+            trajectories.setdefault((tr.root, tr.agent), []).append(i)
+        for idx in trajectories.values():
+            idx.sort(key=lambda i: transitions[i].turn)
+            rewards = [transitions[i].reward for i in idx]
+            values = [v_old[i] for i in idx]
+            a_gae, targets = gae(rewards, values, a.discount, a.lam)
+            for i, at, yt in zip(idx, a_gae, targets, strict=True):
+                adv[i], v_tgt[i] = at, yt
+            if q_old is not None and q_tgt is not None:
+                for i, yq in zip(idx, td_targets(rewards, values, a.discount), strict=True):
+                    q_tgt[i] = yq
+                    adv[i] = q_old[i] - v_old[i]
+        if a.normalize_advantages and len(adv) > 1:
+            m = _mean(adv)
+            sd = math.sqrt(_mean([(x - m) ** 2 for x in adv]))
+            adv = [(x - m) / (sd + 1e-6) for x in adv]
+        return adv, v_tgt, q_tgt
+
+    # -- training ---------------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        """Train for ``num_train_epochs`` (or ``max_steps`` items), evaluating on the guide's
+        schedule. Returns the last logged training metrics."""
+        from tqdm.auto import tqdm
+
+        if self.train_env is None:
+            raise ConfigError("train() needs train_dataset= (or env=).")
+        a = self.args
+        per_epoch = self._items_per_epoch()
+        limit = a.max_steps if a.max_steps > 0 else per_epoch * a.num_train_epochs
+        bar = tqdm(total=limit, initial=self.state.items_done, disable=not self.logger.verbose,
+                   desc=self.name, unit="item")
+        last: dict[str, Any] = {}
+        while self.state.epoch < a.num_train_epochs and self.state.items_done < limit:
+            pos = self.state.item_in_epoch
+            size = min(a.per_device_train_batch_size, per_epoch - pos, limit - self.state.items_done)
+            if eval_due(pos, size, a.eval_interval) and self.eval_env is not None:
+                self.evaluate()
+            metrics = self._train_batch(list(range(pos, pos + size)))
+            self.state.env_step += int(metrics.pop("env_steps"))
+            self.state.items_done += size
+            self.state.item_in_epoch += size
+            self.state.pending.append(metrics)
+            if self.state.env_step - self.state.last_log_step >= a.logging_steps:
+                last = self._flush_log()
+            if self.state.item_in_epoch >= per_epoch:
+                self.state.epoch += 1
+                self.state.item_in_epoch = 0
+            if a.save_steps and self.state.items_done % a.save_steps == 0:
+                self.save_checkpoint()
+            bar.update(size)
+        bar.close()
+        if self.state.pending:
+            last = self._flush_log()
+        if a.plot:
+            self.logger.plot()
+        return last
+
+    def _flush_log(self) -> dict[str, Any]:
+        keys = sorted({k for m in self.state.pending for k in m})
+        merged = {k: _mean([m[k] for m in self.state.pending if k in m and not math.isnan(m[k])]) for k in keys}
+        self.state.pending = []
+        self.state.last_log_step = self.state.env_step
+        return self.logger.log(merged, env_step=self.state.env_step, epoch=self.state.epoch, item=self.state.items_done)
+
+    def _callback(self, samples: list[RolloutSample]) -> dict[str, float]:
+        if self.metrics_callback is None:
+            return {}
+        out = self.metrics_callback(samples)
+        if out is None:
+            return {}
+        if not isinstance(out, Mapping):
+            raise TaskFunctionError(f"metrics_callback must return a dict of numbers, got {type(out).__name__}.")
+        try:
+            return {str(k): float(v) for k, v in out.items()}
+        except (TypeError, ValueError) as exc:
+            raise TaskFunctionError(f"metrics_callback must return numeric values: {exc}") from exc
+
+    def _train_batch(self, indices: Sequence[int]) -> dict[str, float]:
+        """Roll out ``indices``, compute advantages and targets, update actors and critics."""
+        import torch
+
+        from collab_env.adapters.common.critics import actor_loss, clipped_value_loss
+        from collab_env.adapters.common.losses import (
+            clipped_surrogate,
+            masked_aggregate,
+            pack_sequences,
+            token_logprobs,
+        )
+
+        a = self.args
+        transitions, levels = self.collect(indices)
+        metrics = _turn_metrics(levels, "")
+        metrics["env_steps"] = float(sum(len(n.joint) for nodes in levels for n in nodes))
+        custom = self._callback([t.sample for t in transitions])
+        if custom:  # logged at rollout time, outside the logging_steps gate
+            self.logger.log(custom, env_step=self.state.env_step + int(metrics["env_steps"]),
+                            epoch=self.state.epoch, item=self.state.items_done)
+        if not transitions:
+            return metrics
+        for c in self.critics:
+            c.eval()
+        v0, q0 = self._critic_values(transitions, grad=False)
+        v_old = [float(v) for v in v0]
+        q_old = [float(q) for q in q0] if a.critic_estimate == "q" else None
+        adv, v_tgt, q_tgt = self._advantages(transitions, v_old, q_old)
+
+        # Actor micro-batches per distinct model.
+        owners: dict[int, list[int]] = {}
+        for i, tr in enumerate(transitions):
+            owner = next(k for k, u in enumerate(self._unique) if u is self.models[tr.agent])
+            owners.setdefault(owner, []).append(i)
+        packed: dict[int, list[tuple[list[int], Any]]] = {}
+        for owner, idx in owners.items():
+            pm = self._unique[owner]
+            chunks = [idx[s:s + a.train_micro_batch_size] for s in range(0, len(idx), a.train_micro_batch_size)]
+            packed[owner] = [(ch, pack_sequences([transitions[i].prompt_ids for i in ch],
+                                                 [transitions[i].completion_ids for i in ch], pm.pad_id).to(pm.device))
+                             for ch in chunks]
+        old_logp: dict[tuple[int, int], Any] = {}
+        if a.num_iterations > 1:
+            with torch.no_grad():
+                for owner, chunks in packed.items():
+                    self._unique[owner].model.eval()
+                    for k, (_, b) in enumerate(chunks):
+                        old_logp[(owner, k)] = token_logprobs(self._unique[owner].model, b, a.temperature)
+
+        v_old_t = torch.tensor(v_old, dtype=torch.float32)
+        v_tgt_t = torch.tensor(v_tgt, dtype=torch.float32)
+        q_old_t = torch.tensor(q_old, dtype=torch.float32) if q_old is not None else None
+        q_tgt_t = torch.tensor(q_tgt, dtype=torch.float32) if q_tgt is not None else None
+        stats: dict[str, float] = {}
+        for it in range(a.num_iterations):
+            for pm in self._unique:
+                pm.optimizer.zero_grad(set_to_none=True)
+                pm.model.train()
+            for c in self.critics:
+                c.optimizer.zero_grad(set_to_none=True)
+                c.train()
+            pg_total, clip_frac, n_tok = 0.0, 0.0, 0
+            for owner, chunks in packed.items():
+                pm = self._unique[owner]
+                n_seq = len(owners[owner])
+                for k, (ch, b) in enumerate(chunks):
+                    logp = token_logprobs(pm.model, b, a.temperature)
+                    adv_t = torch.tensor([adv[i] for i in ch], dtype=torch.float32, device=logp.device)
+                    if it == 0:
+                        loss = actor_loss(logp, adv_t, b.completion_mask, num_sequences=n_seq)
+                    else:  # off-policy after the first step: the PPO ratio clip
+                        per_tok, active = clipped_surrogate(logp, old_logp[(owner, k)], adv_t, b.completion_mask,
+                                                            a.clip_range)
+                        loss = masked_aggregate(per_tok, b.completion_mask, "token", n_seq, n_seq)
+                        clip_frac += float(active.sum())
+                    n_tok += int(b.completion_mask.sum())
+                    loss.backward()
+                    pg_total += float(loss.detach())
+            # Critic: the clipped value loss, a mean over the batch's transitions.
+            v_new, q_new = self._critic_values(transitions, grad=True)
+            n = len(transitions)
+            dev = v_new[0].device
+            vl, v_clipped = clipped_value_loss(torch.stack(v_new), v_old_t.to(dev), v_tgt_t.to(dev), a.value_clip_range)
+            critic_loss = vl / n
+            clipped_count = float(v_clipped.sum())
+            if q_old_t is not None and q_tgt_t is not None:
+                ql, q_clipped = clipped_value_loss(torch.stack(q_new), q_old_t.to(dev), q_tgt_t.to(dev), a.value_clip_range)
+                critic_loss = critic_loss + ql / n
+                clipped_count += float(q_clipped.sum())
+            (a.value_loss_coef * critic_loss).backward()
+            norms = []
+            for pm in self._unique:
+                params = [p for _, p in pm.trainable_parameters()]
+                norms.append(float(torch.nn.utils.clip_grad_norm_(params, _max_norm(a))))
+                pm.optimizer.step()
+                pm.scheduler.step()
+            c_norms = []
+            for c in self.critics:
+                c_norms.append(float(torch.nn.utils.clip_grad_norm_(c.parameters(), _max_norm(a))))
+                c.optimizer.step()
+                c.scheduler.step()
+            if it == 0:
+                stats = {"actor_loss": pg_total, "critic_loss": float(critic_loss.detach()),
+                         "value_clip_fraction": clipped_count / (n * (2 if q_old is not None else 1)),
+                         "grad_norm": _mean(norms), "critic_grad_norm": _mean(c_norms)}
+            else:
+                stats["actor_loss_last_iteration"] = pg_total
+                stats["critic_loss_last_iteration"] = float(critic_loss.detach())
+                stats["clip_fraction_last_iteration"] = clip_frac / max(n_tok, 1)
+        for pm in self._unique:
+            pm.model.eval()
+        for c in self.critics:
+            c.eval()
+        self.state.optimizer_steps += a.num_iterations
+        metrics.update(stats)
+        metrics["value_mean"] = _mean(v_old)
+        metrics["value_target_mean"] = _mean(v_tgt)
+        metrics["advantage_mean"] = _mean(adv)
+        if q_old is not None:
+            metrics["q_value_mean"] = _mean(q_old)
+        metrics["completion_length"] = _mean([len(t.completion_ids) for t in transitions])
+        metrics["learning_rate"] = float(self._unique[0].scheduler.get_last_lr()[0])
+        return metrics
+
+    # -- evaluation -------------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """Evaluate on the first ``args.eval_num_samples`` evaluation items, one joint response
+        per turn, without updating weights. Logs and returns ``eval/turn_k/reward_mean``,
+        ``eval/turn_k/expected_return`` and the ``metrics_callback`` values averaged over the
+        items (prefixed ``eval/``); ``{}`` without an evaluation split."""
+        import numpy as np
+
+        if self.eval_env is None:
+            return {}
+        a = self.args
+        n = a.eval_num_samples
+        if self._eval_items is not None:
+            n = min(n, self._eval_items)
+        if n == 0:
+            return {}
+        # Its own generator: evaluating never shifts the training run's samples.
+        rng = np.random.default_rng([a.seed, 1_000_003, self.state.evaluations])
+        self.state.evaluations += 1
+
+        def seeds(k: int) -> list[int]:
+            return [int(s) for s in rng.integers(0, 2**62, size=k)]
+
+        all_levels: list[list[Any]] = [[] for _ in range(a.num_turns)]
+        per_item: list[dict[str, float]] = []
+        for start in range(0, n, a.eval_batch_size):
+            indices = list(range(start, min(n, start + a.eval_batch_size)))
+            transitions, levels = self.collect(indices, evaluation=True, seeds=seeds)
+            for d, nodes in enumerate(levels):
+                all_levels[d].extend(nodes)
+            if self.metrics_callback is not None:
+                for root in sorted({t.root for t in transitions}):
+                    per_item.append(self._callback([t.sample for t in transitions if t.root == root]))
+        metrics = _turn_metrics([lv for lv in all_levels if lv], "eval/")
+        for key in sorted({k for row in per_item for k in row}):
+            metrics[f"eval/{key}"] = _mean([row[key] for row in per_item if key in row])
+        self.logger.log(metrics, env_step=self.state.env_step, epoch=self.state.epoch, item=self.state.items_done)
+        if a.plot:
+            self.logger.plot()
+        return metrics
+
+    # -- saving -----------------------------------------------------------------------------------
+    def save_checkpoint(self, path: str | Path | None = None) -> Path:
+        """Save the actors (``model_<k>/`` as the shared checkpoint format writes them) and the
+        critics (``critic_<k>.pt``: head and, for a separate critic, trainable backbone weights).
+        Default folder: ``<output_dir>/checkpoint-<items done>``."""
+        import torch
+
+        from collab_env.adapters.common.checkpoint import save_checkpoint
+
+        path = Path(path) if path is not None else Path(self.args.output_dir) / f"checkpoint-{self.state.items_done}"
+        save_checkpoint(path, self._unique, asdict(self.state), self._rng)
+        for k, c in enumerate(self.critics):
+            blob = {"head": c.head.state_dict(), "shares_actor": c.shares_actor,
+                    "backbone": None if c.shares_actor else
+                    {n: p.detach().cpu() for n, p in c.backbone.named_parameters() if p.requires_grad}}
+            torch.save(blob, path / f"critic_{k}.pt")
+        return path
+
+    def close(self) -> None:
+        """Finish logging (closes the Weights & Biases run)."""
+        self.logger.close()
+
+
+class IACTrainer(_ActorCriticTrainer):
+    """Independent actor-critic: each agent has its own critic, which reads only that agent's
+    view (its chat prompt, and its completion for ``critic_estimate="q"``).
+
+    Args:
+        agent_model: The agents' model: a folder, a hub id, ``"embedded"``, a loaded model, or
+            one per agent. Each agent trains its own copy unless ``args.share_model``.
+        num_agents: Number of agents (must agree with ``args.num_agents``).
+        formatters: Dataset path: one callable per agent, ``item -> prompt``.
+        reward_func: Dataset path: CoMLRL reward function returning one joint reward per
+            aligned set of completions.
+        reward_processor: ``float -> float`` applied to every reward.
+        train_dataset: Training items (``datasets.Dataset`` or list of dicts), in order.
+        eval_dataset: Evaluation items; ``None``: :meth:`evaluate` returns ``{}``.
+        args: An :class:`IACConfig`.
+        wandb_config: ``None`` or the guide's Weights & Biases settings.
+        metrics_callback: ``metrics_callback(rollouts) -> dict`` of numbers, called with the
+            :class:`RolloutSample` list of every training batch and of every evaluation item.
+        external_transition: Dataset path: builds later turns' prompts.
+        tokenizer: A tokenizer (or one per agent); default: the model folder's.
+        critic_model: The critics' model (folder, hub id, ``"embedded"`` or loaded model) for
+            ``critic_type="separate"``; default: a copy of each agent's initial model.
+        critic_tokenizer: Its tokenizer (default: its folder's).
+        env: Env path: a registered id or an environment object.
+        eval_env: Env path: the environment to evaluate on.
+        env_kwargs: Keywords for ``collab_env.make`` when ``env``/``eval_env`` are ids.
+        policies: Env path: policies of the players that are not trained.
+        trained_players: Env path: the players to train.
+
+    Raises:
+        ConfigError: Inconsistent arguments (the message says which and how to fix it).
+    """
+
+    centralised = False
+    config_class = IACConfig
+    name = "IAC"
+
+
+class MAACTrainer(_ActorCriticTrainer):
+    """Multi-agent actor-critic with one centralised critic: it reads the env's ``state()``
+    (the global transcript with every agent's messages, hidden ones included; and the joint
+    action for ``critic_estimate="q"``) and has one output per agent (each agent's own reward).
+    Arguments as :class:`IACTrainer`, with ``args`` a :class:`MAACConfig`; ``critic_model``
+    defaults to a copy of agent 0's initial model."""
+
+    centralised = True
+    config_class = MAACConfig
+    name = "MAAC"
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def _max_norm(a: ActorCriticConfig) -> float:
+    return a.max_grad_norm if a.max_grad_norm is not None else float("inf")
+
+
+def _num_items(env: Any) -> int | None:
+    for obj in (env, getattr(env, "unwrapped", None)):
+        task = getattr(obj, "task", None) if obj is not None else None
+        if task is not None and hasattr(task, "num_items"):
+            return task.num_items()
+    return None
+
+
+def _turn_metrics(levels: Sequence[Sequence[Any]], prefix: str) -> dict[str, float]:
+    """``turn_k/reward_mean`` and ``turn_k/expected_return``: means over the joint actions of
+    depth ``k - 1`` and over the trained agents."""
+    out: dict[str, float] = {}
+    for d, nodes in enumerate(levels):
+        joint = [ja for node in nodes for ja in node.joint]
+        if joint:
+            out[f"{prefix}turn_{d + 1}/reward_mean"] = _mean([_mean(ja.rewards) for ja in joint])
+            out[f"{prefix}turn_{d + 1}/expected_return"] = _mean([_mean(ja.returns) for ja in joint])
+    return out
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _chat_text(tokenizer: Any, observation: Any) -> str:
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(observation.to_chat(), tokenize=False, add_generation_prompt=True)
+    return observation.render()
+
+
+def _load_critic_model(spec: Any, tokenizer: Any, device: Any) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of a separate critic from a folder, hub id, ``"embedded"`` or a
+    loaded model, in float32 on ``device``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from collab_env.adapters.common.models import EMBEDDED_NAMES
+
+    if isinstance(spec, str) and spec in EMBEDDED_NAMES:
+        from collab_env.agents.embedded import embedded_model_dir
+
+        spec = embedded_model_dir()
+    if isinstance(spec, (str, Path)):
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(spec))
+        except OSError as exc:
+            raise ConfigError(f"could not load the critic model {str(spec)!r}: {exc}. Pass a local model "
+                              "folder, a loaded model or 'embedded'.") from exc
+        tokenizer = tokenizer if tokenizer is not None else str(spec)
+    elif hasattr(spec, "config") and hasattr(spec, "parameters"):
+        model = spec
+        if tokenizer is None:
+            source = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "")
+            if not source:
+                raise ConfigError("cannot tell where the critic model was loaded from; pass critic_tokenizer=....")
+            tokenizer = source
+    else:
+        raise ConfigError(f"critic_model must be a model folder, a hub id, 'embedded' or a loaded model, got "
+                          f"{type(spec).__name__}.")
+    if isinstance(tokenizer, (str, Path)):
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
+    return model.to(device), tokenizer
