@@ -327,6 +327,11 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("list", help="list registered environments")
     q.add_argument("--suite", help="only this suite (builtin, collabllm, comlrl...)")
 
+    q = sub.add_parser("data", help="build RL/SFT/DPO datasets from CollabLLM conversations",
+                       add_help=False)
+    q.add_argument("data_args", nargs=argparse.REMAINDER,
+                   help="arguments of python -m collab_env.tasks.collabllm_data (--help for them)")
+
     q = sub.add_parser("info", help="show an environment's spec")
     q.add_argument("id")
     q.add_argument("--json", action="store_true", help="print the spec as JSON")
@@ -376,6 +381,14 @@ def main(argv: list[str] | None = None, *, stdin: TextIO | None = None,
 
     ``stdin``/``stdout`` default to the process's streams (tests may pass their own).
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["data"]:  # its own parser (collab_env.tasks.collabllm_data)
+        from collab_env.tasks.collabllm_data import main as data_main
+
+        try:
+            return data_main(argv[1:])
+        except SystemExit as exc:
+            return exc.code if isinstance(exc.code, int) else 0
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

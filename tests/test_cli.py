@@ -245,3 +245,12 @@ def test_console_script_and_module_entry_point():
                          capture_output=True, text=True, timeout=60, cwd=REPO, env=subprocess_env())
     assert res.returncode == 2
     assert "Did you mean 'hidden-facts'" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_data_subcommand_writes_the_rl_dataset(tmp_path, capsys):
+    from tests.collabllm_fixtures import write_collabllm_fixture
+
+    data = write_collabllm_fixture(tmp_path / "rows.jsonl", n=4)
+    assert main(["data", "--data_files", str(data), "--mode", "rl", "--output_dir", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "rl_train.parquet").exists()
+    assert main(["data", "--mode", "nonsense", "--data_files", str(data), "--output_dir", str(tmp_path)]) != 0
