@@ -37,3 +37,15 @@ def test_rollouts_snippet_runs():
     scope = {"__name__": "readme"}
     exec(compile(code, "README.md", "exec"), scope)
     assert len(scope["returns"]) == 64 and sum(scope["returns"]) == 64.0  # ask-then-answer solves all
+
+
+def test_training_snippet_is_valid_python_with_real_names():
+    """The snippet names the real trainer and config (running it needs minutes of training)."""
+    import ast
+
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"## Training\n\n.*?```python\n(.*?)```", readme, re.S).group(1)
+    ast.parse(code)
+    from collab_env.adapters.magrpo import MAGRPOConfig, MAGRPOTrainer  # noqa: F401
+
+    MAGRPOConfig(num_agents=2, num_generations=4, max_new_tokens=64, max_steps=8)
