@@ -409,7 +409,7 @@ class MAGRPOTrainer:
         per_epoch = self._items_per_epoch()
         limit = a.max_steps if a.max_steps > 0 else per_epoch * a.num_train_epochs
         bar = tqdm(total=limit, initial=self.state.items_done, disable=not self.logger.verbose,
-                   desc="MAGRPO", unit="item")
+                   desc=type(self).__name__.removesuffix("Trainer"), unit="item")
         last: dict[str, Any] = {}
         while self.state.epoch < a.num_train_epochs and self.state.items_done < limit:
             pos = self.state.item_in_epoch

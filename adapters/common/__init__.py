@@ -10,6 +10,10 @@ algorithm file reads top to bottom:
   dtype, gradient checkpointing, reference models, batched generation with exact token ids.
 * :mod:`~collab_env.adapters.common.losses`: per-token log-probs under masks, group-relative
   advantages, the clipped surrogate and the k3 estimator of the KL to a reference model.
+* :mod:`~collab_env.adapters.common.baselines`: REINFORCE baselines (mean, leave-one-out,
+  greedy rollout) as advantages.
+* :mod:`~collab_env.adapters.common.critics`: TD targets, GAE, clipped value loss and the
+  value-head critic of the actor-critic learners.
 * :mod:`~collab_env.adapters.common.rollout`: rollout trees on any collab_env environment
   (the CoMLRL multi-turn tree: a group of joint actions per node, returns from children).
 * :mod:`~collab_env.adapters.common.logging`: JSONL log, PNG curves, optional Weights & Biases.

@@ -1,0 +1,301 @@
+"""MAREINFORCE: multi-agent REINFORCE with a mean, leave-one-out (RLOO), greedy (ReMax) or no
+baseline (REINFORCE when there is one agent).
+
+The trainer surface is MAGRPO's (CoMLRL's), so the same script trains either learner::
+
+    from collab_env.adapters.reinforce import MAREINFORCEConfig, MAREINFORCETrainer
+
+    trainer = MAREINFORCETrainer(agent_model="embedded", num_agents=2, formatters=formatters,
+                                 reward_func=reward_func, train_dataset=train_dataset,
+                                 eval_dataset=eval_dataset,
+                                 args=MAREINFORCEConfig(num_agents=2, baseline="rloo"))
+    trainer.train()
+    metrics = trainer.evaluate(num_eval_samples=len(eval_dataset))
+
+``MARLOOConfig``/``MARLOOTrainer`` and ``MAReMaxConfig``/``MAReMaxTrainer`` are the same
+learner with ``baseline`` fixed to ``"rloo"`` / ``"remax"``. ``env="length-ratio"`` trains on a
+registered environment, exactly as with :class:`~collab_env.adapters.magrpo.MAGRPOTrainer`.
+
+The algorithm, per batch of training items:
+
+1. **Rollout tree**: MAGRPO's (``num_generations`` completions per acting agent and node,
+   aligned or crossed joint actions, returns = reward + ``discount`` * mean child return).
+2. **Baseline** (:func:`~collab_env.adapters.common.baselines.baseline_advantages`): each
+   agent's completions at a node get ``return - baseline``, optionally divided by the group's
+   std. For ``"remax"`` the baseline is the return of one extra **greedy rollout** from the
+   node: every acting agent answers at temperature 0, the env scores the joint action, and the
+   chain continues greedily to the tree's depth (its rewards are discounted like the tree's).
+3. **Update**, once per batch (on-policy: no ratio, no clipping): the loss
+   ``-(advantage * log-prob)`` on completion tokens plus ``beta`` times the k3 KL to the
+   reference, aggregated per ``loss_type``, one AdamW step per model. ``loss_type="token"`` (the
+   default) is the textbook estimator ``-sum_i A_i * sum_t log p(y_it)`` divided by the batch's
+   token count; ``"sequence"`` averages the log-probs of each sequence first.
+
+Evaluation and logging follow MAGRPO (the guide's schedule: before the first item of every epoch,
+then every ``eval_interval`` training items; the metric names ``turn_k/reward_mean``,
+``turn_k/expected_return``, ``eval/...``); ReMax adds ``turn_k/greedy_return``, and ``env_step``
+counts the greedy rollouts' reward evaluations too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from collab_env.adapters.common.baselines import BASELINES, baseline_advantages
+from collab_env.adapters.common.config import check_choice, check_int
+from collab_env.adapters.magrpo import (
+    MAGRPOConfig,
+    MAGRPOTrainer,
+    _kl_per_turn,
+    _mean,
+    _turn_metrics,
+)
+from collab_env.errors import ConfigError
+
+__all__ = [
+    "MAREINFORCEConfig", "MAREINFORCETrainer", "MARLOOConfig", "MARLOOTrainer", "MAReMaxConfig",
+    "MAReMaxTrainer", "reinforce_loss",
+]
+
+
+@dataclass
+class MAREINFORCEConfig(MAGRPOConfig):
+    """Configuration of :class:`MAREINFORCETrainer`: every field of
+    :class:`~collab_env.adapters.magrpo.MAGRPOConfig` except the PPO ones, which must keep
+    their defaults (``num_iterations=1``; ``clip_range``/``clip_range_high`` unused)."""
+
+    baseline: Literal["mean", "rloo", "remax", "none"] = "mean"
+    """Subtracted from each completion's return: the group mean, the mean of the other
+    completions (leave-one-out), the return of a greedy rollout from the same node (ReMax: one
+    extra greedy rollout per node), or nothing (plain REINFORCE)."""
+    num_generations: int = 4
+    """Completions each agent samples per node; ``"mean"``/``"rloo"`` need >= 2, ``"remax"``
+    and ``"none"`` work with 1."""
+    loss_type: Literal["sequence", "token"] = "token"
+    """``"token"``: ``-sum(A * log-prob)`` over all completion tokens divided by their count
+    (REINFORCE's sum of log-probs, up to a constant); ``"sequence"``: mean per sequence first."""
+
+    def __post_init__(self) -> None:
+        check_int("num_generations", self.num_generations, 1)
+        g = self.num_generations
+        self.num_generations = max(g, 2)  # MAGRPO needs a group; a greedy or no baseline does not
+        try:
+            super().__post_init__()
+        finally:
+            self.num_generations = g
+        check_choice("baseline", self.baseline, BASELINES)
+        if self.num_iterations != 1:
+            raise ConfigError(
+                f"REINFORCE is on-policy: one optimisation pass per batch, got num_iterations={self.num_iterations}. "
+                "Remove num_iterations, or use MAGRPOConfig for several passes with ratio clipping."
+            )
+        if self.clip_range != 0.2 or self.clip_range_high is not None:
+            raise ConfigError("REINFORCE has no ratio clipping: remove clip_range/clip_range_high (or use MAGRPOConfig).")
+        if g == 1 and self.baseline in ("mean", "rloo"):
+            raise ConfigError(f"baseline={self.baseline!r} compares the samples of a group: set num_generations >= 2, "
+                              "or use baseline='remax' or 'none' with one sample.")
+        if g == 1 and self.normalize_advantages:
+            raise ConfigError("normalize_advantages divides by the std of a group: set num_generations >= 2.")
+
+
+@dataclass
+class MARLOOConfig(MAREINFORCEConfig):
+    """:class:`MAREINFORCEConfig` with the leave-one-out baseline (the config of
+    :class:`MARLOOTrainer`)."""
+
+    baseline: Literal["mean", "rloo", "remax", "none"] = "rloo"
+    """Fixed to ``"rloo"`` for :class:`MARLOOTrainer`."""
+
+
+@dataclass
+class MAReMaxConfig(MAREINFORCEConfig):
+    """:class:`MAREINFORCEConfig` with the greedy-rollout baseline (the config of
+    :class:`MAReMaxTrainer`)."""
+
+    baseline: Literal["mean", "rloo", "remax", "none"] = "remax"
+    """Fixed to ``"remax"`` for :class:`MAReMaxTrainer`."""
+
+
+def reinforce_loss(logp, advantages, mask, *, ref_logp=None, beta: float = 0.0,
+                   loss_type: Literal["sequence", "token"] = "token",
+                   num_sequences: int | None = None, num_tokens: int | None = None):
+    """The REINFORCE loss of one micro-batch: per token ``-A * logp`` (``A`` the sequence's
+    advantage) plus ``beta`` times the k3 KL to the reference, aggregated by
+    :func:`~collab_env.adapters.common.losses.masked_aggregate` over the whole batch's
+    ``num_sequences`` / ``num_tokens`` (default: this micro-batch's).
+
+    Returns:
+        ``(loss, stats)``: a scalar tensor with gradient and detached float shares
+        ``policy_loss``, ``loss`` and, with ``ref_logp``, ``kl``.
+    """
+    import torch
+
+    from collab_env.adapters.common.losses import kl_k3, masked_aggregate
+
+    num_sequences = int(mask.shape[0]) if num_sequences is None else num_sequences
+    num_tokens = int(mask.sum().item()) if num_tokens is None else num_tokens
+    m = mask.bool()
+    per_token = torch.where(m, -advantages.to(logp.dtype).unsqueeze(-1) * logp, torch.zeros_like(logp))
+    loss = masked_aggregate(per_token, mask, loss_type, num_sequences, num_tokens)
+    stats = {"policy_loss": loss.detach()}
+    if ref_logp is not None:
+        kl = masked_aggregate(kl_k3(logp, ref_logp, mask), mask, loss_type, num_sequences, num_tokens)
+        stats["kl"] = kl.detach()
+        if beta:
+            loss = loss + beta * kl
+    stats["loss"] = loss.detach()
+    return loss, {k: v.to(torch.float32) for k, v in stats.items()}
+
+
+class MAREINFORCETrainer(MAGRPOTrainer):
+    """Train LLM agents with multi-agent REINFORCE and the baseline of ``args.baseline``.
+
+    Takes exactly :class:`~collab_env.adapters.magrpo.MAGRPOTrainer`'s arguments (dataset path
+    or ``env=``); ``args`` must be a :class:`MAREINFORCEConfig` (default: all defaults).
+
+    Raises:
+        ConfigError: ``args`` of another type, or (for the named variants) a config whose
+            ``baseline`` is not the variant's.
+    """
+
+    config_class: type[MAREINFORCEConfig] = MAREINFORCEConfig
+
+    def __init__(self, agent_model: Any = None, num_agents: int | None = None, formatters: Any = None,
+                 reward_func: Any = None, reward_processor: Any = None, train_dataset: Any = None,
+                 eval_dataset: Any = None, args: MAREINFORCEConfig | None = None, *more: Any, **kwargs: Any) -> None:
+        args = self.config_class() if args is None else args
+        name = self.config_class.__name__
+        if not isinstance(args, MAREINFORCEConfig):
+            raise ConfigError(f"args must be a {name}, got {type(args).__name__} (MAGRPOConfig belongs to MAGRPOTrainer).")
+        if self.config_class is not MAREINFORCEConfig and args.baseline != self.config_class.baseline:
+            raise ConfigError(f"{type(self).__name__} trains with baseline={self.config_class.baseline!r}, got "
+                              f"args.baseline={args.baseline!r}: pass a {name}, or use MAREINFORCETrainer.")
+        super().__init__(agent_model, num_agents, formatters, reward_func, reward_processor, train_dataset,
+                         eval_dataset, args, *more, **kwargs)
+
+    def _train_batch(self, indices: Sequence[int]) -> dict[str, float]:
+        """Roll out the trees of ``indices`` (and ReMax's greedy rollouts), compute advantages,
+        take one optimiser step per model."""
+        from collab_env.adapters.common.rollout import completion_values
+
+        a = self.args
+        _, levels = self._rollout(self.train_env, indices, lambda d: a.num_generations, a.joint_mode,
+                                  self._sampling(False), self._seeds)
+        metrics = _turn_metrics(levels, "")
+        metrics["env_steps"] = float(sum(len(n.joint) for nodes in levels for n in nodes))
+        greedy: dict[tuple[int, int], float] = {}
+        if a.baseline == "remax":
+            greedy, steps = self._greedy_returns(levels)
+            metrics["env_steps"] += steps
+            for d, nodes in enumerate(levels):
+                metrics[f"turn_{d + 1}/greedy_return"] = _mean([greedy[(id(n), i)] for n in nodes for i in n.acting])
+        samples: dict[int, list[tuple[list[int], tuple[int, ...], float, int]]] = {}
+        lengths = []
+        for nodes in levels:
+            for node in nodes:
+                for agent in node.acting:
+                    adv = baseline_advantages(completion_values(node, agent), a.baseline,
+                                              greedy_value=greedy.get((id(node), agent)),
+                                              normalize_std=a.normalize_advantages)
+                    owner = next(k for k, u in enumerate(self._unique) if u is self.models[agent])
+                    for comp, adv_g in zip(node.completions[agent], adv, strict=True):
+                        ids = tuple(comp.token_ids or ())
+                        samples.setdefault(owner, []).append((node.prompt_ids[agent], ids, adv_g, node.depth))
+                        lengths.append(len(ids))
+        metrics["completion_length"] = _mean(lengths)
+        per_model = [self._update(self._unique[k], s) for k, s in sorted(samples.items())]
+        self.state.optimizer_steps += 1
+        for key in sorted({k for m in per_model for k in m}):
+            metrics[key] = _mean([m[key] for m in per_model if key in m])
+        return metrics
+
+    def _greedy_returns(self, levels: Sequence[Sequence[Any]]) -> tuple[dict[tuple[int, int], float], int]:
+        """ReMax's baselines: from every node, a greedy joint action continued greedily to the
+        tree's depth. Returns ``{(id(node), agent): greedy return}`` and the number of reward
+        evaluations the greedy rollouts cost."""
+        from collab_env._async import run_sync
+        from collab_env.adapters.common.rollout import TreeNode, compute_returns, expand_tree
+
+        a = self.args
+        greedy = {"temperature": 0.0, "max_new_tokens": a.max_new_tokens}
+        out: dict[tuple[int, int], float] = {}
+        steps = 0
+        for d, nodes in enumerate(levels):
+            # A fresh start per node on the node's own state: a step clones the env, so the tree's
+            # node is left as it was.
+            starts = [TreeNode(root=n.root, depth=n.depth, env=n.env, obs=n.obs, infos=n.infos,
+                               players=n.players, acting=list(n.acting)) for n in nodes]
+            chains = run_sync(expand_tree(starts, players=self.players, models=self.models, others=self.others,
+                                          branching=lambda _: 1, max_depth=a.num_turns - d, joint_mode="aligned",
+                                          sampling=greedy, seeds=self._seeds))
+            compute_returns(chains, len(self.players), a.discount)
+            steps += sum(len(n.joint) for lv in chains for n in lv)
+            for node, start in zip(nodes, starts, strict=True):
+                for agent in node.acting:
+                    out[(id(node), agent)] = start.joint[0].returns[agent]
+        return out, steps
+
+    def _update(self, pm: Any, samples: Sequence[tuple[list[int], tuple[int, ...], float, int]]) -> dict[str, float]:
+        """One on-policy optimiser step of ``pm`` on its samples; returns loss metrics."""
+        import torch
+
+        from collab_env.adapters.common.losses import pack_sequences, token_logprobs
+
+        a = self.args
+        device = pm.device
+        micro = [samples[i:i + a.train_micro_batch_size] for i in range(0, len(samples), a.train_micro_batch_size)]
+        batches = [pack_sequences([s[0] for s in mb], [s[1] for s in mb], pm.pad_id).to(device) for mb in micro]
+        advantages = [torch.tensor([s[2] for s in mb], dtype=torch.float32, device=device) for mb in micro]
+        num_tok = int(sum(int(b.completion_mask.sum()) for b in batches))
+        ref: list[Any] | None = None
+        if a.beta > 0:
+            pm.model.eval()
+            with torch.no_grad(), pm.as_reference() as reference:
+                reference.eval()
+                ref = [token_logprobs(reference, b, a.temperature) for b in batches]
+        pm.model.train()
+        pm.optimizer.zero_grad(set_to_none=True)
+        out: dict[str, float] = {}
+        kl_by_turn: dict[int, list[float]] = {}
+        for k, (b, adv) in enumerate(zip(batches, advantages, strict=True)):
+            logp = token_logprobs(pm.model, b, a.temperature)
+            loss, stats = reinforce_loss(logp, adv, b.completion_mask, ref_logp=ref[k] if ref is not None else None,
+                                         beta=a.beta, loss_type=a.loss_type, num_sequences=len(samples),
+                                         num_tokens=num_tok)
+            loss.backward()
+            for name, v in stats.items():
+                out[name] = out.get(name, 0.0) + float(v)
+            if ref is not None:
+                _kl_per_turn(logp.detach(), ref[k], b.completion_mask, micro[k], kl_by_turn)
+        params = [p for _, p in pm.trainable_parameters()]
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            params, a.max_grad_norm if a.max_grad_norm is not None else float("inf"))
+        pm.optimizer.step()
+        pm.scheduler.step()
+        pm.model.eval()
+        out["grad_norm"] = float(grad_norm)
+        out["learning_rate"] = float(pm.scheduler.get_last_lr()[0])
+        if ref is not None:
+            kl = out.pop("kl")
+            out["reference_kl_mean"] = kl
+            out["reference_kl_penalty_mean"] = a.beta * kl
+            for turn, kls in kl_by_turn.items():
+                out[f"turn_{turn + 1}/reference_kl_mean"] = _mean(kls)
+                out[f"turn_{turn + 1}/reference_kl_penalty_mean"] = a.beta * _mean(kls)
+        return out
+
+
+class MARLOOTrainer(MAREINFORCETrainer):
+    """:class:`MAREINFORCETrainer` with the leave-one-out baseline; ``args`` a
+    :class:`MARLOOConfig`."""
+
+    config_class = MARLOOConfig
+
+
+class MAReMaxTrainer(MAREINFORCETrainer):
+    """:class:`MAREINFORCETrainer` with ReMax's greedy-rollout baseline; ``args`` a
+    :class:`MAReMaxConfig`."""
+
+    config_class = MAReMaxConfig
