@@ -1,0 +1,762 @@
+"""DPO on recorded preference pairs, and online DPO ranked by an environment's reward.
+
+**Offline** (:class:`DPOTrainer`): pairs of replies to the same multi-turn prompt, as
+:func:`~collab_env.tasks.collabllm_data.build_dpo_dataset` writes them (``prompt``: chat
+messages, or a string taken as one user message; ``chosen`` / ``rejected``: a list of assistant
+messages or a string)::
+
+    from collab_env.adapters.dpo import DPOConfig, DPOTrainer
+
+    pairs = process_collabllm_dataset(data_files="math-hard.parquet", mode="dpo", min_gap=0.02)
+    trainer = DPOTrainer(agent_model="embedded", train_dataset=pairs["train"],
+                         eval_dataset=pairs["validation"], args=DPOConfig(beta=0.1))
+    trainer.train()
+    trainer.evaluate(num_eval_samples=64)   # eval/loss, eval/reward_accuracy, eval/margin
+
+The loss (:func:`~collab_env.adapters.common.preference.dpo_loss`) is
+``-log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r)))`` with summed completion log-probs
+under the policy (``pi``) and the frozen initial model (``ref``; under LoRA, the model with its
+adapters disabled). ``reference_free=True`` drops the ``ref`` terms and builds no reference.
+
+**Multi-agent**: with ``num_agents > 1`` each agent runs its own DPO on its own pairs: pass
+``train_dataset`` as a list with one dataset per agent, or one dataset with an ``agent`` column
+(the agent's index, ``0 .. num_agents - 1``). Each agent trains its own copy of the model (its
+own optimiser and reference); with ``share_model=True`` one model learns from every agent's
+pairs in one optimiser step.
+
+**Online** (:class:`OnlineDPOTrainer`, the CollabLLM paper's strongest setting): for each
+training item of a registered environment (``collabllm-*`` with ``data_files``, ``hidden-facts``,
+or any env object) the current policy samples ``num_candidates`` replies at the item's first
+trained turn; each reply is applied to its own clone of the env and scored by the env's reward
+(wrap the env in :class:`~collab_env.rewards.mr.MultiturnAwareReward` to rank by the
+multiturn-aware reward); the best and the worst reply form a pair when their reward gap is at
+least ``min_gap``; the pairs of a batch take one DPO step. ``evaluate(num_eval_samples=...)``
+rolls one reply per evaluation item and reports the env's reward; the automatic evaluation runs
+before the first preference update and then every ``eval_interval`` preference updates.
+
+Logs: ``<output_dir>/metrics.jsonl`` and ``curves.png``; ``env_step`` is the optimiser step
+offline and the number of reward evaluations online.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from collab_env.adapters.common.config import TrainerConfig, check_float, check_int
+from collab_env.errors import ConfigError, DataSchemaError
+
+__all__ = ["DPOConfig", "DPOTrainer", "OnlineDPOConfig", "OnlineDPOTrainer", "DPOState", "encode_pair"]
+
+
+@dataclass
+class DPOConfig(TrainerConfig):
+    """Configuration of :class:`DPOTrainer`. Every field of
+    :class:`~collab_env.adapters.common.config.TrainerConfig` applies; here
+    ``per_device_train_batch_size`` is pairs per forward pass, and ``max_steps``,
+    ``eval_interval``, ``save_steps`` and ``logging_steps`` count optimiser steps."""
+
+    num_agents: int = 1
+    """Number of agents; each runs its own DPO on its own pairs (module docstring)."""
+    beta: float = 0.1
+    """Temperature of DPO's implicit reward ``beta * (log pi - log ref)``."""
+    reference_free: bool = False
+    """Drop the reference terms: ``-log sigmoid(beta * (log pi_c - log pi_r))``; no reference
+    model is built."""
+    max_length: int | None = 1024
+    """Longest prompt + completion in tokens: completions are cut on the right to fit; a pair
+    whose prompt alone reaches it is skipped (counted in ``skipped``). ``None``: no limit."""
+    gradient_accumulation_steps: int = 1
+    """Forward/backward passes per optimiser step."""
+    shuffle: bool = True
+    """Shuffle each agent's pairs every epoch (seeded by ``seed`` and the epoch)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int("num_agents", self.num_agents, 1)
+        check_float("beta", self.beta, 0.0, low_open=True)
+        if self.reference_free not in (True, False):
+            raise ConfigError(f"reference_free must be True or False, got {self.reference_free!r}.")
+        check_int("max_length", self.max_length, 2, allow_none=True)
+        check_int("gradient_accumulation_steps", self.gradient_accumulation_steps, 1)
+        if self.shuffle not in (True, False):
+            raise ConfigError(f"shuffle must be True or False, got {self.shuffle!r}.")
+
+
+@dataclass
+class DPOState:
+    """Where a DPO run is; saved in checkpoints."""
+
+    epoch: int = 0
+    """Current epoch (0-based)."""
+    step_in_epoch: int = 0
+    """Optimiser steps (offline) or training items (online) done in the current epoch."""
+    optimizer_steps: int = 0
+    """Optimiser steps (preference updates) taken."""
+    items_done: int = 0
+    """Online: training items used so far."""
+    env_step: int = 0
+    """Online: reward evaluations so far (offline: optimiser steps)."""
+    evaluations: int = 0
+    """Evaluations run."""
+    last_eval_update: int = -1
+    """Online: the preference-update count at the last scheduled evaluation."""
+    pending: list[dict[str, float]] = field(default_factory=list)
+    """Training metrics not yet logged."""
+
+
+#: One encoded pair: (prompt ids, chosen ids, rejected ids).
+Pair = tuple[list[int], list[int], list[int]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding pairs
+# ---------------------------------------------------------------------------------------------
+def _as_messages(value: Any, role: str, where: str) -> list[dict[str, str]]:
+    if isinstance(value, str):
+        return [{"role": role, "content": value}]
+    if isinstance(value, Sequence) and value and all(
+            isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in value):
+        return [{"role": m["role"], "content": m["content"]} for m in value]
+    raise DataSchemaError(f"{where} must be a string or a non-empty list of {{'role', 'content'}} dicts, got {value!r}.")
+
+
+def encode_pair(tokenizer: Any, prompt: Any, chosen: Any, rejected: Any, *, max_length: int | None = None,
+                where: str = "pair") -> Pair | None:
+    """``(prompt_ids, chosen_ids, rejected_ids)`` of one preference pair, or ``None`` when the
+    prompt alone does not fit in ``max_length``.
+
+    The prompt is rendered with the chat template and its generation prompt; a completion's ids
+    are the tokens the template adds after that prefix for the completion's messages, cut after
+    the end-of-turn token (what generation produces). A string prompt is one user message; a
+    string completion one assistant message.
+
+    Raises:
+        DataSchemaError: Malformed fields; ConfigError: a template that is not prefix-stable.
+    """
+    from collab_env.adapters.sft import _check_prefix, _end_of_turn, chat_ids
+
+    p_msgs = _as_messages(prompt, "user", f"{where}: prompt")
+    p_ids = chat_ids(tokenizer, p_msgs, generation_prompt=True)
+    out: list[list[int]] = []
+    for name, value in (("chosen", chosen), ("rejected", rejected)):
+        c_msgs = _as_messages(value, "assistant", f"{where}: {name}")
+        if c_msgs[0]["role"] != "assistant":
+            raise DataSchemaError(f"{where}: {name} must start with an assistant message, got {c_msgs[0]['role']!r}.")
+        full = chat_ids(tokenizer, p_msgs + c_msgs)
+        _check_prefix(full, p_ids, where)
+        end = _end_of_turn(tokenizer, full, len(p_ids), len(full)) if len(c_msgs) == 1 else len(full)
+        out.append(full[len(p_ids):end])
+    if max_length is not None:
+        room = max_length - len(p_ids)
+        if room < 1:
+            return None
+        out = [c[:room] for c in out]
+    return p_ids, out[0], out[1]
+
+
+def _split_by_agent(data: Any, num_agents: int, what: str) -> list[list[Mapping[str, Any]]]:
+    """Rows per agent: a list of datasets (one per agent), or rows with an ``agent`` column."""
+    if data is None:
+        return [[] for _ in range(num_agents)]
+    if isinstance(data, (str, bytes, Mapping)):
+        raise ConfigError(f"{what} must be a datasets.Dataset, a list of rows, or a list of those (one per agent).")
+    items = list(data) if isinstance(data, (list, tuple)) else None
+    if items and all(not isinstance(x, Mapping) for x in items):
+        if len(items) != num_agents:
+            raise ConfigError(f"{what} lists {len(items)} datasets for {num_agents} agents: pass one per agent.")
+        return [list(x) for x in items]
+    rows = list(data)
+    per: list[list[Mapping[str, Any]]] = [[] for _ in range(num_agents)]
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise DataSchemaError(f"{what} row {i} must be a dict, got {type(row).__name__}.")
+        agent = row.get("agent", 0 if num_agents == 1 else None)
+        if isinstance(agent, bool) or not isinstance(agent, int) or not 0 <= agent < num_agents:
+            raise DataSchemaError(
+                f"{what} row {i}: agent must be an int in [0, {num_agents}) with num_agents={num_agents}, got "
+                f"{agent!r}; add an 'agent' column or pass one dataset per agent."
+            )
+        per[agent].append(row)
+    return per
+
+
+# ---------------------------------------------------------------------------------------------
+# The shared update
+# ---------------------------------------------------------------------------------------------
+def _pair_logps(model: Any, pairs: Sequence[Pair], pad_id: int, device: Any):
+    """``([B] chosen, [B] rejected)`` summed completion log-probs, in one forward pass."""
+    from collab_env.adapters.common.losses import pack_sequences, token_logprobs
+    from collab_env.adapters.common.preference import sequence_logprobs
+
+    prompts = [p for p, _, _ in pairs] * 2
+    comps = [c for _, c, _ in pairs] + [r for _, _, r in pairs]
+    batch = pack_sequences(prompts, comps, pad_id).to(device)
+    seq = sequence_logprobs(token_logprobs(model, batch), batch.completion_mask)
+    return seq[:len(pairs)], seq[len(pairs):]
+
+
+def _dpo_step(pm: Any, pairs: Sequence[Pair], args: DPOConfig, micro: int) -> dict[str, float]:
+    """One optimiser step of ``pm`` on ``pairs`` (micro-batches of ``micro`` pairs; the loss is
+    the mean over all pairs, so accumulation is exact). Returns the step's metrics."""
+    import torch
+
+    from collab_env.adapters.common.preference import dpo_loss
+
+    n = len(pairs)
+    params = [p for _, p in pm.trainable_parameters()]
+    pm.optimizer.zero_grad(set_to_none=True)
+    sums = {"loss": 0.0, "reward_accuracy": 0.0, "margin": 0.0, "chosen_reward": 0.0, "rejected_reward": 0.0,
+            "chosen_logp": 0.0, "rejected_logp": 0.0}
+    for k in range(0, n, micro):
+        chunk = pairs[k:k + micro]
+        ref_c = ref_r = None
+        if not args.reference_free:
+            with torch.no_grad(), pm.as_reference() as reference:
+                reference.eval()
+                ref_c, ref_r = _pair_logps(reference, chunk, pm.pad_id, pm.device)
+        pm.model.train()
+        pi_c, pi_r = _pair_logps(pm.model, chunk, pm.pad_id, pm.device)
+        losses, rc, rr = dpo_loss(pi_c, pi_r, ref_c, ref_r, beta=args.beta)
+        (losses.sum() / n).backward()
+        _accumulate(sums, losses, rc, rr, pi_c, pi_r)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm if args.max_grad_norm is not None else float("inf"))
+    pm.optimizer.step()
+    pm.scheduler.step()
+    pm.model.eval()
+    out = {k: v / n for k, v in sums.items()}
+    out.update(grad_norm=float(grad_norm), pairs=float(n), learning_rate=float(pm.scheduler.get_last_lr()[0]))
+    return out
+
+
+def _accumulate(sums: dict[str, float], losses, rc, rr, pi_c, pi_r) -> None:
+    sums["loss"] += float(losses.detach().sum())
+    sums["reward_accuracy"] += float((rc > rr).float().sum())
+    sums["margin"] += float((rc - rr).sum())
+    sums["chosen_reward"] += float(rc.sum())
+    sums["rejected_reward"] += float(rr.sum())
+    sums["chosen_logp"] += float(pi_c.detach().sum())
+    sums["rejected_logp"] += float(pi_r.detach().sum())
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def _merge(window: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    keys = sorted({k for w in window for k in w})
+    return {k: _mean([w[k] for w in window if k in w and not math.isnan(w[k])]) for k in keys}
+
+
+class _Base:
+    """Model loading, optimisers, logging and checkpoints shared by both trainers."""
+
+    def _setup(self, agent_model: Any, tokenizer: Any, args: DPOConfig, wandb_config: Any, steps: int) -> None:
+        import torch
+
+        from collab_env.adapters.common.logging import MetricsLogger
+        from collab_env.adapters.common.models import (
+            load_policy_models,
+            make_optimizer,
+            make_scheduler,
+            unique_models,
+        )
+
+        if agent_model is None:
+            raise ConfigError("agent_model is required: a model folder, a hub id, 'embedded' or a loaded model.")
+        torch.manual_seed(args.seed)
+        self.models = load_policy_models(agent_model, tokenizer, args.num_agents, args,
+                                         need_reference=not args.reference_free)
+        self._unique = unique_models(self.models)
+        for pm in self._unique:
+            pm.optimizer = make_optimizer(pm, args)
+            pm.scheduler = make_scheduler(pm.optimizer, args, steps)
+        self.state = DPOState()
+        self.logger = MetricsLogger(args.output_dir, args.to_dict(), wandb_config)
+
+    def _model_index(self, agent: int) -> int:
+        return next(k for k, u in enumerate(self._unique) if u is self.models[agent])
+
+    def save_checkpoint(self, path: str | Path | None = None) -> Path:
+        """Save models, optimisers, schedulers, reference weights, position and RNG states
+        (default ``<output_dir>/checkpoint-<optimiser steps>``)."""
+        from collab_env.adapters.common.checkpoint import save_checkpoint
+
+        path = Path(path) if path is not None else Path(self.args.output_dir) / f"checkpoint-{self.state.optimizer_steps}"
+        return save_checkpoint(path, self._unique, asdict(self.state), getattr(self, "_rng", None))
+
+    def _resume(self, path: str | Path) -> None:
+        from collab_env.adapters.common.checkpoint import load_checkpoint
+
+        self.state = DPOState(**load_checkpoint(path, self._unique, getattr(self, "_rng", None)))
+        self.logger.resume()
+
+    def close(self) -> None:
+        """Finish logging (closes the Weights & Biases run)."""
+        self.logger.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Offline DPO
+# ---------------------------------------------------------------------------------------------
+class DPOTrainer(_Base):
+    """DPO on recorded preference pairs (one DPO per agent with ``num_agents > 1``).
+
+    Args:
+        agent_model: A folder, hub id, ``"embedded"``, a loaded model, or one per agent.
+        train_dataset: Pair rows (``prompt``, ``chosen``, ``rejected``; optionally ``agent``),
+            or a list with one such dataset per agent.
+        eval_dataset: Same format; ``None``: :meth:`evaluate` returns ``{}``.
+        args: A :class:`DPOConfig`.
+        tokenizer: A tokenizer (or one per agent); default: the model folder's.
+        wandb_config: ``None`` or Weights & Biases settings.
+    """
+
+    def __init__(self, agent_model: Any = None, train_dataset: Any = None, eval_dataset: Any = None,
+                 args: DPOConfig | None = None, *, tokenizer: Any = None,
+                 wandb_config: Mapping[str, Any] | None = None) -> None:
+        args = DPOConfig() if args is None else args
+        if not isinstance(args, DPOConfig) or isinstance(args, OnlineDPOConfig):
+            raise ConfigError(f"args must be a DPOConfig, got {type(args).__name__}.")
+        if train_dataset is None and eval_dataset is None:
+            raise ConfigError("pass train_dataset= (and optionally eval_dataset=).")
+        self.args = args
+        self._train_raw = _split_by_agent(train_dataset, args.num_agents, "train_dataset")
+        self._eval_raw = _split_by_agent(eval_dataset, args.num_agents, "eval_dataset")
+        self._unique = []
+        # the step count decides the LR schedule, so pairs are counted before loading models
+        per_model_rows = [len(r) for r in self._train_raw]
+        steps_guess = max(1, math.ceil(max(per_model_rows) / self._batch_pairs())) * args.num_train_epochs
+        if args.max_steps > 0:
+            steps_guess = min(steps_guess, args.max_steps)
+        self._setup(agent_model, tokenizer, args, wandb_config, steps_guess)
+        self.skipped = 0
+        self.train_pairs = self._encode(self._train_raw, "train_dataset")
+        self.eval_pairs = self._encode(self._eval_raw, "eval_dataset")
+        if train_dataset is not None and not any(self.train_pairs):
+            raise DataSchemaError("train_dataset has no usable pair (every prompt reaches max_length?).")
+
+    def _batch_pairs(self) -> int:
+        return self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
+
+    def _encode(self, per_agent: Sequence[Sequence[Mapping[str, Any]]], what: str) -> list[list[Pair]]:
+        """Encoded pairs per distinct model (its agents' pairs, in agent order)."""
+        out: list[list[Pair]] = [[] for _ in self._unique]
+        for agent, rows in enumerate(per_agent):
+            pm = self.models[agent]
+            for i, row in enumerate(rows):
+                for col in ("prompt", "chosen", "rejected"):
+                    if col not in row:
+                        raise DataSchemaError(f"{what} (agent {agent}) row {i} has no {col!r} column (it has {sorted(row)}).")
+                pair = encode_pair(pm.tokenizer, row["prompt"], row["chosen"], row["rejected"],
+                                   max_length=self.args.max_length, where=f"{what} (agent {agent}) row {i}")
+                if pair is None:
+                    self.skipped += 1
+                    continue
+                out[self._model_index(agent)].append(pair)
+        return out
+
+    def _steps_per_epoch(self) -> int:
+        return max(1, max(math.ceil(len(p) / self._batch_pairs()) for p in self.train_pairs))
+
+    def _order(self, n: int, epoch: int, k: int) -> list[int]:
+        import numpy as np
+
+        if not self.args.shuffle:
+            return list(range(n))
+        return [int(i) for i in np.random.default_rng([self.args.seed, epoch, k]).permutation(n)]
+
+    def train(self, resume_from_checkpoint: str | Path | None = None) -> dict[str, Any]:
+        """Train for ``num_train_epochs`` (or ``max_steps`` optimiser steps); returns the last
+        logged training metrics (averaged over the models)."""
+        from tqdm.auto import tqdm
+
+        if not any(self.train_pairs):
+            raise ConfigError("train() needs train_dataset=.")
+        if resume_from_checkpoint is not None:
+            self._resume(resume_from_checkpoint)
+        a = self.args
+        per_epoch = self._steps_per_epoch()
+        limit = per_epoch * a.num_train_epochs
+        if a.max_steps > 0:
+            limit = min(limit, a.max_steps)
+        bar = tqdm(total=limit, initial=self.state.optimizer_steps, disable=not self.logger.verbose,
+                   desc="DPO", unit="step")
+        last: dict[str, Any] = {}
+        while self.state.optimizer_steps < limit:
+            if a.eval_interval and self.state.optimizer_steps % a.eval_interval == 0 and any(self.eval_pairs):
+                self.evaluate()
+            s, nb = self.state.step_in_epoch, self._batch_pairs()
+            per_model = []
+            for k, pm in enumerate(self._unique):
+                pairs = self.train_pairs[k]
+                order = self._order(len(pairs), self.state.epoch, k)
+                batch = [pairs[i] for i in order[s * nb:(s + 1) * nb]]
+                if batch:  # a model whose pairs ran out this epoch waits for the next
+                    per_model.append(_dpo_step(pm, batch, a, a.per_device_train_batch_size))
+            self.state.optimizer_steps += 1
+            self.state.env_step = self.state.optimizer_steps
+            self.state.step_in_epoch += 1
+            if self.state.step_in_epoch >= per_epoch:
+                self.state.epoch += 1
+                self.state.step_in_epoch = 0
+            self.state.pending.append(_merge(per_model))
+            if self.state.optimizer_steps % a.logging_steps == 0 or self.state.optimizer_steps == limit:
+                last = self._flush()
+            if a.save_steps and self.state.optimizer_steps % a.save_steps == 0:
+                self.save_checkpoint()
+            bar.update(1)
+        bar.close()
+        if a.plot:
+            self.logger.plot()
+        return last
+
+    def _flush(self) -> dict[str, Any]:
+        merged = _merge(self.state.pending)
+        self.state.pending = []
+        return self.logger.log(merged, env_step=self.state.env_step, epoch=self.state.epoch)
+
+    def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
+        """DPO loss, implicit-reward accuracy and margin on the first ``num_eval_samples``
+        evaluation pairs of each model (default ``args.eval_num_samples``), without updating
+        weights. Logs and returns ``eval/...`` metrics (``{}`` without evaluation pairs)."""
+        import torch
+
+        from collab_env.adapters.common.preference import dpo_loss
+
+        n = self.args.eval_num_samples if num_eval_samples is None else num_eval_samples
+        check_int("num_eval_samples", n, 0)
+        sums: dict[str, float] = {}
+        count = 0
+        for k, pm in enumerate(self._unique):
+            pairs = self.eval_pairs[k][:n]
+            for j in range(0, len(pairs), self.args.eval_batch_size):
+                chunk = pairs[j:j + self.args.eval_batch_size]
+                with torch.no_grad():
+                    pm.model.eval()
+                    pi_c, pi_r = _pair_logps(pm.model, chunk, pm.pad_id, pm.device)
+                    ref_c = ref_r = None
+                    if not self.args.reference_free:
+                        with pm.as_reference() as reference:
+                            ref_c, ref_r = _pair_logps(reference, chunk, pm.pad_id, pm.device)
+                    losses, rc, rr = dpo_loss(pi_c, pi_r, ref_c, ref_r, beta=self.args.beta)
+                s = dict.fromkeys(("loss", "reward_accuracy", "margin", "chosen_reward", "rejected_reward",
+                                   "chosen_logp", "rejected_logp"), 0.0)
+                _accumulate(s, losses, rc, rr, pi_c, pi_r)
+                for key, v in s.items():
+                    sums[key] = sums.get(key, 0.0) + v
+                count += len(chunk)
+        if not count:
+            return {}
+        self.state.evaluations += 1
+        metrics = {f"eval/{k}": v / count for k, v in sums.items()}
+        metrics["eval/pairs"] = float(count)
+        self.logger.log(metrics, env_step=self.state.env_step, epoch=self.state.epoch)
+        return metrics
+
+
+# ---------------------------------------------------------------------------------------------
+# Online DPO ranked by the env's reward
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class OnlineDPOConfig(DPOConfig):
+    """Configuration of :class:`OnlineDPOTrainer`: every :class:`DPOConfig` field, with
+    ``per_device_train_batch_size`` counting training items per forward pass (an optimiser step
+    uses ``per_device_train_batch_size * gradient_accumulation_steps`` items), ``max_steps``
+    counting training items, and ``eval_interval`` counting preference updates."""
+
+    num_candidates: int = 4
+    """Replies sampled per item and trained agent (``k``); the best and the worst form the pair."""
+    min_gap: float = 0.0
+    """Smallest reward gap of a kept pair (kept when ``best - worst >= min_gap``; equal rewards
+    never make a pair)."""
+    max_new_tokens: int = 128
+    """Longest sampled reply, in tokens."""
+    temperature: float = 1.0
+    """Sampling temperature of the candidates."""
+    top_p: float = 1.0
+    """Nucleus sampling mass of the candidates."""
+    top_k: int | None = None
+    """Top-k sampling of the candidates (``None``: off)."""
+    eval_greedy: bool = True
+    """Evaluate with greedy decoding (else with the training sampling settings)."""
+    eval_num_turns: int = 1
+    """Trained turns rolled per evaluation item (the env's reward of each is summed into
+    ``eval/return_mean``)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int("num_candidates", self.num_candidates, 2)
+        check_float("min_gap", self.min_gap, 0.0)
+        check_int("max_new_tokens", self.max_new_tokens, 1)
+        check_float("temperature", self.temperature, 0.0, low_open=True)
+        check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        check_int("top_k", self.top_k, 1, allow_none=True)
+        check_int("eval_num_turns", self.eval_num_turns, 1)
+
+
+def _num_items(env: Any) -> int | None:
+    for obj in (env, getattr(env, "unwrapped", None)):
+        task = getattr(obj, "task", None) if obj is not None else None
+        if task is not None and hasattr(task, "num_items"):
+            return task.num_items()
+    return None
+
+
+class OnlineDPOTrainer(_Base):
+    """Online DPO on an environment: pairs ranked by the env's reward (module docstring).
+
+    Args:
+        agent_model: A folder, hub id, ``"embedded"``, a loaded model, or one per agent.
+        env: A registered id or an environment object (``areset``/``astep``/``clone``/
+            ``possible_agents``), typically wrapped in the multiturn-aware reward.
+        eval_env: The environment (id or object) of :meth:`evaluate`; ``None``: ``{}``.
+        args: An :class:`OnlineDPOConfig`.
+        tokenizer: A tokenizer (or one per agent); default: the model folder's.
+        env_kwargs: Keywords of ``collab_env.make`` when ``env``/``eval_env`` are ids.
+        policies: Player -> policy for the players that are not trained (default: the spec's).
+        trained_players: The players to train (default: the spec's trainable ones); their
+            number must equal ``args.num_agents``.
+        wandb_config: ``None`` or Weights & Biases settings.
+    """
+
+    def __init__(self, agent_model: Any = None, env: Any = None, eval_env: Any = None,
+                 args: OnlineDPOConfig | None = None, *, tokenizer: Any = None,
+                 env_kwargs: Mapping[str, Any] | None = None, policies: Mapping[str, Any] | None = None,
+                 trained_players: Sequence[str] | None = None,
+                 wandb_config: Mapping[str, Any] | None = None) -> None:
+        import numpy as np
+
+        from collab_env.agents.base import resolve_policy
+        from collab_env.rewards.mr import bind_learner_policies
+
+        args = OnlineDPOConfig() if args is None else args
+        if not isinstance(args, OnlineDPOConfig):
+            raise ConfigError(f"args must be an OnlineDPOConfig, got {type(args).__name__}.")
+        if env is None:
+            raise ConfigError("env= is required: a registered id (e.g. 'hidden-facts') or an environment object.")
+        self.args = args
+        self.train_env = self._build(env, env_kwargs)
+        self.eval_env = self._build(eval_env, env_kwargs)
+        spec = getattr(self.train_env, "spec", None)
+        possible = list(self.train_env.possible_agents)
+        players = list(trained_players) if trained_players is not None else (
+            list(spec.trainable) if spec is not None and getattr(spec, "trainable", ()) else possible)
+        unknown = [p for p in players if p not in possible]
+        if unknown or not players:
+            raise ConfigError(f"trained_players {unknown or players} must be players of the env: {possible}.")
+        if len(players) != args.num_agents:
+            raise ConfigError(
+                f"the env trains {len(players)} player(s) {players} but args.num_agents={args.num_agents}; "
+                f"set num_agents={len(players)} or pass trained_players=[...]."
+            )
+        self.players = tuple(players)
+        chosen = {**dict(getattr(spec, "default_policies", {}) or {}), **dict(policies or {})}
+        self.others = {p: resolve_policy(chosen[p]) for p in possible if p not in players and p in chosen}
+        self._train_items = _num_items(self.train_env)
+        self._eval_items = _num_items(self.eval_env) if self.eval_env is not None else 0
+        if self._train_items is None and args.max_steps < 0:
+            raise ConfigError("this env generates unlimited items: set args.max_steps to the number of training items.")
+        self._rng = np.random.default_rng(args.seed)
+        self.skipped = 0
+        self._setup(agent_model, tokenizer, args, wandb_config, self._planned_updates())
+        for e in (self.train_env, self.eval_env):
+            if e is not None:  # futures of a multiturn-aware reward are played by the trained policy
+                bind_learner_policies(e, {p: self.models[i].generator for i, p in enumerate(self.players)})
+
+    @staticmethod
+    def _build(e: Any, env_kwargs: Mapping[str, Any] | None) -> Any:
+        import collab_env
+
+        if e is None:
+            return None
+        if isinstance(e, str):
+            return collab_env.make(e, **dict(env_kwargs or {}))
+        for attr in ("areset", "astep", "clone", "possible_agents"):
+            if not hasattr(e, attr):
+                raise ConfigError(f"env must be a registered id or an environment object; {type(e).__name__} has no {attr!r}.")
+        return e
+
+    def _items_per_epoch(self) -> int:
+        return self._train_items if self._train_items is not None else self.args.max_steps
+
+    def _items_per_update(self) -> int:
+        return self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
+
+    def _planned_updates(self) -> int:
+        items = self._items_per_epoch() * self.args.num_train_epochs
+        if self.args.max_steps > 0:
+            items = min(items, self.args.max_steps)
+        return max(1, math.ceil(items / self._items_per_update()))
+
+    def _seeds(self, n: int) -> list[int]:
+        return [int(s) for s in self._rng.integers(0, 2**62, size=n)]
+
+    def _sampling(self, evaluation: bool) -> dict[str, Any]:
+        a = self.args
+        if evaluation and a.eval_greedy:
+            return {"temperature": 0.0, "max_new_tokens": a.max_new_tokens}
+        return {"temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k, "max_new_tokens": a.max_new_tokens}
+
+    def _rollout(self, env: Any, indices: Sequence[int], g: int, depth: int, sampling: Mapping[str, Any],
+                 seeds: Callable[[int], list[int]]):
+        from collab_env._async import run_sync
+        from collab_env.adapters.common.rollout import compute_returns, expand_tree, start_roots
+
+        async def go():
+            roots = await start_roots(env, indices, self.players, self.others, seeds)
+            return await expand_tree(roots, players=self.players, models=self.models, others=self.others,
+                                     branching=lambda d: g if d == 0 else 1, max_depth=depth,
+                                     joint_mode="aligned", sampling=sampling, seeds=seeds)
+
+        levels = run_sync(go())
+        compute_returns(levels, len(self.players), 1.0)
+        return levels
+
+    def collect_pairs(self, indices: Sequence[int]) -> tuple[dict[int, list[Pair]], list[dict[str, Any]], int]:
+        """Sample ``num_candidates`` replies per trained agent at each item's first trained turn,
+        score each on a clone of the env, and pair the best against the worst.
+
+        Returns:
+            ``(pairs, records, reward_evaluations)``: pairs per distinct model index; one record
+            per (item, agent) with ``agent``, ``texts``, ``rewards`` and the chosen pair
+            (``chosen`` / ``rejected`` candidate indices, ``None`` when the rewards gave no pair;
+            ``dropped: True`` when the prompt alone reaches ``max_length``, counted in
+            ``skipped``).
+        """
+        from collab_env.adapters.common.preference import select_pair
+        from collab_env.adapters.common.rollout import completion_values
+
+        a = self.args
+        levels = self._rollout(self.train_env, indices, a.num_candidates, 1, self._sampling(False), self._seeds)
+        pairs: dict[int, list[Pair]] = {}
+        records: list[dict[str, Any]] = []
+        evals = 0
+        for node in levels[0] if levels else []:
+            evals += len(node.joint)
+            for agent in node.acting:
+                comps = node.completions[agent]
+                scores = completion_values(node, agent)
+                ids = [tuple(c.token_ids or ()) for c in comps]
+                picked = select_pair(scores, a.min_gap, keys=ids)
+                records.append({"agent": agent, "texts": [c.text for c in comps], "rewards": list(scores),
+                                "chosen": picked[0] if picked else None,
+                                "rejected": picked[1] if picked else None})
+                if picked is None:
+                    continue
+                prompt = list(node.prompt_ids[agent])
+                best, worst = list(ids[picked[0]]), list(ids[picked[1]])
+                if a.max_length is not None:
+                    room = a.max_length - len(prompt)
+                    if room < 1:  # the prompt alone fills max_length: nothing to learn from
+                        records[-1]["dropped"] = True
+                        self.skipped += 1
+                        continue
+                    best, worst = best[:room], worst[:room]
+                pairs.setdefault(self._model_index(agent), []).append((prompt, best, worst))
+        return pairs, records, evals
+
+    def train(self, resume_from_checkpoint: str | Path | None = None) -> dict[str, Any]:
+        """Train for ``num_train_epochs`` over the env's items (or ``max_steps`` items); returns
+        the last logged training metrics."""
+        from tqdm.auto import tqdm
+
+        if resume_from_checkpoint is not None:
+            self._resume(resume_from_checkpoint)
+        a = self.args
+        per_epoch = self._items_per_epoch()
+        limit = a.max_steps if a.max_steps > 0 else per_epoch * a.num_train_epochs
+        bar = tqdm(total=limit, initial=self.state.items_done, disable=not self.logger.verbose,
+                   desc="OnlineDPO", unit="item")
+        last: dict[str, Any] = {}
+        while self.state.epoch < a.num_train_epochs and self.state.items_done < limit:
+            due = a.eval_interval and self.state.optimizer_steps % a.eval_interval == 0
+            if due and self.state.last_eval_update != self.state.optimizer_steps and self.eval_env is not None:
+                self.state.last_eval_update = self.state.optimizer_steps
+                self.evaluate()
+            pos = self.state.step_in_epoch
+            size = min(self._items_per_update(), per_epoch - pos, limit - self.state.items_done)
+            pairs, records, evals = self.collect_pairs(list(range(pos, pos + size)))
+            metrics = self._candidate_metrics(records)
+            per_model = [_dpo_step(self._unique[k], p, a, a.per_device_train_batch_size)
+                         for k, p in sorted(pairs.items()) if p]
+            metrics.update(_merge(per_model))
+            metrics["pairs"] = float(sum(len(p) for p in pairs.values()))
+            if per_model:
+                self.state.optimizer_steps += 1
+            self.state.env_step += evals
+            self.state.items_done += size
+            self.state.step_in_epoch += size
+            if self.state.step_in_epoch >= per_epoch:
+                self.state.epoch += 1
+                self.state.step_in_epoch = 0
+            self.state.pending.append(metrics)
+            if self.state.optimizer_steps % a.logging_steps == 0 or self.state.items_done >= limit:
+                last = self._flush()
+            if a.save_steps and per_model and self.state.optimizer_steps % a.save_steps == 0:
+                self.save_checkpoint()
+            bar.update(size)
+        bar.close()
+        if self.state.pending:
+            last = self._flush()
+        if a.plot:
+            self.logger.plot()
+        return last
+
+    @staticmethod
+    def _candidate_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+        kept = [r for r in records if r["chosen"] is not None]
+        return {
+            "reward_mean": _mean([x for r in records for x in r["rewards"]]),
+            "chosen_env_reward": _mean([r["rewards"][r["chosen"]] for r in kept]),
+            "rejected_env_reward": _mean([r["rewards"][r["rejected"]] for r in kept]),
+            "pair_rate": _mean([float(r["chosen"] is not None and not r.get("dropped")) for r in records]),
+        }
+
+    def _flush(self) -> dict[str, Any]:
+        merged = _merge(self.state.pending)
+        self.state.pending = []
+        return self.logger.log(merged, env_step=self.state.env_step, epoch=self.state.epoch,
+                               item=self.state.items_done)
+
+    def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
+        """Roll one reply per trained turn (``eval_num_turns`` turns) on the first
+        ``num_eval_samples`` evaluation items (default ``args.eval_num_samples``) without
+        updating weights; logs and returns ``eval/reward_mean`` (first turn), ``eval/return_mean``
+        and ``eval/completion_length``. ``{}`` without ``eval_env``."""
+        import numpy as np
+
+        if self.eval_env is None:
+            return {}
+        a = self.args
+        n = a.eval_num_samples if num_eval_samples is None else num_eval_samples
+        check_int("num_eval_samples", n, 0)
+        if self._eval_items is not None:
+            n = min(n, self._eval_items)
+        if n == 0:
+            return {}
+        rng = np.random.default_rng([a.seed, 1_000_003, self.state.evaluations])  # never shifts training draws
+        self.state.evaluations += 1
+
+        def seeds(k: int) -> list[int]:
+            return [int(s) for s in rng.integers(0, 2**62, size=k)]
+
+        rewards, returns, lengths = [], [], []
+        for start in range(0, n, a.eval_batch_size):
+            levels = self._rollout(self.eval_env, list(range(start, min(n, start + a.eval_batch_size))), 1,
+                                   a.eval_num_turns, self._sampling(True), seeds)
+            for node in levels[0] if levels else []:
+                for ja in node.joint:
+                    rewards.append(_mean(ja.rewards))
+                    returns.append(_mean(ja.returns))
+            for nodes in levels:
+                for node in nodes:
+                    lengths.extend(len(c.token_ids or ()) for a_ in node.acting for c in node.completions[a_])
+        metrics = {"eval/reward_mean": _mean(rewards), "eval/return_mean": _mean(returns),
+                   "eval/completion_length": _mean(lengths)}
+        self.logger.log(metrics, env_step=self.state.env_step, epoch=self.state.epoch, item=self.state.items_done)
+        return metrics
