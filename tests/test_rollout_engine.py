@@ -95,10 +95,12 @@ def test_without_row_seeds_batches_never_mix_seeds_and_policy_seeds_false_merges
     assert len(grouped.calls) == 16 * 3
 
     unseeded = Stub(0.0, row_seeds=False)
-    eng = lr_engine(unseeded, concurrency=16, max_wait_ms=20, policy_seeds=False)
+    # a generous wait: the merge must not depend on how busy the test machine is
+    eng = lr_engine(unseeded, concurrency=16, max_wait_ms=500, policy_seeds=False)
     out = eng.run(16, raise_on_error=True)
     assert all("seed" not in kw for _, kw in unseeded.calls)
-    assert len(unseeded.calls) <= 4 and max(n for n, _ in unseeded.calls) == 16
+    assert sum(n for n, _ in unseeded.calls) == 16 * 3  # every observation answered once
+    assert len(unseeded.calls) <= 6 and max(n for n, _ in unseeded.calls) == 16
     assert [ep.seed for ep in out] == list(range(16))  # resets stay seeded
 
 
