@@ -56,7 +56,6 @@ from collab_env.adapters.common.config import (
     check_choice,
     check_float,
     check_int,
-    eval_due,
 )
 from collab_env.errors import ConfigError, TaskFunctionError
 
@@ -590,47 +589,11 @@ class _ActorCriticTrainer:
     def train(self) -> dict[str, Any]:
         """Train for ``num_train_epochs`` (or ``max_steps`` items), evaluating on the guide's
         schedule. Returns the last logged training metrics."""
-        from tqdm.auto import tqdm
+        from collab_env.adapters.common.loop import run_item_loop
 
         if self.train_env is None:
             raise ConfigError("train() needs train_dataset= (or env=).")
-        a = self.args
-        per_epoch = self._items_per_epoch()
-        limit = a.max_steps if a.max_steps > 0 else per_epoch * a.num_train_epochs
-        bar = tqdm(total=limit, initial=self.state.items_done, disable=not self.logger.verbose,
-                   desc=self.name, unit="item")
-        last: dict[str, Any] = {}
-        while self.state.epoch < a.num_train_epochs and self.state.items_done < limit:
-            pos = self.state.item_in_epoch
-            size = min(a.per_device_train_batch_size, per_epoch - pos, limit - self.state.items_done)
-            if eval_due(pos, size, a.eval_interval) and self.eval_env is not None:
-                self.evaluate()
-            metrics = self._train_batch(list(range(pos, pos + size)))
-            self.state.env_step += int(metrics.pop("env_steps"))
-            self.state.items_done += size
-            self.state.item_in_epoch += size
-            self.state.pending.append(metrics)
-            if self.state.env_step - self.state.last_log_step >= a.logging_steps:
-                last = self._flush_log()
-            if self.state.item_in_epoch >= per_epoch:
-                self.state.epoch += 1
-                self.state.item_in_epoch = 0
-            if a.save_steps and self.state.items_done % a.save_steps == 0:
-                self.save_checkpoint()
-            bar.update(size)
-        bar.close()
-        if self.state.pending:
-            last = self._flush_log()
-        if a.plot:
-            self.logger.plot()
-        return last
-
-    def _flush_log(self) -> dict[str, Any]:
-        keys = sorted({k for m in self.state.pending for k in m})
-        merged = {k: _mean([m[k] for m in self.state.pending if k in m and not math.isnan(m[k])]) for k in keys}
-        self.state.pending = []
-        self.state.last_log_step = self.state.env_step
-        return self.logger.log(merged, env_step=self.state.env_step, epoch=self.state.epoch, item=self.state.items_done)
+        return run_item_loop(self, self.name)
 
     def _callback(self, samples: list[RolloutSample]) -> dict[str, float]:
         if self.metrics_callback is None:

@@ -25,13 +25,6 @@ from collab_env.errors import ConfigError  # noqa: E402
 from collab_env.tasks.cooperative import formatters, length_ratio_rows, reward_func  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from tests.tiny_model import build_tiny_chat_model
-
-    return build_tiny_chat_model(tmp_path_factory.mktemp("tiny"))
-
-
 def _tiny(tiny_dir):
     from tests.tiny_model import load_tiny_chat_model
 

@@ -42,13 +42,6 @@ def keyword_pairs(n, seed, keyword="Paris"):
     return out
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from tests.tiny_model import build_tiny_chat_model
-
-    return build_tiny_chat_model(tmp_path_factory.mktemp("tiny"))
-
-
 def _tiny(tiny_dir):
     from tests.tiny_model import load_tiny_chat_model
 

@@ -16,6 +16,8 @@ algorithm file reads top to bottom:
   value-head critic of the actor-critic learners.
 * :mod:`~collab_env.adapters.common.rollout`: rollout trees on any collab_env environment
   (the CoMLRL multi-turn tree: a group of joint actions per node, returns from children).
+* :mod:`~collab_env.adapters.common.loop`: the training-item loop (evaluation schedule,
+  logging, checkpoints) of the item-based learners.
 * :mod:`~collab_env.adapters.common.logging`: JSONL log, PNG curves, optional Weights & Biases.
 * :mod:`~collab_env.adapters.common.checkpoint`: saving and resuming (weights, optimizers,
   schedulers, data position, RNG states).

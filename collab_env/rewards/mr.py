@@ -466,12 +466,7 @@ class MultiturnAwareReward(EnvWrapper):
         if not moved or self.player not in rewards:
             return obs, rewards, terms, truncs, infos
         result, extra = await self.score_reply(start=start, step=step)
-        info = infos.setdefault(self.player, {})
-        components = dict(info.get("reward_components", {}))
-        components["env"] = float(rewards[self.player])
-        components.update(result.contributions)
-        components["mr"] = result.reward
-        info["reward_components"] = components
+        info = _record(infos, self.player, rewards, result, "mr")
         info["mr"] = {
             "reward": result.reward,
             "aggregation": self.aggregation,
@@ -617,12 +612,7 @@ class ConversationReward(EnvWrapper):
             return obs, rewards, terms, truncs, infos
         result = await self.metric_set.score([state.conversation], state.item, start=self._start,
                                              player=self.player)
-        info = infos.setdefault(self.player, {})
-        components = dict(info.get("reward_components", {}))
-        components["env"] = float(rewards[self.player])
-        components.update(result.contributions)
-        components["conversation"] = result.reward
-        info["reward_components"] = components
+        info = _record(infos, self.player, rewards, result, "conversation")
         info["conversation_reward"] = {
             "reward": result.reward,
             "aggregation": self.metric_set.aggregation,
@@ -639,6 +629,18 @@ class ConversationReward(EnvWrapper):
 # ---------------------------------------------------------------------------------------------
 # Helpers and the default-reward builder
 # ---------------------------------------------------------------------------------------------
+def _record(infos: dict, player: str, rewards: Mapping[str, float], result: ScoredFutures, name: str) -> dict:
+    """Add the env's reward (``"env"``), each metric's contribution and the reward (``name``) to
+    ``player``'s reward components; return its info dict."""
+    info = infos.setdefault(player, {})
+    components = dict(info.get("reward_components", {}))
+    components["env"] = float(rewards[player])
+    components.update(result.contributions)
+    components[name] = result.reward
+    info["reward_components"] = components
+    return info
+
+
 def bind_learner_policies(env: Any, policies: Mapping[str, Any]) -> int:
     """Bind ``policies`` (player -> policy) in every wrapper of ``env`` that rolls futures
     (:class:`MultiturnAwareReward` and others with ``bind_policy``). Returns how many bound."""
