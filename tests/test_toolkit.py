@@ -223,3 +223,19 @@ def test_rng_round_trip():
     restore_rng(state, gen)
     assert (random.random(), np.random.rand(), torch.rand(1).item(), gen.random()) == first
     json.dumps(gen.bit_generator.state)  # the trainer's generator state is plain data
+
+
+def test_generation_backend_choice_and_missing_vllm(tmp_path):
+    import importlib.util
+
+    from collab_env.adapters.common.config import TrainerConfig
+    from collab_env.adapters.common.models import _use_vllm
+    from collab_env.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="generation_backend"):
+        TrainerConfig(generation_backend="sglang")
+    assert _use_vllm(TrainerConfig(generation_backend="hf"), "cuda") is False
+    assert _use_vllm(TrainerConfig(), "cpu") is False  # auto: vLLM only on CUDA
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(ConfigError, match="collab_env\\[vllm\\]"):
+            _use_vllm(TrainerConfig(generation_backend="vllm"), "cpu")

@@ -92,6 +92,14 @@ class TrainerConfig:
     """Recompute activations in the backward pass to save memory (``None``: on for CUDA)."""
     share_model: bool = False
     """One model (and optimiser) for every agent instead of one copy per agent."""
+    generation_backend: Literal["auto", "hf", "vllm"] = "auto"
+    """What samples the rollouts: ``"hf"`` (transformers, on the model itself), ``"vllm"`` (a
+    vLLM engine holding a copy of the weights, updated after every optimiser step;
+    :mod:`~collab_env.adapters.common.vllm_engine`) or ``"auto"`` (vLLM on CUDA when it is
+    installed, else transformers)."""
+    vllm_engine_kwargs: dict | None = None
+    """``vllm.EngineArgs`` fields for the generation engine (``gpu_memory_utilization``,
+    ``max_model_len``, ``dtype``...)."""
     lora_r: int = 0
     """LoRA rank; ``0`` trains every parameter. Needs ``peft``."""
     lora_alpha: float = 16.0
@@ -139,6 +147,9 @@ class TrainerConfig:
         check_choice("dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
         if self.gradient_checkpointing not in (None, True, False):
             raise ConfigError(f"gradient_checkpointing must be True, False or None, got {self.gradient_checkpointing!r}.")
+        check_choice("generation_backend", self.generation_backend, ("auto", "hf", "vllm"))
+        if self.vllm_engine_kwargs is not None and not isinstance(self.vllm_engine_kwargs, dict):
+            raise ConfigError(f"vllm_engine_kwargs must be a dict of vllm.EngineArgs fields, got {self.vllm_engine_kwargs!r}.")
         check_int("lora_r", self.lora_r, 0)
         check_float("lora_alpha", self.lora_alpha, 0.0, low_open=True)
         check_float("lora_dropout", self.lora_dropout, 0.0, 1.0)

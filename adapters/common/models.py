@@ -82,6 +82,11 @@ class PolicyModel:
     optimizer: Any = None
     scheduler: Any = None
     agents: list[int] = field(default_factory=list)
+    engine: Any = None
+    """A :class:`~collab_env.adapters.common.vllm_engine.VLLMGenerator` when rollouts are
+    sampled by vLLM (``generation_backend``), else ``None``."""
+    version: int = 0
+    """Optimiser steps taken on this model (the vLLM engine syncs when it is behind)."""
 
     @property
     def device(self):
@@ -109,6 +114,9 @@ class PolicyModel:
 
         params = SamplingParams.from_kwargs(**sampling)
         self.model.eval()
+        if self.engine is not None:  # vLLM: take the current weights first, then one call
+            self.engine.sync(self.model, self.version)
+            return self.engine.generate_batch([list(p) for p in prompts], params, list(seeds))
         out: list[Any] = []
         for start in range(0, len(prompts), max_batch_size):
             chunk = [list(p) for p in prompts[start:start + max_batch_size]]
@@ -245,14 +253,32 @@ def load_policy_models(agent_model: Any, tokenizer: Any, num_agents: int, config
             if checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             generator = HFPolicy(model, tok, device="auto", dtype="auto", max_batch_size=64)
+            engine = None
+            if _use_vllm(config, device):
+                from collab_env.adapters.common.vllm_engine import VLLMGenerator
+
+                engine = VLLMGenerator(model, tok, config.vllm_engine_kwargs)
             out.append(PolicyModel(model=model, tokenizer=tok, generator=generator, lora=lora,
-                                   reference=reference))
+                                   reference=reference, engine=engine))
     if config.share_model:
         out[0].agents = list(range(num_agents))
         return [out[0]] * num_agents
     for i, pm in enumerate(out):
         pm.agents = [i]
     return out
+
+
+def _use_vllm(config: Any, device: str) -> bool:
+    """Whether rollouts are sampled by vLLM (``generation_backend``)."""
+    from collab_env.adapters.common.vllm_engine import vllm_available
+
+    backend = getattr(config, "generation_backend", "hf")
+    if backend == "vllm":
+        if not vllm_available():
+            raise ConfigError("generation_backend='vllm' needs vllm: pip install 'collab_env[vllm]' "
+                              "(or generation_backend='hf').")
+        return True
+    return backend == "auto" and device == "cuda" and vllm_available()
 
 
 def unique_models(models: Sequence[PolicyModel]) -> list[PolicyModel]:
@@ -272,8 +298,14 @@ def make_optimizer(pm: PolicyModel, config: Any):
     params = [p for _, p in pm.trainable_parameters()]
     if not params:
         raise ConfigError("the model has no trainable parameters (all have requires_grad=False).")
-    return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay,
-                             betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon)
+    opt = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay,
+                            betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon)
+
+    def bump(*_: Any) -> None:  # the weights changed: a vLLM engine must sync before generating
+        pm.version += 1
+
+    opt.register_step_post_hook(bump)
+    return opt
 
 
 def make_scheduler(optimizer: Any, config: Any, total_steps: int):
