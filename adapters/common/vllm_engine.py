@@ -66,6 +66,12 @@ class VLLMGenerator:
         plain.save_pretrained(self._dir.name)
         tokenizer.save_pretrained(self._dir.name)
         kwargs = dict(engine_kwargs or {})
+        import torch
+
+        if torch.cuda.is_available():
+            # The engine shares the GPU with the model being trained (and its optimiser state):
+            # vLLM's default of 90% of the memory would leave training nothing.
+            kwargs.setdefault("gpu_memory_utilization", 0.3)
         self.policy = VLLMPolicy(self._dir.name, tokenizer=self._dir.name, enable_prefix_caching=True,
                                  name="learner-vllm", engine_kwargs=kwargs)
         self.version = -1  # the weights' version the engine holds (-1: sync before the first use)
