@@ -56,6 +56,6 @@ if __name__ == "__main__":
         args=config,
     )
     before = trainer.evaluate(num_eval_samples=4)
-    trainer.train()
+    last = trainer.train()  # the last logged training metrics: turn_1/reward_mean is the mean MR
     after = trainer.evaluate(num_eval_samples=4)
-    print(json.dumps({"eval_before": before, "eval_after": after, "mr_stats": trainer.train_env.stats}, indent=2))
+    print(json.dumps({"eval_before": before, "last_training_log": last, "eval_after": after}, indent=2))
