@@ -128,6 +128,8 @@ class VLLMGenerator:
                 for c in outs]
 
     def close(self) -> None:
-        """Stop the engine and remove the weight copy."""
+        """Stop the engine and remove the weight copy. With in-process engines
+        (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) shutting one down tears down vLLM's process-wide
+        parallel state: close only the last engine of the process."""
         self.policy.close()
         self._dir.cleanup()
