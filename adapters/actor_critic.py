@@ -57,6 +57,7 @@ from collab_env.adapters.common.config import (
     check_float,
     check_int,
 )
+from collab_env.adapters.common.loop import TrainerState
 from collab_env.errors import ConfigError, TaskFunctionError
 
 __all__ = [
@@ -215,28 +216,6 @@ class Transition:
     """The record handed to ``metrics_callback``."""
 
 
-@dataclass
-class ActorCriticState:
-    """Where a run is."""
-
-    epoch: int = 0
-    """Current epoch (0-based)."""
-    item_in_epoch: int = 0
-    """Training items of the current epoch already trained on."""
-    items_done: int = 0
-    """Training items trained on in total."""
-    env_step: int = 0
-    """Joint-action reward evaluations in training rollouts so far."""
-    optimizer_steps: int = 0
-    """Optimiser steps taken (per model)."""
-    evaluations: int = 0
-    """Evaluations run (seeds each evaluation's sampling)."""
-    last_log_step: int = 0
-    """``env_step`` of the last training log line."""
-    pending: list[dict[str, float]] = field(default_factory=list)
-    """Training metrics not yet logged (``logging_steps`` not reached)."""
-
-
 def _mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
@@ -326,7 +305,7 @@ class _ActorCriticTrainer:
             c.optimizer = torch.optim.AdamW(c.parameters(), lr=critic_lr, weight_decay=args.weight_decay,
                                             betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
             c.scheduler = make_scheduler(c.optimizer, args, steps)
-        self.state = ActorCriticState()
+        self.state = TrainerState()
         config = {**args.to_dict(), "algorithm": self.name, "players": list(self.players),
                   "env": getattr(getattr(self.train_env, "spec", None), "id", None)}
         self.logger = MetricsLogger(args.output_dir, config, wandb_config)

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,6 +49,7 @@ from collab_env.adapters.common.config import (
     check_float,
     check_int,
 )
+from collab_env.adapters.common.loop import TrainerState
 from collab_env.errors import ConfigError, TaskFunctionError
 
 __all__ = ["MAGRPOConfig", "MAGRPOTrainer", "TrainerState"]
@@ -134,28 +135,6 @@ class MAGRPOConfig(TrainerConfig):
                 f"{self.num_turns} turns makes {self.num_generations ** (self.num_agents * self.num_turns)} "
                 "leaves per item; use joint_mode='aligned' or fewer generations/turns."
             )
-
-
-@dataclass
-class TrainerState:
-    """Where a run is; saved in checkpoints."""
-
-    epoch: int = 0
-    """Current epoch (0-based)."""
-    item_in_epoch: int = 0
-    """Training items of the current epoch already trained on."""
-    items_done: int = 0
-    """Training items trained on in total."""
-    env_step: int = 0
-    """Joint-action reward evaluations in training rollouts so far."""
-    optimizer_steps: int = 0
-    """Optimiser steps taken (per model)."""
-    evaluations: int = 0
-    """Evaluations run (seeds each evaluation's sampling)."""
-    last_log_step: int = 0
-    """``env_step`` of the last training log line."""
-    pending: list[dict[str, float]] = field(default_factory=list)
-    """Training metrics not yet logged (``logging_steps`` not reached)."""
 
 
 def _mean(xs: Sequence[float]) -> float:

@@ -5,7 +5,8 @@ items, evaluate first when :func:`~collab_env.adapters.common.config.eval_due` s
 the batch (``trainer._train_batch(indices)`` returns its metrics and ``env_steps``), advance the
 position (epoch, item in epoch, items done, ``env_step``), log every ``logging_steps``
 ``env_step``s, save every ``save_steps`` items. The trainer provides ``args``, ``state`` (with
-``epoch``, ``item_in_epoch``, ``items_done``, ``env_step``, ``last_log_step``, ``pending``),
+``epoch``, ``item_in_epoch``, ``items_done``, ``env_step``, ``last_log_step``, ``pending``:
+a :class:`TrainerState`),
 ``logger``, ``eval_env``, ``evaluate()``, ``save_checkpoint()``, ``_items_per_epoch()`` and
 ``_train_batch()``.
 """
@@ -13,11 +14,34 @@ position (epoch, item in epoch, items done, ``env_step``), log every ``logging_s
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from collab_env.adapters.common.config import eval_due
 
-__all__ = ["run_item_loop", "flush_log"]
+__all__ = ["TrainerState", "run_item_loop", "flush_log"]
+
+
+@dataclass
+class TrainerState:
+    """Where a run is; saved in checkpoints."""
+
+    epoch: int = 0
+    """Current epoch (0-based)."""
+    item_in_epoch: int = 0
+    """Training items of the current epoch already trained on."""
+    items_done: int = 0
+    """Training items trained on in total."""
+    env_step: int = 0
+    """Joint-action reward evaluations in training rollouts so far."""
+    optimizer_steps: int = 0
+    """Optimiser steps taken (per model)."""
+    evaluations: int = 0
+    """Evaluations run (seeds each evaluation's sampling)."""
+    last_log_step: int = 0
+    """``env_step`` of the last training log line."""
+    pending: list[dict[str, float]] = field(default_factory=list)
+    """Training metrics not yet logged (``logging_steps`` not reached)."""
 
 
 def flush_log(trainer: Any) -> dict[str, Any]:
