@@ -18,8 +18,15 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(OFFLINE) $(PY) -m collab_env.demo
 
+# Tests run in a random order (pytest-randomly); the seed is printed first, so a failure can be
+# replayed with `make test SEED=<n>`.
+ifndef SEED
+SEED := $(shell $(PYTHON) -c 'import random; print(random.randrange(1, 2**31))')
+endif
+
 test: $(STAMP)
-	$(OFFLINE) $(PY) -m pytest -q
+	@echo "test order: --randomly-seed=$(SEED) (replay: make test SEED=$(SEED))"
+	$(OFFLINE) $(PY) -m pytest -q -p randomly --randomly-seed=$(SEED)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -128,19 +128,32 @@ def test_step_changes_parameters_and_lowers_the_loss(tiny_dir, tmp_path):
 
 
 def test_gradient_accumulation_is_exact(tiny_dir, tmp_path):
-    """batch 2 x accumulation 1 and batch 1 x accumulation 2 give the same weights: the loss is
-    the token mean over the whole optimiser batch either way."""
+    """batch 2 x accumulation 1 and batch 1 x accumulation 2 hand the optimiser the same gradient:
+    the loss is the token mean over the whole optimiser batch either way.
+
+    The gradients are compared when the optimiser step starts, not the weights after it: AdamW's
+    first step divides each entry by its own magnitude, so float32 rounding noise in near-zero
+    entries (the padded batch and the two single rows run different kernels, whose summation order
+    differs by CPU) would become weight changes the size of the learning rate. Before the step the
+    two gradients agree up to float32 summation error, relative to the gradient's scale."""
     data = [{"messages": CHAT}, {"messages": CHAT[:3]}]
-    weights = []
+    grads = []
     for bs, acc in ((2, 1), (1, 2)):
         model, tok = _tiny(tiny_dir)
         t = SFTTrainer(model=model, tokenizer=tok, train_dataset=data,
                        args=_cfg(tmp_path / f"{bs}", per_device_train_batch_size=bs,
                                  gradient_accumulation_steps=acc, shuffle=False, max_grad_norm=None))
+        seen = []
+        t.pm.optimizer.register_step_pre_hook(
+            lambda *_, _seen=seen, _model=model: _seen.append([p.grad.detach().clone() for p in _model.parameters()]))
         t.train()
-        weights.append([p.detach().clone() for p in model.parameters()])
-    for a, b in zip(*weights, strict=True):
-        assert torch.allclose(a, b, atol=1e-6)
+        assert len(seen) == 1, "both settings make exactly one optimiser step over the two rows"
+        grads.append(seen[0])
+    scale = max(float(g.abs().max()) for g in grads[0])
+    assert scale > 0
+    for a, b in zip(*grads, strict=True):
+        # float32 sums of a few hundred terms in another order: a few ulps of the largest entry.
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * scale)
 
 
 def test_checkpoint_and_resume(tiny_dir, tmp_path):
