@@ -754,21 +754,68 @@ class _ActorCriticTrainer:
 
     # -- saving -----------------------------------------------------------------------------------
     def save_checkpoint(self, path: str | Path | None = None) -> Path:
-        """Save the actors (``model_<k>/`` as the shared checkpoint format writes them) and the
-        critics (``critic_<k>.pt``: head and, for a separate critic, trainable backbone weights).
-        Default folder: ``<output_dir>/checkpoint-<items done>``."""
-        import torch
-
-        from collab_env.adapters.common.checkpoint import save_checkpoint
+        """Save the actors (``model_<k>/`` and the trainer state, as the shared checkpoint format
+        writes them) and the critics (``critic_<k>.json`` + ``critic_<k>.safetensors``: head,
+        optimiser and scheduler states and, for a separate critic, trainable backbone weights).
+        Default folder: ``<output_dir>/checkpoint-<items done>``; continue the run with
+        :meth:`load_checkpoint` then :meth:`train`."""
+        from collab_env.adapters.common.checkpoint import save_checkpoint, save_safe
 
         path = Path(path) if path is not None else Path(self.args.output_dir) / f"checkpoint-{self.state.items_done}"
         save_checkpoint(path, self._unique, asdict(self.state), self._rng)
         for k, c in enumerate(self.critics):
-            blob = {"head": c.head.state_dict(), "shares_actor": c.shares_actor,
-                    "backbone": None if c.shares_actor else
-                    {n: p.detach().cpu() for n, p in c.backbone.named_parameters() if p.requires_grad}}
-            torch.save(blob, path / f"critic_{k}.pt")
+            save_safe(path, f"critic_{k}", {
+                "head": dict(c.head.state_dict()), "shares_actor": c.shares_actor,
+                "backbone": None if c.shares_actor else
+                {n: p.detach() for n, p in c.backbone.named_parameters() if p.requires_grad},
+                "optimizer": c.optimizer.state_dict() if c.optimizer is not None else None,
+                "scheduler": c.scheduler.state_dict() if c.scheduler is not None else None,
+            })
         return path
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore what :meth:`save_checkpoint` wrote (actors, critics, optimisers, schedulers,
+        RNG states, position) into this trainer, built with the same models and config;
+        :meth:`train` then continues the run. Only safetensors and JSON are read: an old pickle
+        (``critic_<k>.pt``) is refused with how to convert it.
+
+        Raises:
+            ConfigError: Not a checkpoint of this trainer's shape (critics, parameters).
+        """
+        import torch
+
+        from collab_env.adapters.common.checkpoint import load_checkpoint, load_safe, refuse_legacy
+
+        path = Path(path)
+        blobs = []
+        for k, c in enumerate(self.critics):  # every critic checked before anything is changed
+            if not (path / f"critic_{k}.json").is_file():
+                refuse_legacy(path / f"critic_{k}.pt")
+                raise ConfigError(f"{path} holds no critic_{k}.json: pass a folder this trainer's save_checkpoint() "
+                                  f"wrote (it saves {len(self.critics)} critic(s)).")
+            blob = load_safe(path, f"critic_{k}")
+            own = {n for n, p in c.backbone.named_parameters() if p.requires_grad} if not c.shares_actor else None
+            if (not isinstance(blob, dict) or blob.get("shares_actor") != c.shares_actor
+                    or (own is not None and set(blob.get("backbone") or {}) != own)):
+                raise ConfigError(f"{path / f'critic_{k}.json'} does not fit critic {k} (another critic_type, "
+                                  "critic model or LoRA setting?); build the trainer as the saving run did.")
+            blobs.append(blob)
+        if (path / f"critic_{len(self.critics)}.json").exists():
+            raise ConfigError(f"{path} holds more critics than this trainer's {len(self.critics)}; build the "
+                              "trainer with the same agents and critic setting as the saving run.")
+        self.state = TrainerState(**load_checkpoint(path, self._unique, self._rng))
+        for c, blob in zip(self.critics, blobs, strict=True):
+            c.head.load_state_dict(blob["head"])
+            if blob["backbone"] is not None:
+                with torch.no_grad():
+                    for n, p in c.backbone.named_parameters():
+                        if p.requires_grad:
+                            p.copy_(blob["backbone"][n].to(p.device, p.dtype))
+            if blob["optimizer"] is not None:
+                c.optimizer.load_state_dict(blob["optimizer"])
+            if blob["scheduler"] is not None:
+                c.scheduler.load_state_dict(blob["scheduler"])
+        self.logger.resume()
 
     def close(self) -> None:
         """Finish logging (closes the Weights & Biases run)."""

@@ -74,8 +74,10 @@ __all__ = [
     "META_FILE",
 ]
 
-#: The linear head's weights inside a saved reward-model folder.
-HEAD_FILE = "reward_head.pt"
+#: The linear head's weights inside a saved reward-model folder (safetensors: loading runs no
+#: code; an older folder's ``reward_head.pt`` pickle is refused, see
+#: :func:`collab_env.adapters.common.checkpoint.convert_legacy`).
+HEAD_FILE = "reward_head.safetensors"
 #: Template, length settings and tokenizer class of a saved reward-model folder.
 META_FILE = "reward_model.json"
 
@@ -242,17 +244,19 @@ class JointRewardModel:
                         dtype: str = "auto") -> JointRewardModel:
         """Load a folder written by :meth:`save_pretrained` (the tokenizer is reloaded with the
         class it was saved from, so its ids do not change)."""
-        import torch
-
+        from collab_env.adapters.common.checkpoint import load_tensors, refuse_legacy
         from collab_env.adapters.common.models import resolve_device
 
         path = Path(path)
+        if (path / META_FILE).is_file() and not (path / HEAD_FILE).is_file():
+            refuse_legacy(path / "reward_head.pt")
         if not (path / META_FILE).is_file() or not (path / HEAD_FILE).is_file():
             raise ConfigError(
                 f"{str(path)!r} is not a reward-model folder (it needs {META_FILE} and {HEAD_FILE}); pass the "
                 "folder JointRewardModel.save_pretrained() or RewardModelTrainer.save_model() wrote."
             )
         meta = json.loads((path / META_FILE).read_text())
+        head = load_tensors(path / HEAD_FILE)  # before the LM: a bad head file fails at once
         if tokenizer is None:
             import transformers
 
@@ -261,8 +265,7 @@ class JointRewardModel:
         rm = cls.from_model(str(path), tokenizer, device=device, dtype=dtype,
                             template=JointTemplate(**meta["template"]), max_length=meta["max_length"],
                             append_eos=meta["append_eos"], num_agents=meta["num_agents"])
-        state = torch.load(path / HEAD_FILE, map_location="cpu", weights_only=True)
-        rm.head.load_state_dict(state)
+        rm.head.load_state_dict(head)
         rm.head.to(resolve_device(device))
         rm.lm.eval()
         return rm
@@ -272,7 +275,7 @@ class JointRewardModel:
         the rendering settings to ``path``; reload with :meth:`from_pretrained`."""
         import copy
 
-        import torch
+        from collab_env.adapters.common.checkpoint import save_tensors
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -281,7 +284,7 @@ class JointRewardModel:
             lm = copy.deepcopy(lm).merge_and_unload()
         lm.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
-        torch.save({k: v.detach().cpu() for k, v in self.head.state_dict().items()}, path / HEAD_FILE)
+        save_tensors(path / HEAD_FILE, self.head.state_dict())
         meta = {"format": 1, "template": asdict(self.template), "max_length": self.max_length,
                 "append_eos": self.append_eos, "num_agents": self.num_agents,
                 "tokenizer_class": type(self.tokenizer).__name__}

@@ -32,6 +32,12 @@ Concurrency
     IGNORE`` statements (first writer of a key wins, which is harmless since the key names the
     request). Several processes may record into one file at once. Each process (and each fork)
     opens its own connection; the object pickles without it.
+
+Safety
+    Reading a cache runs no code: the file is SQLite and every value is JSON text read back
+    as plain data (no pickle anywhere). A file that is not such a database (a pickle, another
+    program's file) is refused with a :class:`~collab_env.errors.ConfigError`, as is an entry
+    whose JSON is damaged.
 """
 
 from __future__ import annotations
@@ -137,14 +143,37 @@ class ResponseCache:
         if self._conn is not None and self._pid == os.getpid():
             return self._conn
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(self.path), timeout=self.busy_timeout_s, isolation_level=None,
-                               check_same_thread=False)
-        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: durable at checkpoints, fast
-        conn.execute(_SCHEMA)
+        conn = None
+        try:
+            conn = sqlite3.connect(str(self.path), timeout=self.busy_timeout_s, isolation_level=None,
+                                   check_same_thread=False)
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            conn.execute("PRAGMA journal_mode = WAL")  # the first read of the file's header
+            conn.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: durable at checkpoints, fast
+            conn.execute(_SCHEMA)
+            columns = [row[1] for row in conn.execute("PRAGMA table_info(responses)")]
+        except sqlite3.DatabaseError as exc:
+            if conn is not None:
+                conn.close()
+            raise ConfigError(
+                f"cannot use {str(self.path)!r} as a response cache ({exc}): it must be a SQLite file "
+                "written by ResponseCache, in a folder you can write. Pass the cache you recorded, or a "
+                "new path to record into."
+            ) from exc
+        if columns != ["key", "model", "request", "completion", "created"]:
+            conn.close()
+            raise ConfigError(f"{str(self.path)!r} is a SQLite file, but not a response cache (its responses "
+                              f"table has columns {columns}); pass the cache you recorded, or a new path.")
         self._conn, self._pid = conn, os.getpid()
         return conn
+
+    def _completion(self, key: str, text: str) -> Completion:
+        """A stored completion read back as plain data; damaged JSON is an error naming the key."""
+        try:
+            return Completion.from_dict(json.loads(text))
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ConfigError(f"response cache {str(self.path)!r}: the entry for key {key} is damaged ({exc}); "
+                              "record it again into a new cache file.") from exc
 
     def close(self) -> None:
         """Close this process's connection (it reopens on the next use)."""
@@ -180,7 +209,7 @@ class ResponseCache:
             self.stats["misses"] += 1
             return None
         self.stats["hits"] += 1
-        return Completion.from_dict(json.loads(row[0]))
+        return self._completion(key, row[0])
 
     def put(self, key: str, request: Mapping[str, Any], completion: Completion) -> Completion:
         """Store ``completion`` under ``key`` (unless one is stored already); return the stored
@@ -198,7 +227,7 @@ class ResponseCache:
             if cur.rowcount == 0:
                 # Another writer stored this key first: everyone returns the same, first answer.
                 row = conn.execute("SELECT completion FROM responses WHERE key = ?", (key,)).fetchone()
-                return Completion.from_dict(json.loads(row[0]))
+                return self._completion(key, row[0])
         self.stats["writes"] += 1
         return stored
 
