@@ -24,10 +24,11 @@ object; ``collab_env.make(id, reward="mr", reward_kwargs={...})`` calls it.
 Aggregation rules (``aggregation=``), for metric values ``v[m][r]`` of rollout ``r``, weights
 ``w[m]`` and ``n`` scored rollouts:
 
-``"verl"`` (default; the verl recipe's reward manager)
+``"verl"`` (default; the CollabLLM recipe on verl: its ``collabllm`` reward manager, agent loop
+and interaction)
     Per metric, the mean over rollouts times the weight, clamped to [-1, 1]; the reward is the
     sum: ``R = sum_m clamp(w[m] * mean_r v[m][r], -1, 1)``.
-``"collabllm"`` (the collabllm package)
+``"collabllm"`` (the collabllm package's ``multiturn_aware_reward``)
     Per rollout, the weighted sum of the metrics; the reward is the mean over rollouts:
     ``R = mean_r sum_m w[m] * v[m][r]``. Without the clamp it equals the verl rule whenever no
     weighted mean leaves [-1, 1].
@@ -37,40 +38,101 @@ Aggregation rules (``aggregation=``), for metric values ``v[m][r]`` of rollout `
     with its weight: ``R = mean_r (sum_{m != tok} w[m] v[m][r] - min(lambda * v[tok][r], 1))``.
 
 Every rule reports one *contribution* per metric, and the contributions sum to the reward
-(``infos[player]["reward_components"]``).
+(``infos[player]["reward_components"]``). Each rule also brings its reference's edge cases:
 
-Choices made where the implementations disagree (stated here, tested in ``tests/test_mr.py``):
+=============================  ==============================  ======================  ==================
+case                           ``"verl"``                      ``"collabllm"``         ``"paper"``
+=============================  ==============================  ======================  ==================
+invalid reply (empty or        reward 0, no future rolled      scored like any text    scored like any
+blank; unbalanced, nested,     (``zero_reason:                 (the package checks     text (the paper
+repeated or empty ``<think>``  "invalid_reply"``), see         nothing)                states no rule)
+block; no visible text left)   :func:`is_valid_reply`
+reply leaves no turn budget    reward 0, no future             scored as it stands,    as ``"collabllm"``
+(``max_assistant_turns <= 1``  (``"turn_budget"``): verl       once (the package's
+or the env truncated the       ends the sample before any      ``max_new_turns=0``
+episode at the reply)          interaction                     scores the chat as is)
+``<think>...</think>``         removed (and each message       kept                    kept
+                               whitespace-trimmed) before the
+                               user simulator and the
+                               metrics read a transcript
+last future assistant turn     dropped: verl generates it,     kept: the package's     as ``"collabllm"``
+when the turn budget ends      sees the budget spent and       window counts messages
+                               discards it, so futures end     of both sides
+                               on a user turn (here it is      (``max_new_turns=N``
+                               not generated: its text could   ~ ``max_user_turns=
+                               not change the reward)          ceil(N/2)``,
+                                                               ``max_assistant_turns=
+                                                               floor(N/2)+1``)
+``future_token_budget``        the reply and its future share  off by default; same    as ``"collabllm"``
+(recipe: 2,048 =               it: a reply that reaches it     cut when set
+``max_response_length``)       gets 0 (``"token_budget"``); a
+                               future assistant turn that
+                               reaches it is dropped and ends
+                               the future; user turns count
+                               but never cut
+a judge / simulator fault in   metric 0 / empty user message   raises                  (no rule)
+the reference                  after retries
+here, by default               drop the future and count it    drop and count          drop and count
+                               (``on_fault="zero"``            (``on_fault="raise"``
+                               reproduces verl)                reproduces the package)
+``max_user_turns=0``           the immediate reward here       the immediate reward    the immediate
+                               (verl's 0 disables the limit)                           reward
+=============================  ==============================  ======================  ==================
+
+Choices made where the implementations disagree or leave a gap (stated here, tested in
+``tests/test_mr.py``):
 
 * **The window counts turns per side, and the candidate reply counts**, as in the verl agent
   loop: a future continues while the user has written fewer than ``max_user_turns`` messages
   and the assistant fewer than ``max_assistant_turns`` *including the reply being rewarded*.
   With the recipe's defaults (2 user, 3 assistant turns) a future is
-  ``reply, user, assistant, user``: **the last future turn is the user's**; the last future
-  assistant turn is not generated. Set ``max_user_turns >= max_assistant_turns`` to end futures
-  on an assistant turn instead. Turns are messages of a side, not env steps.
-* **Window 0 is the immediate reward**: ``max_user_turns=0`` (or ``max_assistant_turns=1``)
-  scores the conversation as it stands after the reply, once (``n = 1``; a deterministic env
-  and temperature-0 judges gain nothing from repeats). The same happens when the reply ended
-  the episode: there is no future to sample.
+  ``reply, user, assistant, user``: **the last future turn is the user's**. Under the
+  ``"collabllm"`` and ``"paper"`` rules ``max_user_turns >= max_assistant_turns`` ends futures
+  on an assistant turn instead; under ``"verl"`` a future never ends on an assistant turn the
+  turn budget cut (see the table). Turns are messages of a side, not env steps.
+* **Window 0 is the immediate reward**: ``max_user_turns=0`` (or, outside ``"verl"``,
+  ``max_assistant_turns=1``) scores the conversation as it stands after the reply, once
+  (``n = 1``; a deterministic env and temperature-0 judges gain nothing from repeats). The same
+  happens when the reply *terminated* the episode (the task ended): there is no future.
 * **Token counts start at the reply**: metrics get ``start`` = the index of the rewarded reply,
   so ``token_amount`` (scope ``"future"``) counts the reply and everything after it, as the
-  verl metric counts every message after the prompt.
-* **Faults are never a score.** A future whose policy returns a fault completion or raises
-  :class:`~collab_env.errors.PolicyError`, or whose scoring raises
+  verl metric counts every message after the prompt. The ``future_token_budget`` counts with
+  ``token_counter`` (default: whitespace words, the recipe's own token estimate; pass the
+  policy's tokenizer for verl's token ids; chat-template tokens are not counted).
+* **Faults are never a silent score.** A future whose policy returns a fault completion or
+  raises :class:`~collab_env.errors.PolicyError`, or whose scoring raises
   :class:`~collab_env.errors.JudgeError` / :class:`~collab_env.errors.SandboxError`, is
   dropped from the aggregate and reported in ``infos[player]["mr"]["faults"]``
-  (``on_fault="drop"``, default); with ``on_fault="raise"`` the first fault raises. When no
-  future could be scored, :class:`~collab_env.errors.RewardError` is raised: the step fails
-  loudly (a rollout engine counts the episode as failed) instead of getting a made-up reward.
+  (``on_fault="drop"``, default); with ``on_fault="raise"`` the first fault raises; with
+  ``on_fault="zero"`` (verl's numbers) a failed metric is 0 for that future, a failed user
+  simulator writes an empty message and the future goes on, and a failed policy of another
+  player raises (verl's rollout fails too). Every fault, zeroed or dropped, is in ``faults``
+  (zeroed ones with ``"zeroed": True``) and in ``cost["faults"]``. When no future could be
+  scored, :class:`~collab_env.errors.RewardError` is raised: the step fails loudly (a rollout
+  engine counts the episode as failed) instead of getting a made-up reward.
+* **The user simulator must be named** (``policies={"user": ...}`` or ``default_reward(user=...)``)
+  when the env's default user *ignores the candidate*: a policy class with
+  ``ignores_candidate = True``, such as the ``collabllm-*`` envs'
+  :class:`~collab_env.tasks.collabllm.SessionReplayUser`, which replays recorded turns whatever
+  the reply says. ``"replay"`` selects that default on purpose. Reactive scripted users (the
+  hidden-facts user answers the reply's questions) stay the default.
 * The standard deviation reported per metric is the population one over scored rollouts.
+
+Version history of the reward (not of the envs):
+
+* v1: the ``"verl"`` rule's edge cases (invalid reply, turn budget, ``<think>`` stripping, the
+  dropped last assistant turn), ``future_token_budget``, ``on_fault="zero"``; MR refuses to
+  roll futures with a user that ignores the candidate unless asked (``"replay"``).
+* v0: aggregation only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from collab_env.errors import (
@@ -95,11 +157,26 @@ __all__ = [
     "default_reward",
     "bind_learner_policies",
     "LEARNER",
+    "REPLAY",
+    "ON_FAULT",
+    "is_valid_reply",
+    "strip_think",
+    "strip_think_conversation",
+    "ignores_candidate",
+    "check_explicit_user",
+    "USER_CHOICES",
 ]
 
 #: Put in ``policies`` for a player whose future turns a learner will play: the trainer binds
 #: its own (current) policy with :func:`bind_learner_policies` before rolling out.
 LEARNER = "learner"
+
+#: ``user="replay"`` (or ``policies={user: "replay"}``): roll futures with the env's default user
+#: even though it ignores the candidate (``SessionReplayUser`` replays recorded turns).
+REPLAY = "replay"
+
+#: What a fault in a future does (see the module docstring).
+ON_FAULT: tuple[str, ...] = ("drop", "raise", "zero")
 
 #: The aggregation rules (see the module docstring).
 AGGREGATIONS: tuple[str, ...] = ("verl", "collabllm", "paper")
@@ -109,6 +186,70 @@ DEFAULT_WEIGHTS: dict[str, float] = {"accuracy": 1.0, "interactivity": 1.0, "tok
 
 #: Errors that make one future unusable (counted as a fault) rather than the whole reward wrong.
 _FAULT_ERRORS = (PolicyError, JudgeError, SandboxError)
+
+
+# ---------------------------------------------------------------------------------------------
+# The verl recipe's reply rules
+# ---------------------------------------------------------------------------------------------
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+_THINK_BLOCK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+_END_OF_TURN = "<|im_end|>"
+
+
+def is_valid_reply(text: str) -> bool:
+    """Whether the verl recipe rolls futures for a reply (else it rewards it 0).
+
+    A reply is valid when it is not blank, holds at most one ``<think>...</think>`` block (as
+    many opening as closing tags, so neither unbalanced nor nested), that block is not blank
+    inside, and some visible text remains outside it once a trailing ``<|im_end|>`` is removed.
+    """
+    if not isinstance(text, str) or not text.strip():
+        return False
+    opens, closes = text.count(_THINK_OPEN), text.count(_THINK_CLOSE)
+    if opens != closes or opens > 1:
+        return False
+    visible = text
+    if opens == 1:
+        block = _THINK_BLOCK.search(text)
+        if block is None or not block.group(1).strip():  # "</think>...<think>" or an empty block
+            return False
+        visible = _THINK_BLOCK.sub("", text)
+    visible = visible.strip()
+    if visible.endswith(_END_OF_TURN):
+        visible = visible[: -len(_END_OF_TURN)]
+    return bool(visible.strip())
+
+
+def strip_think(text: str) -> str:
+    """``text`` without its ``<think>...</think>`` blocks, whitespace-trimmed (what verl's user
+    simulator and judges read)."""
+    return _THINK_BLOCK.sub("", text).strip()
+
+
+def strip_think_conversation(conversation: Conversation) -> Conversation:
+    """The conversation with :func:`strip_think` applied to every message (same length, so
+    message indices such as a metric's ``start`` keep their meaning)."""
+    return Conversation(tuple(replace(m, content=strip_think(m.content)) for m in conversation.messages),
+                        conversation.viewer)
+
+
+def _token_count_fn(counter: Any):
+    """``text -> count`` from ``token_counter=``: None (whitespace words), a tokenizer (its
+    ``encode``) or a callable."""
+    if counter is None:
+        return lambda text: len(text.split())
+    if hasattr(counter, "encode"):
+        def count(text: str) -> int:
+            try:
+                return len(counter.encode(text, add_special_tokens=False))
+            except TypeError:  # an encoder without that keyword (e.g. tiktoken)
+                return len(counter.encode(text))
+        return count
+    if callable(counter):
+        return lambda text: int(counter(text))
+    raise ConfigError(
+        f"token_counter must be None (words), a tokenizer with encode() or a callable text -> int, got {counter!r}."
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,7 +352,7 @@ class ScoredFutures:
     def summary(self, weights: Mapping[str, float]) -> dict[str, Any]:
         """JSON-friendly per-metric summary: mean, std, weight, contribution, values."""
         return {
-            m: {"mean": _mean(vs), "std": _std(vs), "weight": float(weights[m]),
+            m: {"mean": _mean(vs) if vs else 0.0, "std": _std(vs) if vs else 0.0, "weight": float(weights[m]),
                 "contribution": self.contributions[m], "values": list(vs)}
             for m, vs in self.values.items()
         }
@@ -232,12 +373,15 @@ class MetricSet:
         ctx: Resources passed to every metric (``judge``, ``judge_backend``, ``tokenizer``,
             ``sandbox``, ``scope``, ``rubric``...; see :mod:`collab_env.rewards.metrics`).
         token_metric: The metric the ``"paper"`` rule caps.
-        on_fault: ``"drop"`` or ``"raise"`` (module docstring).
+        on_fault: ``"drop"``, ``"raise"`` or ``"zero"`` (a failed metric counts 0 for that
+            conversation; module docstring).
+        strip_think: Remove ``<think>`` blocks before the metrics read a conversation (default:
+            on for the ``"verl"`` rule only, as the recipe does).
     """
 
     def __init__(self, weights: Mapping[str, float], *, aggregation: str = "verl",
                  ctx: Mapping[str, Any] | None = None, token_metric: str = "token_amount",
-                 on_fault: Literal["drop", "raise"] = "drop") -> None:
+                 on_fault: Literal["drop", "raise", "zero"] = "drop", strip_think: bool | None = None) -> None:
         if not isinstance(weights, Mapping) or not weights:
             raise ConfigError(f"weights must be a non-empty mapping metric -> weight, got {weights!r}.")
         for m, w in weights.items():
@@ -245,14 +389,19 @@ class MetricSet:
                 raise ConfigError(f"the weight of {m!r} must be a finite number, got {w!r}.")
         if aggregation not in AGGREGATIONS:
             raise ConfigError(f"aggregation must be one of {list(AGGREGATIONS)}, got {aggregation!r}.")
-        if on_fault not in ("drop", "raise"):
-            raise ConfigError(f"on_fault must be 'drop' or 'raise', got {on_fault!r}.")
+        if on_fault not in ON_FAULT:
+            raise ConfigError(
+                f"on_fault must be one of {list(ON_FAULT)} ('zero' reproduces verl's numbers), got {on_fault!r}."
+            )
+        if strip_think is not None and not isinstance(strip_think, bool):
+            raise ConfigError(f"strip_think must be True, False or None (the rule's default), got {strip_think!r}.")
         self.metrics: dict[str, Metric] = {m: get_metric(m) for m in weights}
         self.weights = {m: float(w) for m, w in weights.items()}
         self.aggregation = aggregation
         self.ctx = dict(ctx or {})
         self.token_metric = token_metric
         self.on_fault = on_fault
+        self.strip_think = (aggregation == "verl") if strip_think is None else strip_think
         if aggregation == "paper":  # fail at construction, not at the first reward
             aggregate({m: [0.0] for m in weights}, self.weights, "paper", token_metric=token_metric)
 
@@ -267,6 +416,8 @@ class MetricSet:
         """
         faults = list(faults)
         total = dict(cost or {})
+        if self.strip_think:
+            conversations = [None if c is None else strip_think_conversation(c) for c in conversations]
         ctx = {**self.ctx, **({"player": player} if player is not None and "player" not in self.ctx else {})}
         jobs = [(r, m) for r, conv in enumerate(conversations) if conv is not None for m in self.metrics]
 
@@ -291,14 +442,19 @@ class MetricSet:
                 if not isinstance(m_res, Exception):
                     _add(total, m_res.usage)
             bad = {m: e for m, e in res.items() if isinstance(e, Exception)}
-            if bad:
+            if bad and self.on_fault == "zero":  # verl: a metric that still fails counts 0
+                for m, e in bad.items():
+                    faults.append({"rollout": r, "stage": f"metric:{m}", "error": f"{type(e).__name__}: {e}"[:500],
+                                   "zeroed": True})
+            elif bad:
                 m, e = next(iter(bad.items()))
                 faults.append({"rollout": r, "stage": f"metric:{m}", "error": f"{type(e).__name__}: {e}"[:500]})
                 continue
             scored.append(r)
             for m in self.metrics:
-                values[m].append(res[m].value)
-            details.append({m: res[m].detail for m in self.metrics})
+                values[m].append(0.0 if m in bad else res[m].value)
+            details.append({m: ({"fault": f"{type(bad[m]).__name__}: {bad[m]}"[:500]} if m in bad else res[m].detail)
+                            for m in self.metrics})
         total["faults"] = total.get("faults", 0.0) + len(faults)
         if not scored:
             reasons = "; ".join(f"rollout {f['rollout']} ({f['stage']}): {f['error'][:200]}" for f in faults[:3])
@@ -334,8 +490,10 @@ class MultiturnAwareReward(EnvWrapper):
         env: The env to wrap (a ``CollabEnv`` or a wrapper of one; it must support ``clone()``).
         policies: Player -> policy (object, alias or ``"<backend>:<model>"``) for the future
             turns. ``player``'s own policy is required when the window is not 0 (in training,
-            the policy being trained); other players default to the spec's default policies
-            (for CollabLLM, pass an LLM user simulator: the default replays recorded turns).
+            the policy being trained); other players default to the spec's default policies,
+            except a default user that ignores the candidate (``SessionReplayUser`` of the
+            ``collabllm-*`` envs): name the user simulator (an LLM user simulator, or
+            :data:`REPLAY` to replay the recorded turns on purpose).
         weights: Metric -> weight (default: the env spec's ``reward`` weights when they name
             registered metrics, else :data:`DEFAULT_WEIGHTS`).
         num_rollouts: Futures sampled per reply (recipe: 3).
@@ -347,8 +505,13 @@ class MultiturnAwareReward(EnvWrapper):
             ``sandbox``, ``rubric``, ``scope``...).
         sampling: Player -> sampling keywords for the future turns.
         token_metric: The metric the ``"paper"`` rule caps at 1.
-        on_fault: ``"drop"`` (default) or ``"raise"``.
+        on_fault: ``"drop"`` (default), ``"raise"`` or ``"zero"`` (verl: a failed metric counts 0,
+            a failed user simulator writes an empty message).
         return_futures: Put the sampled futures (message dicts) in the infos.
+        future_token_budget: Tokens the reply and each of its futures may use together (verl's
+            ``max_response_length``, 2,048 in the recipe); ``None`` (default): no budget.
+        token_counter: How the budget counts: ``None`` (whitespace words), a tokenizer (its
+            ``encode``) or a callable ``text -> int``.
 
     Rewards: ``player`` gets the MR at every step where it moved; other players (and
     ``player`` at steps where it did not move) keep the env's reward.
@@ -358,8 +521,11 @@ class MultiturnAwareReward(EnvWrapper):
     ``weight``, ``contribution``, ``values``), ``cost`` (summed usage of the futures' policy
     calls and of the metrics: ``model_calls``, ``prompt_tokens``, ``completion_tokens``,
     ``judge_calls``, ``policy_calls``, ``faults``...), ``faults`` (one record per dropped
-    future), ``future_turns`` (messages generated per future), ``window`` and, with
-    ``return_futures``, ``futures``. ``infos[player]["reward_components"]`` adds each metric's
+    future), ``future_turns`` (messages generated per future), ``dropped_turns`` (future
+    assistant turns the verl rule or the token budget dropped, per future), ``zero_reason``
+    (``None``, or why the verl rule gave 0 without futures: ``"invalid_reply"``,
+    ``"turn_budget"``, ``"token_budget"``), ``window`` and, with ``return_futures``,
+    ``futures``. ``infos[player]["reward_components"]`` adds each metric's
     contribution, ``"mr"`` (the reward) and ``"env"`` (the env's own reward).
 
     Cumulative counters are in :attr:`stats`.
@@ -379,14 +545,19 @@ class MultiturnAwareReward(EnvWrapper):
         metric_ctx: Mapping[str, Any] | None = None,
         sampling: Mapping[str, Mapping[str, Any]] | None = None,
         token_metric: str = "token_amount",
-        on_fault: Literal["drop", "raise"] = "drop",
+        on_fault: Literal["drop", "raise", "zero"] = "drop",
         return_futures: bool = False,
+        future_token_budget: int | None = None,
+        token_counter: Any = None,
     ) -> None:
         super().__init__(env)
         for name, v, lo in (("num_rollouts", num_rollouts, 1), ("max_user_turns", max_user_turns, 0),
                             ("max_assistant_turns", max_assistant_turns, 1)):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ConfigError(f"{name} must be an int >= {lo}, got {v!r}.")
+        if future_token_budget is not None and (isinstance(future_token_budget, bool)
+                                                or not isinstance(future_token_budget, int) or future_token_budget < 1):
+            raise ConfigError(f"future_token_budget must be None or an int >= 1 (recipe: 2048), got {future_token_budget!r}.")
         task = env.unwrapped.task
         self.player = _rewarded_player(env, player)
         self.user_players = tuple(task.user_players)
@@ -397,6 +568,8 @@ class MultiturnAwareReward(EnvWrapper):
                                     token_metric=token_metric, on_fault=on_fault)
         self.sampling = {p: dict(v) for p, v in (sampling or {}).items()}
         self.return_futures = bool(return_futures)
+        self.future_token_budget = future_token_budget
+        self._count_tokens = _token_count_fn(token_counter)
         self.policies = self._future_policies(env, policies)
         self.stats: dict[str, float] = {"rewards": 0.0, "rollouts": 0.0, "scored": 0.0, "faults": 0.0}
         self._seed: int | None = None
@@ -419,13 +592,15 @@ class MultiturnAwareReward(EnvWrapper):
         unknown = [p for p in given if p not in env.possible_agents]
         if unknown:
             raise ConfigError(f"policies for unknown players {unknown}; players are {list(env.possible_agents)}.")
-        if self.window_is_zero:
-            return {p: _as_policy(v) for p, v in given.items()}
         defaults = dict(env.spec.default_policies) if env.spec is not None else {}
+        if self.window_is_zero:  # nothing is rolled: the policies given are kept, unused
+            return {p: _as_policy(defaults[p] if _is_replay(v) else v) for p, v in given.items()
+                    if not (_is_replay(v) and p not in defaults)}
+        check_explicit_user(env, given)
         out: dict[str, Any] = {}
         for p in env.possible_agents:
             ref = given.get(p, defaults.get(p) if p != self.player else None)
-            if ref == LEARNER:
+            if isinstance(ref, str) and ref == LEARNER:
                 out[p] = LEARNER  # bound by the learner (bind_policy) before the first future
                 continue
             if ref is None:
@@ -434,7 +609,7 @@ class MultiturnAwareReward(EnvWrapper):
                     + (" (its own future turns; in training, the policy being trained)" if p == self.player else "")
                     + f": pass policies={{{p!r}: ...}}, or max_user_turns=0 for the immediate reward."
                 )
-            out[p] = _as_policy(ref)
+            out[p] = _as_policy(defaults[p] if _is_replay(ref) else ref)
         return out
 
     def bind_policy(self, player: str, policy: Any) -> None:
@@ -476,8 +651,10 @@ class MultiturnAwareReward(EnvWrapper):
             "cost": result.cost,
             "faults": result.faults,
             "future_turns": extra["future_turns"],
+            "dropped_turns": extra["dropped_turns"],
+            "zero_reason": extra["zero_reason"],
             "window": {"max_user_turns": self.max_user_turns, "max_assistant_turns": self.max_assistant_turns,
-                       "immediate": extra["immediate"]},
+                       "future_token_budget": self.future_token_budget, "immediate": extra["immediate"]},
         }
         if self.return_futures:
             info["mr"]["futures"] = extra["futures"]
@@ -489,76 +666,143 @@ class MultiturnAwareReward(EnvWrapper):
         self.stats["faults"] += len(result.faults)
         return obs, rewards, terms, truncs, infos
 
+    def zero_reason(self, reply: str) -> str | None:
+        """Why the ``"verl"`` rule rewards the reply just taken 0 without rolling futures, in
+        verl's order (token budget, turn budget, validity), or ``None``. Other rules: ``None``
+        unless the reply alone reaches ``future_token_budget``."""
+        state = self.env.unwrapped.episode
+        if self.future_token_budget is not None and self._count_tokens(reply) >= self.future_token_budget:
+            return "token_budget"
+        if self.aggregation != "verl":
+            return None
+        if self.max_assistant_turns <= 1 or (state.done and state.truncated):
+            return "turn_budget"
+        if not is_valid_reply(reply):
+            return "invalid_reply"
+        return None
+
     async def score_reply(self, *, start: int, step: int) -> tuple[ScoredFutures, dict[str, Any]]:
         """Sample and score the futures of the reply at message index ``start`` (the env has
-        just taken it). Returns the scores and ``{num_rollouts, future_turns, immediate, futures}``."""
+        just taken it). Returns the scores and ``{num_rollouts, future_turns, dropped_turns,
+        zero_reason, immediate, futures}``."""
         base = self.env.unwrapped
         state = base.episode
-        if self.window_is_zero or state.done:
+        reply = state.messages[start].content
+        reason = self.zero_reason(reply)
+        if reason is not None:  # verl: no interaction at all, the reward manager scores 0
+            zero = ScoredFutures(0.0, {m: 0.0 for m in self.metric_set.metrics},
+                                 {m: [] for m in self.metric_set.metrics}, [], [], [], {"faults": 0.0})
+            return zero, {"num_rollouts": 0, "future_turns": [], "dropped_turns": [], "zero_reason": reason,
+                          "immediate": False, "futures": []}
+        immediate = self.window_is_zero or state.done  # (verl gave 0 above to a truncating reply)
+        if immediate:
             convs: list[Conversation | None] = [state.conversation]
             faults: list[dict[str, Any]] = []
             cost: dict[str, float] = {}
-            turns = [0]
+            turns, dropped = [0], [0]
         else:
             forks = [self.env.clone() for _ in range(self.num_rollouts)]
-            outs = await asyncio.gather(*(self._roll(f, r, step) for r, f in enumerate(forks)))
-            convs, faults, cost, turns = [], [], {}, []
-            for r, (conv, fault, usage, n) in enumerate(outs):
-                _add(cost, usage)
-                turns.append(n)
-                if fault is not None:
-                    faults.append({"rollout": r, **fault})
+            outs = await asyncio.gather(*(self._roll(f, r, step, self._count_tokens(reply))
+                                          for r, f in enumerate(forks)))
+            convs, faults, cost, turns, dropped = [], [], {}, [], []
+            for r, out in enumerate(outs):
+                _add(cost, out["usage"])
+                turns.append(out["generated"])
+                dropped.append(out["dropped"])
+                faults.extend({"rollout": r, **f} for f in out["zeroed"])
+                if out["fault"] is not None:
+                    faults.append({"rollout": r, **out["fault"]})
                     convs.append(None)
                 else:
-                    convs.append(conv)
+                    convs.append(out["conversation"])
         result = await self.metric_set.score(convs, state.item, start=start, faults=faults, cost=cost,
                                              player=self.player)
         futures = [None if c is None else [m.to_dict() for m in c.messages[start:]] for c in convs]
-        immediate = self.window_is_zero or state.done
-        return result, {"num_rollouts": len(convs), "future_turns": turns, "immediate": immediate,
-                        "futures": futures}
+        return result, {"num_rollouts": len(convs), "future_turns": turns, "dropped_turns": dropped,
+                        "zero_reason": None, "immediate": immediate, "futures": futures}
 
-    async def _roll(self, fork: Any, r: int, step: int) -> tuple[Conversation, dict | None, dict, int]:
-        """Roll one fork forward through the window. Returns (conversation, fault or None,
-        usage, messages generated)."""
+    async def _act(self, p: str, obs: Conversation, seed: int | None, r: int) -> tuple[Any, dict | None]:
+        """One player's move in a future: ``(completion, None)``, or ``(None, fault)`` when its
+        policy raised or gave up (``on_fault="raise"`` raises instead)."""
         from collab_env.rollout import act_for
 
+        try:
+            comp = (await act_for([p], {p: obs}, self.policies, self.sampling, seed))[p]
+        except PolicyError as exc:
+            if self.metric_set.on_fault == "raise":
+                raise
+            return None, {"stage": "policy", "player": p, "error": str(exc)[:500]}
+        if comp.is_fault:
+            err = f"policy of {p!r} gave up: {comp.meta.get('fault', '')}"
+            if self.metric_set.on_fault == "raise":
+                raise PolicyError(f"MultiturnAwareReward future {r}: {err}")
+            return comp, {"stage": "policy", "player": p, "error": err}
+        return comp, None
+
+    async def _roll(self, fork: Any, r: int, step: int, reply_tokens: int) -> dict[str, Any]:
+        """Roll one fork forward through the window. Returns ``{conversation, fault (None or the
+        fault that dropped it), zeroed (faults replaced by an empty user message), usage,
+        generated (messages), dropped (assistant turns cut)}``."""
         unbound = [p for p, pol in self.policies.items() if isinstance(pol, str) and pol == LEARNER]
         if unbound:
             raise ConfigError(
                 f"the future policy of {unbound} is {LEARNER!r} but no learner bound one: call "
                 "env.bind_policy(player, policy) (or collab_env.rewards.mr.bind_learner_policies)."
             )
+        verl = self.aggregation == "verl"
         usage: dict[str, float] = {}
-        user_turns, assistant_turns, generated, k = 0, 1, 0, 0
+        zeroed: list[dict[str, Any]] = []
+        user_turns, assistant_turns, generated, dropped, k = 0, 1, 0, 0, 0
+        tokens = reply_tokens
         obs = {a: fork.observe(a) for a in fork.agents}
-        while fork.agents and user_turns < self.max_user_turns and assistant_turns < self.max_assistant_turns:
+        out = {"fault": None, "zeroed": zeroed, "usage": usage}
+        while fork.agents:
             on_turn = list(fork.on_turn)
+            if verl and self.player in on_turn and (assistant_turns + 1 >= self.max_assistant_turns
+                                                    or user_turns >= self.max_user_turns):
+                # verl generates this turn, then finds a turn budget spent and discards it: it
+                # cannot reach the reward, so it is not generated here.
+                dropped += 1
+                break
+            if user_turns >= self.max_user_turns or assistant_turns >= self.max_assistant_turns:
+                break
             seed = None if self._seed is None else _mix_seed(self._seed, step, r, k)
-            try:
-                comps = await act_for(on_turn, obs, self.policies, self.sampling, seed)
-            except PolicyError as exc:
-                if self.metric_set.on_fault == "raise":
-                    raise
-                return fork.unwrapped.episode.conversation, {"stage": "policy", "error": str(exc)[:500]}, usage, generated
-            for c in comps.values():
-                _add(usage, c.usage)
-                usage["policy_calls"] = usage.get("policy_calls", 0.0) + 1
-            bad = [p for p, c in comps.items() if c.is_fault]
-            if bad:
-                err = f"policy of {bad[0]!r} gave up: {comps[bad[0]].meta.get('fault', '')}"
-                if self.metric_set.on_fault == "raise":
-                    raise PolicyError(f"MultiturnAwareReward future {r}: {err}")
-                return fork.unwrapped.episode.conversation, {"stage": "policy", "player": bad[0], "error": err}, usage, generated
-            obs, _, _, _, _ = await fork.astep({p: c.text for p, c in comps.items()})
-            generated += len(comps)
+            seen = {p: strip_think_conversation(obs[p]) if self.metric_set.strip_think and p in self.user_players
+                    else obs[p] for p in on_turn}
+            moves = await asyncio.gather(*(self._act(p, seen[p], seed, r) for p in on_turn))
+            texts: dict[str, str] = {}
+            for p, (comp, fault) in zip(on_turn, moves, strict=True):
+                if comp is not None:
+                    _add(usage, comp.usage)
+                    usage["policy_calls"] = usage.get("policy_calls", 0.0) + 1
+                if fault is None:
+                    texts[p] = comp.text
+                elif self.metric_set.on_fault == "zero" and p in self.user_players:
+                    zeroed.append({**fault, "zeroed": True})  # verl: the interaction answers ""
+                    texts[p] = ""
+                elif self.metric_set.on_fault == "zero":
+                    raise PolicyError(f"MultiturnAwareReward future {r}: {fault['error']} (on_fault='zero' "
+                                      "replaces only a failed user simulator's message, as verl does)")
+                elif out["fault"] is None:
+                    out["fault"] = fault
+            if out["fault"] is not None:
+                break
+            if self.future_token_budget is not None:
+                mine = self._count_tokens(texts[self.player]) if self.player in texts else 0
+                if self.player in texts and tokens + mine >= self.future_token_budget:
+                    dropped += 1  # verl: the turn that reaches the budget is discarded
+                    break
+                tokens += sum(self._count_tokens(t) for t in texts.values())
+            obs, _, _, _, _ = await fork.astep(texts)
+            generated += len(texts)
             k += 1
-            for p in comps:
+            for p in texts:
                 if p in self.user_players:
                     user_turns += 1
                 elif p == self.player:
                     assistant_turns += 1
-        return fork.unwrapped.episode.conversation, None, usage, generated
+        out.update(conversation=fork.unwrapped.episode.conversation, generated=generated, dropped=dropped)
+        return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -655,6 +899,65 @@ def bind_learner_policies(env: Any, policies: Mapping[str, Any]) -> int:
     return bound
 
 
+def _is_replay(ref: Any) -> bool:
+    return isinstance(ref, str) and ref == REPLAY
+
+
+def ignores_candidate(policy: Any) -> bool:
+    """Whether ``policy`` (an object, or a ``"module:Class"`` spec) declares that its messages
+    do not depend on the conversation (``ignores_candidate = True``, e.g. a user replaying
+    recorded turns): futures rolled with it cannot tell one candidate reply from another."""
+    if isinstance(policy, str):
+        if ":" not in policy:
+            return False
+        from collab_env.registry import load_entry_point
+
+        try:
+            policy = load_entry_point(policy)
+        except (ImportError, AttributeError):
+            return False
+    return bool(getattr(policy, "ignores_candidate", False))
+
+
+#: The ways to name the user simulator of MR futures, for error messages.
+USER_CHOICES = ("'embedded' (the local SmolLM2 model)", "an API model string such as 'litellm:openai/gpt-4o-mini'",
+                "a policy object (e.g. collab_env.agents.users.LLMUserSimulator(...))",
+                "'replay' (replay the dataset's recorded user turns; they ignore the candidate reply)")
+
+
+def check_explicit_user(env: Any, given: Mapping[str, Any]) -> None:
+    """Refuse to roll futures with a default user that ignores the candidate.
+
+    Args:
+        env: The env whose futures will be rolled.
+        given: Player -> future policy the caller named (``"replay"`` allowed).
+
+    Raises:
+        ConfigError: A user player has no policy in ``given`` and the spec's default for it
+            ignores the candidate, or ``"replay"`` names a player whose default does not replay.
+    """
+    defaults = dict(env.spec.default_policies) if env.spec is not None else {}
+    env_id = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
+    for u in env.unwrapped.task.user_players:
+        ref = given.get(u)
+        if _is_replay(ref):
+            if u not in defaults or not ignores_candidate(defaults[u]):
+                raise ConfigError(
+                    f"user={REPLAY!r} replays a dataset's recorded user turns, but the default user of {env_id} "
+                    f"({defaults.get(u)!r}) is not a replaying one: pass the simulator itself (or leave user unset "
+                    "to use the env's reactive default)."
+                )
+        elif ref is None and u in defaults and ignores_candidate(defaults[u]):
+            raise ConfigError(
+                f"the multiturn-aware reward on {env_id} needs an explicit user simulator for {u!r}: the env's "
+                f"default user ({defaults[u]}) replays recorded turns and ignores the reply being rewarded, so "
+                "every candidate would get the same futures. Name the user simulator with "
+                "collab_env.make(..., reward='mr', reward_kwargs={'user': ...}) or default_reward(..., user=...), "
+                "as one of: " + "; ".join(USER_CHOICES) + " (MultiturnAwareReward itself takes a simulator policy "
+                "or 'replay' in policies={'user': ...})."
+            )
+
+
 def _rewarded_player(env: Any, player: str | None) -> str:
     task = env.unwrapped.task
     if player is None:
@@ -710,7 +1013,11 @@ def default_reward(
             ``LLMJudge`` (used for every judge metric) or a mapping metric -> judge.
         user: The user simulator of the futures (``kind="mr"``): a model string or
             ``"embedded"`` (wrapped in :class:`~collab_env.agents.users.LLMUserSimulator`; the
-            embedded model replies in plain text) or a ready policy object (used as is).
+            embedded model replies in plain text), a ready policy object (used as is), or
+            :data:`REPLAY` (``"replay"``: the env's recorded-turn user, which ignores the
+            candidate). Required when futures are rolled and the env's default user ignores the
+            candidate (the ``collabllm-*`` envs); envs with a reactive default user (hidden-facts)
+            use it when ``user`` is not given.
         policy: The rewarded player's policy for future turns (``kind="mr"``): a model string,
             ``"embedded"``, a policy object, or :data:`LEARNER` (``"learner"``: the trainer binds
             the policy it trains).
@@ -728,6 +1035,10 @@ def default_reward(
     """
     if kind not in ("mr", "conversation"):
         raise ConfigError(f"reward kind must be 'mr' or 'conversation', got {kind!r}.")
+    if kind == "mr" and user is None:  # before the judge check: this mistake is silent otherwise
+        rolls = kwargs.get("max_user_turns", 2) != 0 and kwargs.get("max_assistant_turns", 3) > 1
+        if rolls:
+            check_explicit_user(env, dict(kwargs.get("policies") or {}))
     loaded: dict[str, Any] = {}
 
     def backend(ref: Any) -> Any:
@@ -759,7 +1070,9 @@ def default_reward(
         if not users:
             raise ConfigError("user= was given but the env has no user player.")
         sim = user
-        if isinstance(user, str):
+        if _is_replay(user):
+            check_explicit_user(env, {u: REPLAY for u in users})
+        elif isinstance(user, str):
             from collab_env.agents.users import LLMUserSimulator
 
             # The embedded 135M model cannot keep the recipe's JSON format: it writes plain text.
@@ -786,4 +1099,7 @@ def _judges(judge: Any, rubric: str, prefill: bool | None, kw: dict[str, Any], b
         "interactivity": LLMJudge.preset("interactivity" if rubric == "verl" else "interactivity_paper", b,
                                          prefill=prefill, **kw),
     }
-    return {"judge": judges, "extractor": LLMJudge.preset("extract_answer", b, prefill=prefill, **kw)}
+    from collab_env.rewards.metrics import document_extractor
+
+    return {"judge": judges, "extractor": LLMJudge.preset("extract_answer", b, prefill=prefill, **kw),
+            "document_extractor": document_extractor(b, prefill=prefill, **kw)}

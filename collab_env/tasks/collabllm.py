@@ -621,6 +621,9 @@ class SessionReplayUser(ScriptedPolicy):
     """
 
     name = "session-replay"
+    #: Its turns do not depend on the assistant's replies: the multiturn-aware reward refuses it
+    #: as a silent default (collab_env.rewards.mr.check_explicit_user); ``user="replay"`` asks for it.
+    ignores_candidate = True
 
     def respond(self, observation: Conversation, rng: np.random.Generator) -> str:
         goal = next(
