@@ -30,8 +30,10 @@ def mr_env(split: str) -> MultiturnAwareReward:
         policies={"assistant": LEARNER},  # the user keeps the spec's scripted HiddenFactsUser
         weights={"accuracy_rule": 1.0, "token_amount": -1e-3},
         num_rollouts=2,
-        max_user_turns=1,
-        max_assistant_turns=2,  # reply, user's answer, one more assistant turn
+        # The recipe's window: reply, user's answer, assistant, user. The verl rule (default)
+        # drops the last assistant turn, so the answer the accuracy metric reads comes before it.
+        max_user_turns=2,
+        max_assistant_turns=3,
         sampling={"assistant": {"temperature": 1.0, "max_new_tokens": MAX_NEW_TOKENS}},
     )
 

@@ -163,12 +163,33 @@ def test_default_window_ends_on_a_user_turn(math_env):
 def test_longer_user_budget_ends_on_an_assistant_turn(math_env):
     env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(), "user": replay_user()},
                                weights={"test_future_len": 0.1}, max_user_turns=3, max_assistant_turns=3,
-                               num_rollouts=2, return_futures=True)
+                               num_rollouts=2, return_futures=True, aggregation="collabllm")
     env.reset(seed=0, options={"index": 0})
     _, rewards, _, _, infos = env.step({"assistant": "A1 reply"})
     fut = infos["assistant"]["mr"]["futures"][0]
     assert [m["role"] for m in fut] == ["assistant", "user", "assistant", "user", "assistant"]
     assert rewards["assistant"] == pytest.approx(0.5)  # 5 messages * 0.1
+    assert infos["assistant"]["mr"]["dropped_turns"] == [0, 0]
+
+
+def test_verl_drops_the_last_assistant_turn_the_turn_budget_cuts(math_env):
+    # verl: reply(a=1) U(u=1) A(a=2) U(u=2) A(a=3 >= 3: generated, then discarded). Here that turn is
+    # not generated: 2 assistant calls per future would mean it was.
+    calls = {"n": 0}
+
+    def fn(obs):
+        calls["n"] += 1
+        return "A words"
+
+    env = MultiturnAwareReward(math_env, policies={"assistant": CallablePolicy(fn), "user": replay_user()},
+                               weights={"test_future_len": 0.1}, max_user_turns=3, max_assistant_turns=3,
+                               num_rollouts=2, return_futures=True)
+    env.reset(seed=0, options={"index": 0})
+    _, rewards, _, _, infos = env.step({"assistant": "A1 reply"})
+    mr = infos["assistant"]["mr"]
+    assert [m["role"] for m in mr["futures"][0]] == ["assistant", "user", "assistant", "user"]
+    assert mr["dropped_turns"] == [1, 1] and calls["n"] == 2  # one kept assistant turn per future
+    assert rewards["assistant"] == pytest.approx(0.4)  # 4 messages * 0.1
 
 
 def test_future_stops_when_the_user_terminates(math_env):
@@ -296,7 +317,7 @@ def test_a_raising_policy_counts_as_a_fault(math_env):
 # ---------------------------------------------------------------------------------------------
 def test_configuration_errors(math_env):
     with pytest.raises(ConfigError, match="needs a policy for 'assistant'"):
-        MultiturnAwareReward(math_env, weights={"token_amount": -1e-4})
+        MultiturnAwareReward(math_env, policies={"user": replay_user()}, weights={"token_amount": -1e-4})
     with pytest.raises(ConfigError, match="num_rollouts must be an int >= 1"):
         MultiturnAwareReward(math_env, num_rollouts=0, max_user_turns=0)
     with pytest.raises(ConfigError, match="unknown metric"):
@@ -478,3 +499,256 @@ def test_learner_placeholder_must_be_bound(math_env):
     assert bind_learner_policies(env, {"assistant": FixedTextPolicy("bound")}) == 1
     _, _, _, _, infos = env.step({"assistant": "A1"})
     assert infos["assistant"]["mr"]["scored"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The verl rule's edge cases (collabllm_agent_loop / collabllm interaction / reward manager)
+# ---------------------------------------------------------------------------------------------
+class CountingAssistant:
+    """Replies 'A<k> words here' (3 words) and counts its calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    async def act(self, observations, **sampling):
+        out = []
+        for obs in observations:
+            self.calls += 1
+            k = 1 + sum(1 for m in obs if m.author == "assistant")
+            out.append(Completion(text=f"A{k} words here", finish_reason="stop"))
+        return out
+
+
+INVALID_REPLIES = [
+    "",                                          # empty
+    "   \n",                                     # blank
+    "<think>plan it</think>",                   # think only: no visible text
+    "<think>plan it</think>  <|im_end|>",       # only the end-of-turn marker is visible
+    "<think>plan it answer",                     # unbalanced
+    "answer </think>",                           # unbalanced
+    "<think> </think> answer",                   # empty think block
+    "<think>a</think><think>b</think> answer",   # two blocks
+    "<think><think>a</think></think> answer",    # nested
+    "</think> answer <think>",                   # closing before opening
+]
+
+
+@pytest.mark.parametrize("reply", INVALID_REPLIES)
+def test_verl_gives_an_invalid_reply_zero_without_futures(math_env, reply):
+    from collab_env.rewards.mr import is_valid_reply
+
+    assert not is_valid_reply(reply)
+    assistant = CountingAssistant()
+    user = CallablePolicy(lambda obs: "user words", name="u")
+    env = MultiturnAwareReward(math_env, policies={"assistant": assistant, "user": user},
+                               weights={"test_future_len": 0.1, "token_amount": -0.01})
+    env.reset(seed=0, options={"index": 0})
+    _, rewards, _, _, infos = env.step({"assistant": reply})
+    mr = infos["assistant"]["mr"]
+    assert rewards["assistant"] == 0.0 and mr["zero_reason"] == "invalid_reply"
+    assert mr["num_rollouts"] == 0 and mr["scored"] == 0 and assistant.calls == 0
+    assert infos["assistant"]["reward_components"]["mr"] == 0.0
+
+
+def test_valid_replies_by_the_verl_rule():
+    from collab_env.rewards.mr import is_valid_reply
+
+    for ok in ("answer", "<think>plan</think> answer", "answer<|im_end|>", "<think>\nplan\n</think>\n\nanswer"):
+        assert is_valid_reply(ok), ok
+
+
+def test_other_rules_score_an_empty_reply(math_env):
+    # the collabllm package checks nothing: reply "" + U + A + U = 4 messages * 0.1
+    env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(), "user": replay_user()},
+                               weights={"test_future_len": 0.1}, aggregation="collabllm", num_rollouts=1)
+    env.reset(seed=0, options={"index": 0})
+    _, rewards, _, _, infos = env.step({"assistant": ""})
+    assert rewards["assistant"] == pytest.approx(0.4) and infos["assistant"]["mr"]["zero_reason"] is None
+
+
+def test_verl_think_only_reply_is_zero_and_collabllm_scores_it(math_env):
+    reply = "<think>I should ask about the sum first</think>"
+    for rule, expected in (("verl", 0.0), ("collabllm", 0.4)):
+        env = MultiturnAwareReward(math_env.clone(), policies={"assistant": numbered_assistant(), "user": replay_user()},
+                                   weights={"test_future_len": 0.1}, aggregation=rule, num_rollouts=1)
+        env.reset(seed=0, options={"index": 0})
+        _, rewards, _, _, _ = env.step({"assistant": reply})
+        assert rewards["assistant"] == pytest.approx(expected), rule
+
+
+def test_verl_reply_after_the_turn_budget_is_zero(math_env, tmp_path):
+    # max_assistant_turns=1: the reply spends the budget; verl ends the sample before any user turn.
+    assistant = CountingAssistant()
+    env = MultiturnAwareReward(math_env, policies={"assistant": assistant, "user": replay_user()},
+                               weights={"test_future_len": 0.1}, max_assistant_turns=1)
+    env.reset(seed=0, options={"index": 0})
+    _, rewards, _, _, infos = env.step({"assistant": "a fine answer"})
+    assert rewards["assistant"] == 0.0 and infos["assistant"]["mr"]["zero_reason"] == "turn_budget"
+    # the collabllm rule scores the conversation as it stands: only the reply -> 1 * 0.1
+    env = MultiturnAwareReward(math_env.clone(), policies={"assistant": assistant, "user": replay_user()},
+                               weights={"test_future_len": 0.1}, max_assistant_turns=1, aggregation="collabllm")
+    env.reset(seed=0, options={"index": 0})
+    assert env.step({"assistant": "a fine answer"})[1]["assistant"] == pytest.approx(0.1)
+    # the env's own step budget spent at the reply (a truncation): 0 under verl
+    path = write_collabllm_fixture(tmp_path / "rows.jsonl", n=2)
+    short = collab_env.make("collabllm-math-hard", data_files=str(path), max_steps=1)
+    env = MultiturnAwareReward(short, policies={"assistant": assistant, "user": replay_user()},
+                               weights={"test_future_len": 0.1})
+    env.reset(seed=0, options={"index": 0})
+    _, rewards, _, truncs, infos = env.step({"assistant": "a fine answer"})
+    assert truncs["assistant"] and rewards["assistant"] == 0.0
+    assert infos["assistant"]["mr"]["zero_reason"] == "turn_budget"
+    assert assistant.calls == 0
+
+
+def test_a_reply_that_fills_the_token_budget_is_zero(math_env):
+    env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(), "user": replay_user()},
+                               weights={"test_future_len": 0.1}, future_token_budget=3)
+    env.reset(seed=0, options={"index": 0})
+    _, rewards, _, _, infos = env.step({"assistant": "one two three"})  # 3 words >= 3
+    assert rewards["assistant"] == 0.0 and infos["assistant"]["mr"]["zero_reason"] == "token_budget"
+
+
+def test_a_future_cut_by_the_token_budget(math_env):
+    # budget 8 words, shared: reply "A1 reply" 2 -> U "FUTURE-USER-0-1" 1 (3) -> "A2 words here" 3 (6 < 8,
+    # kept) -> U 1 (7) -> "A3 words here" 3 (10 >= 8: generated, dropped, the future ends).
+    assistant = CountingAssistant()
+    env = MultiturnAwareReward(math_env, policies={"assistant": assistant, "user": replay_user()},
+                               weights={"test_future_len": 0.1}, max_user_turns=10, max_assistant_turns=10,
+                               num_rollouts=2, future_token_budget=8, return_futures=True)
+    env.reset(seed=0, options={"index": 0})
+    _, rewards, _, _, infos = env.step({"assistant": "A1 reply"})
+    mr = infos["assistant"]["mr"]
+    for fut in mr["futures"]:
+        assert [m["content"] for m in fut] == ["A1 reply", "FUTURE-USER-0-1", "A2 words here", "FUTURE-USER-0-2"]
+    assert mr["dropped_turns"] == [1, 1] and mr["future_turns"] == [3, 3]
+    assert assistant.calls == 4  # A2 and the dropped A3, per future
+    assert rewards["assistant"] == pytest.approx(0.4)
+    # a tokenizer counts instead of words: 2 "tokens" per character pair would cut earlier
+    env = MultiturnAwareReward(math_env.clone(), policies={"assistant": CountingAssistant(), "user": replay_user()},
+                               weights={"test_future_len": 0.1}, max_user_turns=10, max_assistant_turns=10,
+                               num_rollouts=1, future_token_budget=20, token_counter=len, return_futures=True)
+    env.reset(seed=0, options={"index": 0})
+    # chars: "A1 reply" 8, "FUTURE-USER-0-1" 15 (23), "A2 words here" 13 -> 36 >= 20: dropped
+    fut = env.step({"assistant": "A1 reply"})[4]["assistant"]["mr"]["futures"][0]
+    assert [m["content"] for m in fut] == ["A1 reply", "FUTURE-USER-0-1"]
+    with pytest.raises(ConfigError, match="future_token_budget"):
+        MultiturnAwareReward(math_env, max_user_turns=0, weights={"token_amount": -1}, future_token_budget=0)
+
+
+async def _sees_think(conversation, item, *, start=0, **ctx):
+    """1 when a message from ``start`` on still holds a <think> tag."""
+    return MetricResult(float(any("<think>" in m.content for m in conversation.messages[start:])))
+
+
+register_metric("test_sees_think", _sees_think, overwrite=True)
+
+
+def test_verl_strips_think_for_judges_and_the_user_simulator(math_env):
+    seen = []
+
+    def user_fn(obs):
+        seen.append(any("<think>" in m.content for m in obs))
+        return "ok"
+
+    for rule, judge_sees in (("verl", 0.0), ("collabllm", 1.0)):
+        seen.clear()
+        env = MultiturnAwareReward(
+            math_env.clone(),
+            policies={"assistant": FixedTextPolicy("<think>secret plan</think> A2"), "user": CallablePolicy(user_fn)},
+            weights={"test_sees_think": 1.0}, aggregation=rule, num_rollouts=1)
+        env.reset(seed=0, options={"index": 0})
+        _, rewards, _, _, _ = env.step({"assistant": "<think>hidden</think> visible reply"})
+        assert rewards["assistant"] == judge_sees, rule
+        assert seen == [judge_sees == 1.0] * 2, rule  # the user read two transcripts
+    # token_amount reads the stripped text too: "<think>a b c</think> hi" -> "hi" (1 word) under verl,
+    # 4 whitespace words under collabllm; immediate reward, weight -0.1
+    for rule, expected in (("verl", -0.1), ("collabllm", -0.4)):
+        env = MultiturnAwareReward(math_env.clone(), weights={"token_amount": -0.1}, max_user_turns=0, aggregation=rule)
+        env.reset(seed=0, options={"index": 0})
+        assert env.step({"assistant": "<think>a b c</think> hi"})[1]["assistant"] == pytest.approx(expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# on_fault="zero" (verl's numbers)
+# ---------------------------------------------------------------------------------------------
+def test_on_fault_zero_scores_a_failed_judge_zero(math_env):
+    calls = {"n": 0}
+
+    def fn(obs):
+        calls["n"] += 1
+        return "BAD" if calls["n"] == 1 else "fine"
+
+    env = MultiturnAwareReward(math_env, policies={"assistant": CallablePolicy(fn), "user": replay_user()},
+                               weights={"test_judge_fault": 1.0, "test_future_len": 0.1}, on_fault="zero")
+    env.reset(seed=0, options={"index": 0})
+    _, rewards, _, _, infos = env.step({"assistant": "A1"})
+    mr = infos["assistant"]["mr"]
+    # judge values [0, 1, 1] in some order -> mean 2/3; every future has 4 messages -> 0.4
+    assert mr["scored"] == 3 and sorted(mr["metrics"]["test_judge_fault"]["values"]) == [0.0, 1.0, 1.0]
+    assert rewards["assistant"] == pytest.approx(2 / 3 + 0.4)
+    assert len(mr["faults"]) == 1 and mr["faults"][0]["zeroed"] is True
+    assert mr["faults"][0]["stage"] == "metric:test_judge_fault" and mr["cost"]["faults"] == 1
+    assert env.stats["faults"] == 1
+
+
+def test_on_fault_zero_gives_a_failed_simulator_an_empty_message(math_env):
+    env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(), "user": FaultOnCalls({2})},
+                               weights={"test_future_len": 0.1}, on_fault="zero", return_futures=True)
+    env.reset(seed=0, options={"index": 0})
+    _, rewards, _, _, infos = env.step({"assistant": "A1"})
+    mr = infos["assistant"]["mr"]
+    assert mr["scored"] == 3 and rewards["assistant"] == pytest.approx(0.4)  # 4 messages each, none dropped
+    empties = [f for f in mr["futures"] if any(m["role"] == "user" and m["content"] == "" for m in f)]
+    assert len(empties) == 1
+    assert len(mr["faults"]) == 1 and mr["faults"][0]["zeroed"] is True and mr["faults"][0]["player"] == "user"
+    # a failed policy of the rewarded player is no user message: it raises, as verl's rollout fails
+    env = MultiturnAwareReward(math_env.clone(), policies={"assistant": Boom(), "user": replay_user()},
+                               weights={"test_future_len": 0.1}, on_fault="zero")
+    env.reset(seed=0, options={"index": 0})
+    with pytest.raises(PolicyError, match="on_fault='zero'"):
+        env.step({"assistant": "A1"})
+    with pytest.raises(ConfigError, match="on_fault must be one of"):
+        MultiturnAwareReward(math_env, max_user_turns=0, weights={"token_amount": -1}, on_fault="ignore")
+
+
+# ---------------------------------------------------------------------------------------------
+# MR needs an explicit user when the default one ignores the candidate
+# ---------------------------------------------------------------------------------------------
+def test_mr_on_collabllm_without_user_is_a_config_error(tmp_path):
+    path = write_collabllm_fixture(tmp_path / "rows.jsonl", n=2)
+    with pytest.raises(ConfigError, match="explicit user simulator") as err:
+        collab_env.make("collabllm-math-hard", data_files=str(path), reward="mr")
+    for choice in ("'embedded'", "litellm:openai/gpt-4o-mini", "policy object", "'replay'", "ignores"):
+        assert choice in str(err.value), choice
+    base = collab_env.make("collabllm-math-hard", data_files=str(path))
+    with pytest.raises(ConfigError, match="explicit user simulator"):
+        MultiturnAwareReward(base, policies={"assistant": FixedTextPolicy("x")}, weights={"test_future_len": 1.0})
+    # the immediate reward rolls nothing and needs no user
+    collab_env.make("collabllm-bigcodebench", data_files=str(path), reward="mr", reward_kwargs={"max_user_turns": 0})
+
+
+def test_user_replay_selects_the_recorded_turns_on_purpose(tmp_path):
+    from collab_env.tasks.collabllm import SessionReplayUser
+
+    path = write_collabllm_fixture(tmp_path / "rows.jsonl", n=2)
+    env = collab_env.make("collabllm-math-hard", data_files=str(path), reward="mr",
+                          reward_kwargs={"judge": JsonJudgeBackend(), "user": "replay",
+                                         "policy": FixedTextPolicy("ok"), "num_rollouts": 1, "return_futures": True})
+    assert isinstance(env.policies["user"], SessionReplayUser)
+    env.reset(seed=0, options={"index": 0})
+    fut = env.step({"assistant": "hello"})[4]["assistant"]["mr"]["futures"][0]
+    assert fut[1]["content"] == "FUTURE-USER-0-1"
+
+
+def test_a_reactive_default_user_stays_the_default():
+    # hidden-facts' scripted user answers the reply's questions: no user= needed
+    env = MultiturnAwareReward(collab_env.make("hidden-facts-easy"), policies={"assistant": FixedTextPolicy("ok")},
+                               weights={"test_future_len": 0.1}, num_rollouts=1)
+    env.reset(seed=0)
+    _, rewards, _, _, infos = env.step({"assistant": "What is your name?"})
+    assert infos["assistant"]["mr"]["scored"] == 1
+    with pytest.raises(ConfigError, match="not a replaying one"):
+        MultiturnAwareReward(collab_env.make("hidden-facts-easy"),
+                             policies={"assistant": FixedTextPolicy("ok"), "user": "replay"},
+                             weights={"test_future_len": 0.1})
