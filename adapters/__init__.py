@@ -1,2 +1,71 @@
 """Adapters: learners and integrations that train policies on collab_env environments
-(installed as ``collab_env.adapters``)."""
+(installed as ``collab_env.adapters``).
+
+Every trainer and config is importable from here, as in CoMLRL::
+
+    from collab_env.adapters import MAGRPOConfig, MAGRPOTrainer
+
+Importing this package imports nothing heavy: a name loads its module (and torch) on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: Public name -> the module under ``collab_env.adapters`` that defines it.
+_EXPORTS: dict[str, str] = {
+    # MAGRPO / GRPO
+    "MAGRPOConfig": "magrpo",
+    "MAGRPOTrainer": "magrpo",
+    # REINFORCE family
+    "MAREINFORCEConfig": "reinforce",
+    "MAREINFORCETrainer": "reinforce",
+    "MARLOOConfig": "reinforce",
+    "MARLOOTrainer": "reinforce",
+    "MAReMaxConfig": "reinforce",
+    "MAReMaxTrainer": "reinforce",
+    # actor-critic
+    "ActorCriticConfig": "actor_critic",
+    "IACConfig": "actor_critic",
+    "IACTrainer": "actor_critic",
+    "MAACConfig": "actor_critic",
+    "MAACTrainer": "actor_critic",
+    # preference learning and supervised fine-tuning
+    "DPOConfig": "dpo",
+    "DPOTrainer": "dpo",
+    "OnlineDPOConfig": "dpo",
+    "OnlineDPOTrainer": "dpo",
+    "SFTConfig": "sft",
+    "SFTTrainer": "sft",
+    "RewardModelConfig": "reward_model",
+    "RewardModelTrainer": "reward_model",
+    "JointRewardModel": "reward_model",
+    # CoMLRL's preference trainers
+    "MADPOConfig": "madpo",
+    "MADPOTrainer": "madpo",
+    "MARLHFConfig": "marlhf",
+    "MARLHFTrainer": "marlhf",
+    # shared toolkit
+    "TrainerConfig": "common.config",
+    "TrainerState": "common.loop",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        from collab_env.errors import did_you_mean
+
+        raise AttributeError(
+            f"module 'collab_env.adapters' has no attribute {name!r}.{did_you_mean(name, _EXPORTS)}"
+        )
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

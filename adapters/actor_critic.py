@@ -24,7 +24,7 @@ The algorithm, per batch of training items:
 2. **Critic** (:class:`~collab_env.adapters.common.critics.ValueCritic`): IAC gives each agent
    its own critic, reading only that agent's view (its chat prompt, and its completion);
    MAAC has one centralised critic reading the env's ``state()`` (the global transcript, every
-   agent's messages, hidden ones included) with one output per agent. ``critic_estimate="v"``
+   agent's messages, hidden ones included) with one output per agent. ``critic_type="v"``
    estimates ``V(s)`` at the last token of the state; ``"q"`` also reads, in the same forward
    pass, ``Q(s, a)`` at the last token of the completion (MAAC: of the joint action).
 3. **Advantages and targets**: ``"v"``: ``delta_t = r_t + discount * V_{t+1} - V_t``, the
@@ -49,10 +49,11 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from collab_env.adapters.common.config import (
     TrainerConfig,
+    as_bool,
     check_choice,
     check_float,
     check_int,
@@ -99,13 +100,15 @@ class ActorCriticConfig(TrainerConfig):
     TD error (GAE with lambda 0)."""
     gae_lambda: float = 0.95
     """GAE lambda (0: one-step TD, 1: Monte-Carlo return minus the value)."""
-    critic_estimate: Literal["v", "q"] = "v"
-    """``"v"``: the critic estimates the value before the completion (last prompt token);
-    ``"q"``: also the value after it (last completion token), and the advantage is ``Q - V``."""
-    critic_type: Literal["separate", "head"] = "separate"
+    critic_type: Literal["v", "q"] = "v"
+    """CoMLRL's: ``"v"``, the critic estimates ``V(h)``, the value before the completion (last
+    prompt token); ``"q"``, also ``Q(h, a)``, the value after it (last completion token), and
+    the advantage is ``Q - V``. (Its former name ``critic_estimate`` is still accepted.)"""
+    critic_placement: Literal["separate", "head"] = "separate"
     """``"separate"``: the critic is its own model (a copy of the agent's initial model, or
     ``critic_model``) with a value head; ``"head"`` (IAC only): a value head on the actor,
-    whose weights then also learn from the critic loss (scaled by ``value_loss_coef``)."""
+    whose weights then also learn from the critic loss (scaled by ``value_loss_coef``).
+    CoMLRL's ``use_separate_critic=True/False`` sets it."""
     critic_learning_rate: float | None = None
     """AdamW learning rate of the critics (``None``: ``learning_rate``)."""
     value_loss_coef: float = 1.0
@@ -126,9 +129,57 @@ class ActorCriticConfig(TrainerConfig):
     """Evaluate with greedy decoding instead of the training sampling settings."""
     eval_max_new_tokens: int | None = None
     """Longest completion in evaluation (``None``: ``max_new_tokens``)."""
+    logprob_temperature: float | None = None
+    """Temperature of the actor's log-probs in the loss (``None``: ``temperature``; CoMLRL uses
+    the raw logits, 1.0)."""
+    prompt_format: Literal["chat", "raw"] = "chat"
+    """``"chat"``: the agent's whole conversation through the chat template; ``"raw"``
+    (CoMLRL): the turn's prompt string tokenised as it is, one prompt per turn, no history."""
+    early_termination_threshold: float | None = None
+    """CoMLRL's: an episode whose turn reward (mean over agents) exceeds this value ends its
+    rollout there. ``None``: never."""
+    external_prompt_passthrough: bool | None = None
+    """Dataset path: CoMLRL's rule for later turns' prompts (``True``: the external prompt as it
+    is; ``False``: the formatter on the item with its prompt replaced); ``None``: collab_env's
+    (see :func:`~collab_env.tasks.from_dataset`)."""
+    reference_kl_enabled: bool = False
+    """CoMLRL's reference KL: each turn's reward minus ``reference_kl_coef`` times the
+    completion's KL to the initial policy (k3 summed over its tokens, raw logits, no gradient)."""
+    reference_kl_coef: float = 0.1
+    """Weight of the reference KL penalty (``reference_kl_enabled``)."""
+    rollout_buffer_size: int | None = None
+    """CoMLRL's: agent turns each agent collects before an update. Updates here happen on whole
+    items, so it sets ``per_device_train_batch_size`` to ``ceil(rollout_buffer_size /
+    num_turns)`` items (the same count when every episode runs all its turns)."""
+    train_batch_size: int | None = None
+    """CoMLRL's mini-batch within a buffer; only the whole buffer (``None`` or
+    ``rollout_buffer_size``) is supported: one optimiser step per update."""
+
+    ALIASES: ClassVar[dict[str, tuple[str, Any]]] = {
+        "advantage_normalization": ("normalize_advantages", as_bool("advantage_normalization")),
+        "use_separate_critic": ("critic_placement",
+                                lambda v: "separate" if as_bool("use_separate_critic")(v) else "head"),
+        "critic_estimate": ("critic_type", lambda v: v),
+    }
+
+    @property
+    def advantage_normalization(self) -> bool:
+        """CoMLRL's name of :attr:`normalize_advantages`."""
+        return self.normalize_advantages
+
+    @property
+    def use_separate_critic(self) -> bool:
+        """CoMLRL's name: ``critic_placement == "separate"``."""
+        return self.critic_placement == "separate"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.critic_type in ("separate", "head"):
+            raise ConfigError(
+                f"critic_type={self.critic_type!r}: critic_type now means CoMLRL's 'v' (V(h)) or 'q' "
+                f"(Q(h, a)); where the critic lives is critic_placement={self.critic_type!r} "
+                f"(or use_separate_critic={self.critic_type == 'separate'})."
+            )
         check_int("num_agents", self.num_agents, 1)
         check_int("num_turns", self.num_turns, 1)
         check_int("max_new_tokens", self.max_new_tokens, 1)
@@ -138,8 +189,30 @@ class ActorCriticConfig(TrainerConfig):
         check_float("discount", self.discount, 0.0, 1.0)
         check_choice("advantage_estimator", self.advantage_estimator, ("gae", "td"))
         check_float("gae_lambda", self.gae_lambda, 0.0, 1.0)
-        check_choice("critic_estimate", self.critic_estimate, ("v", "q"))
-        check_choice("critic_type", self.critic_type, ("separate", "head"))
+        check_choice("critic_type", self.critic_type, ("v", "q"))
+        check_choice("critic_placement", self.critic_placement, ("separate", "head"))
+        check_float("logprob_temperature", self.logprob_temperature, 0.0, low_open=True, allow_none=True)
+        check_choice("prompt_format", self.prompt_format, ("chat", "raw"))
+        check_float("early_termination_threshold", self.early_termination_threshold, allow_none=True)
+        if self.external_prompt_passthrough not in (None, True, False):
+            raise ConfigError(f"external_prompt_passthrough must be True, False or None, got {self.external_prompt_passthrough!r}.")
+        as_bool("reference_kl_enabled")(self.reference_kl_enabled)
+        check_float("reference_kl_coef", self.reference_kl_coef, 0.0)
+        check_int("rollout_buffer_size", self.rollout_buffer_size, 1, allow_none=True)
+        check_int("train_batch_size", self.train_batch_size, 1, allow_none=True)
+        if self.train_batch_size is not None and self.train_batch_size != self.rollout_buffer_size:
+            raise ConfigError(
+                f"train_batch_size={self.train_batch_size}: IAC/MAAC take one optimiser step per update "
+                "on the whole buffer; remove train_batch_size (or set it to rollout_buffer_size)."
+            )
+        if self.rollout_buffer_size is not None:
+            items = max(1, math.ceil(self.rollout_buffer_size / self.num_turns))
+            if self.per_device_train_batch_size not in (1, items):
+                raise ConfigError(
+                    f"rollout_buffer_size={self.rollout_buffer_size} means {items} item(s) per update, but "
+                    f"per_device_train_batch_size={self.per_device_train_batch_size}: pass one of them."
+                )
+            self.per_device_train_batch_size = items
         check_float("critic_learning_rate", self.critic_learning_rate, 0.0, allow_none=True)
         check_float("value_loss_coef", self.value_loss_coef, 0.0)
         check_float("value_clip_range", self.value_clip_range, 0.0, low_open=True, allow_none=True)
@@ -158,17 +231,38 @@ class ActorCriticConfig(TrainerConfig):
 class IACConfig(ActorCriticConfig):
     """Configuration of :class:`IACTrainer`: one critic per agent, reading only its view."""
 
+    # CoMLRL's IACConfig defaults (comlrl/trainers/actor_critic/iac.py), plus what its trainer
+    # hard-codes: torch's AdamW (weight decay 0.01, no gradient clipping), the one-step TD error,
+    # raw-logit log-probs, one on-policy pass and the formatter's string tokenised as it is.
+    COMLRL_DEFAULTS: ClassVar[dict[str, Any]] = {
+        "learning_rate": 5e-6, "critic_learning_rate": 5e-6, "rollout_buffer_size": 8, "train_batch_size": None,
+        "value_clip_range": 0.2, "value_loss_coef": 0.6, "normalize_advantages": True, "max_new_tokens": 256,
+        "temperature": 0.6, "top_p": 0.6, "top_k": None, "num_train_epochs": 40, "critic_placement": "separate",
+        "critic_type": "v", "num_agents": 2, "num_turns": 2, "external_prompt_passthrough": False,
+        "discount": 0.9, "eval_interval": 16, "eval_num_samples": 4, "eval_batch_size": 1,
+        "early_termination_threshold": -0.2, "logging_steps": 1, "reference_kl_enabled": False,
+        "reference_kl_coef": 0.1, "advantage_estimator": "td", "weight_decay": 0.01, "max_grad_norm": None,
+        "num_iterations": 1, "logprob_temperature": 1.0, "prompt_format": "raw",
+        "lr_scheduler_type": "constant", "warmup_steps": 0,
+    }
+
 
 @dataclass
 class MAACConfig(ActorCriticConfig):
     """Configuration of :class:`MAACTrainer`: one centralised critic reading ``env.state()``."""
 
+    # CoMLRL's MAACConfig defaults (comlrl/trainers/actor_critic/maac.py): IAC's, except that the
+    # shared critic's loss is the plain MSE (no value clipping) and it is always separate.
+    COMLRL_DEFAULTS: ClassVar[dict[str, Any]] = {
+        **IACConfig.COMLRL_DEFAULTS, "value_clip_range": None,
+    }
+
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.critic_type != "separate":
+        if self.critic_placement != "separate":
             raise ConfigError(
                 "MAAC's centralised critic reads the global transcript, which no actor sees, so it "
-                "cannot be a head on an actor: use critic_type='separate' (or IAC for a value head)."
+                "cannot be a head on an actor: use critic_placement='separate' (or IAC for a value head)."
             )
 
 
@@ -273,8 +367,9 @@ class _ActorCriticTrainer:
             raise ConfigError(f"metrics_callback must be callable or None, got {type(metrics_callback).__name__}.")
         if num_agents is not None and num_agents != args.num_agents:
             raise ConfigError(f"num_agents={num_agents} but args.num_agents={args.num_agents}: set both to the same value.")
-        if args.critic_type == "head" and critic_model is not None:
-            raise ConfigError("critic_model= gives the critic its own model; it contradicts critic_type='head'.")
+        if args.critic_placement == "head" and critic_model is not None:
+            raise ConfigError("critic_model= gives the critic its own model; it contradicts critic_placement='head' "
+                              "(use_separate_critic=False).")
         if env is not None:
             self._setup_env_path(env, eval_env, env_kwargs, policies, trained_players, num_agents, args,
                                  formatters, reward_func, train_dataset, eval_dataset)
@@ -293,7 +388,8 @@ class _ActorCriticTrainer:
         self.metrics_callback = metrics_callback
         torch.manual_seed(args.seed)
         self._rng = np.random.default_rng(args.seed)
-        self.models = load_policy_models(agent_model, tokenizer, args.num_agents, args, need_reference=False)
+        self.models = load_policy_models(agent_model, tokenizer, args.num_agents, args,
+                                         need_reference=args.reference_kl_enabled)
         self._unique = unique_models(self.models)
         self.critics = self._build_critics(critic_model, critic_tokenizer)
         steps = self._planned_optimizer_steps()
@@ -313,14 +409,18 @@ class _ActorCriticTrainer:
     # -- construction ---------------------------------------------------------------------------
     def _setup_dataset_path(self, formatters, reward_func, reward_processor, external_transition,
                             train_dataset, eval_dataset, args, num_agents) -> None:
-        from collab_env.tasks.dataset_env import from_dataset
+        from collab_env.adapters.magrpo import dataset_items
+        from collab_env.tasks.dataset_env import from_dataset, prompt_formatter
 
-        if formatters is None or reward_func is None:
-            raise ConfigError("the dataset path needs formatters= (one per agent) and reward_func=; or pass "
-                              "env=<id> to train on a registered environment.")
+        if reward_func is None:
+            raise ConfigError("the dataset path needs reward_func= (and formatters=, one per agent, unless every "
+                              "agent reads the item's 'prompt' field); or pass env=<id> to train on a "
+                              "registered environment.")
         if train_dataset is None and eval_dataset is None:
             raise ConfigError("pass train_dataset= (and optionally eval_dataset=), or env=<id>.")
         n = args.num_agents if num_agents is None else num_agents
+        if formatters is None:
+            formatters = [prompt_formatter] * n  # CoMLRL's default formatter
         if callable(formatters) and not isinstance(formatters, (list, tuple)):
             formatters = [formatters] * n
         if len(formatters) != n:
@@ -330,13 +430,14 @@ class _ActorCriticTrainer:
             if dataset is None:
                 return None
             return from_dataset(dataset, list(formatters), reward_func, num_turns=args.num_turns,
-                                external_transition=external_transition, reward_processor=reward_processor)
+                                external_transition=external_transition, reward_processor=reward_processor,
+                                external_prompt_passthrough=args.external_prompt_passthrough)
 
         self.train_env, self.eval_env = build(train_dataset), build(eval_dataset)
         self.players = tuple((self.train_env or self.eval_env).possible_agents)
         self.others: dict[str, Any] = {}
-        self._train_items = len(train_dataset) if train_dataset is not None else 0
-        self._eval_items = len(eval_dataset) if eval_dataset is not None else 0
+        self._train_items = dataset_items(self.train_env, args.max_steps)
+        self._eval_items = dataset_items(self.eval_env, None)
 
     def _setup_env_path(self, env, eval_env, env_kwargs, policies, trained_players, num_agents, args,
                         formatters, reward_func, train_dataset, eval_dataset) -> None:
@@ -390,7 +491,7 @@ class _ActorCriticTrainer:
         critics = []
         for k in range(n_critics):
             actor = self.models[k]
-            if a.critic_type == "head":
+            if a.critic_placement == "head":
                 critics.append(ValueCritic(actor.model, actor.tokenizer, outputs, shares_actor=True, seed=a.seed + k))
                 continue
             if critic_model is None:  # a copy of the agent's initial model
@@ -423,15 +524,18 @@ class _ActorCriticTrainer:
 
     # -- rollouts -------------------------------------------------------------------------------
     def _rollout(self, base_env: Any, indices: Sequence[int], sampling: Mapping[str, Any],
-                 seeds: Callable[[int], list[int]]):
+                 seeds: Callable[[int], list[int]], training: bool = True):
         from collab_env._async import run_sync
         from collab_env.adapters.common.rollout import compute_returns, expand_tree, start_roots
+
+        stop = self.args.early_termination_threshold if training else None  # CoMLRL: training only
 
         async def go():
             roots = await start_roots(base_env, indices, self.players, self.others, seeds)
             levels = await expand_tree(roots, players=self.players, models=self.models, others=self.others,
                                        branching=lambda d: 1, max_depth=self.args.num_turns,
-                                       joint_mode="aligned", sampling=sampling, seeds=seeds)
+                                       joint_mode="aligned", sampling=sampling, seeds=seeds,
+                                       prompt_format=self.args.prompt_format, stop_above=stop)
             return roots, levels
 
         roots, levels = run_sync(go())
@@ -449,7 +553,8 @@ class _ActorCriticTrainer:
         from collab_env.adapters.common.rollout import episode_item
 
         env = self.eval_env if evaluation else self.train_env
-        roots, levels = self._rollout(env, indices, self._sampling(evaluation), seeds or self._seeds)
+        roots, levels = self._rollout(env, indices, self._sampling(evaluation), seeds or self._seeds,
+                                      training=not evaluation)
         out: list[Transition] = []
         for root in roots:
             item = dict(episode_item(root.env))
@@ -479,6 +584,32 @@ class _ActorCriticTrainer:
                 node = ja.child
         return out, levels
 
+    def _shape_with_reference_kl(self, transitions: Sequence[Transition], metrics: dict[str, float]) -> None:
+        """CoMLRL's reference KL: each transition's reward minus ``reference_kl_coef`` times its
+        completion's k3 KL to the initial policy, summed over tokens (raw logits, no gradient)."""
+        import torch
+
+        from collab_env.adapters.common.losses import kl_k3, pack_sequences, token_logprobs
+
+        a = self.args
+        by_turn: dict[int, list[float]] = {}
+        for tr in transitions:
+            pm = self.models[tr.agent]
+            batch = pack_sequences([tr.prompt_ids], [tr.completion_ids], pm.pad_id).to(pm.device)
+            pm.model.eval()
+            with torch.no_grad():
+                logp = token_logprobs(pm.model, batch, 1.0)
+                with pm.as_reference() as reference:
+                    reference.eval()
+                    ref = token_logprobs(reference, batch, 1.0)
+            kl = float(kl_k3(logp, ref, batch.completion_mask).sum())
+            tr.reward -= a.reference_kl_coef * kl
+            tr.sample.metadata.update(reward=tr.reward, reference_kl=kl, reference_kl_penalty=a.reference_kl_coef * kl)
+            by_turn.setdefault(tr.turn, []).append(kl)
+        for d, kls in by_turn.items():
+            metrics[f"turn_{d + 1}/reference_kl_mean"] = _mean(kls)
+            metrics[f"turn_{d + 1}/reference_kl_penalty_mean"] = a.reference_kl_coef * _mean(kls)
+
     def _own_view_ids(self, node: Any, agent: int, comp: Any) -> tuple[list[int], list[int]]:
         """IAC critic input: the agent's own prompt and completion (its view only)."""
         critic = self.critics[agent]
@@ -507,12 +638,12 @@ class _ActorCriticTrainer:
 
     # -- advantages ------------------------------------------------------------------------------
     def _critic_values(self, transitions: Sequence[Transition], *, grad: bool):
-        """Per transition, ``(V, Q)`` tensors ``[len]`` (Q is None for ``critic_estimate="v"``),
+        """Per transition, ``(V, Q)`` tensors ``[len]`` (Q is None for ``critic_type="v"``),
         one critic forward per distinct critic input, in micro-batches."""
         import torch
 
         a = self.args
-        want_q = a.critic_estimate == "q"
+        want_q = a.critic_type == "q"
         v_out: list[Any] = [None] * len(transitions)
         q_out: list[Any] = [None] * len(transitions)
         by_critic: dict[int, dict[tuple[int, ...], list[int]]] = {}
@@ -600,9 +731,12 @@ class _ActorCriticTrainer:
         )
 
         a = self.args
+        temp = a.logprob_temperature or a.temperature
         transitions, levels = self.collect(indices)
         metrics = _turn_metrics(levels, "")
         metrics["env_steps"] = float(sum(len(n.joint) for nodes in levels for n in nodes))
+        if a.reference_kl_enabled:
+            self._shape_with_reference_kl(transitions, metrics)
         custom = self._callback([t.sample for t in transitions])
         if custom:  # logged at rollout time, outside the logging_steps gate
             self.logger.log(custom, env_step=self.state.env_step + int(metrics["env_steps"]),
@@ -613,7 +747,7 @@ class _ActorCriticTrainer:
             c.eval()
         v0, q0 = self._critic_values(transitions, grad=False)
         v_old = [float(v) for v in v0]
-        q_old = [float(q) for q in q0] if a.critic_estimate == "q" else None
+        q_old = [float(q) for q in q0] if a.critic_type == "q" else None
         adv, v_tgt, q_tgt = self._advantages(transitions, v_old, q_old)
 
         # Actor micro-batches per distinct model.
@@ -634,7 +768,7 @@ class _ActorCriticTrainer:
                 for owner, chunks in packed.items():
                     self._unique[owner].model.eval()
                     for k, (_, b) in enumerate(chunks):
-                        old_logp[(owner, k)] = token_logprobs(self._unique[owner].model, b, a.temperature)
+                        old_logp[(owner, k)] = token_logprobs(self._unique[owner].model, b, temp)
 
         v_old_t = torch.tensor(v_old, dtype=torch.float32)
         v_tgt_t = torch.tensor(v_tgt, dtype=torch.float32)
@@ -653,7 +787,7 @@ class _ActorCriticTrainer:
                 pm = self._unique[owner]
                 n_seq = len(owners[owner])
                 for k, (ch, b) in enumerate(chunks):
-                    logp = token_logprobs(pm.model, b, a.temperature)
+                    logp = token_logprobs(pm.model, b, temp)
                     adv_t = torch.tensor([adv[i] for i in ch], dtype=torch.float32, device=logp.device)
                     if it == 0:
                         loss = actor_loss(logp, adv_t, b.completion_mask, num_sequences=n_seq)
@@ -725,6 +859,11 @@ class _ActorCriticTrainer:
         n = a.eval_num_samples
         if self._eval_items is not None:
             n = min(n, self._eval_items)
+        else:
+            from collab_env.adapters.magrpo import streamed_rows
+
+            if streamed_rows(self.eval_env) is not None:  # as many of the first n rows as exist
+                n = streamed_rows(self.eval_env).available(n)
         if n == 0:
             return {}
         # Its own generator: evaluating never shifts the training run's samples.
@@ -824,7 +963,7 @@ class _ActorCriticTrainer:
 
 class IACTrainer(_ActorCriticTrainer):
     """Independent actor-critic: each agent has its own critic, which reads only that agent's
-    view (its chat prompt, and its completion for ``critic_estimate="q"``).
+    view (its chat prompt, and its completion for ``critic_type="q"``).
 
     Args:
         agent_model: The agents' model: a folder, a hub id, ``"embedded"``, a loaded model, or
@@ -843,7 +982,7 @@ class IACTrainer(_ActorCriticTrainer):
         external_transition: Dataset path: builds later turns' prompts.
         tokenizer: A tokenizer (or one per agent); default: the model folder's.
         critic_model: The critics' model (folder, hub id, ``"embedded"`` or loaded model) for
-            ``critic_type="separate"``; default: a copy of each agent's initial model.
+            ``critic_placement="separate"``; default: a copy of each agent's initial model.
         critic_tokenizer: Its tokenizer (default: its folder's).
         env: Env path: a registered id or an environment object.
         eval_env: Env path: the environment to evaluate on.
@@ -863,7 +1002,7 @@ class IACTrainer(_ActorCriticTrainer):
 class MAACTrainer(_ActorCriticTrainer):
     """Multi-agent actor-critic with one centralised critic: it reads the env's ``state()``
     (the global transcript with every agent's messages, hidden ones included; and the joint
-    action for ``critic_estimate="q"``) and has one output per agent (each agent's own reward).
+    action for ``critic_type="q"``) and has one output per agent (each agent's own reward).
     Arguments as :class:`IACTrainer`, with ``args`` a :class:`MAACConfig`; ``critic_model``
     defaults to a copy of agent 0's initial model."""
 

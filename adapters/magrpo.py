@@ -41,10 +41,11 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from collab_env.adapters.common.config import (
     TrainerConfig,
+    as_bool,
     check_choice,
     check_float,
     check_int,
@@ -52,14 +53,44 @@ from collab_env.adapters.common.config import (
 from collab_env.adapters.common.loop import TrainerState
 from collab_env.errors import ConfigError, TaskFunctionError
 
-__all__ = ["MAGRPOConfig", "MAGRPOTrainer", "TrainerState"]
+__all__ = ["MAGRPOConfig", "MAGRPOTrainer", "TrainerState", "dataset_items", "streamed_rows"]
 
 
 @dataclass
 class MAGRPOConfig(TrainerConfig):
     """Configuration of :class:`MAGRPOTrainer` (the CoMLRL guide's field names, plus the options
     the learner adds). Every field of :class:`~collab_env.adapters.common.config.TrainerConfig`
-    applies too (learning rate, schedule, LoRA, evaluation and logging schedule...)."""
+    applies too (learning rate, schedule, LoRA, evaluation and logging schedule...).
+
+    CoMLRL's names are accepted with CoMLRL's meaning: ``agent_learning_rate`` is
+    ``learning_rate`` and ``advantage_normalization`` is ``normalize_advantages``;
+    ``early_termination_threshold``, ``external_prompt_passthrough``, ``reference_kl_enabled``,
+    ``reference_kl_coef``, ``rollout_buffer_size`` and ``train_batch_size`` are fields of their
+    own. ``preset="comlrl"`` sets CoMLRL's defaults (``COMLRL_DEFAULTS``)."""
+
+    ALIASES: ClassVar[dict[str, tuple[str, Any]]] = {
+        "advantage_normalization": ("normalize_advantages", as_bool("advantage_normalization")),
+    }
+    # CoMLRL's MAGRPOConfig defaults (comlrl/trainers/reinforce/magrpo.py), plus what its trainer
+    # hard-codes: torch's AdamW (weight decay 0.01, no gradient clipping), one on-policy pass,
+    # log-probs of the raw logits, the loss -A * sum(log p) averaged over completions, and the
+    # formatter's string tokenised as it is.
+    COMLRL_DEFAULTS: ClassVar[dict[str, Any]] = {
+        "num_train_epochs": 20, "learning_rate": 5e-6, "logging_steps": 50, "num_agents": 2,
+        "num_generations": 4, "max_new_tokens": 256, "temperature": 0.6, "top_p": 0.6, "top_k": 50,
+        "num_turns": 2, "discount": 0.9, "joint_mode": "aligned", "early_termination_threshold": -0.2,
+        "external_prompt_passthrough": False, "eval_interval": 16, "eval_num_samples": 4,
+        "eval_batch_size": 1, "rollout_buffer_size": 2, "train_batch_size": None,
+        "normalize_advantages": True, "reference_kl_enabled": False, "reference_kl_coef": 0.1,
+        "per_device_train_batch_size": 1, "weight_decay": 0.01, "max_grad_norm": None,
+        "num_iterations": 1, "beta": 0.0, "logprob_temperature": 1.0, "loss_type": "sum",
+        "prompt_format": "raw", "lr_scheduler_type": "constant", "warmup_steps": 0,
+    }
+
+    @property
+    def advantage_normalization(self) -> bool:
+        """CoMLRL's name of :attr:`normalize_advantages`."""
+        return self.normalize_advantages
 
     num_agents: int = 2
     """Number of agents; 1 is plain GRPO."""
@@ -93,8 +124,39 @@ class MAGRPOConfig(TrainerConfig):
     beta: float = 0.0
     """Coefficient of the k3 KL to the reference model (the initial policy) in the loss;
     0 builds no reference model."""
-    loss_type: Literal["sequence", "token"] = "sequence"
-    """Average the per-token loss per sequence then over sequences, or over all tokens."""
+    loss_type: Literal["sequence", "token", "sum"] = "sequence"
+    """Average the per-token loss per sequence then over sequences (``"sequence"``), over all
+    tokens (``"token"``), or sum it per sequence then average over sequences (``"sum"``:
+    CoMLRL's ``-A * sum(log p)``)."""
+    logprob_temperature: float | None = None
+    """Temperature of the log-probs in the loss (``None``: ``temperature``, the sampling
+    distribution's; CoMLRL uses the raw logits, 1.0)."""
+    prompt_format: Literal["chat", "raw"] = "chat"
+    """``"chat"``: the agent's whole conversation through the tokenizer's chat template;
+    ``"raw"``: CoMLRL's, the turn's prompt string (the formatter's output, or the external
+    prompt) tokenised as it is, ``tokenizer(prompt)``, one prompt per turn and no history."""
+    early_termination_threshold: float | None = None
+    """CoMLRL's: a node whose joint actions' mean reward exceeds this value gets no children
+    (the branch stops growing; its returns are its rewards). ``None``: never."""
+    external_prompt_passthrough: bool | None = None
+    """Dataset path, turns after the first: CoMLRL's ``True`` sends the external prompt as it is;
+    ``False`` formats it, ``formatter({**item, "prompt": external})`` (with
+    ``external_prompts=external`` when the formatter declares it). ``None``: collab_env's rule
+    (see :func:`~collab_env.tasks.from_dataset`)."""
+    reference_kl_enabled: bool = False
+    """CoMLRL's reference KL: subtract ``reference_kl_coef`` times each completion's KL to the
+    initial policy (k3 estimate summed over its tokens, raw logits, no gradient) from its return
+    before advantages. Independent of ``beta`` (a KL term in the loss)."""
+    reference_kl_coef: float = 0.1
+    """Weight of the reference KL penalty (``reference_kl_enabled``)."""
+    rollout_buffer_size: int | None = None
+    """CoMLRL's buffer: each agent collects this many tree nodes (its ``num_generations``
+    completions at one node) before it updates; the buffer is split by turn, each turn's nodes
+    shuffled and cut into optimiser steps of ``train_batch_size`` nodes; what is left at the end
+    of an epoch is used then. ``None``: one update per batch of ``per_device_train_batch_size``
+    items on every node of the batch."""
+    train_batch_size: int | None = None
+    """Nodes per optimiser step when ``rollout_buffer_size`` is set (``None``: the buffer size)."""
     train_micro_batch_size: int = 8
     """Sequences per forward/backward pass (gradients accumulate to the full-batch gradient)."""
     eval_greedy: bool = False
@@ -122,7 +184,19 @@ class MAGRPOConfig(TrainerConfig):
         check_float("clip_range", self.clip_range, 0.0, 1.0, low_open=True)
         check_float("clip_range_high", self.clip_range_high, 0.0, low_open=True, allow_none=True)
         check_float("beta", self.beta, 0.0)
-        check_choice("loss_type", self.loss_type, ("sequence", "token"))
+        check_choice("loss_type", self.loss_type, ("sequence", "token", "sum"))
+        check_float("logprob_temperature", self.logprob_temperature, 0.0, low_open=True, allow_none=True)
+        check_choice("prompt_format", self.prompt_format, ("chat", "raw"))
+        check_float("early_termination_threshold", self.early_termination_threshold, allow_none=True)
+        if self.external_prompt_passthrough not in (None, True, False):
+            raise ConfigError(f"external_prompt_passthrough must be True, False or None, got {self.external_prompt_passthrough!r}.")
+        as_bool("reference_kl_enabled")(self.reference_kl_enabled)
+        check_float("reference_kl_coef", self.reference_kl_coef, 0.0)
+        check_int("rollout_buffer_size", self.rollout_buffer_size, 1, allow_none=True)
+        check_int("train_batch_size", self.train_batch_size, 1, allow_none=True)
+        if self.train_batch_size is not None and self.rollout_buffer_size is None:
+            raise ConfigError("train_batch_size splits CoMLRL's rollout buffer: set rollout_buffer_size too "
+                              "(or use per_device_train_batch_size for items per update).")
         check_int("train_micro_batch_size", self.train_micro_batch_size, 1)
         check_int("eval_pass_k", self.eval_pass_k, 1)
         check_float("eval_pass_threshold", self.eval_pass_threshold)
@@ -247,7 +321,8 @@ class MAGRPOTrainer:
         self.eval_aggregator = eval_aggregator
         torch.manual_seed(args.seed)
         self._rng = np.random.default_rng(args.seed)
-        self.models = load_policy_models(agent_model, tokenizer, args.num_agents, args, need_reference=args.beta > 0)
+        self.models = load_policy_models(agent_model, tokenizer, args.num_agents, args,
+                                         need_reference=args.beta > 0 or args.reference_kl_enabled)
         self._unique = unique_models(self.models)
         # Reward wrappers that roll futures (the multiturn-aware reward) play the trained
         # players' future turns with the policy being trained.
@@ -261,6 +336,8 @@ class MAGRPOTrainer:
             pm.optimizer = make_optimizer(pm, args)
             pm.scheduler = make_scheduler(pm.optimizer, args, steps)
         self.state = TrainerState()
+        self._buffers: list[list[list[tuple[list[int], tuple[int, ...], float, int]]]] = [
+            [] for _ in range(args.num_agents)]  # CoMLRL's rollout buffer: per agent, node sample groups
         self.wandb_config = wandb_config
         config = {**args.to_dict(), "players": list(self.players),
                   "env": getattr(getattr(self.train_env, "spec", None), "id", None)}
@@ -269,16 +346,19 @@ class MAGRPOTrainer:
     # -- construction ---------------------------------------------------------------------------
     def _setup_dataset_path(self, formatters, reward_func, reward_processor, external_transition,
                             train_dataset, eval_dataset, args, num_agents) -> None:
-        from collab_env.tasks.dataset_env import from_dataset
+        from collab_env.tasks.dataset_env import from_dataset, prompt_formatter
 
-        if formatters is None or reward_func is None:
+        if reward_func is None:
             raise ConfigError(
-                "the dataset path needs formatters= (one per agent) and reward_func=; or pass env=<id> "
-                "to train on a registered environment."
+                "the dataset path needs reward_func= (and formatters=, one per agent, unless every "
+                "agent reads the item's 'prompt' field); or pass env=<id> to train on a registered "
+                "environment."
             )
         if train_dataset is None and eval_dataset is None:
             raise ConfigError("pass train_dataset= (and optionally eval_dataset=), or env=<id>.")
         n = args.num_agents if num_agents is None else num_agents
+        if formatters is None:
+            formatters = [prompt_formatter] * n  # CoMLRL's default formatter
         if callable(formatters) and not isinstance(formatters, (list, tuple)):
             formatters = [formatters] * n
         if len(formatters) != n:
@@ -288,14 +368,15 @@ class MAGRPOTrainer:
             if dataset is None:
                 return None
             return from_dataset(dataset, list(formatters), reward_func, num_turns=args.num_turns,
-                                external_transition=external_transition, reward_processor=reward_processor)
+                                external_transition=external_transition, reward_processor=reward_processor,
+                                external_prompt_passthrough=args.external_prompt_passthrough)
 
         self.train_env = build(train_dataset)
         self.eval_env = build(eval_dataset)
         self.players = tuple((self.train_env or self.eval_env).possible_agents)
         self.others: dict[str, Any] = {}
-        self._train_items = len(train_dataset) if train_dataset is not None else 0
-        self._eval_items = len(eval_dataset) if eval_dataset is not None else 0
+        self._train_items = dataset_items(self.train_env, args.max_steps)
+        self._eval_items = dataset_items(self.eval_env, None)
 
     def _setup_env_path(self, env, eval_env, env_kwargs, policies, trained_players, num_agents, args,
                         formatters, reward_func, train_dataset, eval_dataset) -> None:
@@ -355,8 +436,13 @@ class MAGRPOTrainer:
         items = self._items_per_epoch() * self.args.num_train_epochs
         if self.args.max_steps > 0:
             items = min(items, self.args.max_steps)
-        batches = math.ceil(items / self.args.per_device_train_batch_size)
-        return max(1, batches * self.args.num_iterations)
+        a = self.args
+        if a.rollout_buffer_size is not None:  # about one step per train_batch_size nodes of an agent
+            per_item = sum((a.num_generations ** (d * (a.num_agents if a.joint_mode == "cross" else 1)))
+                           for d in range(a.num_turns))
+            return max(1, math.ceil(items * per_item / (a.train_batch_size or a.rollout_buffer_size)) * a.num_iterations)
+        batches = math.ceil(items / a.per_device_train_batch_size)
+        return max(1, batches * a.num_iterations)
 
     def _seeds(self, n: int) -> list[int]:
         return [int(s) for s in self._rng.integers(0, 2**62, size=n)]
@@ -385,15 +471,19 @@ class MAGRPOTrainer:
         return run_item_loop(self, type(self).__name__.removesuffix("Trainer"))
 
     def _rollout(self, base_env: Any, indices: Sequence[int], branching: Callable[[int], int],
-                 joint_mode: str, sampling: Mapping[str, Any], seeds: Callable[[int], list[int]]):
+                 joint_mode: str, sampling: Mapping[str, Any], seeds: Callable[[int], list[int]],
+                 training: bool = True):
         from collab_env._async import run_sync
         from collab_env.adapters.common.rollout import compute_returns, expand_tree, start_roots
+
+        stop = self.args.early_termination_threshold if training else None  # CoMLRL: training trees only
 
         async def go():
             roots = await start_roots(base_env, indices, self.players, self.others, seeds)
             levels = await expand_tree(roots, players=self.players, models=self.models, others=self.others,
                                        branching=branching, max_depth=self.args.num_turns,
-                                       joint_mode=joint_mode, sampling=sampling, seeds=seeds)
+                                       joint_mode=joint_mode, sampling=sampling, seeds=seeds,
+                                       prompt_format=self.args.prompt_format, stop_above=stop)
             return roots, levels
 
         roots, levels = run_sync(go())
@@ -401,7 +491,8 @@ class MAGRPOTrainer:
         return roots, levels
 
     def _train_batch(self, indices: Sequence[int]) -> dict[str, float]:
-        """Roll out the trees of ``indices``, compute advantages, update every model."""
+        """Roll out the trees of ``indices``, compute advantages, update every model (or, with
+        ``rollout_buffer_size``, every agent whose buffer is full)."""
         from collab_env.adapters.common.losses import group_advantages
         from collab_env.adapters.common.rollout import completion_values
 
@@ -410,23 +501,106 @@ class MAGRPOTrainer:
                                   self._sampling(False), self._seeds)
         metrics = _turn_metrics(levels, "")
         metrics["env_steps"] = float(sum(len(n.joint) for nodes in levels for n in nodes))
-        samples: dict[int, list[tuple[list[int], tuple[int, ...], float, int]]] = {}
+        kls = self._reference_kls(levels, metrics) if a.reference_kl_enabled else {}
+        groups: list[tuple[int, list[tuple[list[int], tuple[int, ...], float, int]]]] = []
         lengths = []
         for nodes in levels:
             for node in nodes:
                 for agent in node.acting:
-                    adv = group_advantages(completion_values(node, agent), normalize_std=a.normalize_advantages)
-                    for comp, adv_g in zip(node.completions[agent], adv, strict=True):
-                        owner = next(k for k, u in enumerate(self._unique) if u is self.models[agent])
-                        samples.setdefault(owner, []).append(
-                            (node.prompt_ids[agent], tuple(comp.token_ids or ()), adv_g, node.depth))
-                        lengths.append(len(comp.token_ids or ()))
+                    values = completion_values(node, agent)
+                    if kls:  # CoMLRL: the KL penalty comes off each completion's return
+                        values = [v - a.reference_kl_coef * k for v, k in zip(values, kls[(id(node), agent)], strict=True)]
+                    adv = group_advantages(values, normalize_std=a.normalize_advantages)
+                    group = [(node.prompt_ids[agent], tuple(comp.token_ids or ()), adv_g, node.depth)
+                             for comp, adv_g in zip(node.completions[agent], adv, strict=True)]
+                    lengths.extend(len(g[1]) for g in group)
+                    groups.append((agent, group))
         metrics["completion_length"] = _mean(lengths)
-        per_model = [self._update(self._unique[k], s) for k, s in sorted(samples.items())]
-        self.state.optimizer_steps += a.num_iterations
-        for key in sorted({k for m in per_model for k in m}):
-            metrics[key] = _mean([m[key] for m in per_model if key in m])
+        metrics.update(self._learn(groups))
         return metrics
+
+    def _owner(self, agent: int) -> int:
+        return next(k for k, u in enumerate(self._unique) if u is self.models[agent])
+
+    def _learn(self, groups: Sequence[tuple[int, list[Any]]]) -> dict[str, float]:
+        """Update on the node sample groups ``(agent, samples)`` of a batch: all at once per
+        model, or through CoMLRL's per-agent rollout buffer."""
+        a = self.args
+        per_model: list[dict[str, float]] = []
+        if a.rollout_buffer_size is None:
+            samples: dict[int, list[Any]] = {}
+            for agent, group in groups:
+                samples.setdefault(self._owner(agent), []).extend(group)
+            per_model = [self._update(self._unique[k], s) for k, s in sorted(samples.items())]
+            self.state.optimizer_steps += a.num_iterations
+        else:
+            for agent, group in groups:
+                self._buffers[agent].append(group)
+                if len(self._buffers[agent]) >= a.rollout_buffer_size:
+                    per_model.extend(self._flush_buffer(agent))
+        out: dict[str, float] = {}
+        for key in sorted({k for m in per_model for k in m}):
+            out[key] = _mean([m[key] for m in per_model if key in m])
+        return out
+
+    def _flush_buffer(self, agent: int) -> list[dict[str, float]]:
+        """CoMLRL's buffer update of one agent: its buffered nodes grouped by turn, each turn's
+        nodes shuffled and cut into optimiser steps of ``train_batch_size`` nodes."""
+        a = self.args
+        buffer, self._buffers[agent] = self._buffers[agent], []
+        size = a.train_batch_size or a.rollout_buffer_size or 1
+        by_turn: dict[int, list[Any]] = {}
+        for group in buffer:
+            by_turn.setdefault(group[0][3] if group else 0, []).append(group)
+        out = []
+        for turn in sorted(by_turn):
+            nodes = by_turn[turn]
+            order = self._rng.permutation(len(nodes))
+            nodes = [nodes[int(i)] for i in order]
+            for start in range(0, len(nodes), size):
+                chunk = [s for group in nodes[start:start + size] for s in group]
+                if chunk:
+                    out.append(self._update(self.models[agent], chunk))
+                    self.state.optimizer_steps += a.num_iterations
+        return out
+
+    def _end_epoch(self) -> dict[str, float]:
+        """Use what is left in the rollout buffers (CoMLRL updates on it at every epoch's end)."""
+        per_model = [m for agent in range(len(self._buffers)) if self._buffers[agent]
+                     for m in self._flush_buffer(agent)]
+        return {k: _mean([m[k] for m in per_model if k in m]) for k in sorted({k for m in per_model for k in m})}
+
+    def _reference_kls(self, levels: Sequence[Sequence[Any]], metrics: dict[str, float]) -> dict[tuple[int, int], list[float]]:
+        """CoMLRL's reference KL of every completion: the k3 estimate of KL(policy || initial
+        policy) summed over its tokens, from the raw logits, without gradient. Adds
+        ``turn_k/reference_kl_mean`` and ``turn_k/reference_kl_penalty_mean`` to ``metrics``."""
+        import torch
+
+        from collab_env.adapters.common.losses import kl_k3, pack_sequences, token_logprobs
+
+        a = self.args
+        out: dict[tuple[int, int], list[float]] = {}
+        by_turn: dict[int, list[float]] = {}
+        for nodes in levels:
+            for node in nodes:
+                for agent in node.acting:
+                    pm = self.models[agent]
+                    comps = node.completions[agent]
+                    batch = pack_sequences([node.prompt_ids[agent]] * len(comps),
+                                           [tuple(c.token_ids or ()) for c in comps], pm.pad_id).to(pm.device)
+                    pm.model.eval()
+                    with torch.no_grad():
+                        logp = token_logprobs(pm.model, batch, 1.0)
+                        with pm.as_reference() as reference:
+                            reference.eval()
+                            ref = token_logprobs(reference, batch, 1.0)
+                    kl = kl_k3(logp, ref, batch.completion_mask).sum(-1).tolist()
+                    out[(id(node), agent)] = [float(x) for x in kl]
+                    by_turn.setdefault(node.depth, []).extend(float(x) for x in kl)
+        for d, kls in by_turn.items():
+            metrics[f"turn_{d + 1}/reference_kl_mean"] = _mean(kls)
+            metrics[f"turn_{d + 1}/reference_kl_penalty_mean"] = a.reference_kl_coef * _mean(kls)
+        return out
 
     def _update(self, pm: Any, samples: Sequence[tuple[list[int], tuple[int, ...], float, int]]) -> dict[str, float]:
         """``num_iterations`` optimiser steps of ``pm`` on its samples; returns loss metrics."""
@@ -441,6 +615,10 @@ class MAGRPOTrainer:
         advantages = [torch.tensor([s[2] for s in mb], dtype=torch.float32, device=device) for mb in micro]
         num_seq = len(samples)
         num_tok = int(sum(int(b.completion_mask.sum()) for b in batches))
+        loss_type = a.loss_type
+        if loss_type == "sum":  # per-sequence sums averaged over sequences: "token" over num_seq
+            loss_type, num_tok = "token", num_seq
+        temp = a.logprob_temperature or a.temperature
         params = [p for _, p in pm.trainable_parameters()]
 
         old: list[Any] | None = None
@@ -448,11 +626,11 @@ class MAGRPOTrainer:
         pm.model.eval()
         with torch.no_grad():
             if a.num_iterations > 1:
-                old = [token_logprobs(pm.model, b, a.temperature) for b in batches]
+                old = [token_logprobs(pm.model, b, temp) for b in batches]
             if a.beta > 0:
                 with pm.as_reference() as reference:
                     reference.eval()
-                    ref = [token_logprobs(reference, b, a.temperature) for b in batches]
+                    ref = [token_logprobs(reference, b, temp) for b in batches]
 
         out: dict[str, float] = {}
         for it in range(a.num_iterations):
@@ -461,11 +639,11 @@ class MAGRPOTrainer:
             totals: dict[str, float] = {}
             kl_by_turn: dict[int, list[float]] = {}
             for k, (b, adv) in enumerate(zip(batches, advantages, strict=True)):
-                logp = token_logprobs(pm.model, b, a.temperature)
+                logp = token_logprobs(pm.model, b, temp)
                 old_k = old[k] if old is not None else logp.detach()
                 loss, stats = policy_loss(
                     logp, old_k, adv, b.completion_mask, ref_logp=ref[k] if ref is not None else None,
-                    beta=a.beta, clip_low=a.clip_range, clip_high=a.clip_range_high, loss_type=a.loss_type,
+                    beta=a.beta, clip_low=a.clip_range, clip_high=a.clip_range_high, loss_type=loss_type,
                     num_sequences=num_seq, num_tokens=num_tok)
                 loss.backward()
                 for name, v in stats.items():
@@ -510,6 +688,8 @@ class MAGRPOTrainer:
         check_int("num_eval_samples", n, 0)
         if self._eval_items is not None:
             n = min(n, self._eval_items)
+        elif streamed_rows(self.eval_env) is not None:  # read as many of the first n rows as exist
+            n = streamed_rows(self.eval_env).available(n)
         if n == 0:
             return {}
         # Evaluation draws from its own generator, so it never shifts the training run's samples.
@@ -526,7 +706,7 @@ class MAGRPOTrainer:
         for start in range(0, n, a.eval_batch_size):
             indices = list(range(start, min(n, start + a.eval_batch_size)))
             roots, levels = self._rollout(self.eval_env, indices, lambda d: k if d == 0 else 1, "aligned",
-                                          self._sampling(True), seeds)
+                                          self._sampling(True), seeds, training=False)
             for d, nodes in enumerate(levels):
                 all_levels[d].extend(nodes)
             by_root = {r.root: r for r in roots}
@@ -575,6 +755,30 @@ class MAGRPOTrainer:
 
 
 # -- helpers ------------------------------------------------------------------------------------
+def dataset_items(env: Any, max_steps: int | None) -> int | None:
+    """Items of a dataset-path env's split: its length; for a streamed split (an
+    ``IterableDataset``) ``None`` when ``max_steps`` bounds training (rows are then read as
+    needed), else the stream is read once to its end to count them. ``0`` without an env."""
+    if env is None:
+        return 0
+    n = _num_items(env)
+    if n is not None:
+        return n
+    if max_steps is not None and max_steps > 0:
+        return None
+    if max_steps is None:  # evaluation split: counted lazily (``evaluate`` reads what it needs)
+        return None
+    return len(env.unwrapped.task.dataset)
+
+
+def streamed_rows(env: Any) -> Any:
+    """The :class:`~collab_env.tasks.dataset_env.StreamedRows` of a dataset-path env, or None."""
+    from collab_env.tasks.dataset_env import StreamedRows
+
+    rows = getattr(getattr(getattr(env, "unwrapped", None), "task", None), "dataset", None)
+    return rows if isinstance(rows, StreamedRows) else None
+
+
 def _num_items(env: Any) -> int | None:
     for obj in (env, getattr(env, "unwrapped", None)):
         task = getattr(obj, "task", None) if obj is not None else None

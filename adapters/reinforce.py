@@ -73,9 +73,10 @@ class MAREINFORCEConfig(MAGRPOConfig):
     num_generations: int = 4
     """Completions each agent samples per node; ``"mean"``/``"rloo"`` need >= 2, ``"remax"``
     and ``"none"`` work with 1."""
-    loss_type: Literal["sequence", "token"] = "token"
+    loss_type: Literal["sequence", "token", "sum"] = "token"
     """``"token"``: ``-sum(A * log-prob)`` over all completion tokens divided by their count
-    (REINFORCE's sum of log-probs, up to a constant); ``"sequence"``: mean per sequence first."""
+    (REINFORCE's sum of log-probs, up to a constant); ``"sequence"``: mean per sequence first;
+    ``"sum"``: sum per sequence, mean over sequences (CoMLRL)."""
 
     def __post_init__(self) -> None:
         check_int("num_generations", self.num_generations, 1)
@@ -191,24 +192,24 @@ class MAREINFORCETrainer(MAGRPOTrainer):
             metrics["env_steps"] += steps
             for d, nodes in enumerate(levels):
                 metrics[f"turn_{d + 1}/greedy_return"] = _mean([greedy[(id(n), i)] for n in nodes for i in n.acting])
-        samples: dict[int, list[tuple[list[int], tuple[int, ...], float, int]]] = {}
+        kls = self._reference_kls(levels, metrics) if a.reference_kl_enabled else {}
+        groups: list[tuple[int, list[tuple[list[int], tuple[int, ...], float, int]]]] = []
         lengths = []
         for nodes in levels:
             for node in nodes:
                 for agent in node.acting:
-                    adv = baseline_advantages(completion_values(node, agent), a.baseline,
-                                              greedy_value=greedy.get((id(node), agent)),
+                    values = completion_values(node, agent)
+                    greedy_value = greedy.get((id(node), agent))
+                    if kls:  # CoMLRL: the KL penalty comes off each completion's return
+                        values = [v - a.reference_kl_coef * k for v, k in zip(values, kls[(id(node), agent)], strict=True)]
+                    adv = baseline_advantages(values, a.baseline, greedy_value=greedy_value,
                                               normalize_std=a.normalize_advantages)
-                    owner = next(k for k, u in enumerate(self._unique) if u is self.models[agent])
-                    for comp, adv_g in zip(node.completions[agent], adv, strict=True):
-                        ids = tuple(comp.token_ids or ())
-                        samples.setdefault(owner, []).append((node.prompt_ids[agent], ids, adv_g, node.depth))
-                        lengths.append(len(ids))
+                    group = [(node.prompt_ids[agent], tuple(comp.token_ids or ()), adv_g, node.depth)
+                             for comp, adv_g in zip(node.completions[agent], adv, strict=True)]
+                    lengths.extend(len(g[1]) for g in group)
+                    groups.append((agent, group))
         metrics["completion_length"] = _mean(lengths)
-        per_model = [self._update(self._unique[k], s) for k, s in sorted(samples.items())]
-        self.state.optimizer_steps += 1
-        for key in sorted({k for m in per_model for k in m}):
-            metrics[key] = _mean([m[key] for m in per_model if key in m])
+        metrics.update(self._learn(groups))
         return metrics
 
     def _greedy_returns(self, levels: Sequence[Sequence[Any]]) -> tuple[dict[tuple[int, int], float], int]:
@@ -229,7 +230,7 @@ class MAREINFORCETrainer(MAGRPOTrainer):
                                players=n.players, acting=list(n.acting)) for n in nodes]
             chains = run_sync(expand_tree(starts, players=self.players, models=self.models, others=self.others,
                                           branching=lambda _: 1, max_depth=a.num_turns - d, joint_mode="aligned",
-                                          sampling=greedy, seeds=self._seeds))
+                                          sampling=greedy, seeds=self._seeds, prompt_format=a.prompt_format))
             compute_returns(chains, len(self.players), a.discount)
             steps += sum(len(n.joint) for lv in chains for n in lv)
             for node, start in zip(nodes, starts, strict=True):
@@ -249,20 +250,24 @@ class MAREINFORCETrainer(MAGRPOTrainer):
         batches = [pack_sequences([s[0] for s in mb], [s[1] for s in mb], pm.pad_id).to(device) for mb in micro]
         advantages = [torch.tensor([s[2] for s in mb], dtype=torch.float32, device=device) for mb in micro]
         num_tok = int(sum(int(b.completion_mask.sum()) for b in batches))
+        loss_type = a.loss_type
+        if loss_type == "sum":  # per-sequence sums averaged over sequences: "token" over num_seq
+            loss_type, num_tok = "token", len(samples)
+        temp = a.logprob_temperature or a.temperature
         ref: list[Any] | None = None
         if a.beta > 0:
             pm.model.eval()
             with torch.no_grad(), pm.as_reference() as reference:
                 reference.eval()
-                ref = [token_logprobs(reference, b, a.temperature) for b in batches]
+                ref = [token_logprobs(reference, b, temp) for b in batches]
         pm.model.train()
         pm.optimizer.zero_grad(set_to_none=True)
         out: dict[str, float] = {}
         kl_by_turn: dict[int, list[float]] = {}
         for k, (b, adv) in enumerate(zip(batches, advantages, strict=True)):
-            logp = token_logprobs(pm.model, b, a.temperature)
+            logp = token_logprobs(pm.model, b, temp)
             loss, stats = reinforce_loss(logp, adv, b.completion_mask, ref_logp=ref[k] if ref is not None else None,
-                                         beta=a.beta, loss_type=a.loss_type, num_sequences=len(samples),
+                                         beta=a.beta, loss_type=loss_type, num_sequences=len(samples),
                                          num_tokens=num_tok)
             loss.backward()
             for name, v in stats.items():

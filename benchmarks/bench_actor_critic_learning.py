@@ -39,7 +39,7 @@ def run(algorithm: str, args: argparse.Namespace, model: str, tokenizer) -> dict
         critic_learning_rate=args.critic_learning_rate, max_steps=args.items, eval_interval=args.eval_interval,
         eval_num_samples=8, eval_batch_size=8, eval_greedy=True, logging_steps=1, seed=args.seed,
         per_device_train_batch_size=args.batch_size, discount=args.discount, gae_lambda=args.gae_lambda,
-        critic_type=args.critic_type if algorithm == "iac" else "separate", output_dir=out,
+        critic_placement=args.critic_type if algorithm == "iac" else "separate", output_dir=out,
     )
     trainer = trainer_cls(agent_model=model, tokenizer=tokenizer, env="length-ratio",
                           env_kwargs={"num_turns": args.turns},

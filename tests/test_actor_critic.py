@@ -120,7 +120,7 @@ def test_trainer_advantages_are_per_agent_trajectories(tiny_dir, tmp_path):
     assert adv[0::2] == pytest.approx([1.9915925, 1.3235, 1.7]) and q_tgt is None
     assert v_tgt[0::2] == pytest.approx([2.4915925, 1.7235, 2.0])
     assert adv[1::2] == pytest.approx(gae([10.0, 0.0, 20.0], [0.0] * 3, 0.9, 0.95)[0])
-    trainer.args.critic_estimate = "q"
+    trainer.args.critic_type = "q"
     q = [0.7] * 6
     adv, _, q_tgt = trainer._advantages(trs, v, q)
     assert adv[0::2] == pytest.approx([0.2, 0.3, 0.4])
@@ -131,13 +131,15 @@ def test_trainer_advantages_are_per_agent_trajectories(tiny_dir, tmp_path):
 
 
 def test_config_validation():
-    assert IACConfig().discount == 0.9 and MAACConfig().critic_type == "separate"
+    assert IACConfig().discount == 0.9 and MAACConfig().critic_placement == "separate"
     with pytest.raises(ConfigError, match="gae_lambda"):
         IACConfig(gae_lambda=1.5)
-    with pytest.raises(ConfigError, match="critic_estimate"):
+    with pytest.raises(ConfigError, match="critic_type"):  # critic_estimate: the former name of critic_type
         IACConfig(critic_estimate="advantage")
-    with pytest.raises(ConfigError, match="critic_type='separate'"):
-        MAACConfig(critic_type="head")
+    with pytest.raises(ConfigError, match="critic_placement='separate'"):
+        MAACConfig(critic_placement="head")
+    with pytest.raises(ConfigError, match="critic_placement='head'"):  # the former meaning of critic_type
+        IACConfig(critic_type="head")
     with pytest.raises(ConfigError, match="value_clip_range"):
         MAACConfig(value_clip_range=0.0)
 
@@ -153,10 +155,10 @@ def _changed(module, before):
     return [n for n, p in module.named_parameters() if not torch.equal(p, before[n])]
 
 
-@pytest.mark.parametrize("critic_type", ["separate", "head"])
-def test_iac_step_changes_actors_and_critics_multi_turn(tiny_dir, tmp_path, critic_type):
-    trainer = _trainer(IACTrainer, IACConfig, tiny_dir, tmp_path, num_turns=2, critic_type=critic_type,
-                       critic_estimate="q" if critic_type == "head" else "v")
+@pytest.mark.parametrize("critic_placement", ["separate", "head"])
+def test_iac_step_changes_actors_and_critics_multi_turn(tiny_dir, tmp_path, critic_placement):
+    trainer = _trainer(IACTrainer, IACConfig, tiny_dir, tmp_path, num_turns=2, critic_placement=critic_placement,
+                       critic_type="q" if critic_placement == "head" else "v")
     actors = [_params(pm.model) for pm in trainer.models]
     heads = [_params(c.head) for c in trainer.critics]
     backbones = [_params(c.backbone) for c in trainer.critics]
@@ -166,7 +168,7 @@ def test_iac_step_changes_actors_and_critics_multi_turn(tiny_dir, tmp_path, crit
         assert _changed(pm.model, before)
     for c, h, b in zip(trainer.critics, heads, backbones, strict=True):
         assert _changed(c.head, h) and _changed(c.backbone, b)
-        assert (c.backbone is trainer.models[trainer.critics.index(c)].model) == (critic_type == "head")
+        assert (c.backbone is trainer.models[trainer.critics.index(c)].model) == (critic_placement == "head")
     assert trainer.state.env_step == 2  # one joint action per turn
     for key in ("turn_1/reward_mean", "turn_2/expected_return", "actor_loss", "critic_loss", "value_mean",
                 "advantage_mean", "grad_norm", "critic_grad_norm"):
@@ -174,7 +176,7 @@ def test_iac_step_changes_actors_and_critics_multi_turn(tiny_dir, tmp_path, crit
 
 
 def test_maac_step_changes_actors_and_the_central_critic(tiny_dir, tmp_path):
-    trainer = _trainer(MAACTrainer, MAACConfig, tiny_dir, tmp_path, num_iterations=2, critic_estimate="q")
+    trainer = _trainer(MAACTrainer, MAACConfig, tiny_dir, tmp_path, num_iterations=2, critic_type="q")
     assert len(trainer.critics) == 1 and trainer.critics[0].head.out_features == 2
     actors = [_params(pm.model) for pm in trainer.models]
     critic = _params(trainer.critics[0].backbone)
@@ -189,7 +191,7 @@ def test_maac_step_changes_actors_and_the_central_critic(tiny_dir, tmp_path):
 
 def test_maac_critic_reads_every_agent_iac_critic_only_its_own(tiny_dir, tmp_path):
     brief, detailed = "in a brief response", "in a detailed response"
-    maac = _trainer(MAACTrainer, MAACConfig, tiny_dir, tmp_path / "m", critic_estimate="q")
+    maac = _trainer(MAACTrainer, MAACConfig, tiny_dir, tmp_path / "m", critic_type="q")
     transitions, levels = maac.collect([0])
     node = levels[0][0]
     state_text = node.env.state().render()
@@ -201,7 +203,7 @@ def test_maac_critic_reads_every_agent_iac_critic_only_its_own(tiny_dir, tmp_pat
         assert t.sample.completion in texts[0][len(state_text):]
     assert brief in texts[0] and detailed in texts[0]
 
-    iac = _trainer(IACTrainer, IACConfig, tiny_dir, tmp_path / "i", critic_estimate="q")
+    iac = _trainer(IACTrainer, IACConfig, tiny_dir, tmp_path / "i", critic_type="q")
     transitions, _ = iac.collect([0])
     own = {t.agent: iac.critic_text(t) for t in transitions}
     assert brief in own[0] and detailed not in own[0]

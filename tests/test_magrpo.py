@@ -56,8 +56,8 @@ def test_config_validation():
 def test_trainer_argument_errors(tiny_dir, tmp_path):
     model, tok = _tiny(tiny_dir)
     rows = length_ratio_rows("train")[:2]
-    with pytest.raises(ConfigError, match="formatters"):
-        MAGRPOTrainer(agent_model=model, tokenizer=tok, reward_func=reward_func, train_dataset=rows,
+    with pytest.raises(ConfigError, match="reward_func"):  # formatters may be omitted (the prompt field)
+        MAGRPOTrainer(agent_model=model, tokenizer=tok, formatters=formatters, train_dataset=rows,
                       args=_cfg(tmp_path))
     with pytest.raises(ConfigError, match="num_agents=3"):
         MAGRPOTrainer(agent_model=model, tokenizer=tok, num_agents=3, formatters=formatters * 2,

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from collab_env.errors import ConfigError
+from collab_env.errors import ConfigError, did_you_mean
 
-__all__ = ["TrainerConfig", "eval_due", "check_int", "check_float", "check_choice"]
+__all__ = ["TrainerConfig", "ConfigMeta", "PRESETS", "as_bool", "eval_due", "check_int", "check_float", "check_choice"]
+
+#: Names ``preset=`` accepts.
+PRESETS: tuple[str, ...] = ("comlrl",)
 
 
 def check_int(name: str, value: Any, low: int | None = None, *, allow_none: bool = False) -> None:
@@ -46,10 +50,100 @@ def check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
         raise ConfigError(f"{name} must be one of {list(choices)}, got {value!r}.")
 
 
+class ConfigMeta(type):
+    """Metaclass of the learners' configs: it reads the keywords before the dataclass does.
+
+    * **CoMLRL's field names** (``ALIASES``: e.g. ``agent_learning_rate``) become the field
+      they mean here (``learning_rate``); giving both with different values is an error.
+    * **Unknown names** raise :class:`~collab_env.errors.ConfigError` with the closest valid
+      names (the dataclass itself would raise a bare ``TypeError``).
+    * **Presets**: ``preset="comlrl"`` fills every field the caller did not pass with
+      ``COMLRL_DEFAULTS`` (CoMLRL's defaults for that trainer); passed fields win.
+    """
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        names = [f.name for f in fields(cls) if f.init]
+        if len(args) > len(names):
+            raise ConfigError(f"{cls.__name__} takes at most {len(names)} positional values, got {len(args)}.")
+        for name, value in zip(names, args):
+            if name in kwargs:
+                raise ConfigError(f"{cls.__name__} got {name!r} both positionally and by keyword.")
+            kwargs[name] = value
+        aliases = cls.aliases()
+        for alias in [k for k in kwargs if k in aliases and k not in names]:
+            target, convert = aliases[alias]
+            value = convert(kwargs.pop(alias))
+            if target in kwargs and kwargs[target] != value:
+                raise ConfigError(
+                    f"{cls.__name__} got {alias}={value!r} (CoMLRL's name) and {target}={kwargs[target]!r}, "
+                    f"which mean the same field: pass one of them."
+                )
+            kwargs[target] = value
+        for key in kwargs:
+            if key not in names:
+                raise ConfigError(
+                    f"{cls.__name__} has no field {key!r}.{did_you_mean(key, [*names, *aliases])} "
+                    "Every field is listed in the class docstring and README's Training section."
+                )
+        preset = kwargs.get("preset")
+        if preset is not None:
+            if preset not in PRESETS:
+                raise ConfigError(f"preset must be None or one of {list(PRESETS)}, got {preset!r}.")
+            defaults = cls.COMLRL_DEFAULTS
+            if not defaults:
+                raise ConfigError(
+                    f"{cls.__name__} has no CoMLRL counterpart, so preset='comlrl' has nothing to "
+                    "reproduce; remove preset."
+                )
+            for name, value in defaults.items():
+                kwargs.setdefault(name, value)
+        return super().__call__(**kwargs)
+
+
+def as_bool(name: str) -> Callable[[Any], bool]:
+    """A converter for :attr:`TrainerConfig.ALIASES` that accepts only ``True``/``False``."""
+
+    def convert(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be True or False, got {value!r}.")
+        return value
+
+    return convert
+
+
 @dataclass
-class TrainerConfig:
+class TrainerConfig(metaclass=ConfigMeta):
     """Fields shared by every torch learner of :mod:`collab_env.adapters` (optimisation, model
-    placement, evaluation and logging schedule, checkpoints). Learner configs inherit it."""
+    placement, evaluation and logging schedule, checkpoints). Learner configs inherit it.
+
+    CoMLRL's field names are accepted where they mean a field of ours (``ALIASES``; e.g.
+    ``agent_learning_rate`` is ``learning_rate``, and reads back as a property), and
+    ``preset="comlrl"`` sets CoMLRL's defaults (``COMLRL_DEFAULTS``) for every field not passed.
+    """
+
+    ALIASES: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
+        "agent_learning_rate": ("learning_rate", lambda v: v),
+    }
+    """CoMLRL name -> (our field, converter of the value)."""
+    COMLRL_DEFAULTS: ClassVar[dict[str, Any]] = {}
+    """Our field -> CoMLRL's default, for ``preset="comlrl"`` (empty: no CoMLRL counterpart)."""
+
+    @classmethod
+    def aliases(cls) -> dict[str, tuple[str, Callable[[Any], Any]]]:
+        """Every CoMLRL alias the class accepts (its own and its bases')."""
+        out: dict[str, tuple[str, Callable[[Any], Any]]] = {}
+        for klass in reversed(cls.__mro__):
+            out.update(klass.__dict__.get("ALIASES", {}))
+        return out
+
+    @property
+    def agent_learning_rate(self) -> float:
+        """CoMLRL's name of :attr:`learning_rate`."""
+        return self.learning_rate
+
+    preset: str | None = None
+    """``"comlrl"``: every field not passed takes CoMLRL's default for this trainer (the
+    README's Training section lists where they differ from ours and why)."""
 
     # -- data and schedule ------------------------------------------------------------------
     num_train_epochs: int = 1
@@ -129,6 +223,8 @@ class TrainerConfig:
     when it is missing)."""
 
     def __post_init__(self) -> None:
+        if self.preset is not None:
+            check_choice("preset", self.preset, PRESETS)
         check_int("num_train_epochs", self.num_train_epochs, 1)
         check_int("max_steps", self.max_steps, -1)
         if self.max_steps == 0:

@@ -8,7 +8,8 @@ position (epoch, item in epoch, items done, ``env_step``), log every ``logging_s
 ``epoch``, ``item_in_epoch``, ``items_done``, ``env_step``, ``last_log_step``, ``pending``:
 a :class:`TrainerState`),
 ``logger``, ``eval_env``, ``evaluate()``, ``save_checkpoint()``, ``_items_per_epoch()`` and
-``_train_batch()``.
+``_train_batch()``; optionally ``_end_epoch()`` (called at the end of every epoch and of
+training; returns metrics, e.g. of updates on what a rollout buffer still held).
 """
 
 from __future__ import annotations
@@ -57,6 +58,14 @@ def flush_log(trainer: Any) -> dict[str, Any]:
     return trainer.logger.log(merged, env_step=st.env_step, epoch=st.epoch, item=st.items_done)
 
 
+def _end_epoch(trainer: Any) -> None:
+    hook = getattr(trainer, "_end_epoch", None)
+    if hook is not None:
+        metrics = hook()
+        if metrics:
+            trainer.state.pending.append(dict(metrics))
+
+
 def run_item_loop(trainer: Any, desc: str) -> dict[str, Any]:
     """Train until ``num_train_epochs`` (or ``max_steps`` items) from ``trainer.state``;
     returns the last logged training metrics."""
@@ -80,12 +89,14 @@ def run_item_loop(trainer: Any, desc: str) -> dict[str, Any]:
         if st.env_step - st.last_log_step >= a.logging_steps:
             last = flush_log(trainer)
         if st.item_in_epoch >= per_epoch:
+            _end_epoch(trainer)
             st.epoch += 1
             st.item_in_epoch = 0
         if a.save_steps and st.items_done % a.save_steps == 0:
             trainer.save_checkpoint()
         bar.update(size)
     bar.close()
+    _end_epoch(trainer)
     if st.pending:
         last = flush_log(trainer)
     if a.plot:

@@ -106,6 +106,17 @@ class PolicyModel:
         """The chat-template token ids of one :class:`~collab_env.types.Conversation`."""
         return self.generator.prompt_ids(observation)
 
+    def raw_prompt_ids(self, text: str) -> list[int]:
+        """``tokenizer(text)["input_ids"]``: a prompt string tokenised as it is, with no chat
+        template (CoMLRL's prompts; ``prompt_format="raw"``)."""
+        ids = [int(t) for t in self.tokenizer(text)["input_ids"]]
+        if not ids:
+            raise ConfigError(
+                "prompt_format='raw' got an empty prompt (no tokens to condition on): make the "
+                "formatter return text, or use prompt_format='chat'."
+            )
+        return ids
+
     def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], *,
                  max_batch_size: int = 64, **sampling: Any) -> list[Any]:
         """One :class:`~collab_env.types.Completion` per tokenised prompt, in chunks of

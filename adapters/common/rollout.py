@@ -69,7 +69,9 @@ class TreeNode:
     acting: list[int]
     """Trained agents on turn here."""
     prompt_ids: dict[int, list[int]] = field(default_factory=dict)
-    """Per acting agent, its observation as chat-template token ids."""
+    """Per acting agent, the token ids it generated from: its observation through the chat
+    template (``prompt_format="chat"``) or its turn's prompt string tokenised as it is
+    (``"raw"``)."""
     prompts: dict[int, str] = field(default_factory=dict)
     """Per acting agent, the text of the latest message addressed to it (the turn's prompt)."""
     completions: dict[int, list[Any]] = field(default_factory=dict)
@@ -154,6 +156,8 @@ async def expand_tree(
     joint_mode: Literal["aligned", "cross"],
     sampling: Mapping[str, Any],
     seeds: Callable[[int], list[int]],
+    prompt_format: Literal["chat", "raw"] = "chat",
+    stop_above: float | None = None,
 ) -> list[list[TreeNode]]:
     """Grow the trees level by level; return the nodes of every depth (``levels[d]``).
 
@@ -168,6 +172,11 @@ async def expand_tree(
         joint_mode: ``"aligned"`` or ``"cross"`` joint actions.
         sampling: Sampling keywords (temperature, top_p, top_k, max_new_tokens).
         seeds: ``seeds(n)`` returns ``n`` fresh generator seeds (the learner's RNG).
+        prompt_format: ``"chat"``: agents generate from their whole observation through the chat
+            template; ``"raw"``: from their turn's prompt (the latest message addressed to
+            them) tokenised as it is (CoMLRL).
+        stop_above: CoMLRL's early termination: a node whose joint actions' mean reward (over
+            joint actions and trained agents) exceeds this value gets no children.
     """
     levels: list[list[TreeNode]] = []
     frontier = list(roots)
@@ -175,31 +184,42 @@ async def expand_tree(
     while frontier and depth < max_depth:
         levels.append(frontier)
         g = branching(depth)
-        _generate(frontier, models, g, sampling, seeds)
-        children: list[TreeNode] = []
+        _generate(frontier, models, g, sampling, seeds, prompt_format)
         steps = []
         for node in frontier:
             for choice in _joint_choices(node, g, joint_mode):
                 ja = JointAction(choice=choice, rewards=[0.0] * len(players))
                 node.joint.append(ja)
                 steps.append(_step_joint(node, ja, players, others, seeds, depth + 1 < max_depth))
-        for child in await asyncio.gather(*steps):
-            if child is not None:
-                children.append(child)
-        frontier = children
+        await asyncio.gather(*steps)
+        if stop_above is not None:
+            for node in frontier:
+                if node.joint and _node_mean_reward(node) > stop_above:
+                    for ja in node.joint:
+                        ja.child = None
+        frontier = [ja.child for node in frontier for ja in node.joint if ja.child is not None]
         depth += 1
     return levels
 
 
+def _node_mean_reward(node: TreeNode) -> float:
+    """Mean over a node's joint actions of their mean reward over the trained agents."""
+    per_joint = [sum(ja.rewards) / len(ja.rewards) for ja in node.joint if ja.rewards]
+    return sum(per_joint) / len(per_joint) if per_joint else 0.0
+
+
 def _generate(nodes: Sequence[TreeNode], models: Sequence[Any], g: int, sampling: Mapping[str, Any],
-              seeds: Callable[[int], list[int]]) -> None:
+              seeds: Callable[[int], list[int]], prompt_format: str = "chat") -> None:
     """Sample ``g`` completions per acting agent of every node, one batched call per model."""
     requests: list[tuple[Any, TreeNode, int]] = []  # (model, node, agent)
     for node in nodes:
         for a in node.acting:
             obs = node.obs[node.players[a]]
-            node.prompt_ids[a] = models[a].prompt_ids(obs)
             node.prompts[a] = _latest_prompt(obs)
+            if prompt_format == "raw":
+                node.prompt_ids[a] = models[a].raw_prompt_ids(node.prompts[a])
+            else:
+                node.prompt_ids[a] = models[a].prompt_ids(obs)
             requests.append((models[a], node, a))
     by_model: list[tuple[Any, list[tuple[TreeNode, int]]]] = []
     for model, node, a in requests:

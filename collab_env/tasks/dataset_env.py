@@ -40,7 +40,10 @@ from collab_env.env import CollabEnv, EpisodeState, Outcome, Start, Task, env_me
 from collab_env.errors import ConfigError, DataSchemaError, TaskFunctionError
 from collab_env.types import ENV_AUTHOR
 
-__all__ = ["from_dataset", "DatasetTask", "TaskFunctionError", "TRANSITION_KEYWORDS", "REWARD_KEYWORDS"]
+__all__ = [
+    "from_dataset", "DatasetTask", "TaskFunctionError", "TRANSITION_KEYWORDS", "REWARD_KEYWORDS",
+    "prompt_formatter", "StreamedRows", "is_streamed",
+]
 
 #: Keywords an ``external_transition`` may declare (it gets exactly those it declares, or all of
 #: them when it takes ``**kwargs``).
@@ -112,6 +115,96 @@ def _check_bindable(sig: inspect.Signature | None, what: str, fn: Any, args: Seq
 
 
 # ---------------------------------------------------------------------------------------------
+# The default formatter and streamed task sets
+# ---------------------------------------------------------------------------------------------
+def prompt_formatter(item: Mapping[str, Any], external_prompts: str | None = None) -> str:
+    """The default formatter (CoMLRL's): the item's ``prompt`` field on the first turn, the
+    external prompt on later turns.
+
+    Raises:
+        DataSchemaError: The item has no ``prompt`` str (an empty prompt is never made up).
+    """
+    if external_prompts is not None:
+        return external_prompts
+    prompt = item.get("prompt") if isinstance(item, Mapping) else None
+    if not isinstance(prompt, str):
+        raise DataSchemaError(
+            f"the default formatter reads the item's 'prompt' field, but this item has "
+            f"{'no prompt' if prompt is None else 'a ' + type(prompt).__name__ + ' prompt'} (fields: "
+            f"{sorted(item) if isinstance(item, Mapping) else type(item).__name__}); pass formatters=[...]."
+        )
+    return prompt
+
+
+def is_streamed(dataset: Any) -> bool:
+    """Whether ``dataset`` is an iterable task set without ``len``/indexing (a Hugging Face
+    ``IterableDataset``, a generator...), which :class:`StreamedRows` reads in order."""
+    if isinstance(dataset, (str, bytes, Mapping)):
+        return False
+    indexable = hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
+    return not indexable and hasattr(dataset, "__iter__")
+
+
+class StreamedRows:
+    """The rows of an iterable task set (``datasets.IterableDataset``), read in order as they
+    are first needed and kept, so row ``i`` is the same row every time it is asked for.
+
+    An endless stream works as long as nobody asks for its length: a trainer then needs
+    ``max_steps``. Pickling keeps the rows read so far and the source, and reads on from where
+    it stopped.
+    """
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self._rows: list[Any] = []
+        self._it: Any = None
+        self._done = False
+
+    def _read_to(self, n: int) -> None:
+        if self._it is None and not self._done:
+            self._it = iter(self.source)
+            for _ in range(len(self._rows)):  # after unpickling: skip the rows already kept
+                next(self._it)
+        while len(self._rows) < n and not self._done:
+            try:
+                self._rows.append(next(self._it))
+            except StopIteration:
+                self._done, self._it = True, None
+
+    def available(self, n: int) -> int:
+        """How many of the first ``n`` rows exist (reads at most ``n`` rows)."""
+        self._read_to(n)
+        return min(n, len(self._rows))
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether the stream's end has been reached (its length is known)."""
+        return self._done
+
+    def __len__(self) -> int:
+        """Reads the stream to its end (never returns for an endless stream)."""
+        while not self._done:
+            self._read_to(len(self._rows) + 1024)
+        return len(self._rows)
+
+    def __getitem__(self, index: int) -> Any:
+        index = int(index)
+        self._read_to(index + 1)
+        if index < 0 or index >= len(self._rows):
+            raise ConfigError(
+                f"row {index} of a streamed task set that has only {len(self._rows)} rows; pass an "
+                "index below that (reset(options={'index': i}))."
+            )
+        return self._rows[index]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"source": self.source, "rows": list(self._rows), "done": self._done}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.source, self._rows, self._done, self._it = state["source"], state["rows"], state["done"], None
+
+
+# ---------------------------------------------------------------------------------------------
 # The task
 # ---------------------------------------------------------------------------------------------
 def call_reward_func(fn: Callable[..., Any], keywords: Sequence[str], completions: Sequence[str],
@@ -151,7 +244,7 @@ class DatasetTask(Task):
     def __init__(
         self,
         dataset: Any,
-        formatters: Sequence[Callable[..., str]] | Callable[..., str],
+        formatters: Sequence[Callable[..., str]] | Callable[..., str] | None,
         reward_func: Callable[..., Any],
         *,
         num_turns: int = 1,
@@ -161,8 +254,14 @@ class DatasetTask(Task):
         share_responses: bool = False,
         system_prompts: str | Sequence[str | None] | Mapping[str, str] | None = None,
         reward_name: str = "reward_func",
+        external_prompt_passthrough: bool | None = None,
     ) -> None:
         self.dataset = self._check_dataset(dataset)
+        if external_prompt_passthrough not in (None, True, False):
+            raise ConfigError(
+                f"external_prompt_passthrough must be True, False or None, got {external_prompt_passthrough!r}."
+            )
+        self.external_prompt_passthrough = external_prompt_passthrough
         formatters = self._check_formatters(formatters, agent_ids)
         players = self._check_agent_ids(agent_ids, len(formatters))
         if isinstance(num_turns, bool) or not isinstance(num_turns, int) or num_turns < 1:
@@ -222,6 +321,15 @@ class DatasetTask(Task):
     # -- construction checks ---------------------------------------------------------------
     @staticmethod
     def _check_dataset(dataset: Any) -> Any:
+        if isinstance(dataset, StreamedRows):
+            if dataset.available(1) == 0:
+                raise ConfigError("dataset is empty: an env needs at least one task item.")
+            return dataset
+        if is_streamed(dataset):
+            rows = StreamedRows(dataset)
+            if rows.available(1) == 0:
+                raise ConfigError("dataset is empty: an env needs at least one task item.")
+            return rows
         if isinstance(dataset, (str, bytes)) or isinstance(dataset, Mapping):
             hint = (
                 " For columns, build a dataset with datasets.Dataset.from_dict(columns)."
@@ -233,9 +341,8 @@ class DatasetTask(Task):
             )
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise ConfigError(
-                f"dataset must support len() and integer indexing, got {type(dataset).__name__}. "
-                "Materialise an IterableDataset first, e.g. "
-                "datasets.Dataset.from_list(list(iterable_dataset.take(n)))."
+                f"dataset must be a sequence of rows (len() and integer indexing) or an iterable "
+                f"of rows (an IterableDataset), got {type(dataset).__name__}."
             )
         if len(dataset) == 0:
             raise ConfigError("dataset is empty: an env needs at least one task item.")
@@ -243,6 +350,8 @@ class DatasetTask(Task):
 
     @staticmethod
     def _check_formatters(formatters: Any, agent_ids: Sequence[str] | None) -> tuple[Callable[..., str], ...]:
+        if formatters is None:
+            formatters = prompt_formatter  # CoMLRL's default: the item's "prompt" field
         if callable(formatters):
             # CoMLRL also takes one formatter shared by every agent; the agent count must then
             # come from somewhere.
@@ -314,7 +423,9 @@ class DatasetTask(Task):
         return out
 
     # -- items -----------------------------------------------------------------------------
-    def num_items(self) -> int:
+    def num_items(self) -> int | None:
+        if isinstance(self.dataset, StreamedRows) and not self.dataset.exhausted:
+            return None  # not read to its end yet (perhaps endless)
         return len(self.dataset)
 
     def get_item(self, index: int) -> dict[str, Any]:
@@ -365,17 +476,29 @@ class DatasetTask(Task):
         external = self._transition(replies, state, turn)
         state.data["turn"] = turn + 1
         for i, p in enumerate(self.players):
-            prompt = self._format(i, state, external[i]) if self._formatter_external[i] else external[i]
+            prompt = self._next_prompt(i, state, external[i])
             state.data["prompts"][i].append(prompt)
             outcome.messages.append(env_message(prompt, audience=(p,), meta={"turn": turn + 1}))
         return outcome
 
     # -- calling the user's functions --------------------------------------------------------
-    def _format(self, i: int, state: EpisodeState, external: str | None) -> str:
+    def _next_prompt(self, i: int, state: EpisodeState, external: str) -> str:
+        """Agent ``i``'s prompt for a later turn from its external prompt
+        (``external_prompt_passthrough``: see :func:`from_dataset`)."""
+        mode = self.external_prompt_passthrough
+        if mode is True:
+            return external
+        if mode is False:  # CoMLRL: the external prompt stands in for the item's prompt
+            return self._format(i, state, external, item={**state.item, "prompt": external})
+        return self._format(i, state, external) if self._formatter_external[i] else external
+
+    def _format(self, i: int, state: EpisodeState, external: str | None,
+                item: Mapping[str, Any] | None = None) -> str:
         f = self.formatters[i]
+        item = state.item if item is None else item
         try:
             # CoMLRL passes external_prompts=None on the first turn to formatters that declare it.
-            text = f(state.item, external_prompts=external) if self._formatter_external[i] else f(state.item)
+            text = f(item, external_prompts=external) if self._formatter_external[i] else f(item)
         except Exception as exc:
             raise TaskFunctionError(
                 f"formatter {i} ({_name(f)!r}, for {self.players[i]!r}) raised "
@@ -502,7 +625,7 @@ def _one_reward(out: Any, who: str, where: str) -> float:
 # ---------------------------------------------------------------------------------------------
 def from_dataset(
     dataset: Any,
-    formatters: Sequence[Callable[..., str]] | Callable[..., str],
+    formatters: Sequence[Callable[..., str]] | Callable[..., str] | None,
     reward_func: Callable[..., Any],
     *,
     num_turns: int = 1,
@@ -512,6 +635,7 @@ def from_dataset(
     share_responses: bool = False,
     system_prompts: str | Sequence[str | None] | Mapping[str, str] | None = None,
     reward_name: str = "reward_func",
+    external_prompt_passthrough: bool | None = None,
     render_mode: str | None = None,
     max_message_chars: int = 100_000,
     max_total_chars: int | None = None,
@@ -557,7 +681,11 @@ def from_dataset(
         declares ``external_prompts`` then builds the prompt as
         ``formatter(item, external_prompts=<that agent's external prompt>)`` (and gets
         ``external_prompts=None`` on turn 1, as in CoMLRL); for other formatters the external
-        prompt itself is the next ``"user"`` message. Without ``external_transition`` the
+        prompt itself is the next ``"user"`` message. ``external_prompt_passthrough`` gives
+        CoMLRL's rule instead: ``True`` sends the external prompt as it is to every agent;
+        ``False`` calls the formatter on the item with its ``prompt`` replaced by the external
+        prompt (``formatter({**item, "prompt": external}[, external_prompts=external])``).
+        Without ``external_transition`` the
         default transition shows each agent the other agents' latest answers (only a
         reminder when ``share_responses`` already shows them) and asks for a complete revised
         answer.
@@ -568,13 +696,17 @@ def from_dataset(
 
     Items
         ``reset(options={"index": i})`` picks row ``i``; otherwise a row is drawn from the
-        seeded generator. ``env.task.get_item(i)`` returns the row as a dict.
+        seeded generator. ``env.task.get_item(i)`` returns the row as a dict. A streamed task
+        set (``IterableDataset``) is read in order as rows are first needed
+        (:class:`StreamedRows`); until its end is reached ``task.num_items()`` is ``None``, so
+        pass ``options={"index": i}``.
 
     Args:
-        dataset: A ``datasets.Dataset``, a list of dicts, or anything with ``len`` and integer
-            indexing that yields dicts. Stream an ``IterableDataset`` into a ``Dataset`` first.
+        dataset: A ``datasets.Dataset``, a list of dicts, anything with ``len`` and integer
+            indexing that yields dicts, or an iterable of dicts (a ``datasets.IterableDataset``).
         formatters: One callable per agent, ``item -> prompt str``; or a single callable shared
-            by all agents when ``agent_ids`` is given.
+            by all agents when ``agent_ids`` is given; or ``None`` (with ``agent_ids``): every
+            agent gets :func:`prompt_formatter`, the item's ``prompt`` field.
         reward_func: CoMLRL-style joint reward function (see Rewards).
         num_turns: Turns per episode.
         agent_ids: Player ids, one per formatter (default ``agent_0`` ...).
@@ -584,6 +716,8 @@ def from_dataset(
         system_prompts: A system prompt for all agents (str), one per agent (list, ``None``
             for none) or a dict agent -> str.
         reward_name: Key of the raw reward in ``reward_components``.
+        external_prompt_passthrough: ``None`` (collab_env's rule), ``True`` or ``False``
+            (CoMLRL's), see Multi-turn.
         render_mode: ``"ansi"``, ``"human"`` or ``None``.
         max_message_chars: Longest reply kept (longer ones are cut and flagged).
         max_total_chars: Truncate once the agents together wrote this many characters.
@@ -614,6 +748,7 @@ def from_dataset(
         share_responses=share_responses,
         system_prompts=system_prompts,
         reward_name=reward_name,
+        external_prompt_passthrough=external_prompt_passthrough,
     )
     return CollabEnv(
         task,
