@@ -205,6 +205,9 @@ def make(
             weights by :func:`collab_env.rewards.mr.default_reward`.
         reward_kwargs: Keywords for that builder: ``judge``, ``user``, ``policy`` (an API model
             string, ``"embedded"`` or a policy object), ``num_rollouts``, ``aggregation``...
+            ``reward="mr"`` on an env whose default user ignores the reply (the ``collabllm-*``
+            envs replay recorded turns) needs ``user`` (``"replay"`` keeps the recorded turns
+            on purpose); without it :class:`~collab_env.errors.ConfigError` lists the choices.
         **overrides: Merged over the spec's kwargs; unknown keywords are an error that lists the
             valid ones.
     """
