@@ -46,7 +46,7 @@ def test_list_shows_ids_suites_players_and_descriptions():
     assert rc == 0
     row = next(line for line in out.splitlines() if line.startswith("hidden-facts-v0 "))
     assert "builtin" in row and "assistant,user" in row and "Built-in collaboration" in row
-    assert "collabllm-math-hard-v0" in out
+    assert "collabllm-math-hard-v1" in out
 
     rc, out = run(["list", "--suite", "builtin"])
     assert rc == 0 and "hidden-facts-hard-v0" in out and "collabllm" not in out

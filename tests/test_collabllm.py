@@ -13,9 +13,14 @@ import collab_env
 from collab_env.agents import FixedTextPolicy
 from collab_env.errors import ConfigError, DatasetUnavailableError, DataSchemaError, PolicyError
 from collab_env.rollout import run_episode
-from collab_env.tasks.collabllm import SessionReplayUser
-from collab_env.types import Conversation, Message
-from tests.collabllm_fixtures import FUTURE_USER_TURNS, collabllm_fixture_rows, write_collabllm_fixture
+from collab_env.tasks.collabllm import DEFAULT_SYSTEM_PROMPT, SessionReplayUser
+from collab_env.types import Completion, Conversation, Message
+from tests.collabllm_fixtures import (
+    FUTURE_USER_TURNS,
+    collabllm_fixture_rows,
+    write_collabllm_fixture,
+    write_collabllm_hub_dir,
+)
 
 SIGNAL = "[[TERMINATE CHAT]]"
 ANSWER = "Let me think about it."
@@ -221,10 +226,10 @@ def test_eval_mode_starts_from_scratch_with_the_user_on_turn(data_file):
     env = _make(data_file, mode="eval")
     obs, infos = env.reset(seed=0, options={"index": 1})
     assert env.on_turn == ("user",) and infos["user"]["on_turn"] and not infos["assistant"]["on_turn"]
-    assert len(obs["assistant"]) == 0
+    assert [(m.role, m.content) for m in obs["assistant"]] == [("system", DEFAULT_SYSTEM_PROMPT)]
     assert [m.role for m in obs["user"]] == ["system"]
     # The mode may also be chosen per episode.
-    obs, infos = _make(data_file).reset(seed=0, options={"index": 1, "mode": "eval"})
+    obs, infos = _make(data_file, system_prompt=None).reset(seed=0, options={"index": 1, "mode": "eval"})
     assert infos["user"]["on_turn"] and len(obs["assistant"]) == 0
     with pytest.raises(ConfigError, match="mode"):
         env.reset(options={"mode": "later"})
@@ -287,3 +292,170 @@ def test_budgets_truncate(data_file):
 
     ep = run_episode(_make(data_file, max_steps=2), _policies(), seed=0, index=0)
     assert ep.truncated and ep.end_reason == "max_steps" and len(ep.turns) == 2
+
+
+# -- the published -large layout ----------------------------------------------------------------
+def _large_source(tmp_path, fmt):
+    """``-large`` rows as a file of ``fmt``, or as a local copy of the hub repository."""
+    if fmt.startswith("hub"):
+        return {"dataset": str(write_collabllm_hub_dir(tmp_path / fmt, n=4, sequence_messages=fmt == "hub-sequence"))}
+    return {"data_files": str(write_collabllm_fixture(tmp_path / f"large.{fmt}", "large", fmt, n=4))}
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "json", "parquet", "hub", "hub-sequence"])
+def test_large_layout_loads_in_every_format_with_its_judge_details(tmp_path, fmt):
+    env = collab_env.make("collabllm-math-hard-large", **_large_source(tmp_path, fmt))
+    rows = collabllm_fixture_rows(4, layout="large")
+    for i, row in enumerate(rows):
+        item = env.task.get_item(i)
+        assert item["prompt"] == row["prompt"]
+        # The sessions are the forward chats (the future after the candidate), in key order;
+        # even rows have no session "2" (None in parquet/arrow, absent in JSON): dropped.
+        assert len(item["sessions"]) == 2 + i % 2
+        assert item["sessions"] == [row["sessions"][k]["forward_chat"] for k in sorted(row["sessions"])]
+        assert item["sessions"][0][0] == {"role": "user", "content": f"FUTURE-USER-{i}-1"}
+        # Judge details stay in the item, one per session; fields the row lacks (accuracy on odd
+        # rows, filled with None by arrow) are left out.
+        expected = [{"key": k, **{f: v for f, v in row["sessions"][k].items() if f != "forward_chat"}}
+                    for k in sorted(row["sessions"])]
+        assert item["session_details"] == expected
+        assert ("accuracy" in item["session_details"][0]) == (i % 2 == 0)
+        assert item["session_details"][1]["interactivity"] == {"score": 0.625, "thought": f"JUDGE-THOUGHT-{i}-1"}
+        assert item["session_details"][1]["average_score"] == 0.625
+        assert item["single_turn_metadata"] == {"level": f"Level {1 + i % 5}", "type": "Algebra"}
+    # The list layouts have no per-session details (their scores are in `rewards`).
+    assert _make(write_collabllm_fixture(tmp_path / "l.jsonl", n=2)).task.get_item(0)["session_details"] == []
+
+
+@pytest.mark.parametrize(("fmt", "mode"), [("parquet", "train"), ("hub", "eval"), ("jsonl", "train")])
+def test_large_layout_passes_the_pettingzoo_api_and_seed_tests(tmp_path, fmt, mode):
+    source = _large_source(tmp_path, fmt)
+    parallel_api_test(collab_env.make("collabllm-math-hard-large", mode=mode, **source), num_cycles=200)
+    parallel_seed_test(lambda: collab_env.make("collabllm-math-hard-large", mode=mode, **source))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "hub"])
+def test_large_layout_shows_the_hidden_goal_to_the_user_only(tmp_path, fmt):
+    from collab_env._async import run_sync
+
+    env = collab_env.make("collabllm-math-hard-large", **_large_source(tmp_path, fmt))
+    policies = _policies()
+    for index in range(4):
+        obs, infos = env.reset(seed=index, options={"index": index})
+        goal, user_turns = f"HIDDEN-GOAL-{index}:", []
+        while True:
+            assert goal in _visible_text(obs["user"]) and goal not in _visible_text(obs["assistant"])
+            for o in obs.values():  # neither the reference, the recorded reply nor judge notes leak
+                text = _visible_text(o)
+                assert f"REFERENCE-ANSWER-{index}" not in text and f"RECORDED-COMPLETION-{index}" not in text
+                assert "THOUGHT" not in text and "ACC-REASON" not in text
+            if not env.agents:
+                break
+            acts = {p: run_sync(policies[p].act([obs[p]]))[0].text for p in env.agents if infos[p]["on_turn"]}
+            user_turns += [acts["user"]] if "user" in acts else []
+            obs, _, _, _, infos = env.step(acts)
+        # The replaying user says the user turns of forward_chat "0", then stops.
+        assert user_turns == [f"FUTURE-USER-{index}-{k}" for k in range(1, FUTURE_USER_TURNS + 1)] + [SIGNAL]
+        assert env.episode.end_reason == "user_terminated"
+
+
+def test_malformed_large_session_is_a_schema_error(tmp_path):
+    import json
+
+    rows = collabllm_fixture_rows(2, layout="large")
+    del rows[0]["sessions"]["1"]["forward_chat"]
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataSchemaError, match="forward_chat"):
+        collab_env.make("collabllm-math-hard-large", data_files=str(path))
+
+
+# -- the collaborative system prompt -------------------------------------------------------------
+@pytest.mark.parametrize("layout", ["list", "large"])
+def test_default_system_prompt_reaches_the_assistant_only(tmp_path, layout):
+    path = write_collabllm_fixture(tmp_path / f"{layout}.parquet", layout, "parquet", n=2)
+    for mode in ("train", "eval"):
+        obs, _ = _make(path, mode=mode).reset(seed=0, options={"index": 1})
+        assert obs["assistant"].system_prompt == DEFAULT_SYSTEM_PROMPT
+        assert obs["assistant"][0].role == "system" and obs["assistant"][0].content == DEFAULT_SYSTEM_PROMPT
+        # The user simulator has its own instructions (the hidden goal), not the assistant's.
+        assert DEFAULT_SYSTEM_PROMPT not in _visible_text(obs["user"])
+    # It says what the recipe's prompt asks for, in our words.
+    for idea in ("instead of guessing", "concise", "next steps", "not sure"):
+        assert idea in DEFAULT_SYSTEM_PROMPT
+
+
+def test_system_prompt_none_removes_it_and_a_string_replaces_it(tmp_path):
+    import json
+
+    rows = collabllm_fixture_rows(2)
+    rows[1]["prompt"].insert(0, {"role": "system", "content": "ROW-OWN-SYSTEM"})
+    path = tmp_path / "sys.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    obs, _ = _make(path, system_prompt=None).reset(seed=0, options={"index": 0})
+    assert [m for m in obs["assistant"] if m.role == "system"] == []
+    assert DEFAULT_SYSTEM_PROMPT not in _visible_text(obs["assistant"])
+    # None keeps the row's own system message (v0's behaviour) ...
+    obs, _ = _make(path, system_prompt=None).reset(seed=0, options={"index": 1})
+    assert [m.content for m in obs["assistant"] if m.role == "system"] == ["ROW-OWN-SYSTEM"]
+    # ... and a string (like the default) replaces it.
+    obs, _ = _make(path, system_prompt="Be brief.").reset(seed=0, options={"index": 1})
+    assert [m.content for m in obs["assistant"] if m.role == "system"] == ["Be brief."]
+    assert "Be brief." not in _visible_text(obs["user"])
+    obs, _ = _make(path).reset(seed=0, options={"index": 1})
+    assert [m.content for m in obs["assistant"] if m.role == "system"] == [DEFAULT_SYSTEM_PROMPT]
+    with pytest.raises(ConfigError, match="system_prompt"):
+        _make(path, system_prompt=3)
+    from collab_env.registry import spec
+
+    assert spec("collabllm-math-hard").id == "collabllm-math-hard-v1"
+
+
+# -- the medium default reward extracts the document first -----------------------------------------
+class _ScriptedJudge:
+    """A judge backend that writes out a fixed document and records each prompt it gets."""
+
+    def __init__(self, document: str):
+        self.document = document
+        self.prompts: list[str] = []
+
+    async def act(self, observations, **sampling):
+        import json
+
+        self.prompts += ["\n".join(m.content for m in o) for o in observations]
+        return [Completion(text=json.dumps({"document": self.document}), finish_reason="stop") for _ in observations]
+
+
+def _final_infos(env, index):
+    """Play an episode with the fixed assistant and the replaying user; the last step's infos."""
+    from collab_env._async import run_sync
+
+    policies = _policies()
+    obs, infos = env.reset(seed=0, options={"index": index})
+    while env.agents:
+        acts = {p: run_sync(policies[p].act([obs[p]]))[0].text for p in env.agents if infos[p]["on_turn"]}
+        obs, _, _, _, infos = env.step(acts)
+    return infos
+
+
+def test_medium_default_reward_extracts_the_document_when_a_judge_is_given(tmp_path):
+    from collab_env.rewards.metrics import char_bleu
+
+    path = write_collabllm_fixture(tmp_path / "medium.jsonl", n=2)
+    reference = collabllm_fixture_rows(2)[0]["single_turn_completion"]
+    judge = _ScriptedJudge(reference)  # the "extracted document" is the reference itself
+    env = collab_env.make("collabllm-medium", data_files=str(path), reward="conversation",
+                          reward_kwargs={"judge": judge})
+    assert env.metric_set.weights == {"bleu_score": 1.0, "token_amount": -1e-4}
+    bleu = _final_infos(env, 0)["assistant"]["conversation_reward"]["metrics"]["bleu_score"]
+    # One extraction call, on the document prompt, reading the public chat (not the hidden goal).
+    assert len(judge.prompts) == 1 and "document" in judge.prompts[0]
+    assert "FUTURE-USER-0-1" in judge.prompts[0] and "HIDDEN-GOAL-0" not in judge.prompts[0]
+    # BLEU(reference, reference) = 1: the extracted document was scored.
+    assert bleu["detail"]["source"] == "document_extractor" and bleu["value"] == pytest.approx(1.0)
+
+    # Without a judge the last assistant message is scored: "Let me think about it." vs the reference.
+    env = collab_env.make("collabllm-medium", data_files=str(path), reward="conversation")
+    bleu = _final_infos(env, 0)["assistant"]["conversation_reward"]["metrics"]["bleu_score"]
+    assert bleu["detail"]["source"] == "last_assistant_message"
+    assert bleu["value"] == pytest.approx(char_bleu(reference, ANSWER), rel=1e-12) and bleu["value"] < 0.5

@@ -98,6 +98,24 @@ def test_rl_sessions_normalised_the_same_in_both_layouts():
     assert len(as_list[1]["extra_info"]["sessions"]) == 3 and len(as_list[0]["extra_info"]["sessions"]) == 2
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_rl_rows_from_the_large_layout_keep_forward_chats_and_judge_details(tmp_path, fmt):
+    path = write_collabllm_fixture(tmp_path / f"large.{fmt}", "large", fmt, n=4)
+    splits = process_collabllm_dataset("collabllm/collabllm-multiturn-math-hard-large", "rl", data_files=str(path),
+                                       validation_size=0, output_dir=tmp_path / "out")
+    rows = {r["index"]: r for r in splits["train"]}
+    for i, row in enumerate(collabllm_fixture_rows(4, layout="large")):
+        extra = rows[i]["extra_info"]
+        keys = sorted(row["sessions"])
+        assert extra["sessions"] == [row["sessions"][k]["forward_chat"] for k in keys]
+        details = extra["session_details"]  # arrow gives every row the union of the fields
+        assert [d["key"] for d in details] == keys
+        assert [d["interactivity"]["thought"] for d in details] == [f"JUDGE-THOUGHT-{i}-{k}" for k in keys]
+        assert (details[0]["accuracy"] is not None) == (i % 2 == 0)
+        assert not any(s in json.dumps(rows[i]["prompt"]) for s in SECRETS + ("JUDGE-THOUGHT",))
+    assert os.path.exists(tmp_path / "out" / "rl_train.parquet")
+
+
 def test_rl_system_prompt_replaces_row_system_and_task_desc_precedence():
     rows = collabllm_fixture_rows(2, task_desc="row task")
     rows[0]["prompt"] = [{"role": "system", "content": "ROW-SYSTEM"}] + rows[0]["prompt"]

@@ -62,8 +62,8 @@ ITEM = {"single_turn_prompt": "What is 1 divided by 2?", "single_turn_completion
 # Registry
 # ---------------------------------------------------------------------------------------------
 def test_builtins_are_registered():
-    assert {"accuracy_rule", "accuracy", "interactivity", "token_amount", "bleu_score", "bleu_char",
-            "pass_rate"} <= set(list_metrics())
+    assert {"accuracy_rule", "accuracy", "interactivity", "token_amount", "bleu_score", "bleu_word",
+            "bleu_char", "pass_rate"} <= set(list_metrics())
     assert get_metric("accuracy").needs == ("judge",)
 
 
@@ -220,33 +220,75 @@ def test_token_amount_default_scope_is_future_and_tokenizer():
 # BLEU
 # ---------------------------------------------------------------------------------------------
 def test_char_bleu_hand_computed():
-    assert char_bleu("hello world", "hello world") == 1.0
-    # Hypothesis "abcd" vs "abcde": all n-gram precisions 1; BP = exp(1 - 5/4).
-    assert char_bleu("abcde", "abcd") == pytest.approx(math.exp(-0.25))
-    # Hypothesis "abcabc" vs "abcab" (longer, BP = 1): clipped precisions
-    # 1-grams 5/6, 2-grams 4/5, 3-grams 3/4, 4-grams 2/3 -> (1/3) ** (1/4).
-    assert char_bleu("abcab", "abcabc") == pytest.approx((1 / 3) ** 0.25)
-    # No 2-gram (hence no 4-gram) overlap -> 0 (nltk: ~1e-77).
-    assert char_bleu("abcd", "dcba") == 0.0
-    assert char_bleu("abcd", "xabcy") == 0.0  # 4-grams of the hypothesis never occur in the reference
+    """The recipe's BLEU (nltk sentence_bleu on strings: character n-grams, n = 1..4, uniform
+    weights, no smoothing). Expected values from the n-gram counts, worked out below."""
+    # 1) reference "the cat sat" (11 chars), hypothesis "the cat" (7 chars): every character
+    #    n-gram of the hypothesis occurs in the reference, so p1 = 7/7, p2 = 6/6, p3 = 5/5,
+    #    p4 = 4/4. Shorter than the reference: BP = exp(1 - 11/7) = exp(-4/7).
+    assert char_bleu("the cat sat", "the cat") == pytest.approx(math.exp(-4 / 7), rel=1e-12)
+    # 2) reference "the cat", hypothesis "the hat" (7 chars each, BP = exp(0) = 1).
+    #    1-grams: t2 h2 e1 ' '1 a1 vs the reference's t2 h1 e1 ' '1 c1 a1 -> clipped 2+1+1+1+1 = 6/7.
+    #    2-grams: th he "e " " h" ha at; the reference has th he "e " at -> 4/6.
+    #    3-grams: the "he " "e h" " ha" hat; the reference has the "he " -> 2/5.
+    #    4-grams: "the " "he h" "e ha" " hat"; the reference has "the " -> 1/4.
+    #    BLEU = (6/7 * 4/6 * 2/5 * 1/4) ** (1/4) = (2/35) ** (1/4) = 0.48892...
+    assert char_bleu("the cat", "the hat") == pytest.approx((2 / 35) ** 0.25, rel=1e-12)
+    # 3) reference "stop", hypothesis "pots": all four letters match (p1 = 4/4), but no 2-, 3- or
+    #    4-gram does (0/3, 0/2, 0/1). nltk keeps going with the smallest positive float m for each
+    #    zero precision: BLEU = BP * (1 * m * m * m) ** (1/4) = m ** (3/4), about 1e-231, not 0.
+    m = 2.2250738585072014e-308  # sys.float_info.min
+    assert char_bleu("stop", "pots") == pytest.approx(m ** 0.75, rel=1e-12)
+    assert 0 < char_bleu("stop", "pots") < 1e-200
+    # No unigram match at all, or an empty hypothesis: exactly 0 (nltk returns 0 early).
+    assert char_bleu("abcd", "xyz") == 0.0
     assert char_bleu("abc", "") == 0.0
+    # A hypothesis shorter than n has p_n = 0/1 (nltk's max(1, count) denominator): "ab" vs "ab"
+    # gives p1 = p2 = 1, p3 = p4 = m -> m ** (1/2).
+    assert char_bleu("ab", "ab") == pytest.approx(m ** 0.5, rel=1e-12)
+    assert char_bleu("hello world", "hello world") == 1.0
 
 
-def test_bleu_metrics_on_conversations():
-    item = {"single_turn_completion": "a b c d e"}
-    res = score("bleu_score", conv("q", "a b c d"), item)
-    assert res.value == pytest.approx(math.exp(1 - 5 / 4))  # word precisions all 1, BP only
-    assert score("bleu_score", conv("q", "a b c d e"), item).value == pytest.approx(1.0)
-    assert score("bleu_char", conv("q", "nope", "x", "abcabc"), {"answer": "abcab"}).value == \
-        pytest.approx((1 / 3) ** 0.25)
+def test_bleu_score_is_the_recipes_char_bleu_and_bleu_word_is_sacrebleu():
+    item = {"single_turn_completion": "the cat"}
+    res = score("bleu_score", conv("q", "the hat"), item)
+    assert res.value == pytest.approx((2 / 35) ** 0.25, rel=1e-12) and res.detail["unit"] == "char"
+    assert res.detail["source"] == "last_assistant_message"
+    # The old name of the character BLEU is an alias with the same value.
+    assert score("bleu_char", conv("q", "the hat"), item).value == res.value
+    # Word level: "a b c d" vs "a b c d e": every word n-gram matches, BP = exp(1 - 5/4).
+    words = {"single_turn_completion": "a b c d e"}
+    res = score("bleu_word", conv("q", "a b c d"), words)
+    assert res.value == pytest.approx(math.exp(1 - 5 / 4), rel=1e-9) and res.detail["unit"] == "word"
+    assert score("bleu_word", conv("q", "a b c d e"), words).value == pytest.approx(1.0)
+    # The two are different metrics: on "the hat" vs "the cat" sacrebleu's smoothed word BLEU is
+    # not the character BLEU above.
+    assert abs(score("bleu_word", conv("q", "the hat"), item).value - (2 / 35) ** 0.25) > 1e-3
+    # The last assistant message is scored.
+    assert score("bleu_score", conv("q", "nope", "x", "abcabc"), {"answer": "abcab"}).value == \
+        pytest.approx((1 / 3) ** 0.25, rel=1e-12)
 
 
 def test_bleu_with_extractor():
     backend = FakeJudgeLLM(['{"answer": "abcde"}'])
     extractor = LLMJudge.preset("extract_answer", backend)
-    res = score("bleu_char", conv("q", "Sure! Here it is: abcde. Anything else?"), {"answer": "abcde", "problem": "q"},
+    res = score("bleu_score", conv("q", "Sure! Here it is: abcde. Anything else?"), {"answer": "abcde", "problem": "q"},
                 extractor=extractor)
     assert res.value == 1.0 and res.detail["source"] == "extractor" and res.usage["judge_calls"] == 1
+
+
+def test_bleu_with_document_extractor_reads_the_chat_and_wins_over_the_answer_extractor():
+    doc = FakeJudgeLLM(['{"document": "the cat sat"}'])
+    answer = FakeJudgeLLM([])  # never called
+    c = conv("write it", "Draft: the cat", "add sat", "Done, the cat sat. Anything else?")
+    res = score("bleu_score", c, {"answer": "the cat sat"}, document_extractor=M.document_extractor(doc),
+                extractor=LLMJudge.preset("extract_answer", answer))
+    assert res.value == 1.0 and res.detail["source"] == "document_extractor"
+    assert not answer.prompts and len(doc.prompts) == 1
+    # The extraction prompt holds the conversation (the assistant's drafts), not the hidden goal.
+    assert "Draft: the cat" in doc.prompts[0] and "add sat" in doc.prompts[0]
+    assert "secret goal words" not in doc.prompts[0]
+    # Without an extractor the last message is scored: "Done, the cat sat. Anything else?".
+    assert score("bleu_score", c, {"answer": "the cat sat"}).value < 0.5
 
 
 # ---------------------------------------------------------------------------------------------

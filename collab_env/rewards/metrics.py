@@ -27,14 +27,28 @@ Built-in metrics (see :func:`list_metrics`):
 ``interactivity``  0..1: an LLM judge rates the collaboration (``ctx["rubric"]``: ``"verl"`` or
                    ``"paper"``).
 ``token_amount``   Words (or tokenizer tokens) in a scope of the conversation (raw count).
-``bleu_score``     Word-level sentence BLEU (sacrebleu) of the final assistant text vs reference.
-``bleu_char``      Character-level BLEU as in the published CollabLLM numbers (nltk's
-                   ``sentence_bleu`` called on strings), computed here without nltk.
+``bleu_score``     Character-level BLEU of the final text vs the reference, the CollabLLM recipe's
+                   metric (nltk's ``sentence_bleu([reference], text)`` on *strings*, as verl's
+                   ``recipe/collabllm/metrics/bleu_score.py`` calls it). ``bleu_char`` is an alias.
+``bleu_word``      Word-level sentence BLEU (sacrebleu) of the final text vs the reference.
 ``pass_rate``      1/0: the final Python code block passes the item's tests in the sandbox.
 =================  ===============================================================================
 
 ``get_metric("extract->NAME")`` (or :func:`extract_then`) gives the CollabLLM "extract, then
 score" form of a metric: an LLM extractor copies out the final artefact first.
+
+The BLEU metrics score "the final text": the document an LLM extractor writes out of the whole
+conversation when ``ctx["document_extractor"]`` is given (:func:`document_extractor`, the
+recipe's extraction step: the final version of the document with every revision merged in), else
+the text of ``ctx["extractor"]`` when given, else the last assistant message.
+:func:`collab_env.rewards.mr.default_reward` builds the document extractor from ``judge=``.
+
+Version history of the names
+    * ``bleu_score`` was word-level sacrebleu BLEU before the ``collabllm-*-v1`` envs; it is now
+      the recipe's character BLEU, and the word-level metric is ``bleu_word``. ``bleu_char``
+      (the old name of the character BLEU) stays as an alias of ``bleu_score``. The character
+      BLEU of a text that shares characters with the reference but no n-gram of some order
+      now follows nltk exactly (a tiny positive value, ~1e-77, where it used to return 0.0).
 
 Register your own with :func:`register_metric`.
 """
@@ -45,6 +59,7 @@ import inspect
 import json
 import math
 import re
+import sys
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -65,6 +80,8 @@ __all__ = [
     "extract_code_block",
     "answers_equal",
     "char_bleu",
+    "document_extractor",
+    "EXTRACT_DOCUMENT_PROMPT",
     "reference_of",
     "problem_of",
 ]
@@ -73,7 +90,7 @@ __all__ = [
 MetricFn = Callable[..., Awaitable["MetricResult"]]
 
 #: Resources a metric can declare in ``needs`` (keys of ``ctx``, or ``"sandbox"`` for code runs).
-KNOWN_NEEDS: tuple[str, ...] = ("judge", "extractor", "tokenizer", "sandbox")
+KNOWN_NEEDS: tuple[str, ...] = ("judge", "extractor", "document_extractor", "tokenizer", "sandbox")
 
 
 @dataclass(frozen=True)
@@ -257,18 +274,28 @@ def _judge_for(metric: str, preset: str, ctx: Mapping[str, Any], key: str = "jud
 
 
 async def _extract(conversation: Conversation, item: Mapping[str, Any], extractor: Any) -> tuple[str, dict]:
-    result = await extractor.score(problem=problem_of(item), conversation=conversation)
+    fields = getattr(extractor, "fields", None)
+    kw: dict[str, Any] = {"conversation": conversation}
+    if fields is None or "problem" in fields:  # a document extractor reads the chat only
+        kw["problem"] = problem_of(item)
+    result = await extractor.score(**kw)
     return str(result.score), dict(result.usage)
 
 
 async def _final_text(conversation: Conversation, item: Mapping[str, Any], ctx: Mapping[str, Any],
-                      *, use_extractor: bool) -> tuple[str | None, str, dict[str, float]]:
-    """The final artefact: (text or None, where it came from, usage)."""
+                      *, use_extractor: bool, metric: str = "") -> tuple[str | None, str, dict[str, float]]:
+    """The final artefact: (text or None, where it came from, usage). An extractor given as a
+    mapping is looked up by ``metric``."""
     if ctx.get("extracted") is not None:
         return str(ctx["extracted"]), "extracted", {}
-    if use_extractor and ctx.get("extractor") is not None:
-        text, usage = await _extract(conversation, item, ctx["extractor"])
-        return text, "extractor", usage
+    if use_extractor:
+        for key in ("document_extractor", "extractor"):
+            ex = ctx.get(key)
+            if isinstance(ex, Mapping):  # {metric name: extractor}, like ctx["judge"]
+                ex = ex.get(metric)
+            if ex is not None:
+                text, usage = await _extract(conversation, item, ex)
+                return text, key, usage
     msgs = _assistant_messages(conversation, ctx)
     return (msgs[-1].content if msgs else None), "last_assistant_message", {}
 
@@ -507,53 +534,101 @@ async def token_amount(conversation: Conversation, item: Mapping[str, Any], *, s
 # BLEU
 # ---------------------------------------------------------------------------------------------
 def char_bleu(reference: str, hypothesis: str, max_n: int = 4) -> float:
-    """nltk's ``sentence_bleu([reference], hypothesis)`` when both are *strings*: BLEU over
-    characters, uniform weights up to ``max_n``-grams, no smoothing, brevity penalty.
+    """The CollabLLM recipe's BLEU: nltk's ``sentence_bleu([reference], hypothesis)`` called on
+    *strings*, so its tokens are characters. Computed here without nltk, step for step:
 
-    Where nltk's unsmoothed score is ~1e-77 (some n-gram order has no match) this returns 0.0.
+    * ``p_n`` (``n = 1..max_n``): clipped character n-gram matches over the hypothesis' n-gram
+      count (the count is at least 1, so a hypothesis shorter than ``n`` has ``p_n = 0/1``);
+    * no unigram match (or an empty hypothesis): ``0.0``;
+    * a ``p_n`` of 0 otherwise becomes the smallest positive float (nltk's ``method0``, no
+      smoothing), which leaves a tiny positive score (~1e-77) instead of 0;
+    * ``BLEU = BP * exp(sum_n log(p_n) / max_n)`` with ``BP = 1`` when the hypothesis is longer
+      than the reference, else ``exp(1 - len(reference) / len(hypothesis))``.
     """
-    if not hypothesis:
-        return 0.0
-    log_sum = 0.0
+    if max_n < 1:
+        raise ConfigError(f"char_bleu: max_n must be >= 1, got {max_n!r}.")
+    precisions = []
     for n in range(1, max_n + 1):
         hyp = Counter(hypothesis[i:i + n] for i in range(len(hypothesis) - n + 1))
         ref = Counter(reference[i:i + n] for i in range(len(reference) - n + 1))
-        total = sum(hyp.values())
         clipped = sum(min(c, ref[g]) for g, c in hyp.items())
-        if clipped == 0 or total == 0:
-            return 0.0
-        log_sum += math.log(clipped / total) / max_n
+        precisions.append((clipped, max(1, sum(hyp.values()))))
+    if precisions[0][0] == 0:
+        return 0.0
+    weight = 1.0 / max_n
+    logs = [weight * (math.log(num / den) if num else math.log(sys.float_info.min)) for num, den in precisions]
     c, r = len(hypothesis), len(reference)
     bp = 1.0 if c > r else math.exp(1 - r / c)
-    return bp * math.exp(log_sum)
+    return bp * math.exp(math.fsum(logs))
 
 
-async def _bleu(conversation, item, ctx, kind: str) -> MetricResult:
-    text, source, usage = await _final_text(conversation, item, ctx, use_extractor=True)
+#: The document-extraction rubric of the BLEU metrics (our wording of the recipe's step: write
+#: out the final document, every revision merged in). Field: ``conversation``.
+EXTRACT_DOCUMENT_PROMPT = """\
+Below is a conversation in which an AI assistant wrote or edited a document (an article, an \
+essay, a report...) for a user.
+
+<conversation>
+{conversation}
+</conversation>
+
+Write out the document as it stands at the end of the conversation: the latest version of every \
+part the assistant wrote, with all later revisions and additions merged in, and nothing else \
+(no comments, no questions, no text that is not part of the document). If the assistant never \
+wrote any of the document, write NONE.
+
+Reply with only a JSON object:
+{{"document": "<the final document>"}}"""
+
+
+def document_extractor(backend: Any, *, prefill: bool = False, **overrides: Any):
+    """An LLM judge that writes out the final document of a conversation
+    (:data:`EXTRACT_DOCUMENT_PROMPT`, ``score_type="text"``), for ``ctx["document_extractor"]``
+    of the BLEU metrics: the recipe extracts the document before it computes BLEU.
+
+    Args:
+        backend: A policy (or a reference ``resolve_policy`` accepts) that answers the prompt.
+        prefill: Start the reply with ``{"document": "`` on backends that can continue a reply
+            (small local models need it to stay in the JSON format).
+        **overrides: Other ``LLMJudge`` settings (``max_new_tokens``, ``max_retries``...).
+    """
+    from collab_env.agents.judges import LLMJudge  # lazy: keeps `import collab_env` light
+
+    kw: dict[str, Any] = dict(prompt_template=EXTRACT_DOCUMENT_PROMPT, score_type="text", score_range=None,
+                              score_keys=("document",), max_new_tokens=2048)
+    kw.update(overrides)
+    if prefill:
+        kw.setdefault("response_prefix", '{"document": "')
+    kw.setdefault("name", "extract_document")
+    return LLMJudge(backend, **kw)
+
+
+async def _bleu(conversation, item, ctx, kind: str, metric: str) -> MetricResult:
+    text, source, usage = await _final_text(conversation, item, ctx, use_extractor=True, metric=metric)
     reference = reference_of(item)
     if text is None:
         return MetricResult(0.0, {"source": source, "reason": "no assistant message"}, usage)
     if kind == "word":
-        sacrebleu = require("sacrebleu", "rewards", "the bleu_score metric")
+        sacrebleu = require("sacrebleu", "rewards", "the bleu_word metric")
         value = sacrebleu.sentence_bleu(text, [reference]).score / 100.0
     else:
         value = char_bleu(reference, text)
-    return MetricResult(float(value), {"source": source, "hypothesis_chars": len(text)}, usage)
+    return MetricResult(float(value), {"source": source, "unit": kind, "hypothesis_chars": len(text)}, usage)
 
 
 async def bleu_score(conversation: Conversation, item: Mapping[str, Any], *, start: int = 0,
                      **ctx: Any) -> MetricResult:
-    """Word-level sentence BLEU in [0, 1] (``sacrebleu.sentence_bleu(hyp, [ref]).score / 100``)
-    of the last assistant message (or, with ``ctx["extractor"]``, the extracted artefact)
-    against the reference."""
-    return await _bleu(conversation, item, ctx, "word")
+    """Character-level BLEU in [0, 1] (:func:`char_bleu`), the CollabLLM recipe's ``bleu_score``,
+    of the final text (the extracted document with ``ctx["document_extractor"]``, see the module
+    docstring) against the reference."""
+    return await _bleu(conversation, item, ctx, "char", "bleu_score")
 
 
-async def bleu_char(conversation: Conversation, item: Mapping[str, Any], *, start: int = 0,
+async def bleu_word(conversation: Conversation, item: Mapping[str, Any], *, start: int = 0,
                     **ctx: Any) -> MetricResult:
-    """Character-level BLEU (see :func:`char_bleu`), the variant behind the published CollabLLM
-    numbers; same hypothesis and reference as ``bleu_score``."""
-    return await _bleu(conversation, item, ctx, "char")
+    """Word-level sentence BLEU in [0, 1] (``sacrebleu.sentence_bleu(text, [ref]).score / 100``)
+    of the same final text as ``bleu_score``."""
+    return await _bleu(conversation, item, ctx, "word", "bleu_word")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -628,7 +703,7 @@ def extract_then(metric_name: str, extractor: Any = None) -> Metric:
 
     Args:
         metric_name: A registered metric that scores the final artefact (``accuracy_rule``,
-            ``bleu_score``, ``bleu_char``, ``pass_rate``...).
+            ``bleu_score``, ``bleu_word``, ``pass_rate``...).
         extractor: An ``LLMJudge`` with ``score_type="text"``; ``None`` reads ``ctx["extractor"]``
             (a judge, ``{metric_name: judge}``) or builds one from ``ctx["extractor_backend"]``.
     """
@@ -652,5 +727,7 @@ register_metric("accuracy", accuracy, needs=("judge",))
 register_metric("interactivity", interactivity, needs=("judge",))
 register_metric("token_amount", token_amount)
 register_metric("bleu_score", bleu_score)
-register_metric("bleu_char", bleu_char)
+register_metric("bleu_word", bleu_word)
+# The old name of the character BLEU, kept so that configs written for it keep their meaning.
+register_metric("bleu_char", bleu_score, description="Alias of bleu_score (character-level BLEU).")
 register_metric("pass_rate", pass_rate, needs=("sandbox",))

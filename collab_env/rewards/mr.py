@@ -1010,7 +1010,10 @@ def default_reward(
         kind: ``"mr"`` or ``"conversation"``.
         judge: The judge model of the judge metrics (accuracy, interactivity): an API model
             string (``"litellm:openai/gpt-4o-mini"``), ``"embedded"``, any policy, an
-            ``LLMJudge`` (used for every judge metric) or a mapping metric -> judge.
+            ``LLMJudge`` (used for every judge metric) or a mapping metric -> judge. A model
+            string or policy also extracts the final document before the BLEU metrics score it
+            (the recipe's step, e.g. on ``collabllm-medium``); without ``judge=`` they score the
+            last assistant message.
         user: The user simulator of the futures (``kind="mr"``): a model string or
             ``"embedded"`` (wrapped in :class:`~collab_env.agents.users.LLMUserSimulator`; the
             embedded model replies in plain text), a ready policy object (used as is), or
@@ -1051,13 +1054,14 @@ def default_reward(
     w = _weights_for(env, weights)
     ctx: dict[str, Any] = {"rubric": rubric, **dict(metric_ctx or {})}
     needs_judge = [m for m in w if get_metric(m).needs and set(get_metric(m).needs) & {"judge", "extractor"}]
-    if needs_judge and "judge" not in ctx and "judge_backend" not in ctx:
-        if judge is None:
+    if "judge" not in ctx and "judge_backend" not in ctx:
+        if judge is not None:  # also the BLEU metrics' document extractor: the recipe extracts first
+            ctx.update(_judges(judge, rubric, judge_prefill, dict(judge_kwargs or {}), backend))
+        elif needs_judge:
             raise ConfigError(
                 f"the metrics {needs_judge} need an LLM judge: pass judge='litellm:<model>', "
                 "judge='embedded' or a policy / LLMJudge."
             )
-        ctx.update(_judges(judge, rubric, judge_prefill, dict(judge_kwargs or {}), backend))
     if kind == "conversation":
         if user is not None or policy is not None:
             raise ConfigError("user= and policy= are for kind='mr' (futures); the conversation reward samples nothing.")

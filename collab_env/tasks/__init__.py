@@ -49,7 +49,8 @@ _HIDDEN_FACTS = {
     ),
 }
 
-# Default metric weights per CollabLLM dataset, from the paper and the verl recipe.
+# Default metric weights per CollabLLM dataset, from the paper and the verl recipe (``bleu_score``
+# is the recipe's character BLEU since v1).
 _COLLABLLM = {
     "math-hard": {"accuracy": 1.0, "interactivity": 1.0, "token_amount": -1e-4},
     "medium": {"bleu_score": 1.0, "token_amount": -1e-4},
@@ -104,9 +105,11 @@ def _register_builtin() -> None:
     for ds, metrics in _COLLABLLM.items():
         for large in (False, True):
             name = f"collabllm-{ds}{'-large' if large else ''}"
+            # v1: default collaborative system prompt, -large sessions layout, recipe BLEU (see
+            # the Version history in collab_env.tasks.collabllm). v0 had no published results.
             register(
                 EnvSpec(
-                    id=f"{name}-v0",
+                    id=f"{name}-v1",
                     entry_point="collab_env.tasks.collabllm:make_env",
                     kwargs={"dataset": f"collabllm/collabllm-multiturn-{ds}{'-large' if large else ''}"},
                     players=("assistant", "user"),

@@ -17,18 +17,35 @@ Schema (one row per recorded conversation prefix)
     ``conv_id``, ``turn_id`` no        Conversation id and position of this prefix.
     ``score``                no        Multiturn-aware reward of ``completion`` in the data.
     ``single_turn_metadata`` no        Task extras for rewards (level, tests, entry point...).
-    ``sessions``             no        Recorded conversations sampled after ``completion``, as
-                                       a list of message lists, or as a struct keyed ``"0"``,
-                                       ``"1"``, ... whose values are message lists (``None`` where
-                                       ``datasets`` unified struct keys across rows). A session
-                                       may hold the whole conversation or only the continuation.
+    ``sessions``             no        Recorded conversations sampled after ``completion``, in
+                                       one of the layouts below.
     ``rewards``              no        Per-metric scores of the sessions (kept for rewards).
     ``task_desc``            no        Short task description for the user simulator; default
                                        per dataset (see :data:`TASK_DESCRIPTIONS`).
     ======================== ========= ==========================================================
 
+    ``sessions`` layouts (all three load from parquet, json, jsonl and the hub):
+
+    * **list** (``collabllm-multiturn-{math-hard, medium, bigcodebench}``): a list of message
+      lists. A session may hold the whole conversation or only the continuation.
+    * **struct of lists**: a struct keyed ``"0"``, ``"1"``, ... whose values are message lists.
+    * **struct of sessions** (the paper's ``-large`` sets): a struct keyed ``"0"``, ``"1"``,
+      ``"2"``... whose values are structs ``{average_score, forward_chat, <judge details>}``:
+      ``forward_chat`` is the future sampled *after* the candidate ``completion`` (it starts
+      with the user's next turn), ``average_score`` the mean of the session's judge scores, and
+      the judge details are structs such as ``interactivity: {score, thought}`` (older math-hard
+      rows also ``accuracy: {score, thought, reason}``).
+
+    In the struct layouts, keys or fields that a row lacks are ``None`` (parquet/arrow and
+    ``datasets`` give every row the union of the keys of all rows); a session that is ``None``
+    (or whose every field is ``None``) is absent. A message list may also come as
+    ``{"role": [...], "content": [...]}`` (``datasets``' ``Sequence`` of a struct).
+
     :meth:`CollabLLMTask.get_item` returns the row as a dict with ``sessions`` normalised to a
-    list of message lists and ``task_desc`` filled in.
+    list of message lists (``forward_chat`` for the ``-large`` layout), ``session_details``
+    (one dict per session, in the same order: its struct key ``"key"``, ``average_score`` and
+    the judge details, ``None`` fill-ins left out; an empty list for the list layouts, whose
+    scores are in ``rewards``) and ``task_desc`` filled in.
 
 Players
     ``"assistant"`` (trainable) and ``"user"`` (a simulated user; its default policy is
@@ -41,12 +58,21 @@ Start modes (``mode=`` at make, or ``reset(options={"mode": ...})``)
       ``meta={"from_data": True}``. The assistant is on turn, answering the last user turn.
     * ``"eval"``: from scratch; the user opens the chat (the user is on turn first).
 
+System prompt
+    By default the assistant's first message is :data:`DEFAULT_SYSTEM_PROMPT`, a collaborative
+    prompt (our wording of the intent of the prompt the verl recipe prepends to every RL row:
+    understand the user's goal, ask about what is unclear instead of guessing, suggest next
+    steps, stay concise, adapt to the user, be honest about uncertainty). It goes to the
+    assistant only: the user simulator has its own instructions. It replaces the system
+    messages of the row's ``prompt``. ``system_prompt="..."`` puts another text in its place;
+    ``system_prompt=None`` adds none and keeps the row's own system messages.
+
 Observations
     The conversation as each player sees it. Only the user sees its hidden goal: a system message
     (``audience=("user",)``) whose ``meta`` holds ``single_turn_prompt``, ``task_desc``,
     ``termination_signal``, ``mode`` and ``user_turns`` (the recorded user turns to replay in
-    this mode). The assistant's ``system_prompt`` (or, without one, the system messages of the
-    row's ``prompt``) is visible to the assistant only. The reference answer
+    this mode). The assistant's ``system_prompt`` (or, with ``system_prompt=None``, the system
+    messages of the row's ``prompt``) is visible to the assistant only. The reference answer
     (``single_turn_completion``, ``completion``, ground truth) is in no observation; it stays in
     the task item for the rewards.
 
@@ -81,6 +107,11 @@ Loading
     ``prompt`` is reported when its row is first drawn (the first row is checked at make).
 
 Version history
+    * v1: the assistant gets :data:`DEFAULT_SYSTEM_PROMPT` by default (``system_prompt=None``
+      restores v0's prompts); the ``-large`` ``sessions`` layout loads (``session_details`` in
+      the item); on ``collabllm-medium(-large)`` the spec's ``bleu_score`` is the recipe's
+      character BLEU (it was word-level BLEU, now ``bleu_word``), scored on the document an LLM
+      extracts when a judge is given.
     * v0: first version.
 """
 
@@ -118,6 +149,9 @@ __all__ = [
     "OPTIONAL_COLUMNS",
     "TASK_DESCRIPTIONS",
     "DEFAULT_TERMINATION_SIGNAL",
+    "DEFAULT_SYSTEM_PROMPT",
+    "normalize_messages",
+    "normalize_sessions",
 ]
 
 REQUIRED_COLUMNS: tuple[str, ...] = ("prompt", "single_turn_prompt", "single_turn_completion")
@@ -132,6 +166,22 @@ OPTIONAL_COLUMNS: tuple[str, ...] = (
     "task_desc",
 )
 DEFAULT_TERMINATION_SIGNAL = "[[TERMINATE CHAT]]"
+
+#: The assistant's default system prompt on the ``collabllm-*`` envs: our own wording of what
+#: the CollabLLM recipe asks of the assistant in the prompt it puts before every RL row.
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a collaborative assistant. Your aim is to help the user reach their goal over the "
+    "whole conversation, not only to reply to their latest message.\n\n"
+    "Work out what the user actually wants and keep track of what they have already told you. "
+    "When a request is vague or misses something you need, ask about it instead of guessing: "
+    "ask specific questions and, when it helps, offer a few concrete options to choose from.\n\n"
+    "Take the initiative: point out next steps, alternatives or problems the user may not have "
+    "thought of.\n\n"
+    "Respect the user's time: be concise, do not repeat yourself, and keep what they have to "
+    "read or type short.\n\n"
+    "Match the user's tone and level of expertise. Be accurate, and when you are not sure of "
+    "something, say so and suggest how it could be checked."
+)
 
 #: Default ``task_desc`` per dataset family (matched against the dataset name); a ``task_desc``
 #: column wins over it, and ``task_desc=`` at make wins over both.
@@ -186,8 +236,9 @@ class CollabLLMConfig:
     """``"train"``: start from the row's prompt prefix, assistant on turn. ``"eval"``: start
     from scratch, the user opens. ``reset(options={"mode": ...})`` overrides it per episode."""
 
-    system_prompt: str | None = None
-    """System prompt of the assistant (replaces the system messages of the row's prompt)."""
+    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
+    """System prompt of the assistant (replaces the system messages of the row's prompt).
+    Default: :data:`DEFAULT_SYSTEM_PROMPT`; ``None``: none added, the row's own kept."""
 
     termination_signal: str = DEFAULT_TERMINATION_SIGNAL
     """A user message containing this text ends the episode (``"user_terminated"``)."""
@@ -432,8 +483,22 @@ def _load_from_hub(datasets: Any, dataset: str):
 # ---------------------------------------------------------------------------------------------
 # Row normalisation
 # ---------------------------------------------------------------------------------------------
-def _messages(value: Any, *, what: str, where: str) -> list[dict[str, str]]:
-    """``[{"role", "content"}]`` from a message list, or DataSchemaError saying what is wrong."""
+def normalize_messages(value: Any, *, what: str, where: str) -> list[dict[str, str]]:
+    """``[{"role", "content"}]`` from a message list (or the ``{"role": [...], "content": [...]}``
+    form ``datasets`` gives a ``Sequence`` of structs), or DataSchemaError saying what is wrong.
+
+    Args:
+        value: The messages as read from a row.
+        what: Name of the field, for the error message.
+        where: Which file and row, for the error message.
+    """
+    if isinstance(value, Mapping) and "role" in value and not isinstance(value["role"], str):
+        roles, contents = value.get("role"), value.get("content")
+        if not isinstance(roles, Sequence) or not isinstance(contents, Sequence) or len(roles) != len(contents):
+            raise DataSchemaError(
+                f"{where}: {what} as columns must have 'role' and 'content' lists of one length."
+            )
+        value = [{"role": r, "content": c} for r, c in zip(roles, contents)]
     if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
         raise DataSchemaError(f"{where}: {what} must be a list of {{role, content}} messages, got {type(value).__name__}.")
     out = []
@@ -452,22 +517,80 @@ def _messages(value: Any, *, what: str, where: str) -> list[dict[str, str]]:
     return out
 
 
-def _sessions(value: Any, *, where: str) -> list[list[dict[str, str]]]:
-    """Both ``sessions`` layouts as a list of message lists (``None`` entries dropped)."""
-    if value is None:
-        return []
+def _is_message_list(value: Any) -> bool:
+    """Whether ``value`` is a message list (either form), as opposed to a session struct."""
     if isinstance(value, Mapping):
-        # Struct layout: keys "0", "1", ...; keys another row had are filled with None.
+        return "role" in value and not isinstance(value["role"], str)
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+def _drop_none(value: Any) -> Any:
+    """``value`` without the ``None`` fields that arrow/``datasets`` fill in, recursively."""
+    if isinstance(value, Mapping):
+        return {str(k): _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def normalize_sessions(value: Any, *, where: str) -> tuple[list[list[dict[str, str]]], list[dict[str, Any]]]:
+    """Every ``sessions`` layout (module docstring) as ``(message lists, details)``.
+
+    Returns:
+        The sessions as message lists (``forward_chat`` for the ``-large`` layout), in key
+        order, absent ones dropped; and, for the ``-large`` layout, one details dict per kept
+        session (``{"key": "0", "average_score": ..., "interactivity": {...}, ...}`` without
+        ``None`` fill-ins), else an empty list.
+
+    Raises:
+        DataSchemaError: The value is in none of the layouts.
+    """
+    if value is None:
+        return [], []
+    keys: list[str | None]
+    if isinstance(value, Mapping) and not _is_message_list(value):
+        # Struct layouts: keys "0", "1", ...; keys another row had are filled with None.
         try:
-            keys = sorted(value, key=int)
+            ordered = sorted(value, key=int)
         except (TypeError, ValueError) as exc:
             raise DataSchemaError(
                 f"{where}: sessions struct keys must be '0', '1', ..., got {sorted(map(str, value))}."
             ) from exc
-        value = [value[k] for k in keys]
-    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
-        raise DataSchemaError(f"{where}: sessions must be a list or a struct of message lists, got {type(value).__name__}.")
-    return [_messages(s, what=f"sessions[{i}]", where=where) for i, s in enumerate(value) if s is not None]
+        keys, values = [str(k) for k in ordered], [value[k] for k in ordered]
+    elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        keys, values = [None] * len(value), list(value)
+    else:
+        raise DataSchemaError(
+            f"{where}: sessions must be a list or a struct of sessions, got {type(value).__name__}."
+        )
+    sessions: list[list[dict[str, str]]] = []
+    details: list[dict[str, Any]] = []
+    large = False
+    for i, (key, v) in enumerate(zip(keys, values)):
+        name = f"sessions[{key!r}]" if key is not None else f"sessions[{i}]"
+        if v is None:
+            continue
+        if isinstance(v, Mapping) and not _is_message_list(v):  # a -large session struct
+            fields = _drop_none(v)
+            if not fields:  # a key only other rows have
+                continue
+            if "forward_chat" not in fields:
+                raise DataSchemaError(
+                    f"{where}: {name} is a struct without 'forward_chat' (it has {sorted(fields)}); a "
+                    "session struct holds forward_chat (the messages after the completion), "
+                    "average_score and judge details."
+                )
+            large = True
+            sessions.append(normalize_messages(fields.pop("forward_chat"), what=f"{name}.forward_chat", where=where))
+            details.append({"key": key if key is not None else str(i), **fields})
+        else:
+            sessions.append(normalize_messages(v, what=name, where=where))
+            details.append({})
+    if large and any(not d for d in details):
+        raise DataSchemaError(
+            f"{where}: sessions mix message lists and session structs; use one layout per row."
+        )
+    return sessions, (details if large else [])
 
 
 def _default_task_desc(dataset: str) -> str:
@@ -526,7 +649,7 @@ class CollabLLMTask(Task):
         where = f"collabllm: {self._source}, row {index}"
         if row.get("conv_id") is not None:
             where += f" (conv_id {row['conv_id']})"
-        prompt = _messages(row["prompt"], what="prompt", where=where)
+        prompt = normalize_messages(row["prompt"], what="prompt", where=where)
         chat = [m for m in prompt if m["role"] != "system"]
         if not chat or chat[-1]["role"] != "user":
             raise DataSchemaError(f"{where}: prompt must end with a user turn (the one the assistant answers).")
@@ -534,7 +657,7 @@ class CollabLLMTask(Task):
             if not isinstance(row[name], str):
                 raise DataSchemaError(f"{where}: {name} must be text, got {type(row[name]).__name__}.")
         row["prompt"] = prompt
-        row["sessions"] = _sessions(row.get("sessions"), where=where)
+        row["sessions"], row["session_details"] = normalize_sessions(row.get("sessions"), where=where)
         row["task_desc"] = self.config.task_desc or row.get("task_desc") or self._default_desc
         return row
 
@@ -655,7 +778,8 @@ def make_env(**kwargs: Any) -> CollabEnv:
         data_files: Local parquet/json/jsonl file(s) in the documented schema (works offline).
         split: Split to read (default ``"train"``).
         mode: ``"train"`` (start from the prompt prefix) or ``"eval"`` (the user opens).
-        system_prompt: The assistant's system prompt (default: none, or the row's own).
+        system_prompt: The assistant's system prompt (default :data:`DEFAULT_SYSTEM_PROMPT`;
+            ``None``: none added, the row's own system messages kept).
         termination_signal: Text that ends the chat when the user sends it.
         max_assistant_turns: Assistant messages per episode (default 10; ``None``: no limit).
         max_user_turns: User messages per episode (default 10; ``None``: no limit).

@@ -28,7 +28,9 @@ Mode ``"rl"`` (:func:`build_rl_dataset`): one row per distinct conversation pref
     ``extra_info``       every other column of the row (``completion``, ``conv_id``,
                          ``turn_id``, ``score``, ``single_turn_completion``,
                          ``single_turn_metadata``, ``rewards``, ``sessions`` normalised to a
-                         list of message lists...), plus ``index`` (the source row number),
+                         list of message lists, and for the ``-large`` layout
+                         ``session_details``, the per-session judge details...), plus
+                         ``index`` (the source row number),
                          ``prompt`` (the policy prompt again, as the recipe's reward function
                          reads it) and ``interaction_kwargs`` = ``{"name": "collabllm",
                          "single_turn_prompt": <hidden goal>, "task_desc": ...}``
@@ -90,7 +92,7 @@ Selection rules, and where they follow which reference
       source row number instead of a random UUID, so outputs are reproducible.
     * System prompt: none by default. The recipe and the package prepend their collaborative
       prompt to every row; pass ``system_prompt=`` (e.g.
-      :data:`collab_env.agents.proactive.COLLABORATIVE_PROMPT`) to do the same. It **replaces**
+      :data:`collab_env.tasks.collabllm.DEFAULT_SYSTEM_PROMPT`, the envs' default) to do the same. It **replaces**
       the system messages of the row's ``prompt``, as ``CollabLLMConfig.system_prompt`` does.
     * SFT column name: ``messages`` (TRL's conversational format and verl's default
       ``data.multiturn.messages_key``); the recipe names it ``prompt`` and sets
@@ -211,9 +213,9 @@ def _where(i: int, row: Mapping[str, Any]) -> str:
 
 def _prompt(row: Mapping[str, Any], where: str) -> list[dict[str, str]]:
     """The row's ``prompt`` as plain messages; it must end with the user turn to answer."""
-    from collab_env.tasks.collabllm import _messages
+    from collab_env.tasks.collabllm import normalize_messages
 
-    prompt = _messages(row["prompt"], what="prompt", where=where)
+    prompt = normalize_messages(row["prompt"], what="prompt", where=where)
     chat = [m for m in prompt if m["role"] != "system"]
     if not chat or chat[-1]["role"] != "user":
         raise DataSchemaError(
@@ -342,7 +344,7 @@ def build_rl_dataset(
         _GENERIC_TASK_DESC,
         REQUIRED_COLUMNS,
         _default_task_desc,
-        _sessions,
+        normalize_sessions,
     )
 
     _check_system_prompt(system_prompt)
@@ -370,7 +372,9 @@ def build_rl_dataset(
         # Everything else the row has, for custom rewards (a shallow copy, as in the recipe).
         extra = {k: _plain(v) for k, v in row.items() if k not in ("prompt", "single_turn_prompt", "task_desc")}
         if "sessions" in extra:
-            extra["sessions"] = _sessions(row["sessions"], where=where)
+            extra["sessions"], details = normalize_sessions(row["sessions"], where=where)
+            if details:  # the -large layout's per-session judge details
+                extra["session_details"] = details
         extra.update(
             index=i,
             prompt=prompt,
