@@ -4,8 +4,9 @@
 a concurrency limit shared with every other policy that talks to the same server and model.
 Transient failures (rate limits, 5xx, timeouts, dropped connections, malformed or empty
 responses) are retried with exponential backoff and jitter; requests the server rejects
-(400, 401, 403, 404...) are not retried and raise :class:`~collab_env.errors.PolicyError` at
-once with the server's message. When the retries run out, the policy either raises or returns a
+(a missing or invalid key, 400, 401, 403, 404, 422 and every other 4xx but 408, 409, 425 and
+429) are not retried and raise :class:`~collab_env.errors.FatalPolicyError` on the first
+attempt with the provider's message, whatever ``fault_policy`` says. When the retries run out, the policy either raises or returns a
 :data:`~collab_env.types.FAULT` completion (``fault_policy``), which the rollout turns into a
 counted truncation. It never returns empty text as if it were a reply.
 
@@ -34,7 +35,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from collab_env.agents.base import SamplingParams
-from collab_env.errors import ConfigError, PolicyError, require
+from collab_env.errors import ConfigError, FatalPolicyError, PolicyError, require
 from collab_env.types import FAULT, Completion, Conversation
 
 __all__ = ["LiteLLMPolicy", "LiteLLMStats", "ConcurrencyLimiter", "shared_limiter"]
@@ -224,12 +225,23 @@ class _Retry(Exception):
 
 
 class _GiveUp(Exception):
-    """An attempt failed in a way no retry fixes; ``fatal`` ones raise whatever the fault policy."""
+    """An attempt failed in a way no retry fixes; ``fatal`` ones raise :class:`FatalPolicyError`
+    whatever the fault policy (``rejected``: the provider refused the request, as opposed to a
+    local misuse)."""
 
-    def __init__(self, reason: str, *, fatal: bool) -> None:
+    def __init__(self, reason: str, *, fatal: bool, rejected: bool = True) -> None:
         super().__init__(reason)
         self.reason = reason
         self.fatal = fatal
+        self.rejected = rejected
+
+
+#: litellm's exception classes for requests the provider refused (4xx answers that no retry
+#: fixes). ContextWindowExceededError is a BadRequestError but is handled before these.
+_REJECTIONS = ("AuthenticationError", "PermissionDeniedError", "NotFoundError", "BadRequestError",
+               "UnprocessableEntityError", "UnsupportedParamsError", "InvalidRequestError")
+#: 4xx statuses that are transient: timeout, conflict, too early, rate limit.
+_RETRYABLE_4XX = (408, 409, 425, 429)
 
 
 # ------------------------------------------------------------------------------------------
@@ -266,8 +278,10 @@ class LiteLLMPolicy:
         fault_policy: When retries run out: ``"raise"`` raises :class:`PolicyError` naming the
             model, the attempts and the last error; ``"fault"`` returns a completion with
             ``finish_reason=FAULT`` and ``meta["fault"]`` saying why, so the rollout ends that
-            episode as a counted truncation and the others go on. Rejected requests (400, 401,
-            403, 404...) always raise: they are configuration errors that no episode survives.
+            episode as a counted truncation and the others go on. Rejected requests (a missing
+            or invalid key, 400, 401, 403, 404, 422...) always raise
+            :class:`~collab_env.errors.FatalPolicyError` at once: they are configuration
+            errors that no episode survives.
             A conversation longer than the model's context window is not one: it follows
             ``fault_policy`` (without retries).
         logprobs: Ask for the log-probability of each generated token; the completion carries
@@ -374,8 +388,10 @@ class LiteLLMPolicy:
         """One completion per observation, requested concurrently under the shared limit.
 
         Raises:
-            PolicyError: a request was rejected (not retried), or retries ran out with
-                ``fault_policy="raise"``. The other requests of the batch are cancelled.
+            FatalPolicyError: a request was rejected (a missing or invalid key, another 4xx):
+                raised on the first attempt, with the provider's message.
+            PolicyError: retries ran out with ``fault_policy="raise"``. In both cases the
+                other requests of the batch are cancelled.
             ConfigError: an unknown or invalid sampling parameter.
         """
         params = SamplingParams.from_kwargs(**{**self.default_sampling, **sampling})
@@ -418,7 +434,8 @@ class LiteLLMPolicy:
                 await asyncio.sleep(self._delay(attempt, exc.retry_after))
                 continue
             except _GiveUp as exc:
-                return self._give_up(index, attempt, exc.reason, usage, start, fatal=exc.fatal)
+                return self._give_up(index, attempt, exc.reason, usage, start, fatal=exc.fatal,
+                                     rejected=exc.rejected)
             self._count(completions=1)
             return Completion(
                 text=text,
@@ -457,15 +474,22 @@ class LiteLLMPolicy:
         return text, getattr(choice, "finish_reason", None), self._logprobs(choice)
 
     def _give_up(
-        self, index: int, attempts: int, reason: str, usage: dict[str, Any], start: float, *, fatal: bool
+        self, index: int, attempts: int, reason: str, usage: dict[str, Any], start: float, *, fatal: bool,
+        rejected: bool = True,
     ) -> Completion:
         self._count(failures=1)
         where = f" at {self.api_base}" if self.api_base else ""
-        if fatal:
-            raise PolicyError(
+        if fatal and rejected:
+            raise FatalPolicyError(
                 f"{self.name}: model {self.model!r}{where} rejected the request for observation "
                 f"{index} ({reason}). Not retried: fix the model name, api_key, api_base or "
                 "sampling parameters and run again."
+            )
+        if fatal:
+            raise FatalPolicyError(
+                f"{self.name}: calling model {self.model!r}{where} failed for observation {index} "
+                f"({reason}). Not retried: this is a local error (a bad keyword in "
+                "completion_kwargs, a broken installation), not a server fault."
             )
         if self.fault_policy == "raise":
             raise PolicyError(
@@ -532,21 +556,25 @@ class LiteLLMPolicy:
         litellm = sys.modules.get("litellm")
         if litellm is not None and isinstance(exc, litellm.ContextWindowExceededError):
             return _GiveUp(f"context window exceeded: {message}", fatal=False)
-        if "Missing credentials" in message:  # litellm reports a missing key as a 500
+        if "Missing credentials" in message:  # litellm reports a missing OpenAI key as a 500
             return _GiveUp(f"no API key: {message}", fatal=True)
         status = getattr(exc, "status_code", None)
         if isinstance(status, int):
-            if status == 429 or status >= 500 or status in (408, 409, 425):
+            if status >= 500 or status in _RETRYABLE_4XX:
                 return _Retry(f"{status} {type(exc).__name__}: {message}", _retry_after(exc))
             if 400 <= status < 500:
                 return _GiveUp(f"{status} {type(exc).__name__}: {message}", fatal=True)
+        if litellm is not None and isinstance(exc, tuple(getattr(litellm, n) for n in _REJECTIONS
+                                                           if hasattr(litellm, n))):
+            # A rejection class without a usable status code (some providers' adapters).
+            return _GiveUp(f"{type(exc).__name__}: {message}", fatal=True)
         if litellm is not None and isinstance(exc, (litellm.Timeout, litellm.APIConnectionError)):
             return _Retry(f"{type(exc).__name__}: {message}")
         if isinstance(exc, (ConnectionError, TimeoutError, OSError)):
             return _Retry(f"{type(exc).__name__}: {message}")
         # Anything else is a bug or a misuse (a bad keyword in completion_kwargs...): retrying
         # would only hide it.
-        return _GiveUp(f"unexpected {type(exc).__name__}: {message}", fatal=True)
+        return _GiveUp(f"unexpected {type(exc).__name__}: {message}", fatal=True, rejected=False)
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:

@@ -19,7 +19,9 @@ assistant message yet, the simulator *opens* the chat.
 Failures are never silent: a backend error or an unreadable reply is retried ``max_retries``
 times, then the simulator either returns a :data:`~collab_env.types.FAULT` completion (the rollout
 ends the episode as a counted truncation, ``end_reason="fault:user"``) or raises
-:class:`~collab_env.errors.PolicyError`. Every completion's ``usage`` carries ``retries`` and
+:class:`~collab_env.errors.PolicyError`. A request the backend's provider rejected (a missing or
+invalid API key, another 4xx: :class:`~collab_env.errors.FatalPolicyError`) is neither retried
+nor truncated: it propagates at once, since every later request would fail the same way. Every completion's ``usage`` carries ``retries`` and
 ``simulator_faults`` plus the backend's own counters, so the episode's costs show them.
 
 Reading the reply (the *documented rule*)
@@ -58,7 +60,7 @@ from collab_env.agents.base import (
     usable_prefill,
 )
 from collab_env.agents.judges import (
-    _check_batch,
+    check_batch,
     extract_json_object,
     is_config_problem,
     render_transcript,
@@ -369,6 +371,8 @@ class LLMUserSimulator:
         """One user message per observation; each attempt is one batched backend call.
 
         Raises:
+            FatalPolicyError: The backend's provider rejected the request (not retried,
+                whatever ``on_failure`` says).
             PolicyError: With ``on_failure="raise"``, when an observation got no readable reply.
             ConfigError: An observation has no goal, or a sampling keyword is unknown; also
                 configuration errors of the backend (they are not retried).
@@ -395,7 +399,7 @@ class LLMUserSimulator:
                     call_kw["stop"] = [*call_kw.get("stop", ()), "\n\n"]
                 outs = await self.backend.act([add_prefill(prompts[i], prefix, "simulator-backend")
                                                for i in pending], **call_kw)
-                _check_batch(outs, len(pending), self.backend)
+                check_batch(outs, len(pending), self.backend)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

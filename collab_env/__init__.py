@@ -15,6 +15,7 @@ from collab_env.errors import (
     ConfigError,
     DatasetUnavailableError,
     EnvStateError,
+    FatalPolicyError,
     MissingDependencyError,
     PolicyError,
     UnknownEnvError,
@@ -49,6 +50,7 @@ __all__ = [
     "DatasetUnavailableError",
     "MissingDependencyError",
     "PolicyError",
+    "FatalPolicyError",
     "check_env",
 ]
 

@@ -20,6 +20,7 @@ __all__ = [
     "DataSchemaError",
     "MissingDependencyError",
     "PolicyError",
+    "FatalPolicyError",
     "JudgeError",
     "CacheMissError",
     "TaskFunctionError",
@@ -66,6 +67,17 @@ class MissingDependencyError(CollabEnvError, ImportError):
 
 class PolicyError(CollabEnvError, RuntimeError):
     """A policy failed to produce an action (after its own retries)."""
+
+
+class FatalPolicyError(PolicyError):
+    """A backend rejected a request in a way no retry can fix: authentication (a missing or
+    invalid API key), permission, an unknown model, a malformed request, or any other 4xx
+    answer except 408, 409, 425 and 429 (which are transient and retried).
+
+    Raised at once, with the provider's message, on the first attempt. Whatever wraps the
+    backend (a user simulator, a judge, a multiturn-aware reward) lets it through instead of
+    retrying it or counting it as a fault: every later request would be rejected the same way.
+    """
 
 
 class JudgeError(CollabEnvError, RuntimeError):

@@ -26,7 +26,12 @@ queue, consumed in arrival order) or, when the queue is empty, :attr:`FakeOpenAI
 ``"drop"``         closes the connection without an answer
 =================  ==============================================================================
 
-Every request is recorded (:attr:`requests`, the JSON bodies) with the peak number of requests
+Authentication: a server built with ``api_key="sk-..."`` answers every request whose
+``Authorization`` header is not ``Bearer <api_key>`` with OpenAI's 401 (``"You didn't provide
+an API key..."`` when the header is missing, ``"Incorrect API key provided: ..."`` when the key
+is wrong), before any queued fault. Without ``api_key`` any key is accepted, as local servers do.
+
+Every request is recorded (:attr:`requests`, the JSON bodies; rejected ones included) with the peak number of requests
 in flight (:attr:`max_in_flight`), which is how tests check a concurrency limit.
 
 Run it alone (the benchmark does, so that the server's CPU is not charged to the client)::
@@ -65,9 +70,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _error(status: int, message: str, type_: str, headers: dict[str, str] | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": type_, "param": None, "code": str(status)}}
+def _error(status: int, message: str, type_: str, headers: dict[str, str] | None = None,
+           code: str | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": type_, "param": None, "code": code or str(status)}}
     return web.json_response(body, status=status, headers=headers)
+
+
+def _mask(key: str) -> str:
+    """A key as OpenAI's error message shows it (ends only)."""
+    return key if len(key) <= 8 else f"{key[:3]}{'*' * 4}{key[-4:]}"
 
 
 class FakeOpenAIServer:
@@ -84,6 +95,8 @@ class FakeOpenAIServer:
         hang_s: How long a ``hang`` request waits before it gives up silently (a 504).
         reply: ``fn(request_body) -> str`` to replace the echo reply.
         port: Port to bind; ``0`` picks a free one.
+        api_key: The one key accepted (``Authorization: Bearer <api_key>``); other requests get
+            a 401. ``None``: any key, or none, is accepted.
     """
 
     def __init__(
@@ -95,7 +108,9 @@ class FakeOpenAIServer:
         hang_s: float = 600.0,
         reply: Callable[[dict[str, Any]], str] | None = None,
         port: int = 0,
+        api_key: str | None = None,
     ) -> None:
+        self.api_key = api_key
         self.latency = latency
         self.jitter = jitter
         self.retry_after = retry_after
@@ -223,6 +238,10 @@ class FakeOpenAIServer:
             return _error(400, "request body is not JSON", "invalid_request_error")
         with self._lock:
             self.requests.append(body)
+        rejection = self._check_key(request.headers.get("Authorization"))
+        if rejection is not None:
+            return rejection
+        with self._lock:
             fault = self.faults.popleft() if self.faults else self.always
         wait = self.latency + (random.uniform(0.0, self.jitter) if self.jitter else 0.0)
         if wait and await self._wait(wait):
@@ -263,6 +282,21 @@ class FakeOpenAIServer:
 
         text = "" if fault == "empty" else self._reply_text(body)
         return web.json_response(self._completion(body, text))
+
+    def _check_key(self, header: str | None) -> web.Response | None:
+        """OpenAI's 401 for a missing or wrong key, or ``None`` when the key is accepted."""
+        if self.api_key is None:
+            return None
+        scheme, _, key = (header or "").partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            return _error(401, "You didn't provide an API key. You need to provide your API key in an "
+                          "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+                          "invalid_request_error", code="missing_api_key")
+        if key.strip() != self.api_key:
+            return _error(401, f"Incorrect API key provided: {_mask(key.strip())}. You can find your "
+                          "API key at https://platform.openai.com/account/api-keys.",
+                          "invalid_request_error", code="invalid_api_key")
+        return None
 
     def _reply_text(self, body: dict[str, Any]) -> str:
         if self.reply is not None:
@@ -306,8 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--latency", type=float, default=0.0)
     ap.add_argument("--always", choices=FAULTS, default=None)
+    ap.add_argument("--api-key", default=None, help="the one key accepted (default: any)")
     args = ap.parse_args(argv)
-    srv = FakeOpenAIServer(latency=args.latency, port=args.port)
+    srv = FakeOpenAIServer(latency=args.latency, port=args.port, api_key=args.api_key)
     srv.always = args.always
     srv.start()
     print(f"PORT {srv.port}", flush=True)

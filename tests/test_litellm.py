@@ -20,7 +20,7 @@ pytest.importorskip("aiohttp")
 
 import collab_env  # noqa: E402
 from collab_env.agents.litellm import ConcurrencyLimiter, LiteLLMPolicy, shared_limiter  # noqa: E402
-from collab_env.errors import ConfigError, PolicyError  # noqa: E402
+from collab_env.errors import ConfigError, FatalPolicyError, PolicyError  # noqa: E402
 from collab_env.rollout import run_episode  # noqa: E402
 from collab_env.tasks.hidden_facts import AskThenAnswer  # noqa: E402
 from collab_env.types import FAULT, Conversation, Message  # noqa: E402
@@ -255,11 +255,105 @@ def test_rejected_request_is_not_retried(server, fault, says, fault_policy):
     server.inject(fault)
     p = policy(server, fault_policy=fault_policy)
     t0 = time.perf_counter()
-    with pytest.raises(PolicyError, match=says) as info:
+    with pytest.raises(FatalPolicyError, match=says) as info:
         act(p, ["x"])
     assert "Not retried" in str(info.value) and fault in str(info.value)
     assert len(server.requests) == 1 and p.stats.calls == 1 and p.stats.retries == 0
     assert time.perf_counter() - t0 < 2.0
+
+
+# -- non-retryable rejections: a missing or wrong key ------------------------------------------
+@pytest.fixture
+def keyed_server():
+    """A server that accepts one key only (as a real provider does)."""
+    with FakeOpenAIServer(api_key="sk-the-right-key") as srv:
+        yield srv
+
+
+def test_fake_server_answers_401_like_openai_without_a_valid_key(keyed_server):
+    import json
+    import urllib.error
+    import urllib.request
+
+    def post(headers):
+        req = urllib.request.Request(keyed_server.url + "/chat/completions", method="POST",
+                                     data=b'{"model": "m", "messages": []}',
+                                     headers={"Content-Type": "application/json", **headers})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status, json.load(r)
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.load(exc)
+
+    status, body = post({})
+    assert status == 401 and body["error"]["code"] == "missing_api_key"
+    assert "You didn't provide an API key" in body["error"]["message"]
+    status, body = post({"Authorization": "Bearer sk-wrong-key-123"})
+    assert status == 401 and body["error"]["code"] == "invalid_api_key"
+    assert body["error"]["message"].startswith("Incorrect API key provided: sk-****-123.")
+    status, body = post({"Authorization": "Bearer sk-the-right-key"})
+    assert status == 200 and body["choices"][0]["message"]["content"] == "echo: "
+    assert len(keyed_server.requests) == 3
+
+
+# With the default retry schedule (max_retries=4, backoff_base=0.5) a retried failure sleeps at
+# least 0.25 + 0.5 + 1 + 2 = 3.75 s; one second separates "failed at once" from it with margin.
+FAIL_AT_ONCE_S = 1.0
+
+
+def test_no_key_fails_at_once_with_the_providers_message(keyed_server, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    p = LiteLLMPolicy("openai/fake-model", api_base=keyed_server.url, limiter=ConcurrencyLimiter(4))
+    assert p.max_retries == 4  # the default retry schedule: the rejection must skip it
+    t0 = time.perf_counter()
+    with pytest.raises(FatalPolicyError, match="Incorrect API key provided") as info:
+        act(p, ["hello"])
+    assert time.perf_counter() - t0 < FAIL_AT_ONCE_S
+    assert isinstance(info.value, PolicyError) and "401" in str(info.value)
+    assert len(keyed_server.requests) == 1
+    assert p.stats.calls == 1 and p.stats.retries == 0 and p.stats.failures == 1
+
+
+def test_wrong_key_fails_at_once_even_with_fault_policy_fault(keyed_server):
+    p = LiteLLMPolicy("openai/fake-model", api_base=keyed_server.url, api_key="sk-wrong-key-123",
+                      limiter=ConcurrencyLimiter(4), fault_policy="fault")
+    t0 = time.perf_counter()
+    with pytest.raises(FatalPolicyError, match=r"Incorrect API key provided: sk-\*\*\*\*-123"):
+        act(p, ["a", "b"])
+    assert time.perf_counter() - t0 < FAIL_AT_ONCE_S
+    assert len(keyed_server.requests) <= 2  # both may be in flight; none is retried
+    assert p.stats.retries == 0
+
+
+def test_judge_stops_at_once_on_a_rejected_key(keyed_server, monkeypatch):
+    from collab_env.agents.judges import LLMJudge
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    backend = LiteLLMPolicy("openai/fake-model", api_base=keyed_server.url, limiter=ConcurrencyLimiter(4))
+    judge = LLMJudge.preset("accuracy", backend)
+    assert judge.max_retries == 2 and not judge.uses_logprobs  # an API backend generates
+    t0 = time.perf_counter()
+    with pytest.raises(FatalPolicyError, match="Incorrect API key provided"):
+        asyncio.run(judge.score(problem="2+2?", conversation=chat("4"), reference="4"))
+    assert time.perf_counter() - t0 < FAIL_AT_ONCE_S
+    assert len(keyed_server.requests) == 1
+
+
+@pytest.mark.parametrize("on_failure", ["truncate", "raise"])
+def test_user_simulator_stops_at_once_on_a_rejected_key(keyed_server, monkeypatch, on_failure):
+    from collab_env.agents.users import LLMUserSimulator
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    backend = LiteLLMPolicy("openai/fake-model", api_base=keyed_server.url, limiter=ConcurrencyLimiter(4))
+    user = LLMUserSimulator(backend, on_failure=on_failure)
+    assert user.max_retries == 2
+    env = collab_env.make("hidden-facts")
+    t0 = time.perf_counter()
+    # Not a counted truncation (end_reason "fault:user"): the episode itself stops.
+    with pytest.raises(FatalPolicyError, match="Incorrect API key provided"):
+        run_episode(env, {"assistant": AskThenAnswer(), "user": user}, seed=0)
+    assert time.perf_counter() - t0 < FAIL_AT_ONCE_S
+    assert len(keyed_server.requests) == 1
 
 
 def test_rejection_cancels_the_rest_of_the_batch(server):
