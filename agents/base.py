@@ -9,7 +9,14 @@ from typing import Any, Protocol, runtime_checkable
 from collab_env.errors import ConfigError, did_you_mean
 from collab_env.types import Completion, Conversation
 
-__all__ = ["Policy", "SamplingParams", "resolve_policy"]
+__all__ = [
+    "Policy",
+    "SamplingParams",
+    "resolve_policy",
+    "ContinuationScorer",
+    "can_score_continuations",
+    "continuation_token_ids",
+]
 
 
 @runtime_checkable
@@ -23,6 +30,76 @@ class Policy(Protocol):
     """
 
     async def act(self, observations: Sequence[Conversation], **sampling: Any) -> list[Completion]: ...
+
+
+@runtime_checkable
+class ContinuationScorer(Protocol):
+    """A backend that scores given continuations instead of generating one (local models:
+    :class:`~collab_env.agents.hf.HFPolicy`, the embedded model, the vLLM policies).
+
+    ``await backend.score_continuations(observations, continuations)`` returns, for each
+    observation ``i``, one float per string of ``continuations[i]``: the sum of the model's
+    log-probabilities of that string's tokens after the observation's prompt. The prompt is
+    the observation rendered with the chat template exactly as :meth:`act` would render it
+    (a new assistant turn, or the continuation of a prefilled final assistant message, see
+    :data:`PREFILL`); prompt + continuation are tokenised together (see
+    :func:`continuation_token_ids`), so a continuation that merges with the prompt's last
+    characters into one token is scored correctly. A backend that cannot do this (an API
+    model through litellm) simply lacks the method; callers check with
+    :func:`can_score_continuations`.
+    """
+
+    async def score_continuations(
+        self, observations: Sequence[Conversation], continuations: Sequence[Sequence[str]]
+    ) -> list[tuple[float, ...]]: ...
+
+
+def can_score_continuations(backend: Any) -> bool:
+    """Whether ``backend`` implements :class:`ContinuationScorer`."""
+    return isinstance(backend, ContinuationScorer)
+
+
+def check_continuations(observations: Sequence[Any], continuations: Sequence[Sequence[str]]) -> None:
+    """Validate the arguments of ``score_continuations`` (one non-empty list of non-empty
+    strings per observation)."""
+    if len(observations) != len(continuations):
+        raise ConfigError(
+            f"score_continuations needs one list of continuations per observation; got "
+            f"{len(observations)} observation(s) and {len(continuations)} list(s)."
+        )
+    for i, conts in enumerate(continuations):
+        if isinstance(conts, str) or not conts or not all(isinstance(c, str) and c for c in conts):
+            raise ConfigError(
+                f"continuations[{i}] must be a non-empty list of non-empty strings, got {conts!r:.120}."
+            )
+
+
+def continuation_token_ids(tokenizer: Any, prompt_text: str, continuations: Sequence[str]) -> tuple[list[list[int]], int]:
+    """Token ids of ``prompt_text + c`` for every continuation ``c``, and the index of the first
+    token to score, the same for all of them.
+
+    Prompt and continuation are tokenised together, as the model would read them. When a
+    continuation merges with the end of the prompt (a BPE token spanning the boundary), the
+    combined ids leave the prompt's own ids before its end; scoring then starts at the first
+    position where *any* continuation's ids leave the prompt's, so every continuation is scored
+    on the same text (that shared tail of the prompt, then the continuation) and the scores stay
+    comparable. In the usual case nothing merges and the index is the prompt's length.
+
+    Raises:
+        ConfigError: The prompt tokenises to nothing (no token to condition on).
+    """
+    prompt_ids = list(tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
+    rows = [list(tokenizer(prompt_text + c, add_special_tokens=False)["input_ids"]) for c in continuations]
+    start = len(prompt_ids)
+    for ids in rows:
+        k = 0
+        limit = min(len(ids), len(prompt_ids))
+        while k < limit and ids[k] == prompt_ids[k]:
+            k += 1
+        start = min(start, k)
+    if start < 1:
+        raise ConfigError("the prompt of a continuation score has no token of its own to condition on.")
+    return rows, start
 
 
 @dataclass(frozen=True)

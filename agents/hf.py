@@ -23,6 +23,12 @@ What a :class:`~collab_env.types.Completion` holds:
   learner that needs the log-probs at another temperature recomputes them.
 * ``finish_reason``: ``"stop"`` (EOS token or stop string) or ``"length"``.
 
+Besides generating, the policy *scores* given continuations
+(:meth:`HFPolicy.score_continuations`, the :class:`~collab_env.agents.base.ContinuationScorer`
+capability): the sum of the raw model log-probs of each candidate's tokens after a prompt, all
+candidates of one prompt in one batched forward pass on the prompt's shared KV cache. Log-prob
+judges use it to compare allowed answers instead of parsing generated JSON.
+
 Sampling is done by this module rather than by ``generate``'s sampler so that each request has
 its own random generator: a request with ``seed`` gives the same tokens whatever else shares
 its batch (up to the floating-point noise that padding can introduce), and many seeded episodes
@@ -42,7 +48,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collab_env.agents.base import SamplingParams, chat_template_mode
+from collab_env.agents.base import (
+    SamplingParams,
+    chat_template_mode,
+    check_continuations,
+    continuation_token_ids,
+)
 from collab_env.errors import ConfigError, PolicyError, require
 from collab_env.types import Completion, Conversation
 
@@ -65,7 +76,10 @@ class GenerationStats:
         failed_calls: Calls that raised (their requests failed with ``PolicyError``).
         prompt_tokens: Prompt tokens of the answered observations (padding excluded).
         completion_tokens: Returned completion tokens.
-        generate_seconds: Wall time spent inside ``generate`` and post-processing.
+        generate_seconds: Wall time spent inside ``generate`` and post-processing, and
+            scoring continuations.
+        scoring_calls: ``score_continuations`` calls made.
+        scored_continuations: Continuations they scored.
     """
 
     generate_calls: int = 0
@@ -75,6 +89,8 @@ class GenerationStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     generate_seconds: float = 0.0
+    scoring_calls: int = 0
+    scored_continuations: int = 0
 
     @property
     def mean_batch_size(self) -> float:
@@ -280,15 +296,105 @@ class HFPolicy:
         return ids
 
     # -- prompts -----------------------------------------------------------------------------
-    def prompt_ids(self, observation: Conversation) -> list[int]:
-        """The prompt token ids of one observation: its chat template encoding, generation
-        prompt included (exactly what ``Completion.prompt_token_ids`` holds)."""
+    def prompt_text(self, observation: Conversation) -> str:
+        """The prompt of one observation as text: its chat template rendering, generation prompt
+        included (or the prefilled reply to continue, left open)."""
         chat = observation.to_chat()
         if self.system_prompt is not None and not any(m["role"] == "system" for m in chat):
             chat = [{"role": "system", "content": self.system_prompt}, *chat]
-        text = self.tokenizer.apply_chat_template(chat, tokenize=False, **chat_template_mode(observation))
+        return self.tokenizer.apply_chat_template(chat, tokenize=False, **chat_template_mode(observation))
+
+    def prompt_ids(self, observation: Conversation) -> list[int]:
+        """The prompt token ids of one observation: its chat template encoding, generation
+        prompt included (exactly what ``Completion.prompt_token_ids`` holds)."""
         # The template already writes any BOS token, so the tokenizer must not add another.
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(self.tokenizer(self.prompt_text(observation), add_special_tokens=False)["input_ids"])
+
+    # -- scoring given continuations ----------------------------------------------------------
+    async def score_continuations(
+        self, observations: Sequence[Conversation], continuations: Sequence[Sequence[str]]
+    ) -> list[tuple[float, ...]]:
+        """For each observation, the log-probability of each of its candidate continuations.
+
+        ``result[i][j]`` is the sum of the model's raw log-probs (no temperature, no filtering)
+        of the tokens of ``continuations[i][j]`` after the prompt of ``observations[i]``
+        (:meth:`prompt_text`; a prefilled reply is continued). Prompt and continuation are
+        tokenised together (:func:`~collab_env.agents.base.continuation_token_ids`). The
+        forward passes run in a worker thread, one prompt at a time, each followed by one
+        batched pass over all of its continuations (see :meth:`score_token_continuations`).
+
+        Raises:
+            ConfigError: Not one non-empty list of non-empty strings per observation.
+            PolicyError: The chat template or the forward pass failed.
+        """
+        check_continuations(observations, continuations)
+        if not observations:
+            return []
+        try:
+            jobs = [continuation_token_ids(self.tokenizer, self.prompt_text(obs), list(conts))
+                    for obs, conts in zip(observations, continuations, strict=True)]
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise PolicyError(f"{self.name}: applying the chat template failed: {exc!r}") from exc
+        try:
+            return await asyncio.to_thread(self.score_token_continuations, jobs)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise PolicyError(f"{self.name}: scoring continuations failed: {exc!r}") from exc
+
+    def score_token_continuations(self, jobs: Sequence[tuple[Sequence[Sequence[int]], int]]) -> list[tuple[float, ...]]:
+        """Blocking core of :meth:`score_continuations` on token ids.
+
+        Each job is ``(rows, start)``: token id lists that share their first ``start`` ids (the
+        prompt), and the index of the first id to score. Per job, one forward pass over the
+        shared ids fills the KV cache and gives the distribution of the first scored token; the
+        cache is then repeated once per row and one batched pass over the rows' remaining ids
+        (right-padded, masked) gives the others. Returns the sum over ``rows[j][start:]`` of
+        ``log p(token | everything before it)`` per row.
+        """
+        torch = self._torch
+        results: list[tuple[float, ...]] = []
+        start_t = time.perf_counter()
+        with self._model_lock, torch.inference_mode():
+            device = self.model.device
+            for rows, start in jobs:
+                prefix = list(rows[0][:start])
+                tails = [list(r[start:]) for r in rows]
+                if start < 1 or any(list(r[:start]) != prefix for r in rows) or not all(tails):
+                    raise ConfigError("every row must extend the same non-empty prefix by at least one token.")
+                first = self.model(input_ids=torch.tensor([prefix], device=device), use_cache=True,
+                                   logits_to_keep=1)
+                logp0 = torch.log_softmax(first.logits[0, -1].float(), dim=-1)
+                scores = [float(logp0[t[0]]) for t in tails]
+                width = max(len(t) for t in tails) - 1
+                if width > 0:
+                    # Row j feeds its tokens but the last; the logits at position k predict
+                    # token k + 1. Padding sits at the end of a row, where causal attention
+                    # keeps it out of the positions that are read.
+                    n = len(tails)
+                    ids = torch.full((n, width), self._pad_id, dtype=torch.long)
+                    mask = torch.zeros((n, start + width), dtype=torch.long)
+                    mask[:, :start] = 1
+                    for j, t in enumerate(tails):
+                        if len(t) > 1:
+                            ids[j, : len(t) - 1] = torch.tensor(t[:-1], dtype=torch.long)
+                            mask[j, start : start + len(t) - 1] = 1
+                    cache = getattr(first, "cache", None) or first.past_key_values
+                    cache.batch_repeat_interleave(n)
+                    out = self.model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                     use_cache=True, **{self._cache_keyword(): cache})
+                    logp = torch.log_softmax(out.logits.float(), dim=-1)
+                    for j, t in enumerate(tails):
+                        if len(t) > 1:
+                            nxt = torch.tensor(t[1:], dtype=torch.long, device=logp.device)
+                            scores[j] += float(logp[j, : len(t) - 1].gather(-1, nxt[:, None]).sum())
+                results.append(tuple(scores))
+            self.stats.scoring_calls += 1
+            self.stats.scored_continuations += sum(len(rows) for rows, _ in jobs)
+            self.stats.generate_seconds += time.perf_counter() - start_t
+        return results
 
     # -- the policy protocol ------------------------------------------------------------------
     async def act(self, observations: Sequence[Conversation], **sampling: Any) -> list[Completion]:
@@ -438,6 +544,14 @@ class HFPolicy:
                    "completion_tokens": len(ids)},
             meta={"policy": self.name, "batch_size": batch_size, "stop": matched, "seed": seed},
         )
+
+    def _cache_keyword(self) -> str:
+        """The forward keyword of a KV cache: ``cache`` in recent transformers, where
+        ``past_key_values`` is deprecated, ``past_key_values`` before."""
+        import inspect
+
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -1,12 +1,25 @@
 """LLM judges: a model reads a filled-in rubric and answers with a typed score.
 
 :class:`LLMJudge` wraps any :class:`~collab_env.agents.base.Policy` (a local model, an API model,
-a cached or fake backend). It always samples at temperature 0, builds its prompt from named
-fields, and parses a typed score (``float``, ``int``, ``bool``, one of a set of ``"choice"``
-strings, or ``"text"`` for extraction steps) out of the reply. A reply it cannot read is
-retried, with the unreadable reply and a short correction added to the prompt; when the retries
-run out it raises :class:`JudgeError`. A judge never returns a default score: a silent 0 would be
-indistinguishable from a real verdict in a reward.
+a cached or fake backend) and builds its prompt from named fields. It reaches a typed score
+(``float``, ``int``, ``bool``, one of a set of ``"choice"`` strings, or ``"text"`` for extraction
+steps) in one of two ways:
+
+* **Generation** (every backend): it samples at temperature 0 and parses the score out of the
+  reply. A reply it cannot read is retried, with the unreadable reply and a short correction
+  added to the prompt; when the retries run out it raises :class:`JudgeError`.
+* **Log-probs** (backends that score given continuations, the
+  :class:`~collab_env.agents.base.ContinuationScorer` capability: the HF, embedded and vLLM
+  backends). When the judgement has a finite set of allowed answers (``bool``: ``true`` /
+  ``false``; ``"choice"``: the choices; a numeric rubric with ``anchors``), the judge starts
+  the JSON reply and compares the model's probabilities of the allowed answers: nothing is
+  generated, so nothing can be unreadable. This is the default where the backend supports it
+  (``method="auto"``); small local judges, which copy the JSON template instead of filling it
+  in, need it. See :meth:`LLMJudge.score_many` for the exact rule.
+
+A judge never returns a default score: a silent 0 would be indistinguishable from a real verdict
+in a reward. A request the backend's provider rejected (a missing API key, another 4xx:
+:class:`~collab_env.errors.FatalPolicyError`) is not retried: it propagates at once.
 
 The module also holds the tolerant JSON reader shared with the user simulator
 (:func:`extract_json_object`) and the transcript renderer (:func:`render_transcript`), and the
@@ -37,6 +50,7 @@ from collab_env.agents.base import (
     Policy,
     add_prefill,
     add_usage,
+    can_score_continuations,
     check_prefix,
     describe,
     prefill_reply,
@@ -44,7 +58,7 @@ from collab_env.agents.base import (
     resolve_policy,
     usable_prefill,
 )
-from collab_env.errors import CollabEnvError, ConfigError, JudgeError, PolicyError
+from collab_env.errors import CollabEnvError, ConfigError, FatalPolicyError, JudgeError, PolicyError
 from collab_env.types import Completion, Conversation, Message
 
 __all__ = [
@@ -55,6 +69,10 @@ __all__ = [
     "extract_json_object",
     "render_transcript",
     "parse_score",
+    "check_batch",
+    "is_config_problem",
+    "JUDGE_METHODS",
+    "ANCHOR_RULES",
     "JUDGE_PRESETS",
     "JUDGE_PREFILLS",
     "ACCURACY_PROMPT",
@@ -324,9 +342,40 @@ def _template_fields(template: str) -> list[str]:
 
 
 
+#: How a judge reaches its score (see :class:`LLMJudge`).
+JUDGE_METHODS: tuple[str, ...] = ("auto", "logprob", "generate")
+#: How a log-prob judge turns the probabilities of numeric anchors into a score.
+ANCHOR_RULES: tuple[str, ...] = ("argmax", "expected")
+#: The two ways a JSON value ends in the reply the rubric asks for: another field follows, or
+#: the object closes. An answer's probability is that of its spelling followed by either, so an
+#: answer that is a prefix of another (``0`` and ``0.3``) is not credited with the other's mass.
+VALUE_ENDS: tuple[str, ...] = (",", "}")
+#: The start of the reply a log-prob judge writes for the model before the first key.
+LOGPROB_PREFILL = '{"'
+
+
+def _spell(value: Any) -> str:
+    """An allowed answer as JSON writes it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return f"{value:g}"
+
+
+def _logsumexp(xs: Sequence[float]) -> float:
+    m = max(xs)
+    if m == -math.inf:
+        return m
+    return m + math.log(sum(math.exp(x - m) for x in xs))
+
+
 def is_config_problem(exc: BaseException) -> bool:
-    """Errors that retrying cannot fix (a bad keyword, a replay-cache miss, a missing extra):
-    they propagate at once instead of being counted as a backend fault."""
+    """Errors that retrying cannot fix (a bad keyword, a replay-cache miss, a missing extra, a
+    request the provider rejected: :class:`~collab_env.errors.FatalPolicyError`): they
+    propagate at once instead of being retried or counted as a backend fault."""
+    if isinstance(exc, FatalPolicyError):
+        return True
     return isinstance(exc, CollabEnvError) and not isinstance(exc, PolicyError)
 
 
@@ -360,6 +409,22 @@ class LLMJudge:
             ``'{"score": '``. Small local models then fill in the score instead of drifting
             from the JSON format; the reply parsed is ``response_prefix`` + the continuation.
             API backends ignore it (they get the plain prompt). ``None``: no prefill.
+            Generation only: the log-prob method writes its own start of the reply.
+        method: ``"auto"`` (default): score by log-probs when the judgement has allowed
+            answers (:attr:`allowed_answers`) and the backend can score continuations
+            (:func:`~collab_env.agents.base.can_score_continuations`), else generate and parse.
+            ``"logprob"``: always by log-probs (a configuration that cannot is an error).
+            ``"generate"``: always generate and parse.
+        anchors: The allowed values of a numeric (``float``/``int``) judgement, e.g. the
+            rubric's anchors ``(0, 0.3, 0.7, 1)``; they make it scorable by log-probs. An
+            ``int`` judgement with a ``score_range`` of at most 101 values has every integer
+            in it as allowed answers without this. Generation ignores them.
+        anchor_rule: How the log-prob method turns the anchors' probabilities into the score:
+            ``"argmax"`` (default): the most probable anchor, for rubrics whose score is one of
+            the anchors (the ``interactivity`` preset: "use only the values 0, 0.3, 0.7 or 1");
+            ``"expected"``: the probability-weighted mean of the anchors, for rubrics that allow
+            values between them (the ``interactivity_paper`` preset: "intermediate values are
+            allowed"); ``float`` judgements only.
 
     Raises:
         ConfigError: Invalid configuration.
@@ -380,9 +445,16 @@ class LLMJudge:
         max_new_tokens: int = 512,
         name: str | None = None,
         response_prefix: str | None = None,
+        method: str = "auto",
+        anchors: Sequence[float] | None = None,
+        anchor_rule: str = "argmax",
     ) -> None:
         self.backend = resolve_policy(backend)
         self.response_prefix = check_prefix(response_prefix)
+        if method not in JUDGE_METHODS:
+            raise ConfigError(f"method must be one of {JUDGE_METHODS}, got {method!r}.")
+        if anchor_rule not in ANCHOR_RULES:
+            raise ConfigError(f"anchor_rule must be one of {ANCHOR_RULES}, got {anchor_rule!r}.")
         if not isinstance(prompt_template, str) or not prompt_template.strip():
             raise ConfigError("prompt_template must be a non-empty str.")
         if score_type not in SCORE_TYPES:
@@ -418,6 +490,60 @@ class LLMJudge:
         self.max_retries = max_retries
         self.max_new_tokens = max_new_tokens
         self.name = name or f"judge({describe(self.backend)})"
+        self.anchors = self._check_anchors(anchors)
+        if anchor_rule == "expected" and not (score_type is float and self.anchors):
+            raise ConfigError(
+                "anchor_rule='expected' gives the mean of the anchors weighted by their "
+                "probabilities, so it needs score_type=float and anchors=(...)."
+            )
+        self.anchor_rule = anchor_rule
+        self.method = method
+        answers = self.allowed_answers
+        scorable = can_score_continuations(self.backend)
+        if method == "logprob" and (answers is None or not scorable):
+            why = (f"a {_type_name(score_type)} judgement has no finite set of allowed answers "
+                   "(give anchors=(...) for a numeric rubric)" if answers is None else
+                   f"the backend {describe(self.backend)} cannot score continuations (API "
+                   "backends cannot; the HF, embedded and vLLM backends can)")
+            raise ConfigError(f"{self.name}: method='logprob' is impossible: {why}. Use method='auto' "
+                              "or 'generate'.")
+        #: Whether :meth:`score_many` compares the allowed answers' log-probs (else it generates).
+        self.uses_logprobs = method != "generate" and answers is not None and scorable
+
+    def _check_anchors(self, anchors: Sequence[float] | None) -> tuple[Any, ...] | None:
+        if anchors is None:
+            return None
+        if self.score_type not in (float, int):
+            raise ConfigError(f"anchors only apply to float or int judgements, not {_type_name(self.score_type)}.")
+        values = tuple(anchors)
+        if not values or not all(isinstance(a, (int, float)) and not isinstance(a, bool)
+                                 and math.isfinite(a) for a in values):
+            raise ConfigError(f"anchors must be a non-empty sequence of finite numbers, got {anchors!r}.")
+        if self.score_type is int and any(float(a) != int(a) for a in values):
+            raise ConfigError(f"anchors of an int judgement must be integers, got {anchors!r}.")
+        values = tuple(int(a) if self.score_type is int else float(a) for a in values)
+        if len({_spell(a) for a in values}) != len(values):
+            raise ConfigError(f"anchors must be distinct, got {anchors!r}.")
+        if self.score_range is not None and not all(self.score_range[0] <= a <= self.score_range[1] for a in values):
+            raise ConfigError(f"every anchor must lie in score_range {list(self.score_range)}, got {anchors!r}.")
+        return values
+
+    @property
+    def allowed_answers(self) -> tuple[Any, ...] | None:
+        """The values the judgement may take, when there is a finite set of them (what the
+        log-prob method compares): ``(True, False)`` for ``bool``, the choices, the anchors, or
+        every integer of a small ``int`` range; ``None`` otherwise."""
+        if self.score_type is bool:
+            return (True, False)
+        if self.score_type == "choice":
+            return self.choices
+        if self.anchors is not None:
+            return self.anchors
+        if self.score_type is int and self.score_range is not None:
+            lo, hi = math.ceil(self.score_range[0]), math.floor(self.score_range[1])
+            if 0 < hi - lo + 1 <= 101:
+                return tuple(range(lo, hi + 1))
+        return None
 
     # -- presets ---------------------------------------------------------------------------
     @classmethod
@@ -427,6 +553,10 @@ class LLMJudge:
         ``prefill=True`` starts the reply with the preset's first score field
         (:data:`JUDGE_PREFILLS`) on backends that can continue it: the verdict then comes before
         any reasoning, which small local models (the embedded model) need to stay in format.
+        It matters for generation only: on backends that score continuations, the presets with
+        allowed answers (``accuracy``, ``answer_match``, both interactivity rubrics) compare the
+        answers' log-probs by default (``method="auto"``; pass ``method="generate"`` to parse
+        generated replies instead).
         """
         if name not in JUDGE_PRESETS:
             from collab_env.errors import did_you_mean
@@ -502,11 +632,32 @@ class LLMJudge:
     async def score_many(self, items: Sequence[Mapping[str, Any]]) -> list[JudgeResult]:
         """Score many items; every attempt sends all pending prompts in one backend call.
 
+        **By generation**: the reply is parsed (:meth:`parse`); an unreadable one is retried.
+
+        **By log-probs** (:attr:`uses_logprobs`): the reply is started for the model as
+        ``{"`` and, for each score key ``k`` and allowed answer ``a``
+        (:attr:`allowed_answers`, spelt as JSON: ``true``, ``"choice"``, ``0.3``), the backend
+        scores the continuations ``k": a,`` and ``k": a}`` (the two ways the value can end,
+        :data:`VALUE_ENDS`). ``P(a)`` for key ``k`` is the sum of those two probabilities,
+        normalised over the allowed answers of ``k`` (the probability of writing ``k":`` is the
+        same for every answer, so it cancels: this equals starting the reply with ``{"k":``
+        and comparing the values). The key's value is the most probable answer (``bool``,
+        ``"choice"``, ``int``, and numeric anchors under ``anchor_rule="argmax"``) or
+        ``sum(P(a) * a)`` (``anchor_rule="expected"``); several keys are averaged as in
+        generation. One backend call scores every item; nothing is generated, so there is
+        nothing to retry. ``result.meta`` holds ``method="logprob"``, ``probabilities``
+        (per key, per answer spelt as in the reply) and ``chosen`` (per key, the most
+        probable answer); ``result.raw`` is the JSON of the most probable answers;
+        ``result.reason`` is empty.
+
         Raises:
             JudgeError: Some item had no readable score after the retries (the message says
                 which and why; the others' results are not returned, since a reward with a
-                hole in it must not be used).
+                hole in it must not be used), or the backend failed to score the answers.
+            FatalPolicyError: The backend's provider rejected the request (not retried).
         """
+        if self.uses_logprobs:
+            return await self._score_by_logprobs(items)
         prompts = [self.build_prompt(**dict(item)) for item in items]
         usage = [{"judge_calls": 0.0, "retries": 0.0} for _ in items]
         errors: list[list[str]] = [[] for _ in items]
@@ -524,7 +675,7 @@ class LLMJudge:
                 outs = await self.backend.act(
                     [add_prefill(prompts[i], self.prefill, "judge-backend") for i in pending],
                     **prefill_sampling(self.prefill, {"temperature": 0, "max_new_tokens": self.max_new_tokens}))
-                _check_batch(outs, len(pending), self.backend)
+                check_batch(outs, len(pending), self.backend)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -552,7 +703,8 @@ class LLMJudge:
                     still.append(i)
                     continue
                 results[i] = JudgeResult(score=score, reason=reason, raw=reply, usage=usage[i],
-                                         faults=len(errors[i]), components=comps)
+                                         faults=len(errors[i]), components=comps,
+                                         meta={"method": "generate"})
             pending = still
         if pending:
             i = pending[0]
@@ -565,7 +717,74 @@ class LLMJudge:
         return list(results)  # type: ignore[arg-type]
 
 
-def _check_batch(outs: Any, n: int, backend: Any) -> None:
+    async def _score_by_logprobs(self, items: Sequence[Mapping[str, Any]]) -> list[JudgeResult]:
+        """The log-prob method of :meth:`score_many`."""
+        prompts = [self.build_prompt(**dict(item)) for item in items]
+        if not prompts:
+            return []
+        answers = self.allowed_answers
+        assert answers is not None  # uses_logprobs guarantees it
+        spellings = [_spell(a) for a in answers]
+        conts = [f'{key}": {sp}{end}' for key in self.score_keys for sp in spellings for end in VALUE_ENDS]
+        observations = [add_prefill(p, LOGPROB_PREFILL, "judge-backend") for p in prompts]
+        try:
+            scored = await self.backend.score_continuations(observations, [conts] * len(observations))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if is_config_problem(exc):
+                raise
+            raise JudgeError(
+                f"{self.name}: the backend {describe(self.backend)} failed to score the allowed "
+                f"answers of {len(items)} item(s): {exc!r:.300}"
+            ) from exc
+        if not isinstance(scored, list) or len(scored) != len(observations) or not all(
+                len(row) == len(conts) for row in scored):
+            raise JudgeError(f"{self.name}: the backend {describe(self.backend)} returned "
+                             f"{scored!r:.200} for {len(observations)} x {len(conts)} continuations.")
+        labels = [sp[1:-1] if isinstance(a, str) else sp for a, sp in zip(answers, spellings, strict=True)]
+        ends = len(VALUE_ENDS)
+        per_key = len(answers) * ends
+        results = []
+        for i, row in enumerate(scored):
+            probabilities: dict[str, dict[str, float]] = {}
+            chosen: dict[str, Any] = {}
+            components: dict[str, Any] = {}
+            for k, key in enumerate(self.score_keys):
+                block = [float(x) for x in row[k * per_key:(k + 1) * per_key]]
+                logps = [_logsumexp(block[a * ends:(a + 1) * ends]) for a in range(len(answers))]
+                if not all(math.isfinite(x) for x in logps):
+                    raise JudgeError(f"{self.name}: item {i}, key {key!r}: the backend gave "
+                                     f"non-finite log-probs {logps} for the answers {labels}.")
+                top = max(logps)
+                weights = [math.exp(x - top) for x in logps]
+                total = sum(weights)
+                probs = [w / total for w in weights]
+                best = max(range(len(answers)), key=lambda a: (probs[a], -a))  # first on ties
+                probabilities[key] = dict(zip(labels, probs, strict=True))
+                chosen[key] = answers[best]
+                if self.anchor_rule == "expected":
+                    components[key] = sum(p * float(a) for p, a in zip(probs, answers, strict=True))
+                else:
+                    components[key] = answers[best]
+            if len(self.score_keys) == 1:
+                score = components[self.score_keys[0]]
+                components = {}
+            else:
+                score = sum(components.values()) / len(components)
+            raw = "{" + ", ".join(f'"{key}": {_spell(v)}' for key, v in chosen.items()) + "}"
+            usage = {"judge_calls": 1.0, "retries": 0.0, "scored_continuations": float(len(conts))}
+            results.append(JudgeResult(
+                score=score, reason="", raw=raw, usage=usage, faults=0, components=components,
+                meta={"method": "logprob", "rule": self.anchor_rule if self.anchors else "argmax",
+                      "probabilities": probabilities, "chosen": chosen},
+            ))
+        return results
+
+
+def check_batch(outs: Any, n: int, backend: Any) -> None:
+    """Raise :class:`PolicyError` unless ``outs`` is a list of ``n`` Completions (what a
+    backend's ``act`` must return for ``n`` observations)."""
     if not isinstance(outs, list) or len(outs) != n or not all(isinstance(c, Completion) for c in outs):
         raise PolicyError(
             f"backend {describe(backend)} must return a list of {n} Completion(s), got {outs!r:.200}."
@@ -736,11 +955,14 @@ JUDGE_PRESETS: dict[str, dict[str, Any]] = {
     # Binary accuracy in one call; fields: problem, conversation, reference.
     "accuracy": dict(prompt_template=ACCURACY_PROMPT, score_type=bool, score_range=None),
     # verl recipe rubric: mean of three anchored parts; field: conversation.
+    # Log-prob judges take the most probable anchor of each part: the rubric allows only these.
     "interactivity": dict(prompt_template=INTERACTIVITY_PROMPT, score_type=float, score_range=(0, 1),
-                          score_keys=("understanding", "clarification", "suggestions")),
-    # Paper's three-anchor scale; field: conversation.
+                          score_keys=("understanding", "clarification", "suggestions"),
+                          anchors=(0, 0.3, 0.7, 1), anchor_rule="argmax"),
+    # Paper's three-anchor scale; field: conversation. Log-prob judges take the expected value
+    # over the anchors: the rubric allows intermediate values.
     "interactivity_paper": dict(prompt_template=INTERACTIVITY_PAPER_PROMPT, score_type=float,
-                                score_range=(0, 1)),
+                                score_range=(0, 1), anchors=(0, 0.5, 1), anchor_rule="expected"),
     # Extract-then-score accuracy, step 1 (fields: problem, conversation) and step 2 (answer, reference).
     "extract_answer": dict(prompt_template=EXTRACT_ANSWER_PROMPT, score_type="text", score_range=None,
                            score_keys=("answer",)),
