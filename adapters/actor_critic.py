@@ -213,6 +213,7 @@ class ActorCriticConfig(TrainerConfig):
                     f"per_device_train_batch_size={self.per_device_train_batch_size}: pass one of them."
                 )
             self.per_device_train_batch_size = items
+            self.train_batch_size = self.rollout_buffer_size
         check_float("critic_learning_rate", self.critic_learning_rate, 0.0, allow_none=True)
         check_float("value_loss_coef", self.value_loss_coef, 0.0)
         check_float("value_clip_range", self.value_clip_range, 0.0, low_open=True, allow_none=True)

@@ -156,7 +156,8 @@ class MAGRPOConfig(TrainerConfig):
     of an epoch is used then. ``None``: one update per batch of ``per_device_train_batch_size``
     items on every node of the batch."""
     train_batch_size: int | None = None
-    """Nodes per optimiser step when ``rollout_buffer_size`` is set (``None``: the buffer size)."""
+    """Nodes per optimiser step when ``rollout_buffer_size`` is set (``None`` becomes the buffer
+    size, as in CoMLRL)."""
     train_micro_batch_size: int = 8
     """Sequences per forward/backward pass (gradients accumulate to the full-batch gradient)."""
     eval_greedy: bool = False
@@ -197,6 +198,8 @@ class MAGRPOConfig(TrainerConfig):
         if self.train_batch_size is not None and self.rollout_buffer_size is None:
             raise ConfigError("train_batch_size splits CoMLRL's rollout buffer: set rollout_buffer_size too "
                               "(or use per_device_train_batch_size for items per update).")
+        if self.rollout_buffer_size is not None and self.train_batch_size is None:
+            self.train_batch_size = self.rollout_buffer_size  # CoMLRL: the whole buffer in one step
         check_int("train_micro_batch_size", self.train_micro_batch_size, 1)
         check_int("eval_pass_k", self.eval_pass_k, 1)
         check_float("eval_pass_threshold", self.eval_pass_threshold)
