@@ -7,22 +7,29 @@
     collab-env check ID [--data-files F]        run the conformance checker on an env
     collab-env play ID [--player P] ...         play one player yourself in the terminal
     collab-env eval ID --policy P=SPEC ...      evaluation run, results to a JSONL file
+    collab-env data --data_files F --output_dir D   CollabLLM RL/SFT/DPO datasets
 
 A policy ``SPEC`` is an alias (``ask-then-answer``, ``answer-at-once``...), ``default`` (the
 spec's default policy for that player) or ``module:Class``. ``--import MODULE`` (before the
 subcommand, repeatable) imports a module first, so environments and policies it registers are
 available: ``collab-env --import my_envs check my-env-v0``.
 
-Exit status: 0 success; 1 a check failed, an evaluation had failed episodes, or ``play`` input
-ended early; 2 a usage or configuration error (one line on stderr, no traceback); 130 Ctrl-C.
-:func:`main` takes ``argv`` and returns the status, so the CLI is testable in-process.
+Exit status: 0 success; 1 a check failed, an evaluation had failed episodes, ``play`` input
+ended early, or ``data`` rejected its rows; 2 a usage or configuration error; 3 a file error (a
+missing input, an output that cannot be written: read-only or pseudo file system, a parent that
+is a file, a folder where a file belongs, no permission, a full disk); 130 Ctrl-C. Errors are one
+line on stderr, with the path and what to do, never a traceback. Commands that write check
+their output path before doing any long work. :func:`main` takes ``argv`` and returns the
+status, so the CLI is testable in-process.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
+import os
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -30,7 +37,7 @@ from typing import Any, TextIO
 
 from collab_env.errors import CollabEnvError, ConfigError, did_you_mean
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "os_error_message"]
 
 PROG = "collab-env"
 
@@ -309,6 +316,111 @@ def _cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _data_output_dir(argv: Sequence[str]) -> str | None:
+    """The ``--output_dir`` (alias ``--local_dir``) that ``collab-env data`` was given, if any."""
+    q = argparse.ArgumentParser(add_help=False)
+    q.add_argument("--output_dir", "--local_dir", dest="output_dir")
+    return q.parse_known_args(list(argv))[0].output_dir
+
+
+def _check_writable_dir(path: str) -> None:
+    """Create ``path`` and write a probe file in it, so an unwritable output folder fails before
+    the work that would fill it (OSError, reported by :func:`main`)."""
+    import tempfile
+
+    folder = os.path.expanduser(path)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ConfigError(f"--output_dir {folder} is a file; give a folder (it is created if missing).")
+    os.makedirs(folder, exist_ok=True)
+    with tempfile.TemporaryFile(dir=folder):
+        pass
+
+
+def _cmd_data(argv: Sequence[str]) -> int:
+    from collab_env.tasks.collabllm_data import main as data_main
+
+    if not any(a in ("-h", "--help") for a in argv):
+        out_dir = _data_output_dir(argv)
+        if out_dir:
+            _check_writable_dir(out_dir)
+    try:
+        return data_main(list(argv))
+    except SystemExit as exc:  # its --help or a usage error: argparse already printed
+        return exc.code if isinstance(exc.code, int) else 0
+
+
+#: Per errno: what went wrong, and what to do about it.
+_OS_FIXES: dict[int, tuple[str, str]] = {
+    errno.ENOENT: ("no such file or folder",
+                   "check the path: an input must exist, an output must go in a folder that exists "
+                   "or can be created (pseudo file systems such as /proc and /sys take no new files)"),
+    errno.ENOTDIR: ("a part of the path is a file, not a folder",
+                    "choose a path whose parent folders are folders"),
+    errno.EISDIR: ("is a folder, where a file is needed", "give the path of a file inside it"),
+    errno.EEXIST: ("already exists", "remove it or choose another path"),
+    errno.EACCES: ("permission denied", "choose a path you may use, or change its permissions"),
+    errno.EPERM: ("operation not permitted", "choose a path you may use, or change its permissions"),
+    errno.EROFS: ("read-only file system", "choose a path on a writable file system"),
+    errno.ENOSPC: ("no space left on the device", "free some space or write to another disk"),
+    errno.EDQUOT: ("disk quota exceeded", "free some space or write to another disk"),
+    errno.EIO: ("input/output error (a disk or network file system fault)",
+                "check the device, then run the command again"),
+    errno.ENAMETOOLONG: ("file name too long", "use a shorter path"),
+    errno.EMFILE: ("too many open files", "raise the limit (ulimit -n) or lower --concurrency"),
+    errno.ENFILE: ("too many open files in the system", "close other programs or lower --concurrency"),
+}
+_NETWORK_FIX = "check the server's address, that it is running and reachable, then run the command again"
+
+
+def os_error_message(exc: OSError) -> str:
+    """One line for an OS or I/O error: the path, what went wrong, and the fix."""
+    default = _NETWORK_FIX if isinstance(exc, (ConnectionError, TimeoutError)) else \
+        "check the path and the disk, then run the command again"
+    what, fix = _OS_FIXES.get(exc.errno or -1, (None, default))
+    what = what or exc.strerror or (str(exc) if str(exc) else type(exc).__name__)
+    paths = [os.fsdecode(f) for f in (exc.filename, exc.filename2) if f is not None]
+    where = " -> ".join(paths)
+    text = f"{where}: {what}" if where else what
+    return " ".join(f"{text}; {fix}.".split())
+
+
+class _Output:
+    """The stream commands print to; an OS error writing it names it (a full disk behind
+    ``> file``, a closed pipe), since such errors carry no file name of their own."""
+
+    def __init__(self, stream: TextIO, name: str = "standard output") -> None:
+        self.stream = stream
+        self.name = name
+
+    def _named(self, exc: OSError) -> OSError:
+        if exc.filename is None:
+            exc.filename = self.name
+        return exc
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError as exc:
+            raise self._named(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError as exc:
+            raise self._named(exc) from None
+
+
+def _drop_stdout(out: _Output) -> None:
+    """After a failed write to the process's stdout, point it at /dev/null so the interpreter's
+    final flush does not fail a second time with a traceback."""
+    if out.stream is not sys.stdout:
+        return
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor behind sys.stdout
+        pass
+
+
 # ---------------------------------------------------------------------------------------------
 # Parser and entry point
 # ---------------------------------------------------------------------------------------------
@@ -382,39 +494,39 @@ def main(argv: list[str] | None = None, *, stdin: TextIO | None = None,
     ``stdin``/``stdout`` default to the process's streams (tests may pass their own).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["data"]:  # its own parser (collab_env.tasks.collabllm_data)
-        from collab_env.tasks.collabllm_data import main as data_main
-
-        try:
-            return data_main(argv[1:])
-        except SystemExit as exc:
-            return exc.code if isinstance(exc.code, int) else 0
     parser = build_parser()
+    args: argparse.Namespace | None = None
+    out = _Output(stdout or sys.stdout)
+    # Every command's errors end here: one line on stderr, never a traceback.
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help or a usage error: argparse already printed
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    out = stdout or sys.stdout
-    try:
+        if argv[:1] == ["data"]:  # its own parser (collab_env.tasks.collabllm_data)
+            return _cmd_data(argv[1:])
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help or a usage error: argparse already printed
+            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
         for mod in args.imports:
             try:
                 importlib.import_module(mod)
             except ImportError as exc:
                 raise ConfigError(f"--import {mod}: {exc}") from exc
-        if args.command == "list":
-            return _cmd_list(args, out)
-        if args.command == "info":
-            return _cmd_info(args, out)
-        if args.command == "check":
-            return _cmd_check(args, out)
-        if args.command == "play":
-            return _cmd_play(args, out, stdin or sys.stdin)
-        if args.command == "eval":
-            return _cmd_eval(args, out)
-        parser.error(f"unknown command {args.command!r}")  # unreachable: argparse checks
+        commands = {"list": lambda: _cmd_list(args, out), "info": lambda: _cmd_info(args, out),
+                    "check": lambda: _cmd_check(args, out), "eval": lambda: _cmd_eval(args, out),
+                    "play": lambda: _cmd_play(args, out, stdin or sys.stdin)}
+        status = commands[args.command]()
+        out.flush()  # a full disk or a closed pipe behind stdout shows here, not at exit
+        return status
     except CollabEnvError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (``collab-env list | head``): stop quietly, as Unix tools do.
+        _drop_stdout(out)
+        return 141
+    except OSError as exc:
+        _drop_stdout(out)
+        print(f"{PROG}: error: {os_error_message(exc)}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         hint = ""
         if getattr(args, "command", None) == "eval" and getattr(args, "out", None):

@@ -38,6 +38,7 @@ Resume
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import math
 import os
@@ -69,6 +70,7 @@ __all__ = [
     "EvalSummary",
     "Comparison",
     "failures_path",
+    "prepare_output_file",
     "policy_ref",
     "choose_policies",
     "load_policy",
@@ -339,6 +341,8 @@ async def aevaluate(
         raise ConfigError(f"concurrency must be an int >= 1, got {concurrency!r}.")
     if resume and out is None:
         raise ConfigError("resume=True needs the result file to resume: pass out=<path> (--out).")
+    if out is not None:  # before any env, policy or model is built: a bad path fails at once
+        prepare_output_file(out)
     s = spec(env_id)
     env_kwargs = dict(env_kwargs or {})
     sampling = {p: dict(kw) for p, kw in (sampling or {}).items()}
@@ -446,6 +450,28 @@ def load_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     ``episode_id``, ``status`` and ``run`` describe where it belongs.
     """
     return [rec for _, rec in _parse_lines(Path(path), strict=True)]
+
+
+def prepare_output_file(path: str | os.PathLike[str]) -> Path:
+    """Make sure results can be appended to ``path`` before any work starts: create its folder
+    and open it for appending (an existing file is left as it is; a new one is created empty).
+
+    Raises:
+        ConfigError: ``path`` is a folder.
+        OSError: The folder cannot be created or the file cannot be written (a read-only or
+            pseudo file system such as ``/proc``, a parent that is a file, no permission, a full
+            disk); the ``collab-env`` command reports it on one line with the path.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"--out {path} is a folder; give a file path such as {path / 'results.jsonl'}.")
+    existing = next((d for d in path.parents if d.exists()), None)
+    if existing is not None and not existing.is_dir():  # mkdir would only say "exists"
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8"):
+        pass
+    return path
 
 
 def failures_path(out: str | os.PathLike[str]) -> Path:

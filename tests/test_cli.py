@@ -254,3 +254,114 @@ def test_data_subcommand_writes_the_rl_dataset(tmp_path, capsys):
     assert main(["data", "--data_files", str(data), "--mode", "rl", "--output_dir", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "rl_train.parquet").exists()
     assert main(["data", "--mode", "nonsense", "--data_files", str(data), "--output_dir", str(tmp_path)]) != 0
+
+
+# ---------------------------------------------------------------------------------------------
+# OS and I/O errors: one line with the path and a fix, exit status 3 (2 for a misused path)
+# ---------------------------------------------------------------------------------------------
+def one_line_error(capsys):
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_eval_output_under_proc_fails_before_any_work(capsys):
+    # The policy cannot even be imported: the output path is checked before it is loaded.
+    rc, out = run(["eval", "hidden-facts", "--policy", "assistant=no_such_module:Nope", "--episodes", "2",
+                   "--out", "/proc/x.jsonl", "--no-progress"])
+    err = one_line_error(capsys)
+    assert rc == 3 and out == ""
+    assert "/proc/x.jsonl: no such file or folder" in err and "pseudo file systems" in err
+
+
+def test_eval_output_paths(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    base = ["eval", "hidden-facts", "--policy", "assistant=tests._eval_helpers:MustNotRun", "--episodes", "1",
+            "--no-progress"]
+    rc, _ = run(base + ["--out", str(blocker / "sub" / "r.jsonl")])  # a parent is a regular file
+    err = one_line_error(capsys)
+    assert rc == 3 and f"{blocker / 'sub' / 'r.jsonl'}: a part of the path is a file, not a folder" in err
+    for extra in ([], ["--resume"]):  # a folder given as the result file
+        rc, _ = run(base + ["--out", str(tmp_path)] + extra)
+        err = one_line_error(capsys)
+        assert rc == 2 and f"--out {tmp_path} is a folder" in err and str(tmp_path / "results.jsonl") in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing was written
+
+
+def test_missing_or_misplaced_input_files(tmp_path, capsys):
+    missing = tmp_path / "missing.jsonl"
+    for argv in (["check", "collabllm-math-hard", "--data-files", str(missing)],
+                 ["play", "collabllm-math-hard", "--data-files", str(missing)],
+                 ["eval", "collabllm-math-hard", "--episodes", "1", "--data-files", str(missing)],
+                 ["check", "collabllm-math-hard", "--data-files", "/proc/none.jsonl"]):
+        rc, _ = run(argv)
+        err = one_line_error(capsys)
+        assert rc == 2 and ("missing.jsonl" in err or "/proc/none.jsonl" in err), (argv, err)
+    rc = main(["data", "--data_files", str(missing), "--output_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 1 and str(missing) in err and "Traceback" not in err
+
+
+def test_data_output_dir_is_checked_before_the_rows_are_read(tmp_path, capsys):
+    from tests.collabllm_fixtures import write_collabllm_fixture
+
+    data = write_collabllm_fixture(tmp_path / "rows.jsonl", n=4)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    rc = main(["data", "--data_files", str(data), "--output_dir", "/proc/collab-out"])
+    assert rc == 3 and "/proc/collab-out: no such file or folder" in one_line_error(capsys)
+    rc = main(["data", "--data_files", str(data), "--local_dir", str(blocker / "out")])
+    assert rc == 3 and f"{blocker / 'out'}: a part of the path is a file" in one_line_error(capsys)
+    rc = main(["data", "--data_files", str(data), "--output_dir", str(blocker)])
+    assert rc == 2 and f"--output_dir {blocker} is a file" in one_line_error(capsys)
+    # A missing input with an unwritable output: the output is reported first (checked first).
+    rc = main(["data", "--data_files", str(tmp_path / "none.jsonl"), "--output_dir", "/proc/collab-out"])
+    assert rc == 3 and "/proc/collab-out" in one_line_error(capsys)
+
+
+class FullDisk(io.StringIO):
+    """A stdout on a full disk."""
+
+    def write(self, text):
+        raise OSError(28, "No space left on device")
+
+
+def test_list_info_check_on_a_full_stdout(capsys):
+    for argv in (["list"], ["info", "hidden-facts"], ["check", "hidden-facts", "--cycles", "1"]):
+        rc = main(argv, stdout=FullDisk())
+        err = one_line_error(capsys)
+        assert rc == 3 and "standard output: no space left on the device; free some space" in err, argv
+
+
+def test_os_error_messages_name_the_path_and_a_fix():
+    from collab_env.cli import os_error_message
+
+    assert os_error_message(IsADirectoryError(21, "Is a directory", "/data")) == \
+        "/data: is a folder, where a file is needed; give the path of a file inside it."
+    assert os_error_message(PermissionError(13, "Permission denied", "/root/r.jsonl")) == \
+        "/root/r.jsonl: permission denied; choose a path you may use, or change its permissions."
+    assert os_error_message(OSError(30, "Read-only file system", "/mnt/ro/r.jsonl")) == \
+        "/mnt/ro/r.jsonl: read-only file system; choose a path on a writable file system."
+    assert os_error_message(OSError(5, "Input/output error", "/d/r.jsonl")) == \
+        "/d/r.jsonl: input/output error (a disk or network file system fault); check the device, then run the command again."
+    assert os_error_message(OSError(18, "Invalid cross-device link", "/a", None, "/b")) == \
+        "/a -> /b: Invalid cross-device link; check the path and the disk, then run the command again."
+    assert "check the server's address" in os_error_message(ConnectionResetError(104, "Connection reset by peer"))
+
+
+def test_io_errors_as_a_process_have_no_traceback(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "collab_env.cli", "eval", "hidden-facts", "--policy",
+                          "assistant=ask-then-answer", "--episodes", "1", "--out", "/proc/x.jsonl"],
+                         capture_output=True, text=True, timeout=60, cwd=REPO, env=subprocess_env())
+    assert res.returncode == 3 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines() == [
+        "collab-env: error: /proc/x.jsonl: no such file or folder; check the path: an input must exist, an "
+        "output must go in a folder that exists or can be created (pseudo file systems such as /proc and "
+        "/sys take no new files)."]
+    if Path("/dev/full").exists():
+        with open("/dev/full", "w") as full:
+            res = subprocess.run([sys.executable, "-m", "collab_env.cli", "list"], stdout=full,
+                                 stderr=subprocess.PIPE, text=True, timeout=60, cwd=REPO, env=subprocess_env())
+        assert res.returncode == 3 and "Traceback" not in res.stderr and "Exception ignored" not in res.stderr
+        assert "standard output: no space left on the device" in res.stderr

@@ -290,13 +290,13 @@ def test_actor_critic_checkpoint_is_safe_and_resumes_bit_for_bit(tiny_dir, tmp_p
 
 
 def test_critic_trap_is_refused(tiny_dir, tmp_path):
-    trainer = _iac(tiny_dir, tmp_path / "a", critic_type="head")
+    trainer = _iac(tiny_dir, tmp_path / "a")
     ckpt = trainer.save_checkpoint(tmp_path / "ckpt")
     marker, raw, zipped = trap_files(tmp_path)
     (ckpt / "critic_0.json").unlink()
     (ckpt / "critic_0.safetensors").unlink()
     (ckpt / "critic_0.pt").write_bytes(zipped)
-    fresh = _iac(tiny_dir, tmp_path / "b", critic_type="head")
+    fresh = _iac(tiny_dir, tmp_path / "b")
     with pytest.raises(ConfigError, match="old pickle format"):
         fresh.load_checkpoint(ckpt)
     (ckpt / "critic_0.pt").unlink()
