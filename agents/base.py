@@ -45,8 +45,9 @@ class ContinuationScorer(Protocol):
     :data:`PREFILL`); prompt + continuation are tokenised together (see
     :func:`continuation_token_ids`), so a continuation that merges with the prompt's last
     characters into one token is scored correctly. A backend that cannot do this (an API
-    model through litellm) simply lacks the method; callers check with
-    :func:`can_score_continuations`.
+    model through litellm) simply lacks the method; an instance of a class that has it but
+    cannot use it (a vLLM engine started with LoRA) sets ``scores_continuations = False``.
+    Callers check with :func:`can_score_continuations`.
     """
 
     async def score_continuations(
@@ -55,8 +56,9 @@ class ContinuationScorer(Protocol):
 
 
 def can_score_continuations(backend: Any) -> bool:
-    """Whether ``backend`` implements :class:`ContinuationScorer`."""
-    return isinstance(backend, ContinuationScorer)
+    """Whether ``backend`` implements :class:`ContinuationScorer` and can use it (its
+    ``scores_continuations`` attribute, when it has one, is true)."""
+    return isinstance(backend, ContinuationScorer) and bool(getattr(backend, "scores_continuations", True))
 
 
 def check_continuations(observations: Sequence[Any], continuations: Sequence[Sequence[str]]) -> None:

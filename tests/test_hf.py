@@ -407,3 +407,71 @@ def test_a_prefilled_reply_is_continued_not_reopened(tiny):
     assert text.endswith('<|im_start|>assistant\n{"score":')  # no end-of-turn, no new turn
     plain = policy.prompt_ids(chat("hello"))
     assert tok.decode(plain).endswith("<|im_start|>assistant\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring given continuations (the log-prob judges' capability)
+# ---------------------------------------------------------------------------------------------
+def by_hand(model, tok, prompt_text: str, continuations, start: int) -> list[float]:
+    """Sum of log p(token | prefix) over the tokens of prompt + continuation from ``start``,
+    each from one plain forward pass over the whole sequence (no cache, no batch)."""
+    out = []
+    for c in continuations:
+        row = tok(prompt_text + c, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([row])).logits[0].float(), dim=-1)
+        out.append(sum(float(logp[k - 1, row[k]]) for k in range(start, len(row))))
+    return out
+
+
+# float32, a KV-cached batched pass vs one plain pass: each log-prob agrees to ~1e-6 (other
+# reduction orders), and a continuation sums at most ~30 of them.
+SCORE_ATOL = 1e-4
+
+
+def test_score_continuations_equals_a_direct_forward_pass(tiny):
+    from collab_env.agents.base import add_prefill, can_score_continuations
+
+    model, tok = tiny
+    policy = HFPolicy(model, tok, device="cpu")
+    assert can_score_continuations(policy)
+    plain = chat("The capital of France?")
+    # A prefilled reply that stops mid-word: its continuations merge with it into other tokens.
+    pre = add_prefill(chat("The capital of France?"), "The capi", "assistant")
+    conts = [["Paris", " Rome", "\n", "tal of France is Paris."], ["tal", "pe", " x"]]
+    calls = []
+    real = model.forward
+    model.forward = lambda *a, **kw: calls.append(kw["input_ids"].shape) or real(*a, **kw)
+    got = run_sync(policy.score_continuations([plain, pre], conts))
+    # Per prompt: one pass over the prompt, one batched pass over all its continuations.
+    assert len(calls) == 4 and calls[1][0] == 4 and calls[3][0] == 3
+    assert policy.stats.scoring_calls == 1 and policy.stats.scored_continuations == 7
+    model.forward = real
+
+    plain_text = tok.apply_chat_template(plain.to_chat(), tokenize=False, add_generation_prompt=True)
+    plain_len = len(tok(plain_text, add_special_tokens=False)["input_ids"])
+    assert got[0] == pytest.approx(by_hand(model, tok, plain_text, conts[0], plain_len), abs=SCORE_ATOL)
+
+    pre_text = tok.apply_chat_template(pre.to_chat(), tokenize=False, continue_final_message=True)
+    assert pre_text.endswith("The capi")
+    pre_ids = tok(pre_text, add_special_tokens=False)["input_ids"]
+    rows = [tok(pre_text + c, add_special_tokens=False)["input_ids"] for c in conts[1]]
+    # Where the first continuation's ids leave the prompt's: before the prompt's end (merged).
+    shared = min(next((k for k in range(len(pre_ids)) if k >= len(r) or r[k] != pre_ids[k]), len(pre_ids))
+                 for r in rows)
+    assert shared < len(pre_ids)
+    assert got[1] == pytest.approx(by_hand(model, tok, pre_text, conts[1], shared), abs=SCORE_ATOL)
+    # A continuation is never more likely than its own prefix (every log-prob is <= 0).
+    whole, part = run_sync(policy.score_continuations([plain, plain], [["The capital"], ["The"]]))
+    assert whole[0] <= part[0] + SCORE_ATOL
+
+
+def test_score_continuations_rejects_bad_arguments(tiny):
+    model, tok = tiny
+    policy = HFPolicy(model, tok, device="cpu")
+    with pytest.raises(ConfigError, match="one list of continuations per observation"):
+        run_sync(policy.score_continuations([chat("a")], [["x"], ["y"]]))
+    for bad in ([], [""], "abc"):
+        with pytest.raises(ConfigError, match="non-empty list of non-empty strings"):
+            run_sync(policy.score_continuations([chat("a")], [bad]))
+    assert run_sync(policy.score_continuations([], [])) == []

@@ -302,3 +302,171 @@ def test_the_format_template_is_not_a_verdict():
     with pytest.raises(CollabEnvError, match="no readable score"):
         run(judge.score(text="x"))
     assert simple_judge(FakeJudgeLLM(["Score: 0.8\nbecause"])).parse("Score: 0.8\nbecause")[0] == 0.8
+
+
+# ---------------------------------------------------------------------------------------------
+# Log-prob judging
+# ---------------------------------------------------------------------------------------------
+import math  # noqa: E402
+
+from collab_env.agents.judges import VALUE_ENDS  # noqa: E402
+from collab_env.errors import FatalPolicyError, PolicyError  # noqa: E402
+
+
+class FakeScorer(FakeJudgeLLM):
+    """A backend that scores continuations by a table of probabilities (continuations missing
+    from the table get probability 1e-12); it also generates, to show which path ran."""
+
+    def __init__(self, probs, replies=()):
+        super().__init__(list(replies))
+        self.probs = probs
+        self.scored: list[tuple[list[Conversation], list[list[str]]]] = []
+
+    async def score_continuations(self, observations, continuations):
+        self.scored.append((list(observations), [list(c) for c in continuations]))
+        return [tuple(math.log(self.probs.get(c, 1e-12)) for c in conts) for conts in continuations]
+
+
+def test_logprob_bool_judgement_by_hand():
+    # P(true) = 0.3 + 0.3 (either ending), P(false) = 0.1 + 0.3: normalised 0.6 / 0.4.
+    backend = FakeScorer({'score": true,': 0.3, 'score": true}': 0.3, 'score": false,': 0.1, 'score": false}': 0.3})
+    judge = simple_judge(backend, score_type=bool, score_range=None)
+    assert judge.uses_logprobs and judge.allowed_answers == (True, False)
+    r = run(judge.score(text="x"))
+    assert r.score is True and r.faults == 0 and r.reason == "" and r.raw == '{"score": true}'
+    assert r.meta["method"] == "logprob"
+    assert r.meta["probabilities"]["score"] == pytest.approx({"true": 0.6, "false": 0.4})
+    assert r.meta["chosen"] == {"score": True}
+    assert r.usage["judge_calls"] == 1 and r.usage["scored_continuations"] == 4
+    assert backend.calls == []  # nothing generated
+    [obs], [conts] = backend.scored[0]
+    assert conts == ['score": true,', 'score": true}', 'score": false,', 'score": false}']
+    assert obs[-1].role == "assistant" and obs[-1].content == '{"' and obs[-1].meta["prefill"]
+    assert "Rate this: x" in obs[-2].content
+    assert VALUE_ENDS == (",", "}")
+
+
+def test_logprob_anchors_argmax_and_expected_by_hand():
+    probs = {'score": 0,': 0.1, 'score": 0.3}': 0.2, 'score": 0.7,': 0.25, 'score": 0.7}': 0.05, 'score": 1}': 0.4}
+    # Normalised over the anchors: 0 -> 0.1, 0.3 -> 0.2, 0.7 -> 0.3, 1 -> 0.4.
+    argmax = simple_judge(FakeScorer(probs), anchors=(0, 0.3, 0.7, 1))
+    r = run(argmax.score(text="x"))
+    assert r.score == 1.0 and r.raw == '{"score": 1}'
+    assert r.meta["probabilities"]["score"] == pytest.approx({"0": 0.1, "0.3": 0.2, "0.7": 0.3, "1": 0.4})
+    expected = simple_judge(FakeScorer(probs), anchors=(0, 0.3, 0.7, 1), anchor_rule="expected")
+    r = run(expected.score(text="x"))
+    assert r.score == pytest.approx(0.1 * 0 + 0.2 * 0.3 + 0.3 * 0.7 + 0.4 * 1)  # 0.67
+    assert r.meta["chosen"] == {"score": 1.0} and r.meta["rule"] == "expected"
+
+
+def test_logprob_several_keys_and_choices_and_int_ranges():
+    # verl interactivity preset: argmax per part, then the mean of the parts.
+    probs = {'understanding": 1,': 0.9, 'understanding": 0.7,': 0.1,
+             'clarification": 0.3,': 0.6, 'clarification": 0,': 0.4,
+             'suggestions": 0.7}': 0.5, 'suggestions": 1}': 0.2}
+    backend = FakeScorer(probs)
+    judge = LLMJudge.preset("interactivity", backend)
+    assert judge.uses_logprobs and judge.anchor_rule == "argmax"
+    rs = run(judge.score_many([{"conversation": "a"}, {"conversation": "b"}]))
+    assert len(backend.scored) == 1 and len(backend.scored[0][0]) == 2  # one call, one prompt per item
+    for r in rs:
+        assert r.components == {"understanding": 1.0, "clarification": 0.3, "suggestions": 0.7}
+        assert r.score == pytest.approx((1 + 0.3 + 0.7) / 3)
+        assert r.meta["probabilities"]["clarification"]["0.3"] == pytest.approx(0.6, abs=1e-9)
+    paper = LLMJudge.preset("interactivity_paper", FakeScorer({'score": 0.5,': 0.5, 'score": 1}': 0.5}))
+    assert paper.anchor_rule == "expected"
+    assert run(paper.score(conversation="a")).score == pytest.approx(0.75)
+    choice = simple_judge(FakeScorer({'score": "b",': 0.7, 'score": "a"}': 0.3}), score_type="choice",
+                          choices=["a", "b", "c"], score_range=None)
+    r = run(choice.score(text="x"))
+    assert r.score == "b" and r.meta["probabilities"]["score"]["c"] == pytest.approx(0, abs=1e-9)
+    ints = simple_judge(FakeScorer({'score": 4,': 1.0}), score_type=int, score_range=(1, 5))
+    assert ints.allowed_answers == (1, 2, 3, 4, 5)
+    assert run(ints.score(text="x")).score == 4
+
+
+def test_method_choice_and_fallbacks():
+    scorer = FakeScorer({'score": true}': 1.0}, replies=['{"score": false}'])
+    assert not simple_judge(scorer, score_type=bool, score_range=None, method="generate").uses_logprobs
+    r = run(simple_judge(scorer, score_type=bool, score_range=None, method="generate").score(text="x"))
+    assert r.score is False and r.meta["method"] == "generate"
+    # A float judgement without anchors, and text, have no allowed answers: they generate.
+    assert not simple_judge(scorer).uses_logprobs
+    assert not LLMJudge.preset("extract_answer", scorer).uses_logprobs
+    # A backend that cannot score (an API model) generates under "auto"; "logprob" is refused.
+    assert not simple_judge(FakeJudgeLLM([]), score_type=bool, score_range=None).uses_logprobs
+    with pytest.raises(ConfigError, match="cannot score continuations"):
+        simple_judge(FakeJudgeLLM([]), score_type=bool, score_range=None, method="logprob")
+    with pytest.raises(ConfigError, match="no finite set of allowed answers"):
+        simple_judge(scorer, method="logprob")
+    with pytest.raises(ConfigError, match="method"):
+        simple_judge(scorer, method="sample")
+    with pytest.raises(ConfigError, match="anchor_rule='expected'"):
+        simple_judge(scorer, score_type=int, score_range=(1, 5), anchor_rule="expected")
+    with pytest.raises(ConfigError, match="score_range"):
+        simple_judge(scorer, anchors=(0, 2))
+    with pytest.raises(ConfigError, match="distinct"):
+        simple_judge(scorer, anchors=(0.5, 0.50))
+    with pytest.raises(ConfigError, match="only apply"):
+        simple_judge(scorer, score_type=bool, score_range=None, anchors=(0, 1))
+
+
+def test_logprob_backend_failures():
+    class Broken(FakeScorer):
+        def __init__(self, exc):
+            super().__init__({})
+            self.exc = exc
+
+        async def score_continuations(self, observations, continuations):
+            raise self.exc
+
+    judge = simple_judge(Broken(RuntimeError("out of memory")), score_type=bool, score_range=None)
+    with pytest.raises(JudgeError, match="out of memory"):
+        run(judge.score(text="x"))
+    judge = simple_judge(Broken(FatalPolicyError("rejected")), score_type=bool, score_range=None)
+    with pytest.raises(FatalPolicyError):
+        run(judge.score(text="x"))
+
+
+def test_fatal_backend_error_is_not_retried_by_a_generating_judge():
+    class Rejecting(FakeJudgeLLM):
+        async def act(self, observations, **sampling):
+            self.calls.append((list(observations), dict(sampling)))
+            raise FatalPolicyError("401 AuthenticationError: Incorrect API key provided")
+
+    backend = Rejecting([])
+    with pytest.raises(FatalPolicyError, match="Incorrect API key"):
+        run(simple_judge(backend, max_retries=3).score(text="x"))
+    assert len(backend.calls) == 1
+    assert issubclass(FatalPolicyError, PolicyError)
+
+
+def test_logprob_judge_on_the_tiny_model_equals_a_direct_computation(tiny_dir):
+    """The judge's probabilities against a forward pass written out here: the rubric prompt with
+    the reply started as '{"', each answer followed by ',' or '}', normalised over the answers."""
+    torch = pytest.importorskip("torch")
+    from collab_env.agents.hf import HFPolicy
+    from tests.tiny_model import load_tiny_chat_model
+
+    model, tok = load_tiny_chat_model(tiny_dir)
+    judge = simple_judge(HFPolicy(model, tok, device="cpu"), score_type=bool, score_range=None)
+    assert judge.uses_logprobs
+    r = run(judge.score(text="The capital of France is Paris."))
+    prompt = judge.build_prompt(text="The capital of France is Paris.")
+    text = tok.apply_chat_template(prompt.to_chat() + [{"role": "assistant", "content": '{"'}],
+                                   tokenize=False, continue_final_message=True)
+    base = tok(text, add_special_tokens=False)["input_ids"]
+    mass = {}
+    for answer in ("true", "false"):
+        total = 0.0
+        for end in (",", "}"):
+            row = tok(text + f'score": {answer}{end}', add_special_tokens=False)["input_ids"]
+            assert row[:len(base)] == base  # nothing merges with the '{"' here
+            with torch.no_grad():
+                logp = torch.log_softmax(model(torch.tensor([row])).logits[0].float(), dim=-1)
+            total += math.exp(sum(float(logp[k - 1, row[k]]) for k in range(len(base), len(row))))
+        mass[answer] = total
+    p_true = mass["true"] / (mass["true"] + mass["false"])
+    # float32 log-probs summed over ~6 tokens, then exponentiated: relative error ~1e-5.
+    assert r.meta["probabilities"]["score"]["true"] == pytest.approx(p_true, rel=1e-4, abs=1e-6)
+    assert r.score is (p_true > 0.5)

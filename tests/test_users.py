@@ -12,7 +12,7 @@ import pytest
 import collab_env
 from collab_env.agents.scripted import FixedTextPolicy
 from collab_env.agents.users import LLMUserSimulator, parse_user_reply, read_goal
-from collab_env.errors import ConfigError, PolicyError
+from collab_env.errors import ConfigError, FatalPolicyError, PolicyError
 from collab_env.rollout import run_episode
 from collab_env.tasks.hidden_facts import AskThenAnswer
 from collab_env.types import FAULT, Completion, Conversation, Message
@@ -267,6 +267,22 @@ def test_configuration_errors_of_the_backend_are_not_retried():
     backend = RaisingLLM(ConfigError("bad model name"))
     with pytest.raises(ConfigError, match="bad model name"):
         act(LLMUserSimulator(backend, max_retries=3), [user_view()])
+    assert backend.calls == 1
+
+
+@pytest.mark.parametrize("on_failure", ["truncate", "raise"])
+def test_rejected_requests_stop_at_once_instead_of_a_truncation(on_failure):
+    # A missing or invalid key (FatalPolicyError) fails every later request too: neither
+    # retried nor turned into a counted FAULT completion.
+    backend = RaisingLLM(FatalPolicyError("401 AuthenticationError: Incorrect API key provided"))
+    with pytest.raises(FatalPolicyError, match="Incorrect API key"):
+        act(LLMUserSimulator(backend, max_retries=3, on_failure=on_failure), [user_view()])
+    assert backend.calls == 1
+    env = collab_env.make("hidden-facts")
+    backend = RaisingLLM(FatalPolicyError("401 AuthenticationError: Incorrect API key provided"))
+    with pytest.raises(FatalPolicyError):
+        run_episode(env, {"assistant": AskThenAnswer(), "user": LLMUserSimulator(backend, on_failure=on_failure)},
+                    seed=0)
     assert backend.calls == 1
 
 
