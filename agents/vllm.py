@@ -25,6 +25,13 @@ limit), ``max_new_tokens`` -> ``max_tokens`` (clipped to the room left in ``max_
 ``stop``, ``seed``. A seeded call gives every observation its own seed derived from
 ``(seed, index)``, so ``act([obs] * 8, seed=s)`` draws eight different, reproducible samples.
 
+Both also *score* given continuations (:meth:`VLLMPolicy.score_continuations`, the
+:class:`~collab_env.agents.base.ContinuationScorer` capability that log-prob judges use): each
+prompt + candidate is one request with ``max_tokens=1`` and ``prompt_logprobs=0``, whose prompt
+log-probs (the model's raw distribution) give the candidate's tokens' log-probs; every candidate
+of a call goes to the engine in one batch. Not on an engine started with LoRA (vLLM 0.32's LoRA
+logits path fails on prompt log-probs): ``scores_continuations`` is then false.
+
 Prefix caching is on by default (multi-turn episodes resend the same conversation prefix at
 every turn). LoRA: ``lora_path=`` serves one adapter for every call; ``act(...,
 lora_request=...)`` picks one per call (a ``vllm.lora.request.LoRARequest``, an adapter
@@ -61,7 +68,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from collab_env.agents.base import SamplingParams, chat_template_mode
+from collab_env.agents.base import (
+    SamplingParams,
+    chat_template_mode,
+    check_continuations,
+    continuation_token_ids,
+)
 from collab_env.errors import ConfigError, MissingDependencyError, PolicyError
 from collab_env.types import Completion, Conversation
 
@@ -120,6 +132,7 @@ class VLLMStats:
 
     requests: int = 0
     engine_calls: int = 0
+    scored_continuations: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -127,6 +140,13 @@ class VLLMStats:
 
     def to_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in asdict(self).items()}
+
+
+@dataclass
+class _ScoreJob:
+    """Token id lists whose prompt log-probs the worker thread computes (one engine call)."""
+
+    rows: list[list[int]]
 
 
 class _VLLMBase:
@@ -202,16 +222,97 @@ class _VLLMBase:
     def max_model_len(self) -> int:
         return int(self._engine.model_config.max_model_len)
 
-    def prompt_ids(self, observation: Conversation) -> list[int]:
-        """The prompt token ids of one observation: its chat template encoding with the
-        generation prompt (exactly what ``Completion.prompt_token_ids`` holds)."""
+    def prompt_text(self, observation: Conversation) -> str:
+        """The prompt of one observation as text: its chat template rendering with the
+        generation prompt (or the prefilled reply to continue, left open)."""
         chat = observation.to_chat()
         if self.system_prompt is not None and not any(m["role"] == "system" for m in chat):
             chat = [{"role": "system", "content": self.system_prompt}, *chat]
-        tok = self.tokenizer
-        text = tok.apply_chat_template(chat, tokenize=False, **chat_template_mode(observation))
+        return self.tokenizer.apply_chat_template(chat, tokenize=False, **chat_template_mode(observation))
+
+    def prompt_ids(self, observation: Conversation) -> list[int]:
+        """The prompt token ids of one observation: its chat template encoding with the
+        generation prompt (exactly what ``Completion.prompt_token_ids`` holds)."""
         # The template already writes any BOS token, so the tokenizer must not add another.
-        return list(tok(text, add_special_tokens=False)["input_ids"])
+        return list(self.tokenizer(self.prompt_text(observation), add_special_tokens=False)["input_ids"])
+
+    # -- scoring given continuations ----------------------------------------------------------
+    @property
+    def scores_continuations(self) -> bool:
+        """Whether :meth:`score_continuations` works on this engine: not when it was started
+        with LoRA (``lora_path`` or ``enable_lora``), since vLLM's LoRA logits path (0.32)
+        fails on prompt log-probs. Log-prob judges then fall back to generation."""
+        return not self.engine_kwargs.get("enable_lora")
+
+    async def score_continuations(
+        self, observations: Sequence[Conversation], continuations: Sequence[Sequence[str]]
+    ) -> list[tuple[float, ...]]:
+        """For each observation, the log-probability of each of its candidate continuations.
+
+        ``result[i][j]`` is the sum of the model's log-probs of the tokens of
+        ``continuations[i][j]`` after the prompt of ``observations[i]`` (:meth:`prompt_text`;
+        a prefilled reply is continued), read from vLLM's prompt log-probs of the request
+        prompt + continuation (tokenised together, see
+        :func:`~collab_env.agents.base.continuation_token_ids`). All requests of the call go
+        to the engine together.
+
+        Raises:
+            ConfigError: Not one non-empty list of non-empty strings per observation, or the
+                engine runs LoRA (see :attr:`scores_continuations`).
+            PolicyError: The chat template or the engine failed, or a request does not fit
+                ``max_model_len``.
+        """
+        check_continuations(observations, continuations)
+        if not self.scores_continuations:
+            raise ConfigError(
+                f"{self.name}: this engine was started with LoRA, and vLLM cannot compute prompt "
+                "log-probs through its LoRA logits path; score with an engine without "
+                "enable_lora/lora_path (judges fall back to generation on this one)."
+            )
+        if not observations:
+            return []
+        try:
+            jobs = [continuation_token_ids(self.tokenizer, self.prompt_text(obs), list(conts))
+                    for obs, conts in zip(observations, continuations, strict=True)]
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise PolicyError(f"{self.name}: applying the chat template failed: {exc!r}") from exc
+        rows = [row for job_rows, _ in jobs for row in job_rows]
+        limit = self.max_model_len
+        longest = max(len(r) for r in rows)
+        if longest > limit:
+            raise PolicyError(
+                f"{self.name}: a prompt + continuation has {longest} tokens but max_model_len is "
+                f"{limit}; shorten the conversation or raise engine_kwargs['max_model_len']."
+            )
+        outs = await self._prompt_logprobs(rows)
+        results: list[tuple[float, ...]] = []
+        k = 0
+        for job_rows, start in jobs:
+            scores = []
+            for row in job_rows:
+                plp = outs[k]
+                k += 1
+                if plp is None or len(plp) != len(row):
+                    raise PolicyError(f"{self.name}: vLLM returned no prompt log-probs for a "
+                                      f"{len(row)}-token request.")
+                scores.append(sum(float(plp[j][row[j]].logprob) for j in range(start, len(row))))
+            results.append(tuple(scores))
+        self.stats.scored_continuations += len(rows)
+        return results
+
+    def _scoring_params(self) -> Any:
+        """Sampling parameters of a scoring request: one throwaway token, the log-prob of every
+        prompt token (``prompt_logprobs=0``: the actual token's only)."""
+        vllm = _vllm()
+        return vllm.SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=0, max_tokens=1,
+                                   prompt_logprobs=0, detokenize=False,
+                                   output_kind=vllm.sampling_params.RequestOutputKind.FINAL_ONLY)
+
+    async def _prompt_logprobs(self, rows: list[list[int]]) -> list[Any]:
+        """``RequestOutput.prompt_logprobs`` of each token list (run by the engine)."""
+        raise NotImplementedError
 
     def _requests(self, observations: Sequence[Conversation], sampling: Mapping[str, Any]):
         """``(prompt ids, vllm.SamplingParams, LoRARequest | None, seed)`` per observation."""
@@ -414,9 +515,25 @@ class VLLMPolicy(_VLLMBase):
         n = len(requests)
         return [self._completion(o, req, n) for o, req in zip(outs, requests, strict=True)]
 
+    async def _prompt_logprobs(self, rows: list[list[int]]) -> list[Any]:
+        if self._closed:
+            raise PolicyError(f"{self.name}: the policy was closed.")
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((_ScoreJob(rows), fut))  # the worker thread owns the engine
+        return await asyncio.wrap_future(fut)
+
+    def _run_score_job(self, job: _ScoreJob) -> list[Any]:
+        t0 = time.perf_counter()
+        params = self._scoring_params()
+        outs = self._engine.generate([{"prompt_token_ids": r} for r in job.rows], [params] * len(job.rows),
+                                     use_tqdm=False)
+        self.stats.generate_seconds += time.perf_counter() - t0
+        self.stats.engine_calls += 1
+        return [o.prompt_logprobs for o in outs]
+
     def _serve(self) -> None:
         """Worker thread: take every waiting request (waiting ``max_wait_ms`` after the first),
-        run them as one batch, resolve their futures; repeat."""
+        run them as one batch, resolve their futures; repeat. Scoring jobs run on their own."""
         while True:
             item = self._queue.get()
             if item is None:
@@ -434,6 +551,14 @@ class VLLMPolicy(_VLLMBase):
                     break
                 batch.append(nxt)
             batch = [(req, fut) for req, fut in batch if fut.set_running_or_notify_cancel()]
+            for job, fut in [(r, f) for r, f in batch if isinstance(r, _ScoreJob)]:
+                try:
+                    fut.set_result(self._run_score_job(job))
+                except BaseException as exc:  # the waiter learns about it; the worker goes on
+                    err = PolicyError(f"{self.name}: vLLM scoring failed: {exc!r}")
+                    err.__cause__ = exc
+                    fut.set_exception(err)
+            batch = [(req, fut) for req, fut in batch if not isinstance(req, _ScoreJob)]
             if not batch:
                 continue
             try:
@@ -559,6 +684,35 @@ class AsyncVLLMPolicy(_VLLMBase):
         finally:
             self.stats.generate_seconds += time.perf_counter() - t0
         return [self._completion(o, req, n) for o, req in zip(outs, requests, strict=True)]
+
+    async def _prompt_logprobs(self, rows: list[list[int]]) -> list[Any]:
+        if self._closed:
+            raise PolicyError(f"{self.name}: the policy was closed.")
+        params = self._scoring_params()
+
+        async def one(row: list[int]) -> Any:
+            final = None
+            async for out in self._engine.generate({"prompt_token_ids": row}, params,
+                                                   f"{self.name}-score-{next(self._ids)}"):
+                final = out
+            if final is None or not final.finished:
+                raise PolicyError(f"{self.name}: vLLM returned no final output for a scoring request.")
+            return final.prompt_logprobs
+
+        async def run() -> list[Any]:
+            self.stats.engine_calls += 1
+            t0 = time.perf_counter()
+            try:
+                return list(await asyncio.gather(*(one(r) for r in rows)))
+            except PolicyError:
+                raise
+            except Exception as exc:
+                raise PolicyError(f"{self.name}: vLLM scoring failed: {exc!r}") from exc
+            finally:
+                self.stats.generate_seconds += time.perf_counter() - t0
+
+        fut = asyncio.run_coroutine_threadsafe(run(), self._loop)
+        return await asyncio.wrap_future(fut)
 
     async def _one(self, req: tuple) -> Any:
         ids, sp, lora, _ = req
