@@ -205,3 +205,36 @@ def test_llm_user_simulator_on_the_embedded_model_records_and_replays(embedded_e
     replayed = run_episode(collab_env.make("hidden-facts", max_steps=6),
                            players(_Unloaded("embedded"), "replay"), seed=0)
     assert replayed.to_dict() == recorded.to_dict()
+
+
+@pytest.mark.slow
+@needs_weights
+def test_embedded_log_prob_judges_never_fail_to_parse(embedded_env):
+    """The embedded model as accuracy and interactivity judge on one hidden-facts conversation of
+    each kind (asked or not, right or wrong by rule): every verdict comes from the answers'
+    log-probs, with no retry and no parse failure (benchmarks/bench_judge_logprob.py runs 50)."""
+    from collab_env.agents.embedded import EmbeddedPolicy
+    from collab_env.agents.judges import LLMJudge
+    from tests.judge_conversations import KINDS, judged_conversations
+
+    convs = judged_conversations(len(KINDS))
+    assert {(c.kind, c.correct, c.asked) for c in convs} == {
+        ("ask-correct", True, True), ("ask-wrong", False, True),
+        ("direct-correct", True, False), ("direct-wrong", False, False)}
+    backend = EmbeddedPolicy(device="cpu")
+    accuracy = LLMJudge.preset("accuracy", backend)
+    interactivity = LLMJudge.preset("interactivity", backend)
+    assert accuracy.uses_logprobs and interactivity.uses_logprobs  # the default on local models
+    acc = asyncio.run(accuracy.score_many(
+        [dict(problem=c.problem, conversation=c.conversation, reference=c.reference) for c in convs]))
+    inter = asyncio.run(interactivity.score_many([dict(conversation=c.conversation) for c in convs]))
+    for a, i in zip(acc, inter, strict=True):
+        assert a.faults == 0 and i.faults == 0 and a.usage["retries"] == 0
+        assert a.meta["method"] == i.meta["method"] == "logprob"
+        p = a.meta["probabilities"]["score"]
+        assert p["true"] + p["false"] == pytest.approx(1.0) and a.score is (p["true"] > p["false"])
+        assert set(i.components) == {"understanding", "clarification", "suggestions"}
+        assert all(v in (0, 0.3, 0.7, 1) for v in i.components.values())
+        assert i.score == pytest.approx(sum(i.components.values()) / 3)
+    print("P(true):", [round(a.meta["probabilities"]["score"]["true"], 3) for a in acc],
+          "interactivity:", [round(i.score, 3) for i in inter])

@@ -430,3 +430,18 @@ def test_response_prefix_is_continued_by_local_backends():
     plain = FakeLLM([reply_json("ok then")])
     assert act(LLMUserSimulator(plain, response_prefix=RESPONSE_PREFIX),
                [user_view(("assistant", "Hello!"), goal=collab_goal())])[0].text == "ok then"
+
+
+def test_multiturn_reward_stops_on_a_rejected_simulator_request():
+    # Without FatalPolicyError each future would count a fault and the reward end in a
+    # RewardError; a rejected key fails every future alike, so it surfaces as it is.
+    from collab_env.rewards.mr import MultiturnAwareReward
+
+    backend = RaisingLLM(FatalPolicyError("401 AuthenticationError: Incorrect API key provided"))
+    env = MultiturnAwareReward(collab_env.make("hidden-facts"),
+                               policies={"assistant": AskThenAnswer(), "user": LLMUserSimulator(backend)},
+                               weights={"token_amount": -1e-4}, num_rollouts=3)
+    env.reset(seed=0)
+    with pytest.raises(FatalPolicyError, match="Incorrect API key"):
+        env.step({"assistant": "How many apples do you need?"})
+    assert 1 <= backend.calls <= 3  # at most one request per concurrent future, never a retry

@@ -137,6 +137,7 @@ from typing import Any, Literal
 
 from collab_env.errors import (
     ConfigError,
+    FatalPolicyError,
     JudgeError,
     PolicyError,
     RewardError,
@@ -425,8 +426,8 @@ class MetricSet:
             try:
                 return await self.metrics[m](conversations[r], item, start=start, **ctx)
             except _FAULT_ERRORS as exc:
-                if self.on_fault == "raise":
-                    raise
+                if self.on_fault == "raise" or isinstance(exc, FatalPolicyError):
+                    raise  # a rejected request (no API key...) fails every future alike
                 return exc
 
         results = await asyncio.gather(*(one(r, m) for r, m in jobs))
@@ -729,8 +730,8 @@ class MultiturnAwareReward(EnvWrapper):
         try:
             comp = (await act_for([p], {p: obs}, self.policies, self.sampling, seed))[p]
         except PolicyError as exc:
-            if self.metric_set.on_fault == "raise":
-                raise
+            if self.metric_set.on_fault == "raise" or isinstance(exc, FatalPolicyError):
+                raise  # a rejected request (no API key...) fails every future alike
             return None, {"stage": "policy", "player": p, "error": str(exc)[:500]}
         if comp.is_fault:
             err = f"policy of {p!r} gave up: {comp.meta.get('fault', '')}"
