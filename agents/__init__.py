@@ -1,11 +1,19 @@
 """Policies: what produces the players' messages (installed as ``collab_env.agents``).
 
 One small async protocol, :class:`Policy`: ``await policy.act(observations, **sampling)``
-returns one :class:`~collab_env.types.Completion` per observation. Backends live one per file
+returns one :class:`~collab_env.types.Completion` per observation. Local backends also score
+given continuations (:class:`ContinuationScorer`), which log-prob judges use. Backends live one per file
 and import their heavy dependencies lazily.
 """
 
-from collab_env.agents.base import POLICY_ALIASES, Policy, SamplingParams, resolve_policy
+from collab_env.agents.base import (
+    POLICY_ALIASES,
+    ContinuationScorer,
+    Policy,
+    SamplingParams,
+    can_score_continuations,
+    resolve_policy,
+)
 from collab_env.agents.cache import CachedPolicy, ResponseCache
 from collab_env.agents.judges import JudgeResult, LLMJudge
 from collab_env.agents.litellm import ConcurrencyLimiter, LiteLLMPolicy
@@ -18,6 +26,8 @@ __all__ = [
     "SamplingParams",
     "resolve_policy",
     "POLICY_ALIASES",
+    "ContinuationScorer",
+    "can_score_continuations",
     "ScriptedPolicy",
     "FixedTextPolicy",
     "CallablePolicy",
