@@ -73,6 +73,8 @@ __all__ = [
     "is_config_problem",
     "JUDGE_METHODS",
     "ANCHOR_RULES",
+    "VALUE_ENDS",
+    "LOGPROB_PREFILL",
     "JUDGE_PRESETS",
     "JUDGE_PREFILLS",
     "ACCURACY_PROMPT",
