@@ -6,7 +6,9 @@ embedded SmolLM2-135M-Instruct with the ``accuracy`` preset (bool) and the ``int
 preset (three anchored parts, 0/0.3/0.7/1). By default (``method="auto"``) the judges compare
 the log-probs of the allowed answers (see ``collab_env.agents.judges``); nothing is generated,
 so nothing can fail to parse. ``--baseline`` also runs the same judges by generation (greedy,
-reply prefilled with the score field, 2 retries), the way small local judges worked before.
+reply prefilled with the score field, 2 retries), the way small local judges worked before, on
+the first ``--baseline-items`` conversations (one at a time, so that a failure is counted per
+item; generation with retries costs ~20 times the log-prob method here).
 
 Reported per method and judge: items judged, parse failures (items whose judge raised
 ``JudgeError``, plus items that needed a retry), wall time; for accuracy the agreement with the
@@ -15,7 +17,7 @@ P(true) on correct and on wrong answers and the AUC of P(true) against the rule;
 interactivity the mean score of conversations where the assistant asked and where it did not.
 
 Usage: python benchmarks/bench_judge_logprob.py [--items 50] [--batch 10] [--baseline]
-           [--out benchmarks/results/judge_logprob_embedded.json]
+           [--baseline-items 12] [--out benchmarks/results/judge_logprob_embedded.json]
 """
 
 from __future__ import annotations
@@ -61,6 +63,10 @@ async def judge_all(judge, items: list[dict], batch: int) -> tuple[list, int, fl
         try:
             results.extend(await judge.score_many(chunk))
         except JudgeError:
+            if len(chunk) == 1:
+                results.append(None)
+                errors += 1
+                continue
             # One unreadable item fails its batch: judge the items one by one to count them.
             for it in chunk:
                 try:
@@ -137,14 +143,16 @@ async def run(args) -> dict:
     methods = ["logprob"] + (["generate"] if args.baseline else [])
     for method in methods:
         kw = {"method": method}
+        n, batch = len(convs), args.batch
         if method == "generate":  # the reply starts with the score field; short replies suffice
             kw.update(prefill=True, max_new_tokens=args.max_new_tokens)
+            n, batch = min(args.baseline_items, n), 1
         acc_judge = LLMJudge.preset("accuracy", backend, **kw)
         inter_judge = LLMJudge.preset("interactivity", backend, **kw)
         assert acc_judge.uses_logprobs == (method == "logprob") == inter_judge.uses_logprobs
-        acc, acc_err, acc_s = await judge_all(acc_judge, acc_items, args.batch)
-        inter, inter_err, inter_s = await judge_all(inter_judge, inter_items, args.batch)
-        summary = summarise(method, convs, acc, acc_err, acc_s, inter, inter_err, inter_s)
+        acc, acc_err, acc_s = await judge_all(acc_judge, acc_items[:n], batch)
+        inter, inter_err, inter_s = await judge_all(inter_judge, inter_items[:n], batch)
+        summary = summarise(method, convs[:n], acc, acc_err, acc_s, inter, inter_err, inter_s)
         runs.append(summary)
         a, b = summary["accuracy_judge"], summary["interactivity_judge"]
         print(f"[{method}] accuracy: {a['parse_failures']}/{a['items']} parse failures, "
@@ -171,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--items", type=int, default=50)
     ap.add_argument("--batch", type=int, default=10, help="items per score_many call")
     ap.add_argument("--baseline", action="store_true", help="also judge by generation + parsing")
+    ap.add_argument("--baseline-items", type=int, default=12, help="conversations judged by the baseline")
     ap.add_argument("--max-new-tokens", type=int, default=48, help="reply length of the generation baseline")
     ap.add_argument("--out", default="benchmarks/results/judge_logprob_embedded.json")
     args = ap.parse_args(argv)
