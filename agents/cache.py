@@ -19,6 +19,17 @@ Keys
     prompt asked twice under different seeds (the rollout passes ``seed + step``) is stored twice;
     without a seed, identical requests share one entry, as they should for a deterministic run.
 
+Scoring
+    :meth:`CachedPolicy.score_continuations` exists on every cached policy, and
+    :func:`~collab_env.agents.base.can_score_continuations` of a cached policy is that of its
+    backend (or the ``scoring=`` argument), so a judge on a cached local model scores by
+    log-probs as it would on the bare model. Each observation's scores are one entry of the
+    ``scores`` table, keyed by SHA-256 of (key version, ``"score"``, model name, the messages'
+    ``(role, content)`` pairs, whether the last one is a prefill, the continuations in order);
+    the value is the JSON list of floats, which reads back bit for bit (JSON writes a float's
+    shortest repr). Misses in replay mode raise :class:`CacheMissError`, as for ``act``. Files
+    recorded before this table existed gain it on first use; their responses are untouched.
+
 What is stored
     ``Completion.to_dict()`` as JSON. A hit returns that completion unchanged, ``usage`` included
     (the cost of producing it when it was recorded), and a miss in record mode returns the same
@@ -52,11 +63,19 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from collab_env.agents.base import Policy, SamplingParams, describe, resolve_policy
+from collab_env.agents.base import (
+    Policy,
+    SamplingParams,
+    can_score_continuations,
+    check_continuations,
+    describe,
+    is_prefilled,
+    resolve_policy,
+)
 from collab_env.errors import CacheMissError, ConfigError, PolicyError
 from collab_env.types import Completion, Conversation
 
-__all__ = ["ResponseCache", "CachedPolicy", "CacheMissError", "request_key", "KEY_VERSION"]
+__all__ = ["ResponseCache", "CachedPolicy", "CacheMissError", "request_key", "score_key", "KEY_VERSION"]
 
 #: Bump when the key recipe changes (old recordings then miss instead of matching wrongly).
 KEY_VERSION = 1
@@ -71,6 +90,20 @@ CREATE TABLE IF NOT EXISTS responses (
     created    REAL NOT NULL
 )
 """
+
+# A separate table (not a key namespace in ``responses``): files recorded before scoring was
+# cached keep their layout and gain this table on first use.
+_SCORES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS scores (
+    key     TEXT PRIMARY KEY,
+    model   TEXT NOT NULL,
+    request TEXT NOT NULL,
+    scores  TEXT NOT NULL,
+    created REAL NOT NULL
+)
+"""
+_COLUMNS = {"responses": ["key", "model", "request", "completion", "created"],
+            "scores": ["key", "model", "request", "scores", "created"]}
 
 
 def _canonical_sampling(sampling: Mapping[str, Any]) -> dict[str, Any]:
@@ -97,6 +130,26 @@ def request_key(model: str, observation: Conversation, sampling: Mapping[str, An
     """Stable hex key of one request (see the module docstring)."""
     payload = json.dumps(request_payload(model, observation, sampling), sort_keys=True,
                          ensure_ascii=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(payload.encode("ascii")).hexdigest()
+
+
+def score_payload(model: str, observation: Conversation, continuations: Sequence[str]) -> dict[str, Any]:
+    """The JSON-friendly scoring request that :func:`score_key` hashes (stored next to the scores)."""
+    return {
+        "v": KEY_VERSION,
+        "kind": "score",
+        "model": model,
+        "messages": [[m.role, m.content] for m in observation],
+        # A prefilled reply is continued, a plain final assistant message is not: other prompts.
+        "prefill": is_prefilled(observation),
+        "continuations": list(continuations),
+    }
+
+
+def score_key(model: str, observation: Conversation, continuations: Sequence[str]) -> str:
+    """Stable hex key of scoring ``continuations`` after one observation (see the module docstring)."""
+    payload = json.dumps(score_payload(model, observation, continuations), sort_keys=True,
+                         ensure_ascii=True, separators=(",", ":"))
     return hashlib.sha256(payload.encode("ascii")).hexdigest()
 
 
@@ -151,7 +204,8 @@ class ResponseCache:
             conn.execute("PRAGMA journal_mode = WAL")  # the first read of the file's header
             conn.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: durable at checkpoints, fast
             conn.execute(_SCHEMA)
-            columns = [row[1] for row in conn.execute("PRAGMA table_info(responses)")]
+            conn.execute(_SCORES_SCHEMA)
+            columns = {t: [row[1] for row in conn.execute(f"PRAGMA table_info({t})")] for t in _COLUMNS}
         except sqlite3.DatabaseError as exc:
             if conn is not None:
                 conn.close()
@@ -160,10 +214,11 @@ class ResponseCache:
                 "written by ResponseCache, in a folder you can write. Pass the cache you recorded, or a "
                 "new path to record into."
             ) from exc
-        if columns != ["key", "model", "request", "completion", "created"]:
-            conn.close()
-            raise ConfigError(f"{str(self.path)!r} is a SQLite file, but not a response cache (its responses "
-                              f"table has columns {columns}); pass the cache you recorded, or a new path.")
+        for table, want in _COLUMNS.items():
+            if columns[table] != want:
+                conn.close()
+                raise ConfigError(f"{str(self.path)!r} is a SQLite file, but not a response cache (its {table} "
+                                  f"table has columns {columns[table]}); pass the cache you recorded, or a new path.")
         self._conn, self._pid = conn, os.getpid()
         return conn
 
@@ -231,6 +286,55 @@ class ResponseCache:
         self.stats["writes"] += 1
         return stored
 
+    def get_scores(self, key: str, n: int) -> tuple[float, ...] | None:
+        """The stored scores for ``key`` (``n`` floats), or ``None``.
+
+        Raises:
+            ConfigError: The entry is damaged or holds another number of scores than ``n`` (a
+                key collision is not credible: the key covers the continuations).
+        """
+        with self._lock:
+            row = self._connect().execute("SELECT scores FROM scores WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            self.stats["misses"] += 1
+            return None
+        self.stats["hits"] += 1
+        return self._scores(key, row[0], n)
+
+    def put_scores(self, key: str, request: Mapping[str, Any], scores: Sequence[float]) -> tuple[float, ...]:
+        """Store ``scores`` under ``key`` (unless some are stored already); return the stored
+        scores (the first writer's, when another process stored the key first)."""
+        values = [float(x) for x in scores]
+        text = json.dumps(values)  # repr of each float: read back bit for bit
+        req = json.dumps(request, sort_keys=True, ensure_ascii=True)
+        with self._lock:
+            conn = self._connect()
+            cur = conn.execute(
+                "INSERT OR IGNORE INTO scores (key, model, request, scores, created) VALUES (?, ?, ?, ?, ?)",
+                (key, str(request.get("model", "")), req, text, time.time()),
+            )
+            if cur.rowcount == 0:
+                row = conn.execute("SELECT scores FROM scores WHERE key = ?", (key,)).fetchone()
+                return self._scores(key, row[0], len(values))
+        self.stats["writes"] += 1
+        return tuple(values)
+
+    def _scores(self, key: str, text: str, n: int) -> tuple[float, ...]:
+        try:
+            values = json.loads(text)
+            if (not isinstance(values, list) or len(values) != n
+                    or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in values)):
+                raise ValueError(f"expected a list of {n} numbers, got {text[:80]!r}")
+        except ValueError as exc:
+            raise ConfigError(f"response cache {str(self.path)!r}: the scores for key {key} are damaged ({exc}); "
+                              "record them again into a new cache file.") from exc
+        return tuple(float(x) for x in values)
+
+    def num_scores(self) -> int:
+        """How many scoring entries (one per observation scored) the file holds."""
+        with self._lock:
+            return int(self._connect().execute("SELECT COUNT(*) FROM scores").fetchone()[0])
+
     def __contains__(self, key: object) -> bool:
         with self._lock:
             return self._connect().execute("SELECT 1 FROM responses WHERE key = ?", (key,)).fetchone() is not None
@@ -258,11 +362,19 @@ class CachedPolicy:
             when it is a string, as on the litellm backend, else its ``name``). Set it explicitly when the replaying backend differs from the
             recording one.
         name: Name for logs (default ``cached(<name_for_key>)``).
+        scoring: Whether :meth:`score_continuations` is usable (what
+            :func:`~collab_env.agents.base.can_score_continuations` says of this policy).
+            ``None`` (default): as the backend. ``True`` lets a replay behind a stand-in backend
+            that cannot score (never called in replay mode) answer the log-prob judgements a
+            local model recorded; outside replay mode it needs a backend that can score.
+
+    Raises:
+        ConfigError: ``scoring=True`` outside replay mode with a backend that cannot score.
     """
 
     def __init__(self, backend: Policy | str, cache: ResponseCache | str | os.PathLike[str], *,
                  mode: Literal["record", "replay", "off"] | None = None, name_for_key: str | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, scoring: bool | None = None) -> None:
         self.backend = resolve_policy(backend)
         if isinstance(cache, ResponseCache):
             if mode is not None and mode != cache.mode:
@@ -277,12 +389,26 @@ class CachedPolicy:
         # Named after the key's model, not the backend object: a replay (whose backend may be
         # a stub) then reports the same policy name as the recording.
         self.name = name or f"cached({self.name_for_key})"
+        backend_scores = can_score_continuations(self.backend)
+        if scoring and not backend_scores and self.cache.mode != "replay":
+            raise ConfigError(
+                f"scoring=True, but the backend {describe(self.backend)} cannot score continuations and "
+                f"the cache is in {self.cache.mode!r} mode, where misses call it. Use a local backend "
+                "(HF, embedded, vLLM), or leave scoring=None."
+            )
+        self._scoring = backend_scores if scoring is None else bool(scoring)
 
     @property
     def supports_prefill(self) -> bool:
         """As the backend: prompts (and so cache keys) are built the same way when recording
         and when replaying with the same kind of backend."""
         return bool(getattr(self.backend, "supports_prefill", False))
+
+    @property
+    def scores_continuations(self) -> bool:
+        """Whether :meth:`score_continuations` is usable: as the backend unless ``scoring=``
+        said otherwise (read by :func:`~collab_env.agents.base.can_score_continuations`)."""
+        return self._scoring
 
     def __repr__(self) -> str:
         return f"CachedPolicy({describe(self.backend)!r}, {self.cache!r})"
@@ -317,4 +443,52 @@ class CachedPolicy:
                                   f"{len(misses)} observation(s).")
             for i, out in zip(misses, outs, strict=True):
                 results[i] = cache.put(keys[i], payloads[i], out)
+        return list(results)  # type: ignore[arg-type]
+
+    async def score_continuations(
+        self, observations: Sequence[Conversation], continuations: Sequence[Sequence[str]]
+    ) -> list[tuple[float, ...]]:
+        """The backend's log-probs of the continuations (see
+        :class:`~collab_env.agents.base.ContinuationScorer`), from the cache where recorded;
+        the misses in one backend call. Values come back exactly as the backend gave them.
+
+        Raises:
+            ConfigError: This policy cannot score (:attr:`scores_continuations` is false), or
+                the continuations are malformed.
+            CacheMissError: Replay mode, and a scoring request was never recorded.
+        """
+        check_continuations(observations, continuations)
+        if not self._scoring:
+            raise ConfigError(
+                f"{self.name}: the backend {describe(self.backend)} cannot score continuations (API "
+                "backends cannot; the HF, embedded and vLLM backends can). Check "
+                "can_score_continuations(policy) first, as judges do."
+            )
+        cache = self.cache
+        if cache.mode == "off":
+            return await self.backend.score_continuations(observations, continuations)
+        conts = [list(c) for c in continuations]
+        payloads = [score_payload(self.name_for_key, o, c) for o, c in zip(observations, conts, strict=True)]
+        keys = [score_key(self.name_for_key, o, c) for o, c in zip(observations, conts, strict=True)]
+        results: list[tuple[float, ...] | None] = [cache.get_scores(k, len(c)) for k, c in zip(keys, conts, strict=True)]
+        misses = [i for i, r in enumerate(results) if r is None]
+        if misses and cache.mode == "replay":
+            i = misses[0]
+            last = observations[i][-1].content if len(observations[i]) else ""
+            raise CacheMissError(
+                f"replay cache {str(cache.path)!r} has no scores for {len(misses)} scoring request(s) of "
+                f"{self.name_for_key!r}; first key {keys[i]} (last message {last[:80]!r}, "
+                f"{len(conts[i])} continuation(s) starting {conts[i][0][:40]!r}). Record it by running "
+                f"the same evaluation with ResponseCache({str(cache.path)!r}, mode='record') on a backend "
+                "that scores continuations, with the same name_for_key and prompts."
+            )
+        if misses:
+            outs = await self.backend.score_continuations([observations[i] for i in misses],
+                                                          [conts[i] for i in misses])
+            if not isinstance(outs, list) or len(outs) != len(misses) or not all(
+                    len(row) == len(conts[i]) for i, row in zip(misses, outs, strict=True)):
+                raise PolicyError(f"backend {describe(self.backend)} returned {outs!r:.200} when scoring "
+                                  f"{len(misses)} observation(s).")
+            for i, row in zip(misses, outs, strict=True):
+                results[i] = cache.put_scores(keys[i], payloads[i], row)
         return list(results)  # type: ignore[arg-type]

@@ -230,3 +230,159 @@ def test_recorded_evaluation_replays_identically(tmp_path):
     # Recording again hits the cache for every request.
     again = CountingLLM(_user_reply)
     assert _episodes(path, "record", again) == recorded and again.calls == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring continuations (log-prob judges): recorded, replayed bit for bit, mirrored
+# ---------------------------------------------------------------------------------------------
+class ScriptedScorer:
+    """A scoring backend whose log-probs are a function of (prompt, continuation); counts calls."""
+
+    name = "scripted-scorer"
+
+    def __init__(self):
+        self.calls = 0
+        self.rows = 0
+
+    async def act(self, observations, **sampling):
+        raise AssertionError("a scoring test must not generate")
+
+    async def score_continuations(self, observations, continuations):
+        self.calls += 1
+        self.rows += len(observations)
+        # Floats whose shortest repr has 17 digits: exactness of the round-trip is visible.
+        return [tuple(-(len(o[-1].content) + k) / 3.0 - 0.1 for k, _ in enumerate(conts))
+                for o, conts in zip(observations, continuations, strict=True)]
+
+
+def test_cached_policy_scores_exactly_when_its_backend_can(tmp_path):
+    from collab_env.agents.base import can_score_continuations
+
+    scorer = CachedPolicy(ScriptedScorer(), tmp_path / "a.sqlite")
+    assert can_score_continuations(scorer) and scorer.scores_continuations
+    plain = CachedPolicy(CountingLLM(), tmp_path / "b.sqlite")
+    assert not can_score_continuations(plain)
+    with pytest.raises(ConfigError, match="cannot score continuations"):
+        run(plain.score_continuations([obs("a")], [["x"]]))
+    # A backend that has the method but cannot use it (vLLM with LoRA) is mirrored too.
+    lora = ScriptedScorer()
+    lora.scores_continuations = False
+    assert not can_score_continuations(CachedPolicy(lora, tmp_path / "c.sqlite"))
+    # scoring=True needs a backend that scores, except in replay mode (never called there).
+    with pytest.raises(ConfigError, match="scoring=True"):
+        CachedPolicy(CountingLLM(), tmp_path / "b.sqlite", scoring=True)
+
+
+def test_scores_are_recorded_per_observation_and_replayed_exactly(tmp_path):
+    from collab_env.agents.base import add_prefill
+
+    path = tmp_path / "s.sqlite"
+    backend = ScriptedScorer()
+    rec = CachedPolicy(backend, ResponseCache(path, "record"), name_for_key="m")
+    conts = [["yes", "no"], ["a", "b", "c"]]
+    got = run(rec.score_continuations([obs("hello"), obs("hi")], conts))
+    assert got == [(-5 / 3.0 - 0.1, -6 / 3.0 - 0.1), (-2 / 3.0 - 0.1, -3 / 3.0 - 0.1, -4 / 3.0 - 0.1)]
+    assert backend.calls == 1 and rec.cache.num_scores() == 2 and len(rec.cache) == 0
+    # A hit and a miss in one call: only the miss reaches the backend.
+    again = run(rec.score_continuations([obs("hi"), obs("new")], [["a", "b", "c"], ["z"]]))
+    assert again[0] == got[1] and backend.calls == 2 and backend.rows == 3
+    # The key covers the continuations and whether the last message is a prefill.
+    run(rec.score_continuations([obs("hi")], [["a", "b"]]))
+    pre = add_prefill(obs("hi"), "hi", "judge")
+    run(rec.score_continuations([pre, obs("hi").append(Message(role="assistant", content="hi"))], [["a"], ["a"]]))
+    assert backend.calls == 4 and rec.cache.num_scores() == 6
+
+    rep = CachedPolicy(MustNotBeCalled(), ResponseCache(path, "replay"), name_for_key="m", scoring=True)
+    replayed = run(rep.score_continuations([obs("hello"), obs("hi")], conts))
+    assert [[x.hex() for x in row] for row in replayed] == [[x.hex() for x in row] for row in got]
+    with pytest.raises(CacheMissError, match="no scores for 1 scoring request"):
+        run(rep.score_continuations([obs("hello")], [["yes", "maybe"]]))
+    with pytest.raises(CacheMissError):
+        run(rep.score_continuations([obs("never scored")], [["yes", "no"]]))
+
+
+def test_damaged_scores_are_an_error_naming_the_key(tmp_path):
+    path = tmp_path / "s.sqlite"
+    rec = CachedPolicy(ScriptedScorer(), ResponseCache(path, "record"), name_for_key="m")
+    run(rec.score_continuations([obs("x")], [["a", "b"]]))
+    rec.cache.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE scores SET scores = '[1.0]'")
+    rep = CachedPolicy(MustNotBeCalled(), ResponseCache(path, "replay"), name_for_key="m", scoring=True)
+    with pytest.raises(ConfigError, match="damaged"):
+        run(rep.score_continuations([obs("x")], [["a", "b"]]))
+
+
+def test_a_cache_file_without_the_scores_table_still_replays_and_gains_it(tmp_path):
+    path = tmp_path / "old.sqlite"
+    # A file as recorded before scores were cached: only the responses table.
+    ResponseCache(path, "record").put(request_key("m", obs("q"), {}), {"model": "m"},
+                                      Completion(text="old answer", finish_reason="stop"))
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TABLE scores")
+        assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")] == ["responses"]
+    rep = CachedPolicy(MustNotBeCalled(), ResponseCache(path, "replay"), name_for_key="m", scoring=True)
+    assert run(rep.act([obs("q")]))[0].text == "old answer"
+    with pytest.raises(CacheMissError):
+        run(rep.score_continuations([obs("q")], [["a"]]))
+    assert rep.cache.num_scores() == 0
+
+
+@pytest.fixture
+def tiny_policy(tiny_dir):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from collab_env.agents.hf import HFPolicy
+    from tests.tiny_model import load_tiny_chat_model
+
+    model, tok = load_tiny_chat_model(tiny_dir)
+    return HFPolicy(model, tok, device="cpu", name="tiny")
+
+
+def test_tiny_model_scores_record_then_replay_bit_for_bit(tiny_policy, tmp_path):
+    from collab_env.agents.base import add_prefill, can_score_continuations
+
+    path = tmp_path / "hf.sqlite"
+    observations = [obs("The capital of France?"), add_prefill(obs("2+2?"), '{"score": ', "judge")]
+    conts = [["Paris", " Rome", "\n"], ["true}", "false}"]]
+    direct = run(tiny_policy.score_continuations(observations, conts))
+    rec = CachedPolicy(tiny_policy, ResponseCache(path, "record"))
+    assert rec.name_for_key == "tiny" and can_score_continuations(rec)
+    recorded = run(rec.score_continuations(observations, conts))
+    # The recording is the backend's own output (the same forward passes, the same floats).
+    assert recorded == direct and all(x < 0 for row in recorded for x in row)
+    calls = tiny_policy.stats.scoring_calls
+    assert calls == 2
+    rep = CachedPolicy(tiny_policy, ResponseCache(path, "replay"))
+    replayed = run(rep.score_continuations(observations, conts))
+    assert tiny_policy.stats.scoring_calls == calls  # no backend call in replay
+    assert [[x.hex() for x in r] for r in replayed] == [[x.hex() for x in r] for r in recorded]
+    with pytest.raises(CacheMissError):
+        run(rep.score_continuations([obs("The capital of Italy?")], [["Rome"]]))
+
+
+def test_cached_tiny_judge_scores_by_logprobs_and_replays_the_same_verdict(tiny_policy, tmp_path):
+    from collab_env.agents.judges import LLMJudge
+
+    path = tmp_path / "judge.sqlite"
+
+    def judge(backend):
+        return LLMJudge(backend, prompt_template='Is this correct? {text}\nReply {{"score": true|false}}',
+                        score_type=bool, score_range=None)
+
+    rec_judge = judge(CachedPolicy(tiny_policy, ResponseCache(path, "record")))
+    assert rec_judge.uses_logprobs
+    recorded = run(rec_judge.score(text="2+2=4"))
+    assert recorded.meta["method"] == "logprob" and tiny_policy.stats.generate_calls == 0
+    probs = recorded.meta["probabilities"]["score"]
+    assert set(probs) == {"true", "false"} and abs(sum(probs.values()) - 1) < 1e-9  # normalised
+    calls = tiny_policy.stats.scoring_calls
+    # Replay behind a stand-in that cannot score: scoring=True keeps the log-prob method.
+    rep_judge = judge(CachedPolicy(MustNotBeCalled(), ResponseCache(path, "replay"), name_for_key="tiny",
+                                   scoring=True))
+    assert rep_judge.uses_logprobs
+    replayed = run(rep_judge.score(text="2+2=4"))
+    assert replayed.score == recorded.score and replayed.meta == recorded.meta
+    assert tiny_policy.stats.scoring_calls == calls
+    with pytest.raises(CacheMissError):
+        run(rep_judge.score(text="2+2=5"))
