@@ -26,6 +26,12 @@ Failures
     Keeping failures out of the main file means the main file holds exactly one record per
     finished episode id. A failed episode is retried by the next ``resume=True`` run.
 
+    A request that a provider *rejects* (:class:`~collab_env.errors.FatalPolicyError`: a missing
+    or invalid API key, another 4xx) is not a per-episode failure: every episode would send one
+    doomed request. The run stops at once (no episode starts after it, those in flight are
+    cancelled) and raises a ``FatalPolicyError`` with the provider's message, how many episodes
+    the file holds, and how to fix the key and continue with ``resume=True`` (``--resume``).
+
 Resume
     ``resume=True`` continues the run in ``out``: episode ids already recorded are kept as they
     are (the file is only appended to) and only the missing or failed ones run. A last line cut
@@ -54,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from collab_env.agents.base import POLICY_ALIASES, Policy, describe, resolve_policy
-from collab_env.errors import ConfigError, did_you_mean
+from collab_env.errors import ConfigError, FatalPolicyError, did_you_mean
 from collab_env.registry import EnvSpec, make, spec
 from collab_env.rollout import arun_episodes
 from collab_env.types import Episode
@@ -302,6 +308,8 @@ def evaluate(
         ConfigError: Invalid arguments, a policy that cannot be loaded, an ``out`` file that
             exists without ``resume`` or that belongs to a different run.
         UnknownEnvError: ``env_id`` is not registered.
+        FatalPolicyError: A provider rejected a request (a missing or invalid API key...): the
+            run stopped; the episodes already in ``out`` are kept, ``resume=True`` continues.
     """
     coro = aevaluate(
         env_id, policies, num_episodes=num_episodes, seed=seed, out=out, resume=resume,
@@ -564,10 +572,30 @@ async def _run_jobs(
                 bar.update(1)
                 if result.failures:
                     bar.set_postfix(failed=len(result.failures))
+    except FatalPolicyError as exc:
+        raise _stopped_run(exc, s, result) from exc
     finally:
         bar.close()
         sink.close()
     result.episodes = dict(sorted(result.episodes.items()))
+
+
+def _stopped_run(exc: FatalPolicyError, s: EnvSpec, result: EvalResult) -> FatalPolicyError:
+    """The error that ends an evaluation stopped by a rejected request: the provider's message,
+    what was kept, and how to fix the key and continue."""
+    done = len(result.episodes)
+    if result.out is not None:
+        kept = (f"The {done} finished episode(s) of {result.num_episodes} are kept in {result.out}; after "
+                f"fixing it, run the same command again with --resume (resume=True) to run the other "
+                f"{result.num_episodes - done}.")
+    else:
+        kept = "No result file was given (out=None), so nothing was kept; pass --out to keep finished episodes."
+    return FatalPolicyError(
+        f"evaluation of {s.id} stopped: a policy's provider rejected a request, and every other episode "
+        f"would be rejected the same way. {exc} Fix the credentials: set the provider's API key "
+        "variable (e.g. OPENAI_API_KEY, ANTHROPIC_API_KEY) in the environment, or pass api_key= (and "
+        f"api_base= for a local server) to the policy, or check the model name. {kept}"
+    )
 
 
 class _Sink:

@@ -18,6 +18,10 @@ Three layers, each usable on its own:
     together;
   - results stream out as ``(job, episode)`` pairs in order of completion, a failed episode as
     ``(job, exception)`` (counted in :class:`RolloutStats`, never swallowed);
+  - a :class:`~collab_env.errors.FatalPolicyError` (a provider rejected a request: a missing or
+    invalid API key...) stops the whole run instead: no new episode starts, the episodes in
+    flight are cancelled (and with them their policy calls), and the error is raised once,
+    with the provider's message, after the results that were already done;
   - a tqdm progress bar shows episodes done, failures, episodes in flight and the mean batch.
 
   :class:`collab_env.rollout_ray.RayRolloutEngine` runs the same engine on Ray workers.
@@ -60,7 +64,7 @@ from typing import Any, Literal
 
 from collab_env.agents.base import Policy, add_usage, describe, resolve_policy
 from collab_env.env import CollabEnv
-from collab_env.errors import ConfigError, PolicyError
+from collab_env.errors import ConfigError, FatalPolicyError, PolicyError
 from collab_env.types import Completion, Conversation, Episode, TurnRecord
 
 __all__ = [
@@ -80,12 +84,40 @@ __all__ = [
     "arollout",
     "normalize_jobs",
     "trainable_turns",
+    "fatal_error",
 ]
 
 _USAGE_KEYS = ("model_calls", "prompt_tokens", "completion_tokens", "cost")
 
 #: What a rollout yields: the job (as a dict) and its episode, or the exception that ended it.
 Result = tuple[dict[str, Any], "Episode | BaseException"]
+
+
+def fatal_error(outcome: Any) -> FatalPolicyError | None:
+    """The :class:`~collab_env.errors.FatalPolicyError` behind an episode's outcome, or ``None``.
+
+    ``outcome`` itself when it is one, else the first one in the chain of errors it was raised
+    from or while handling (``__cause__``, then ``__context__``), so a rejected request that a
+    reward or an env wrapped in its own error still stops a run. Episodes and other errors give
+    ``None``.
+    """
+    seen: set[int] = set()
+    exc = outcome
+    while isinstance(exc, BaseException) and id(exc) not in seen:
+        if isinstance(exc, FatalPolicyError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ if exc.__cause__ is not None else (
+            None if exc.__suppress_context__ else exc.__context__)
+    return None
+
+
+def _stopped(fatal: FatalPolicyError, detail: str) -> FatalPolicyError:
+    """``fatal`` with a note saying what the run did when it stopped (raised once, as is)."""
+    note = f"The rollout stopped at this rejected request: {detail}"
+    if note not in getattr(fatal, "__notes__", ()):
+        fatal.add_note(note)
+    return fatal
 
 
 # ---------------------------------------------------------------------------------------------
@@ -500,6 +532,10 @@ class BatchedPolicy:
         if group.timer is not None:
             group.timer.cancel()
             group.timer = None
+        if any(call.future.done() for call in group.pending):
+            # Episodes cancelled while waiting (a stopped run): their requests are not sent.
+            group.pending = deque(call for call in group.pending if not call.future.done())
+            group.size = sum(len(call.observations) for call in group.pending)
         while group.pending and (group.size >= self.max_batch_size or group.timer is None):
             batch: list[_Call] = []
             n = 0
@@ -512,11 +548,20 @@ class BatchedPolicy:
             # The loop keeps only a weak reference to tasks: hold it until the batch is done.
             self._running.add(task)
             task.add_done_callback(self._running.discard)
+            # When every episode of the batch was cancelled (a stopped run), so is the batch:
+            # its requests in flight or still queued in the backend are abandoned.
+            for call in batch:
+                call.future.add_done_callback(lambda _f, t=task, b=batch: self._abandon(t, b))
             if group.pending and group.size < self.max_batch_size:
                 # The rest arrived later than the batch just sent: give it its own wait.
                 group.first_arrival = loop.time()
                 group.timer = loop.call_at(group.first_arrival + self.max_wait_ms / 1000.0,
                                            self._dispatch, loop, group)
+
+    @staticmethod
+    def _abandon(task: asyncio.Task, batch: list[_Call]) -> None:
+        if not task.done() and all(call.future.cancelled() for call in batch):
+            task.cancel()
 
     async def _run_batch(self, kwargs: dict[str, Any], batch: list[_Call]) -> None:
         observations = [o for call in batch for o in call.observations]
@@ -811,7 +856,9 @@ class RolloutStats:
     Args:
         submitted: Episodes started.
         finished: Episodes that ended with an :class:`~collab_env.types.Episode`.
-        failed: Episodes that ended with an exception (yielded as ``(job, exception)``).
+        failed: Episodes that ended with an exception (yielded as ``(job, exception)``, or
+            raised when it is a :class:`~collab_env.errors.FatalPolicyError`).
+        cancelled: Episodes cancelled because a fatal error stopped the run.
         in_flight: Episodes running now.
         max_in_flight: Most episodes running at once.
         policy_calls: Policy calls made by episodes (before batching).
@@ -825,6 +872,7 @@ class RolloutStats:
     submitted: int = 0
     finished: int = 0
     failed: int = 0
+    cancelled: int = 0
     in_flight: int = 0
     max_in_flight: int = 0
     policy_calls: int = 0
@@ -1091,6 +1139,14 @@ class RolloutEngine:
 
         Args:
             jobs: See :func:`normalize_jobs`.
+
+        Raises:
+            FatalPolicyError: An episode ended with a request its provider rejected (see
+                :func:`fatal_error`; a missing or invalid API key...). Every later request would
+                fail the same way, so the run stops at once: no job starts after it, the
+                episodes in flight are cancelled (counted in ``stats.cancelled``), the other
+                results already done are yielded, then this error is raised (once, however many
+                episodes hit it).
         """
         it, total = normalize_jobs(jobs)
         st = self.stats
@@ -1098,16 +1154,26 @@ class RolloutEngine:
         t0 = time.perf_counter()
         running: set[asyncio.Task] = set()
         exhausted = False
+        fatal: list[FatalPolicyError] = []  # the first rejection seen; stops the run
+
+        def watch(task: asyncio.Task) -> None:
+            # Seen the moment an episode ends, so a ramp-up in progress stops starting jobs.
+            if not fatal and not task.cancelled() and task.exception() is None:
+                f = fatal_error(task.result()[1])
+                if f is not None:
+                    fatal.append(f)
 
         async def fill() -> None:
             nonlocal exhausted
-            while not exhausted and len(running) < self.config.concurrency:
+            while not exhausted and not fatal and len(running) < self.config.concurrency:
                 try:
                     job = next(it)
                 except StopIteration:
                     exhausted = True
                     return
-                running.add(asyncio.ensure_future(self.arun_job(job)))
+                task = asyncio.ensure_future(self.arun_job(job))
+                task.add_done_callback(watch)
+                running.add(task)
                 st.submitted += 1
                 st.in_flight += 1
                 st.max_in_flight = max(st.max_in_flight, st.in_flight)
@@ -1119,11 +1185,14 @@ class RolloutEngine:
         try:
             await fill()
             while running:
-                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                done_set, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                done = list(done_set)
                 for task in done:
                     running.discard(task)
                     st.in_flight -= 1
                 await fill()  # start new episodes before handing results out
+                if fatal and running:
+                    done += await self._cancel_all(running)
                 for task in done:
                     job, outcome = task.result()
                     if isinstance(outcome, BaseException):
@@ -1133,7 +1202,11 @@ class RolloutEngine:
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix(self._postfix(), refresh=False)
-                    yield job, outcome
+                    if fatal_error(outcome) is None:
+                        yield job, outcome
+                if fatal:
+                    raise _stopped(fatal[0], f"{st.submitted} episode(s) started, {st.finished} finished, "
+                                             f"{st.failed} failed, {st.cancelled} cancelled; no other job started.")
         finally:
             for task in running:
                 task.cancel()
@@ -1143,6 +1216,19 @@ class RolloutEngine:
             st.wall_seconds += time.perf_counter() - t0
             if bar is not None:
                 bar.close()
+
+    async def _cancel_all(self, running: set[asyncio.Task]) -> list[asyncio.Task]:
+        """Cancel the episodes in flight (a fatal error stopped the run); return those that
+        had ended anyway, whose results are still handed out."""
+        tasks = list(running)
+        running.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.stats.in_flight -= len(tasks)
+        ended = [t for t in tasks if not t.cancelled()]
+        self.stats.cancelled += len(tasks) - len(ended)
+        return ended
 
     def stream(self, jobs: int | Iterable[Any]) -> Iterator[Result]:
         """Synchronous :meth:`astream`: a generator fed by an event loop in a background thread.
@@ -1160,6 +1246,9 @@ class RolloutEngine:
             jobs: See :func:`normalize_jobs`.
             raise_on_error: Raise the first failure (after every episode ended) instead of
                 returning exceptions in the list.
+
+        Raises:
+            FatalPolicyError: A provider rejected a request; the run stopped (see :meth:`astream`).
         """
         it, _ = normalize_jobs(jobs)
         numbered = ({**job, "_rollout_order": k} for k, job in enumerate(it))
@@ -1331,11 +1420,22 @@ async def arun_episodes(
 
     Raises:
         ConfigError: ``concurrency`` < 1.
+        FatalPolicyError: A provider rejected a request (see :func:`fatal_error`): as in
+            :meth:`RolloutEngine.astream`, no job starts after it, the episodes in flight are
+            cancelled, the other results already done are yielded, then it is raised once.
     """
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ConfigError(f"concurrency must be >= 1, got {concurrency}.")
     it = iter(jobs)
     running: set[asyncio.Task] = set()
+    fatal: list[FatalPolicyError] = []
+    started = 0
+
+    def watch(task: asyncio.Task) -> None:
+        if not fatal and not task.cancelled() and task.exception() is None:
+            f = fatal_error(task.result()[1])
+            if f is not None:
+                fatal.append(f)
 
     async def one(job: Mapping[str, Any]):
         env = make_env()
@@ -1349,20 +1449,39 @@ async def arun_episodes(
             env.close()
 
     def fill() -> None:
-        while len(running) < concurrency:
+        nonlocal started
+        while not fatal and len(running) < concurrency:
             job = next(it, None)
             if job is None:
                 return
-            running.add(asyncio.ensure_future(one(job)))
+            task = asyncio.ensure_future(one(job))
+            task.add_done_callback(watch)
+            running.add(task)
+            started += 1
 
     try:
         fill()
         while running:
-            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-            running.difference_update(done)
+            done_set, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            running.difference_update(done_set)
+            done = list(done_set)
             fill()
+            cancelled = 0
+            if fatal and running:
+                tasks = list(running)
+                running.clear()
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                done += [t for t in tasks if not t.cancelled()]
+                cancelled = sum(t.cancelled() for t in tasks)
             for task in done:
-                yield task.result()
+                job, outcome = task.result()
+                if fatal_error(outcome) is None:
+                    yield job, outcome
+            if fatal:
+                raise _stopped(fatal[0], f"{started} episode(s) started, {cancelled} cancelled in "
+                                         "flight; no other job started.")
     finally:
         for t in running:
             t.cancel()

@@ -208,3 +208,38 @@ def test_invalid_arguments_are_clear_errors(policies, kwargs, match):
     kwargs = {"num_episodes": 2, **kwargs}
     with pytest.raises(ConfigError, match=match):
         evaluate(HF, policies, progress=False, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# A rejected API key stops the run; finished episodes are kept and resume continues
+# ---------------------------------------------------------------------------------------------
+def test_a_rejected_key_stops_the_evaluation_keeps_the_file_and_resume_finishes(tmp_path, monkeypatch):
+    pytest.importorskip("litellm")
+    from collab_env.agents.litellm import ConcurrencyLimiter, LiteLLMPolicy
+    from collab_env.errors import FatalPolicyError
+    from tests.fake_openai_server import FakeOpenAIServer
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    out = tmp_path / "api.jsonl"
+    with FakeOpenAIServer(api_key="sk-the-right-key") as srv:
+        def assistant(key):
+            return LiteLLMPolicy("openai/fake-model", api_base=srv.url, api_key=key, name="api-assistant",
+                                 limiter=ConcurrencyLimiter(4))
+
+        kw = dict(env_kwargs={"max_steps": 4}, concurrency=4, out=out, progress=False)
+        first = evaluate(HF, {"assistant": assistant("sk-the-right-key")}, num_episodes=3, **kw)
+        assert first.complete and len(lines_of(out)) == 3
+        before, n_ok = lines_of(out), len(srv.requests)
+
+        with pytest.raises(FatalPolicyError) as info:
+            evaluate(HF, {"assistant": assistant("sk-wrong-key-123")}, num_episodes=20, resume=True, **kw)
+        msg = str(info.value)
+        assert "Incorrect API key provided: sk-****-123" in msg  # the provider's own words
+        assert f"3 finished episode(s) of 20 are kept in {out}" in msg
+        assert "--resume" in msg and "OPENAI_API_KEY" in msg and "api_key=" in msg
+        # One round of requests (the episodes in flight), not one per remaining episode (17).
+        assert 1 <= len(srv.requests) - n_ok <= 4
+        assert lines_of(out) == before and not failures_path(out).exists()
+
+        done = evaluate(HF, {"assistant": assistant("sk-the-right-key")}, num_episodes=20, resume=True, **kw)
+        assert done.complete and lines_of(out)[:3] == before and len(lines_of(out)) == 20

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import collab_env
-from collab_env.errors import ConfigError, MissingDependencyError, PolicyError
+from collab_env.errors import ConfigError, FatalPolicyError, MissingDependencyError, PolicyError, RewardError
 from collab_env.rollout import (
     BatchedPolicy,
     RateLimiter,
@@ -243,6 +243,86 @@ def test_a_failing_episode_is_reported_with_its_job_and_the_others_finish():
     assert eng.stats.failed == 1 and eng.stats.finished == 9
     with pytest.raises(PolicyError, match="backend down"):
         lr_engine(Stub(0.0, fail_seed=3), batching=False).run(4, raise_on_error=True)
+
+
+class Rejecting(Stub):
+    """A Stub whose call for one seed is rejected like a bad API key (optionally wrapped)."""
+
+    def __init__(self, latency=0.0, *, reject_seed, wrap=False):
+        super().__init__(latency)
+        self.reject_seed = reject_seed
+        self.wrap = wrap
+
+    async def act(self, observations, **kw):
+        seeds = kw.get("seeds") or [kw.get("seed")] * len(observations)
+        if self.reject_seed in seeds:
+            self.calls.append((len(observations), dict(kw)))
+            fatal = FatalPolicyError("401 AuthenticationError: Incorrect API key provided: sk-****-123.")
+            if not self.wrap:
+                raise fatal
+            try:
+                raise fatal
+            except FatalPolicyError as exc:  # a layer that wraps it in its own error
+                raise RewardError("the judge failed") from exc
+        return await super().act(observations, **kw)
+
+
+@pytest.mark.parametrize("wrap", [False, True])
+def test_a_rejected_request_stops_the_run_and_is_raised_once(wrap):
+    # Seeds: job k has seed 100k; policies get seed + step. Job 3 (seed 300) is rejected at its
+    # first step while jobs 0..2 still run (slow, 0.2 s a step): they are cancelled, and none of
+    # jobs 4..49 starts.
+    stub = Rejecting(lambda seeds: 0.0 if 300 in seeds else 0.2, reject_seed=300, wrap=wrap)
+    eng = lr_engine(stub, batching=False, concurrency=4)
+    got = []
+    with pytest.raises(FatalPolicyError, match="Incorrect API key provided") as info:
+        for item in eng.stream([100 * k for k in range(50)]):
+            got.append(item)
+    assert got == []  # nothing finished before the rejection; the rejected job is not yielded too
+    assert "4 episode(s) started, 0 finished, 1 failed, 3 cancelled" in "".join(info.value.__notes__)
+    st = eng.stats
+    assert (st.submitted, st.finished, st.failed, st.cancelled, st.in_flight) == (4, 0, 1, 3, 0)
+    assert sorted({c[1]["seed"] for c in stub.calls}) == [0, 100, 200, 300]  # no later job asked
+    # The cancelled episodes' calls were abandoned, not answered.
+    assert [e for e in stub.log if e[0] == "answered"] == []
+
+
+def test_a_rejection_hands_out_results_already_done_and_arun_raises_it():
+    # Two episodes at a time, each three instant steps; job 600 is rejected at its step 1. Jobs
+    # 0..400 ended before job 600 started; job 500 ran beside it, and either finished or was
+    # cancelled; at most one job after it (700) had started.
+    stub = Rejecting(0.0, reject_seed=601)
+    eng = lr_engine(stub, batching=False, concurrency=2)
+    got = []
+    with pytest.raises(FatalPolicyError):
+        for job, ep in eng.stream([100 * k for k in range(20)]):
+            got.append(job["seed"])
+            assert ep.num_steps == 3
+    assert sorted(got) in ([0, 100, 200, 300, 400], [0, 100, 200, 300, 400, 500])
+    st = eng.stats
+    assert st.failed == 1 and st.finished == len(got) and st.submitted <= 8
+    assert st.submitted == st.finished + st.failed + st.cancelled and st.in_flight == 0
+    with pytest.raises(FatalPolicyError):
+        lr_engine(Rejecting(0.0, reject_seed=2), concurrency=4).run(20)
+
+
+def test_a_missing_api_key_stops_a_litellm_rollout_after_one_round_of_requests(monkeypatch):
+    pytest.importorskip("litellm")
+    from collab_env.agents.litellm import ConcurrencyLimiter, LiteLLMPolicy
+    from tests.fake_openai_server import FakeOpenAIServer
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    for batching in (True, False):
+        with FakeOpenAIServer(api_key="sk-the-right-key", latency=0.05) as srv:
+            policy = LiteLLMPolicy("openai/fake-model", api_base=srv.url, limiter=ConcurrencyLimiter(4))
+            eng = RolloutEngine("hidden-facts", {"assistant": policy}, concurrency=4, batching=batching,
+                                progress=False)
+            with pytest.raises(FatalPolicyError, match="Incorrect API key provided") as info:
+                eng.run(20)
+            assert "401" in str(info.value)
+            # At most one request per episode in flight, never one per queued job (20).
+            assert 1 <= len(srv.requests) <= 4, (batching, len(srv.requests))
+            assert eng.stats.submitted <= 4 and eng.stats.finished == 0
 
 
 def test_env_errors_are_reported_per_episode_too():
