@@ -55,6 +55,7 @@ from collab_env.adapters.common.config import (
     TrainerConfig,
     as_bool,
     check_choice,
+    check_comlrl_rollout_fields,
     check_float,
     check_int,
 )
@@ -191,15 +192,7 @@ class ActorCriticConfig(TrainerConfig):
         check_float("gae_lambda", self.gae_lambda, 0.0, 1.0)
         check_choice("critic_type", self.critic_type, ("v", "q"))
         check_choice("critic_placement", self.critic_placement, ("separate", "head"))
-        check_float("logprob_temperature", self.logprob_temperature, 0.0, low_open=True, allow_none=True)
-        check_choice("prompt_format", self.prompt_format, ("chat", "raw"))
-        check_float("early_termination_threshold", self.early_termination_threshold, allow_none=True)
-        if self.external_prompt_passthrough not in (None, True, False):
-            raise ConfigError(f"external_prompt_passthrough must be True, False or None, got {self.external_prompt_passthrough!r}.")
-        as_bool("reference_kl_enabled")(self.reference_kl_enabled)
-        check_float("reference_kl_coef", self.reference_kl_coef, 0.0)
-        check_int("rollout_buffer_size", self.rollout_buffer_size, 1, allow_none=True)
-        check_int("train_batch_size", self.train_batch_size, 1, allow_none=True)
+        check_comlrl_rollout_fields(self)
         if self.train_batch_size is not None and self.train_batch_size != self.rollout_buffer_size:
             raise ConfigError(
                 f"train_batch_size={self.train_batch_size}: IAC/MAAC take one optimiser step per update "

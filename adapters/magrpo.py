@@ -47,6 +47,7 @@ from collab_env.adapters.common.config import (
     TrainerConfig,
     as_bool,
     check_choice,
+    check_comlrl_rollout_fields,
     check_float,
     check_int,
 )
@@ -186,15 +187,7 @@ class MAGRPOConfig(TrainerConfig):
         check_float("clip_range_high", self.clip_range_high, 0.0, low_open=True, allow_none=True)
         check_float("beta", self.beta, 0.0)
         check_choice("loss_type", self.loss_type, ("sequence", "token", "sum"))
-        check_float("logprob_temperature", self.logprob_temperature, 0.0, low_open=True, allow_none=True)
-        check_choice("prompt_format", self.prompt_format, ("chat", "raw"))
-        check_float("early_termination_threshold", self.early_termination_threshold, allow_none=True)
-        if self.external_prompt_passthrough not in (None, True, False):
-            raise ConfigError(f"external_prompt_passthrough must be True, False or None, got {self.external_prompt_passthrough!r}.")
-        as_bool("reference_kl_enabled")(self.reference_kl_enabled)
-        check_float("reference_kl_coef", self.reference_kl_coef, 0.0)
-        check_int("rollout_buffer_size", self.rollout_buffer_size, 1, allow_none=True)
-        check_int("train_batch_size", self.train_batch_size, 1, allow_none=True)
+        check_comlrl_rollout_fields(self)
         if self.train_batch_size is not None and self.rollout_buffer_size is None:
             raise ConfigError("train_batch_size splits CoMLRL's rollout buffer: set rollout_buffer_size too "
                               "(or use per_device_train_batch_size for items per update).")

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 
 from collab_env.errors import ConfigError, did_you_mean
 
-__all__ = ["TrainerConfig", "ConfigMeta", "PRESETS", "as_bool", "eval_due", "check_int", "check_float", "check_choice"]
+__all__ = ["TrainerConfig", "ConfigMeta", "PRESETS", "as_bool", "check_comlrl_rollout_fields", "eval_due", "check_int", "check_float", "check_choice"]
 
 #: Names ``preset=`` accepts.
 PRESETS: tuple[str, ...] = ("comlrl",)
@@ -65,7 +65,7 @@ class ConfigMeta(type):
         names = [f.name for f in fields(cls) if f.init]
         if len(args) > len(names):
             raise ConfigError(f"{cls.__name__} takes at most {len(names)} positional values, got {len(args)}.")
-        for name, value in zip(names, args):
+        for name, value in zip(names, args, strict=False):  # fewer values than fields
             if name in kwargs:
                 raise ConfigError(f"{cls.__name__} got {name!r} both positionally and by keyword.")
             kwargs[name] = value
@@ -109,6 +109,23 @@ def as_bool(name: str) -> Callable[[Any], bool]:
         return value
 
     return convert
+
+
+def check_comlrl_rollout_fields(cfg: Any) -> None:
+    """Validate the rollout fields that MAGRPO-style and actor-critic configs both take from
+    CoMLRL (``logprob_temperature``, ``prompt_format``, ``early_termination_threshold``,
+    ``external_prompt_passthrough``, ``reference_kl_*``, ``rollout_buffer_size``,
+    ``train_batch_size``); each config checks how the buffer fields combine itself."""
+    check_float("logprob_temperature", cfg.logprob_temperature, 0.0, low_open=True, allow_none=True)
+    check_choice("prompt_format", cfg.prompt_format, ("chat", "raw"))
+    check_float("early_termination_threshold", cfg.early_termination_threshold, allow_none=True)
+    if cfg.external_prompt_passthrough not in (None, True, False):
+        raise ConfigError(
+            f"external_prompt_passthrough must be True, False or None, got {cfg.external_prompt_passthrough!r}.")
+    as_bool("reference_kl_enabled")(cfg.reference_kl_enabled)
+    check_float("reference_kl_coef", cfg.reference_kl_coef, 0.0)
+    check_int("rollout_buffer_size", cfg.rollout_buffer_size, 1, allow_none=True)
+    check_int("train_batch_size", cfg.train_batch_size, 1, allow_none=True)
 
 
 @dataclass
