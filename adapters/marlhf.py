@@ -168,7 +168,11 @@ class MARLHFTrainer(MADPOTrainer):
     def train_reward_model(self, pairs: list[Any]) -> Any:
         """Train the joint reward model on ``pairs`` (from :meth:`collect_pairs`), freeze it, log
         ``reward_model/*`` and return it."""
-        from collab_env.adapters.reward_model import JointRewardModel, RewardModelConfig, RewardModelTrainer
+        from collab_env.adapters.reward_model import (
+            JointRewardModel,
+            RewardModelConfig,
+            RewardModelTrainer,
+        )
 
         a = self.args
         n = len(self.players)

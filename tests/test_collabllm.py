@@ -11,7 +11,7 @@ from pettingzoo.test import parallel_api_test, parallel_seed_test
 
 import collab_env
 from collab_env.agents import FixedTextPolicy
-from collab_env.errors import ConfigError, DatasetUnavailableError, DataSchemaError, PolicyError
+from collab_env.errors import ConfigError, DataSchemaError, DatasetUnavailableError, PolicyError
 from collab_env.rollout import run_episode
 from collab_env.tasks.collabllm import DEFAULT_SYSTEM_PROMPT, SessionReplayUser
 from collab_env.types import Completion, Conversation, Message

@@ -6,8 +6,8 @@ import asyncio
 import math
 
 import pytest
-from collab_env.agents.judges import JudgeError, LLMJudge
 
+from collab_env.agents.judges import JudgeError, LLMJudge
 from collab_env.errors import ConfigError, SandboxError, TaskFunctionError
 from collab_env.rewards import metrics as M
 from collab_env.rewards.metrics import (

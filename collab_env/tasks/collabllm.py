@@ -132,8 +132,8 @@ from collab_env.agents.scripted import ScriptedPolicy
 from collab_env.env import CollabEnv, EpisodeState, Outcome, Start, Task, env_message
 from collab_env.errors import (
     ConfigError,
-    DatasetUnavailableError,
     DataSchemaError,
+    DatasetUnavailableError,
     PolicyError,
 )
 from collab_env.tasks._common import build_config, build_env, split_env_kwargs
