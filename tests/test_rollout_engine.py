@@ -306,6 +306,28 @@ def test_a_rejection_hands_out_results_already_done_and_arun_raises_it():
         lr_engine(Rejecting(0.0, reject_seed=2), concurrency=4).run(20)
 
 
+def test_a_batch_whose_callers_were_all_cancelled_is_abandoned_or_never_sent():
+    stub = Stub(0.3)
+    batched = BatchedPolicy(stub, max_batch_size=2, max_wait_ms=50)
+
+    async def main():
+        obs = Conversation()
+        # Two callers fill a batch (sent at once); both are cancelled while it runs.
+        sent = [asyncio.ensure_future(batched.act([obs], seed=s)) for s in (1, 2)]
+        await asyncio.sleep(0.05)
+        for t in sent:
+            t.cancel()
+        # One caller waits for the 50 ms flush and is cancelled before it: nothing is sent.
+        queued = asyncio.ensure_future(batched.act([obs], seed=3))
+        await asyncio.sleep(0.01)
+        queued.cancel()
+        await asyncio.sleep(0.4)
+
+    asyncio.run(main())
+    assert [n for n, _ in stub.calls] == [2]  # the queued call never reached the backend
+    assert stub.log == [] and stub.active == 0  # the running batch was cancelled, not answered
+
+
 def test_a_missing_api_key_stops_a_litellm_rollout_after_one_round_of_requests(monkeypatch):
     pytest.importorskip("litellm")
     from collab_env.agents.litellm import ConcurrencyLimiter, LiteLLMPolicy
