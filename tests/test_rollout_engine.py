@@ -9,7 +9,13 @@ import sys
 import pytest
 
 import collab_env
-from collab_env.errors import ConfigError, FatalPolicyError, MissingDependencyError, PolicyError, RewardError
+from collab_env.errors import (
+    ConfigError,
+    FatalPolicyError,
+    MissingDependencyError,
+    PolicyError,
+    RewardError,
+)
 from collab_env.rollout import (
     BatchedPolicy,
     RateLimiter,
@@ -450,7 +456,6 @@ def tiny_policy(tmp_path_factory):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from collab_env.agents.hf import HFPolicy
-
     from tests.tiny_model import build_tiny_chat_model, load_tiny_chat_model
 
     model, tok = load_tiny_chat_model(build_tiny_chat_model(tmp_path_factory.mktemp("tiny")))
