@@ -37,6 +37,11 @@ class NoModel:
     async def act(self, observations, **sampling):
         raise AssertionError("replay made a model call")
 
+    async def score_continuations(self, observations, continuations):
+        # The recording backend scores judgements by log-probs, so the replay one must claim the
+        # same capability (the cache mirrors it) and answer from the recorded scores.
+        raise AssertionError("replay made a scoring call")
+
 
 def _episode(data_files, backend_cache, backend):
     from collab_env.agents.cache import CachedPolicy
