@@ -47,10 +47,11 @@ def expected(model_dir):
     return direct(model_dir, [PLAIN, PREFILLED], CONTINUATIONS)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def scorer(model_dir):
     """An offline engine without LoRA (the session's ``policy`` runs LoRA, which vLLM's prompt
-    log-probs do not support)."""
+    log-probs do not support). Session-scoped: closing an in-process engine tears down vLLM's
+    process-wide parallel state, which the session's other engines (test_server's) still use."""
     from collab_env.agents.vllm import VLLMPolicy
     from tests_vllm.conftest import ENGINE_KWARGS
 
