@@ -850,14 +850,9 @@ class _ActorCriticTrainer:
         if self.eval_env is None:
             return {}
         a = self.args
-        n = a.eval_num_samples
-        if self._eval_items is not None:
-            n = min(n, self._eval_items)
-        else:
-            from collab_env.adapters.magrpo import streamed_rows
+        from collab_env.adapters.magrpo import eval_count
 
-            if streamed_rows(self.eval_env) is not None:  # as many of the first n rows as exist
-                n = streamed_rows(self.eval_env).available(n)
+        n = eval_count(self.eval_env, self._eval_items, a.eval_num_samples)
         if n == 0:
             return {}
         # Its own generator: evaluating never shifts the training run's samples.

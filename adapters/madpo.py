@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from collab_env.adapters.common.config import check_choice, check_float, check_int
-from collab_env.adapters.magrpo import MAGRPOConfig, MAGRPOTrainer
+from collab_env.adapters.magrpo import MAGRPOConfig, MAGRPOTrainer, eval_count
 from collab_env.errors import ConfigError
 
 __all__ = [
@@ -527,8 +527,7 @@ class MADPOTrainer(MAGRPOTrainer):
         a = self.args
         n = a.eval_num_samples if num_eval_samples is None else num_eval_samples
         check_int("num_eval_samples", n, 0)
-        if self._eval_items is not None:
-            n = min(n, self._eval_items)
+        n = eval_count(self.eval_env, self._eval_items, n)
         if n == 0:
             return {}
         rng = np.random.default_rng([a.seed, 1_000_003, self.state.evaluations])

@@ -54,7 +54,7 @@ from collab_env.adapters.common.config import (
 from collab_env.adapters.common.loop import TrainerState
 from collab_env.errors import ConfigError, TaskFunctionError
 
-__all__ = ["MAGRPOConfig", "MAGRPOTrainer", "TrainerState", "dataset_items", "streamed_rows"]
+__all__ = ["MAGRPOConfig", "MAGRPOTrainer", "TrainerState", "dataset_items", "streamed_rows", "eval_count"]
 
 
 @dataclass
@@ -682,10 +682,7 @@ class MAGRPOTrainer:
         a = self.args
         n = a.eval_num_samples if num_eval_samples is None else num_eval_samples
         check_int("num_eval_samples", n, 0)
-        if self._eval_items is not None:
-            n = min(n, self._eval_items)
-        elif streamed_rows(self.eval_env) is not None:  # read as many of the first n rows as exist
-            n = streamed_rows(self.eval_env).available(n)
+        n = eval_count(self.eval_env, self._eval_items, n)
         if n == 0:
             return {}
         # Evaluation draws from its own generator, so it never shifts the training run's samples.
@@ -773,6 +770,15 @@ def streamed_rows(env: Any) -> Any:
 
     rows = getattr(getattr(getattr(env, "unwrapped", None), "task", None), "dataset", None)
     return rows if isinstance(rows, StreamedRows) else None
+
+
+def eval_count(env: Any, known_items: int | None, requested: int) -> int:
+    """How many of the first ``requested`` evaluation items exist: at most ``known_items`` when
+    the split's length is known, else (a streamed split) as many rows as the stream holds."""
+    if known_items is not None:
+        return min(requested, known_items)
+    rows = streamed_rows(env)
+    return rows.available(requested) if rows is not None else requested
 
 
 def _num_items(env: Any) -> int | None:

@@ -99,6 +99,23 @@ def plot(summary: dict, path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def run_seeds(name: str, script: str, run_one, args, argv: list[str] | None, title: str) -> dict:
+    """Run ``run_one(seed, args)`` for every seed of ``--seeds`` (printing each run), then write
+    ``<--out>.json`` (:func:`summarise`) and ``<--out>.png`` (:func:`plot`); returns the summary."""
+    command = f"python benchmarks/{script} " + " ".join(sys.argv[1:] if argv is None else argv)
+    runs = []
+    for s in [int(x) for x in args.seeds.split(",")]:
+        runs.append(run_one(s, args))
+        print(json.dumps({k: v for k, v in runs[-1].items() if k != "eval_curve"}), flush=True)
+    summary = summarise(name, runs, args, command)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
+    plot(summary, out.with_suffix(".png"), title)
+    print(json.dumps({k: summary[k] for k in ("before", "after", "gain", "seeds_improved")}, indent=1))
+    return summary
+
+
 def run_one(seed: int, args) -> dict:
     import collab_env
     from collab_env.adapters.madpo import MADPOConfig, MADPOTrainer
@@ -138,17 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-samples", type=int, default=8, help="sampled joint answers per test item")
     p.add_argument("--out", default="bench_madpo_output")
     args = p.parse_args(argv)
-    command = "python benchmarks/bench_madpo_learning.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    runs = []
-    for s in [int(x) for x in args.seeds.split(",")]:
-        runs.append(run_one(s, args))
-        print(json.dumps({k: v for k, v in runs[-1].items() if k != "eval_curve"}), flush=True)
-    summary = summarise("madpo_length_ratio_tiny", runs, args, command)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
-    plot(summary, out.with_suffix(".png"), "MADPO, length-ratio, tiny model (sampled eval, task reward)")
-    print(json.dumps({k: summary[k] for k in ("before", "after", "gain", "seeds_improved")}, indent=1))
+    run_seeds("madpo_length_ratio_tiny", Path(__file__).name, run_one, args, argv,
+              "MADPO, length-ratio, tiny model (sampled eval, task reward)")
     return 0
 
 

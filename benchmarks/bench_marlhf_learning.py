@@ -19,7 +19,6 @@ Writes ``<out>.json`` and ``<out>.png`` (same layout as ``bench_madpo_learning.p
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -32,7 +31,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_madpo_learning import eval_curve, plot, summarise, tiny  # noqa: E402
+from bench_madpo_learning import eval_curve, run_seeds, tiny  # noqa: E402
 
 
 def run_one(seed: int, args) -> dict:
@@ -82,18 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-samples", type=int, default=8, help="sampled joint answers per test item")
     p.add_argument("--out", default="bench_marlhf_output")
     args = p.parse_args(argv)
-    command = "python benchmarks/bench_marlhf_learning.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    runs = []
-    for s in [int(x) for x in args.seeds.split(",")]:
-        runs.append(run_one(s, args))
-        print(json.dumps({k: v for k, v in runs[-1].items() if k != "eval_curve"}), flush=True)
-    summary = summarise("marlhf_length_ratio_tiny", runs, args, command)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
-    plot(summary, out.with_suffix(".png"),
-         f"MARLHF ({args.rl_algorithm} on a frozen BT reward model), length-ratio, tiny model (sampled eval, task reward)")
-    print(json.dumps({k: summary[k] for k in ("before", "after", "gain", "seeds_improved")}, indent=1))
+    run_seeds("marlhf_length_ratio_tiny", Path(__file__).name, run_one, args, argv,
+              f"MARLHF ({args.rl_algorithm}, frozen BT reward model), length-ratio, tiny model")
     return 0
 
 
