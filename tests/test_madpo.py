@@ -19,6 +19,11 @@ from collab_env.adapters.madpo import (  # noqa: E402
     tagged_joint_prompt,
 )
 from collab_env.errors import ConfigError  # noqa: E402
+from collab_env.tasks.cooperative import (  # noqa: E402  (the CoMLRL guide's length-ratio task)
+    brief_formatter,
+    detailed_formatter,
+    reward_func,
+)
 
 
 def _sig(x):
@@ -102,27 +107,6 @@ def test_config_validation_and_comlrl_preset():
 
 ITEMS = [{"prompt": p, "target_min": 2.0, "target_max": 3.0} for p in
          ["Describe a city in the clouds.", "Invent a new holiday.", "Tell a story about dinosaurs."]]
-
-
-def brief_formatter(item):
-    return f"Write a short response to this task:\n{item['prompt']}"
-
-
-def detailed_formatter(item):
-    return f"Write a detailed response to this task:\n{item['prompt']}"
-
-
-def reward_func(brief_completions, detailed_completions, *, batch_items):
-    """The CoMLRL guide's length-ratio reward."""
-    item = batch_items[0]
-    out = []
-    for brief, detailed in zip(brief_completions, detailed_completions):
-        if not brief:
-            out.append(0.0)
-            continue
-        ratio = len(detailed) / len(brief)
-        out.append(math.exp(-max(item["target_min"] - ratio, ratio - item["target_max"], 0.0)))
-    return out
 
 
 def _trainer(tiny_dir, tmp_path, **kw):

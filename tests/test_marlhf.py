@@ -2,7 +2,6 @@
 and frozen, an RL backend trained on its score; the reward model does not move during RL, and
 evaluation scores with the task reward (not the learned one)."""
 
-import math
 
 import pytest
 
@@ -11,6 +10,7 @@ pytest.importorskip("transformers")
 
 from collab_env.adapters.marlhf import RL_ALGORITHMS, MARLHFConfig, MARLHFTrainer  # noqa: E402
 from collab_env.errors import ConfigError  # noqa: E402
+from collab_env.tasks.cooperative import reward_func  # noqa: E402  (the CoMLRL guide's length-ratio reward)
 
 ITEMS = [{"prompt": p, "target_min": 2.0, "target_max": 3.0} for p in
          ["Describe a city in the clouds.", "Invent a new holiday.", "Tell a story about dinosaurs."]]
@@ -23,14 +23,7 @@ class TaskReward:
         self.values: list[float] = []
 
     def __call__(self, brief_completions, detailed_completions, *, batch_items):
-        item = batch_items[0]
-        out = []
-        for brief, detailed in zip(brief_completions, detailed_completions):
-            if not brief:
-                out.append(0.0)
-                continue
-            ratio = len(detailed) / len(brief)
-            out.append(math.exp(-max(item["target_min"] - ratio, ratio - item["target_max"], 0.0)))
+        out = reward_func(brief_completions, detailed_completions, batch_items=batch_items)
         self.values.extend(out)
         return out
 
