@@ -16,6 +16,7 @@ __all__ = [
     "ContinuationScorer",
     "can_score_continuations",
     "continuation_token_ids",
+    "continuation_jobs",
 ]
 
 
@@ -154,6 +155,27 @@ class SamplingParams:
         return d
 
 
+def continuation_jobs(name: str, tokenizer: Any, prompt_text: Any, observations: Sequence[Any],
+                      continuations: Sequence[Sequence[str]]) -> list[tuple[list[list[int]], int]]:
+    """:func:`continuation_token_ids` for every observation (its prompt from
+    ``prompt_text(observation)``), after :func:`check_continuations`.
+
+    Raises:
+        ConfigError: The arguments are malformed.
+        PolicyError: The chat template failed (``name`` says which backend).
+    """
+    from collab_env.errors import PolicyError
+
+    check_continuations(observations, continuations)
+    try:
+        return [continuation_token_ids(tokenizer, prompt_text(obs), list(conts))
+                for obs, conts in zip(observations, continuations, strict=True)]
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise PolicyError(f"{name}: applying the chat template failed: {exc!r}") from exc
+
+
 #: Short names usable wherever a policy is accepted (CLI, configs). Later backends add theirs.
 POLICY_ALIASES: dict[str, str] = {
     "ask-then-answer": "collab_env.tasks.hidden_facts:AskThenAnswer",
@@ -178,6 +200,8 @@ BACKEND_PREFIXES: dict[str, str] = {
     "vllm-async": "collab_env.agents.vllm:AsyncVLLMPolicy",
     "litellm": "collab_env.agents.litellm:LiteLLMPolicy",
 }
+
+
 
 
 def resolve_policy(ref: Any, **kwargs: Any) -> Policy:

@@ -51,8 +51,7 @@ from typing import Any
 from collab_env.agents.base import (
     SamplingParams,
     chat_template_mode,
-    check_continuations,
-    continuation_token_ids,
+    continuation_jobs,
 )
 from collab_env.errors import ConfigError, PolicyError, require
 from collab_env.types import Completion, Conversation
@@ -327,16 +326,9 @@ class HFPolicy:
             ConfigError: Not one non-empty list of non-empty strings per observation.
             PolicyError: The chat template or the forward pass failed.
         """
-        check_continuations(observations, continuations)
-        if not observations:
+        jobs = continuation_jobs(self.name, self.tokenizer, self.prompt_text, observations, continuations)
+        if not jobs:
             return []
-        try:
-            jobs = [continuation_token_ids(self.tokenizer, self.prompt_text(obs), list(conts))
-                    for obs, conts in zip(observations, continuations, strict=True)]
-        except ConfigError:
-            raise
-        except Exception as exc:
-            raise PolicyError(f"{self.name}: applying the chat template failed: {exc!r}") from exc
         try:
             return await asyncio.to_thread(self.score_token_continuations, jobs)
         except ConfigError:

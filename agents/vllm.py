@@ -72,7 +72,7 @@ from collab_env.agents.base import (
     SamplingParams,
     chat_template_mode,
     check_continuations,
-    continuation_token_ids,
+    continuation_jobs,
 )
 from collab_env.errors import ConfigError, MissingDependencyError, PolicyError
 from collab_env.types import Completion, Conversation
@@ -269,15 +269,9 @@ class _VLLMBase:
                 "log-probs through its LoRA logits path; score with an engine without "
                 "enable_lora/lora_path (judges fall back to generation on this one)."
             )
-        if not observations:
+        jobs = continuation_jobs(self.name, self.tokenizer, self.prompt_text, observations, continuations)
+        if not jobs:
             return []
-        try:
-            jobs = [continuation_token_ids(self.tokenizer, self.prompt_text(obs), list(conts))
-                    for obs, conts in zip(observations, continuations, strict=True)]
-        except ConfigError:
-            raise
-        except Exception as exc:
-            raise PolicyError(f"{self.name}: applying the chat template failed: {exc!r}") from exc
         rows = [row for job_rows, _ in jobs for row in job_rows]
         limit = self.max_model_len
         longest = max(len(r) for r in rows)
