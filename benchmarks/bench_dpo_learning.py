@@ -1,6 +1,6 @@
 """DPO learns a preference: the preferred behaviour rises on the tiny model (seconds on CPU).
 
-Two runs on the tiny random chat model of ``tests/tiny_model.py`` (or ``--model``):
+Two runs on the tiny random chat model of ``collab_env/testing/tiny_model.py`` (or ``--model``):
 
 * **online** (:class:`~collab_env.adapters.dpo.OnlineDPOTrainer`): ``hidden-facts-easy`` whose
   assistant reward is the multiturn-aware reward with window 0 and the single metric
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     def load():
         if args.model != "tiny":
             return args.model, None
-        from tests.tiny_model import build_tiny_chat_model, load_tiny_chat_model
+        from collab_env.testing.tiny_model import build_tiny_chat_model, load_tiny_chat_model
 
         return load_tiny_chat_model(build_tiny_chat_model(Path(tempfile.mkdtemp()) / "tiny", seed=args.seed))
 

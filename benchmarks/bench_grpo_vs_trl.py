@@ -118,7 +118,7 @@ def main() -> int:
     torch.manual_seed(0)
     tmp = Path(tempfile.mkdtemp(prefix="bench-grpo-"))
     if args.model == "tiny":
-        from tests.tiny_model import build_tiny_chat_model
+        from collab_env.testing.tiny_model import build_tiny_chat_model
 
         model_dir = build_tiny_chat_model(tmp / "tiny")
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model_dir))

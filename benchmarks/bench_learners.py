@@ -1,7 +1,7 @@
 """Every learner on one suite and one budget: final eval reward of MAGRPO, REINFORCE, IAC, MAAC, DPO.
 
 Each learner trains two agents (brief ``agent_0``, detailed ``agent_1``) of the registered
-``length-ratio`` env on its train split, from the same tiny random model (``tests/tiny_model.py``,
+``length-ratio`` env on its train split, from the same tiny random model (``collab_env/testing/tiny_model.py``,
 built once, seed 0), with the same budget: ``--items`` training items (one item per optimiser
 step), completions of at most ``--max-new-tokens`` tokens, the same seed. Every learner's two
 final models are then scored by the same evaluation, written here (not the trainers' own): the
@@ -222,7 +222,7 @@ def markdown(result: dict) -> str:
         "",
         f"Same suite and budget for every learner: the registered `length-ratio` env (2 agents, 1 turn), "
         f"train split, {a['items']} training items (one optimiser step per item), the tiny random model of "
-        f"`tests/tiny_model.py` (built once, seed {a['seed']}), at most {a['max_new_tokens']} new tokens, seed "
+        f"`collab_env/testing/tiny_model.py` (built once, seed {a['seed']}), at most {a['max_new_tokens']} new tokens, seed "
         f"{a['seed']}; sample-based learners draw {a['generations']} samples per agent per item "
         f"(IAC/MAAC one). Eval (the same code for every learner): the {a['eval_items']} test items, greedy "
         f"(one joint answer per item) and sampled ({a['eval_samples']} joint answers per item, temperature 1, "
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from collab_env.adapters.common.models import load_policy_models
     from collab_env.adapters.magrpo import MAGRPOConfig
-    from tests.tiny_model import build_tiny_chat_model
+    from collab_env.testing.tiny_model import build_tiny_chat_model
 
     t_all = time.perf_counter()
     model_dir = str(build_tiny_chat_model(Path(tempfile.mkdtemp()) / "tiny", seed=args.seed))

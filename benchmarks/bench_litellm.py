@@ -29,17 +29,15 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-SERVER = Path(__file__).resolve().parents[1] / "tests" / "fake_openai_server.py"
 
 
 def start_server(latency: float) -> tuple[subprocess.Popen, str]:
     """Run the fake server in a subprocess; return it and its api_base once it listens."""
     proc = subprocess.Popen(
-        [sys.executable, str(SERVER), "--latency", str(latency)],
+        [sys.executable, "-m", "collab_env.testing.openai_server", "--latency", str(latency)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     assert proc.stdout is not None

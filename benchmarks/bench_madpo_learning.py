@@ -2,7 +2,7 @@
 over several seeds, with a 95 % interval across seeds.
 
 Two agents (brief ``agent_0``, detailed ``agent_1``) of the registered ``length-ratio`` env (train
-split, 32 items) each train their own copy of the tiny random chat model (``tests/tiny_model.py``,
+split, 32 items) each train their own copy of the tiny random chat model (``collab_env/testing/tiny_model.py``,
 built from the run's seed) with :class:`~collab_env.adapters.madpo.MADPOTrainer`: pairs collected
 once from the initial policies (``--candidates`` joint responses per item, ranked by the env's
 joint reward, ``--pairs-per-item`` kept, largest gaps first), then ``--epochs`` passes of the
@@ -51,7 +51,7 @@ def interval(xs: list[float]) -> dict:
 
 
 def tiny(seed: int):
-    from tests.tiny_model import build_tiny_chat_model, load_tiny_chat_model
+    from collab_env.testing.tiny_model import build_tiny_chat_model, load_tiny_chat_model
 
     return load_tiny_chat_model(build_tiny_chat_model(Path(tempfile.mkdtemp()) / "tiny", seed=seed))
 

@@ -48,7 +48,7 @@ def main() -> int:
     if args.model == "tiny":
         from transformers import PreTrainedTokenizerFast
 
-        from tests.tiny_model import build_tiny_chat_model
+        from collab_env.testing.tiny_model import build_tiny_chat_model
 
         model = str(build_tiny_chat_model(Path(tempfile.mkdtemp()) / "tiny"))
         tokenizer = PreTrainedTokenizerFast.from_pretrained(model)

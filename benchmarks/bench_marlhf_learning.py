@@ -2,7 +2,7 @@
 task reward) before, during and after the RL stage, over several seeds, with a 95 % interval.
 
 Two agents (brief ``agent_0``, detailed ``agent_1``) of the registered ``length-ratio`` env (train
-split) each train their own copy of the tiny random chat model (``tests/tiny_model.py``, built
+split) each train their own copy of the tiny random chat model (``collab_env/testing/tiny_model.py``, built
 from the run's seed) with :class:`~collab_env.adapters.marlhf.MARLHFTrainer`: preference pairs
 from the initial policies ranked by the env's (task) reward, a Bradley-Terry joint reward model
 on a copy of the initial model trained on them and frozen, then ``--rl-algorithm`` on the reward

@@ -2,7 +2,7 @@
 
 Two synthetic preference sets of joint (agent 1, agent 2) responses, trained with
 :class:`~collab_env.adapters.reward_model.RewardModelTrainer` on the tiny random chat model of
-``tests/tiny_model.py`` (or ``--model``), evaluated on held-out pairs drawn with another seed:
+``collab_env/testing/tiny_model.py`` (or ``--model``), evaluated on held-out pairs drawn with another seed:
 
 * **keyword**: the chosen joint response has ``Paris`` somewhere in agent 2's answer; the
   rejected one is the same response without it.
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, dict] = {}
     for task in a.tasks:
         if a.model is None:
-            from tests.tiny_model import build_tiny_chat_model, load_tiny_chat_model
+            from collab_env.testing.tiny_model import build_tiny_chat_model, load_tiny_chat_model
 
             model, tok = load_tiny_chat_model(build_tiny_chat_model(out / "tiny"))
         else:

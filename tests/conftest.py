@@ -12,8 +12,8 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
-    """A tiny random chat model folder (tests/tiny_model.py), built once per test session.
+    """A tiny random chat model folder (collab_env/testing/tiny_model.py), built once per test session.
     Tests load fresh copies from it; none writes into it."""
-    from tests.tiny_model import build_tiny_chat_model
+    from collab_env.testing.tiny_model import build_tiny_chat_model
 
     return build_tiny_chat_model(tmp_path_factory.mktemp("tiny"))

@@ -29,7 +29,7 @@ from collab_env.tasks.cooperative import formatters, length_ratio_rows, reward_f
 
 
 def _tiny(tiny_dir):
-    from tests.tiny_model import load_tiny_chat_model
+    from collab_env.testing.tiny_model import load_tiny_chat_model
 
     return load_tiny_chat_model(tiny_dir)
 

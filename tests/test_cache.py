@@ -333,7 +333,7 @@ def tiny_policy(tiny_dir):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from collab_env.agents.hf import HFPolicy
-    from tests.tiny_model import load_tiny_chat_model
+    from collab_env.testing.tiny_model import load_tiny_chat_model
 
     model, tok = load_tiny_chat_model(tiny_dir)
     return HFPolicy(model, tok, device="cpu", name="tiny")

@@ -248,7 +248,7 @@ def test_console_script_and_module_entry_point():
 
 
 def test_data_subcommand_writes_the_rl_dataset(tmp_path, capsys):
-    from tests.collabllm_fixtures import write_collabllm_fixture
+    from collab_env.testing.collabllm_fixtures import write_collabllm_fixture
 
     data = write_collabllm_fixture(tmp_path / "rows.jsonl", n=4)
     assert main(["data", "--data_files", str(data), "--mode", "rl", "--output_dir", str(tmp_path / "out")]) == 0
@@ -304,7 +304,7 @@ def test_missing_or_misplaced_input_files(tmp_path, capsys):
 
 
 def test_data_output_dir_is_checked_before_the_rows_are_read(tmp_path, capsys):
-    from tests.collabllm_fixtures import write_collabllm_fixture
+    from collab_env.testing.collabllm_fixtures import write_collabllm_fixture
 
     data = write_collabllm_fixture(tmp_path / "rows.jsonl", n=4)
     blocker = tmp_path / "file"

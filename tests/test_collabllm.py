@@ -15,7 +15,7 @@ from collab_env.errors import ConfigError, DataSchemaError, DatasetUnavailableEr
 from collab_env.rollout import run_episode
 from collab_env.tasks.collabllm import DEFAULT_SYSTEM_PROMPT, SessionReplayUser
 from collab_env.types import Completion, Conversation, Message
-from tests.collabllm_fixtures import (
+from collab_env.testing.collabllm_fixtures import (
     FUTURE_USER_TURNS,
     collabllm_fixture_rows,
     write_collabllm_fixture,

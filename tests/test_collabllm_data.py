@@ -22,7 +22,7 @@ from collab_env.tasks.collabllm_data import (
     process_collabllm_dataset,
     train_validation_split,
 )
-from tests.collabllm_fixtures import collabllm_fixture_rows, write_collabllm_fixture
+from collab_env.testing.collabllm_fixtures import collabllm_fixture_rows, write_collabllm_fixture
 
 SECRETS = ("HIDDEN-GOAL", "REFERENCE-ANSWER")
 SYSTEM = "You are a collaborative assistant."

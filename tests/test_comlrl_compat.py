@@ -31,7 +31,7 @@ PENDING = {"MADPOConfig": "madpo", "MADPOTrainer": "madpo", "MARLHFConfig": "mar
 
 
 def _tiny(tiny_dir):
-    from tests.tiny_model import load_tiny_chat_model
+    from collab_env.testing.tiny_model import load_tiny_chat_model
 
     return load_tiny_chat_model(tiny_dir)
 

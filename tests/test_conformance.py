@@ -10,7 +10,7 @@ from collab_env.registry import spec
 
 def make_kwargs_for(env_id, tmp_path):
     if spec(env_id).suite == "collabllm":
-        from tests.collabllm_fixtures import write_collabllm_fixture
+        from collab_env.testing.collabllm_fixtures import write_collabllm_fixture
 
         path = tmp_path / "collabllm.jsonl"
         write_collabllm_fixture(path, layout="struct", fmt="jsonl")

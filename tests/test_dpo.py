@@ -30,7 +30,7 @@ PROMPT = [
 
 
 def _tiny(tiny_dir):
-    from tests.tiny_model import load_tiny_chat_model
+    from collab_env.testing.tiny_model import load_tiny_chat_model
 
     return load_tiny_chat_model(tiny_dir)
 
@@ -132,7 +132,7 @@ def test_offline_dpo_on_collabllm_pairs_learns_the_preference(tiny_dir, tmp_path
     loss is exactly log 2; DPO steps move the weights, lower the loss and make the implicit
     reward prefer the chosen replies."""
     from collab_env.tasks.collabllm_data import build_dpo_dataset
-    from tests.collabllm_fixtures import collabllm_fixture_rows
+    from collab_env.testing.collabllm_fixtures import collabllm_fixture_rows
 
     rows = collabllm_fixture_rows(2)
     rows = rows + [{**r, "completion": "Rome, twelve.", "score": r["score"] - 1.0} for r in rows]

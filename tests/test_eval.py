@@ -217,7 +217,7 @@ def test_a_rejected_key_stops_the_evaluation_keeps_the_file_and_resume_finishes(
     pytest.importorskip("litellm")
     from collab_env.agents.litellm import ConcurrencyLimiter, LiteLLMPolicy
     from collab_env.errors import FatalPolicyError
-    from tests.fake_openai_server import FakeOpenAIServer
+    from collab_env.testing.openai_server import FakeOpenAIServer
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     out = tmp_path / "api.jsonl"

@@ -1,6 +1,6 @@
 """HFPolicy on a tiny local model: batching queue, exact ids, log-probs, stops, seeds, adapters.
 
-All offline and CPU-only; the tiny model (tests/tiny_model.py) has random weights, so the tests
+All offline and CPU-only; the tiny model (collab_env/testing/tiny_model.py) has random weights, so the tests
 check the plumbing against recomputations, never the quality of the text.
 """
 
@@ -22,7 +22,7 @@ from collab_env._async import run_sync  # noqa: E402
 from collab_env.agents.hf import HFPolicy  # noqa: E402
 from collab_env.errors import ConfigError, MissingDependencyError, PolicyError  # noqa: E402
 from collab_env.types import Conversation  # noqa: E402
-from tests.tiny_model import build_tiny_chat_model, load_tiny_chat_model  # noqa: E402
+from collab_env.testing.tiny_model import build_tiny_chat_model, load_tiny_chat_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -446,7 +446,7 @@ def test_logprob_judge_on_the_tiny_model_equals_a_direct_computation(tiny_dir):
     the reply started as '{"', each answer followed by ',' or '}', normalised over the answers."""
     torch = pytest.importorskip("torch")
     from collab_env.agents.hf import HFPolicy
-    from tests.tiny_model import load_tiny_chat_model
+    from collab_env.testing.tiny_model import load_tiny_chat_model
 
     model, tok = load_tiny_chat_model(tiny_dir)
     judge = simple_judge(HFPolicy(model, tok, device="cpu"), score_type=bool, score_range=None)

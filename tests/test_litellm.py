@@ -1,4 +1,4 @@
-"""LiteLLMPolicy against a real HTTP server on 127.0.0.1 (tests/fake_openai_server.py).
+"""LiteLLMPolicy against a real HTTP server on 127.0.0.1 (collab_env/testing/openai_server.py).
 
 Every injected fault must end in a retry then success, a counted failure or a clear error:
 never a hang (wall times are bounded) and never a lost or misplaced result.
@@ -24,7 +24,7 @@ from collab_env.errors import ConfigError, FatalPolicyError, PolicyError  # noqa
 from collab_env.rollout import run_episode  # noqa: E402
 from collab_env.tasks.hidden_facts import AskThenAnswer  # noqa: E402
 from collab_env.types import FAULT, Conversation, Message  # noqa: E402
-from tests.fake_openai_server import FakeOpenAIServer, free_port  # noqa: E402
+from collab_env.testing.openai_server import FakeOpenAIServer, free_port  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 

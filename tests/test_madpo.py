@@ -110,7 +110,7 @@ ITEMS = [{"prompt": p, "target_min": 2.0, "target_max": 3.0} for p in
 
 
 def _trainer(tiny_dir, tmp_path, **kw):
-    from tests.tiny_model import load_tiny_chat_model
+    from collab_env.testing.tiny_model import load_tiny_chat_model
 
     model, tok = load_tiny_chat_model(tiny_dir)
     base = dict(num_agents=2, preference_num_candidates=4, preference_pairs_per_sample=2, max_new_tokens=8,

@@ -23,7 +23,7 @@ from collab_env.rewards.mr import (
     default_reward,
 )
 from collab_env.types import FAULT, Completion
-from tests.collabllm_fixtures import write_collabllm_fixture
+from collab_env.testing.collabllm_fixtures import write_collabllm_fixture
 
 
 # ---------------------------------------------------------------------------------------------

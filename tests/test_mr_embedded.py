@@ -15,7 +15,7 @@ import pytest
 import collab_env
 from collab_env.errors import MissingDependencyError
 from collab_env.rollout import arun_episode
-from tests.collabllm_fixtures import write_collabllm_fixture
+from collab_env.testing.collabllm_fixtures import write_collabllm_fixture
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")

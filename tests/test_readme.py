@@ -21,7 +21,7 @@ def test_readme_has_exactly_the_two_commands():
 
 
 def test_quickstart_runs(tmp_path, monkeypatch):
-    from tests.collabllm_fixtures import write_collabllm_fixture
+    from collab_env.testing.collabllm_fixtures import write_collabllm_fixture
 
     readme = (ROOT / "README.md").read_text()
     code = re.search(r"## Quickstart\n\n```python\n(.*?)```", readme, re.S).group(1)

@@ -337,7 +337,7 @@ def test_a_batch_whose_callers_were_all_cancelled_is_abandoned_or_never_sent():
 def test_a_missing_api_key_stops_a_litellm_rollout_after_one_round_of_requests(monkeypatch):
     pytest.importorskip("litellm")
     from collab_env.agents.litellm import ConcurrencyLimiter, LiteLLMPolicy
-    from tests.fake_openai_server import FakeOpenAIServer
+    from collab_env.testing.openai_server import FakeOpenAIServer
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     for batching in (True, False):
@@ -456,7 +456,7 @@ def tiny_policy(tmp_path_factory):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from collab_env.agents.hf import HFPolicy
-    from tests.tiny_model import build_tiny_chat_model, load_tiny_chat_model
+    from collab_env.testing.tiny_model import build_tiny_chat_model, load_tiny_chat_model
 
     model, tok = load_tiny_chat_model(build_tiny_chat_model(tmp_path_factory.mktemp("tiny")))
     return HFPolicy(model, tok, max_batch_size=8, max_wait_ms=20, max_new_tokens=12, temperature=0)

@@ -255,7 +255,7 @@ def _iac(tiny_dir, out, **kw):
     pytest.importorskip("transformers")
     from collab_env.adapters.actor_critic import IACConfig, IACTrainer
     from collab_env.tasks.cooperative import formatters, length_ratio_rows, reward_func
-    from tests.tiny_model import load_tiny_chat_model
+    from collab_env.testing.tiny_model import load_tiny_chat_model
 
     model, tok = load_tiny_chat_model(tiny_dir)
     args = IACConfig(num_agents=2, max_new_tokens=3, eval_interval=0, logging_steps=1, learning_rate=1e-2,

@@ -23,7 +23,7 @@ CHAT = [
 
 
 def _tiny(tiny_dir):
-    from tests.tiny_model import load_tiny_chat_model
+    from collab_env.testing.tiny_model import load_tiny_chat_model
 
     return load_tiny_chat_model(tiny_dir)
 
@@ -94,7 +94,7 @@ def test_collabllm_sft_rows_never_train_on_the_hidden_goal(tiny_dir):
     """Rows built by build_sft_dataset: the loss tokens are exactly the assistant replies; the
     hidden goal and the reference answer are nowhere in the tokens at all."""
     from collab_env.tasks.collabllm_data import build_sft_dataset
-    from tests.collabllm_fixtures import collabllm_fixture_rows
+    from collab_env.testing.collabllm_fixtures import collabllm_fixture_rows
 
     _, tok = _tiny(tiny_dir)
     rows = collabllm_fixture_rows(3)

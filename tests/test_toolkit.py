@@ -107,7 +107,7 @@ def test_masked_tokens_get_exactly_zero_gradient_even_with_garbage_logprobs():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from tests.tiny_model import build_tiny_chat_model, load_tiny_chat_model
+    from collab_env.testing.tiny_model import build_tiny_chat_model, load_tiny_chat_model
 
     return load_tiny_chat_model(build_tiny_chat_model(tmp_path_factory.mktemp("tiny")))
 

@@ -16,7 +16,7 @@ from collab_env.errors import ConfigError, FatalPolicyError, PolicyError
 from collab_env.rollout import run_episode
 from collab_env.tasks.hidden_facts import AskThenAnswer
 from collab_env.types import FAULT, Completion, Conversation, Message
-from tests.collabllm_fixtures import write_collabllm_fixture
+from collab_env.testing.collabllm_fixtures import write_collabllm_fixture
 
 SIGNAL = "[[TERMINATE CHAT]]"
 

@@ -31,7 +31,7 @@ def forward_logprobs(model, prompt, completion, pad_id):
 def test_magrpo_step_with_vllm_generation_syncs_the_trained_weights(tmp_path):
     from collab_env.adapters.magrpo import MAGRPOConfig, MAGRPOTrainer
     from collab_env.types import Conversation
-    from tests.tiny_model import build_tiny_chat_model, load_tiny_chat_model
+    from collab_env.testing.tiny_model import build_tiny_chat_model, load_tiny_chat_model
 
     folder = build_tiny_chat_model(tmp_path / "tiny")
     model, tok = load_tiny_chat_model(folder)

@@ -36,7 +36,7 @@ in flight (:attr:`max_in_flight`), which is how tests check a concurrency limit.
 
 Run it alone (the benchmark does, so that the server's CPU is not charged to the client)::
 
-    python tests/fake_openai_server.py --latency 0.05      # prints "PORT <n>" then serves
+    python -m collab_env.testing.openai_server --latency 0.05     # prints "PORT <n>" then serves
 """
 
 from __future__ import annotations
