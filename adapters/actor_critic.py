@@ -1040,7 +1040,7 @@ def _load_critic_model(spec: Any, tokenizer: Any, device: Any) -> tuple[Any, Any
     loaded model, in float32 on ``device``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from collab_env.adapters.common.models import EMBEDDED_NAMES
+    from collab_env.agents.base import EMBEDDED_NAMES
 
     if isinstance(spec, str) and spec in EMBEDDED_NAMES:
         from collab_env.agents.embedded import embedded_model_dir

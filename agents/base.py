@@ -17,6 +17,7 @@ __all__ = [
     "can_score_continuations",
     "continuation_token_ids",
     "continuation_jobs",
+    "EMBEDDED_NAMES",
 ]
 
 
@@ -174,6 +175,11 @@ def continuation_jobs(name: str, tokenizer: Any, prompt_text: Any, observations:
         raise
     except Exception as exc:
         raise PolicyError(f"{name}: applying the chat template failed: {exc!r}") from exc
+
+
+#: Values of a model argument (``model=``, ``agent_model=``, ``judge=``, ``user=``) that mean the
+#: embedded SmolLM2-135M-Instruct (see :mod:`collab_env.agents.embedded`).
+EMBEDDED_NAMES: tuple[str, ...] = ("embedded", "smollm2")
 
 
 #: Short names usable wherever a policy is accepted (CLI, configs). Later backends add theirs.

