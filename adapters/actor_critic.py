@@ -727,7 +727,7 @@ class _ActorCriticTrainer:
         a = self.args
         temp = a.logprob_temperature or a.temperature
         transitions, levels = self.collect(indices)
-        metrics = _turn_metrics(levels, "")
+        metrics = turn_metrics(levels, "")
         metrics["env_steps"] = float(sum(len(n.joint) for nodes in levels for n in nodes))
         if a.reference_kl_enabled:
             self._shape_with_reference_kl(transitions, metrics)
@@ -872,7 +872,7 @@ class _ActorCriticTrainer:
             if self.metrics_callback is not None:
                 for root in sorted({t.root for t in transitions}):
                     per_item.append(self._callback([t.sample for t in transitions if t.root == root]))
-        metrics = _turn_metrics([lv for lv in all_levels if lv], "eval/")
+        metrics = turn_metrics([lv for lv in all_levels if lv], "eval/")
         for key in sorted({k for row in per_item for k in row}):
             metrics[f"eval/{key}"] = _mean([row[key] for row in per_item if key in row])
         self.logger.log(metrics, env_step=self.state.env_step, epoch=self.state.epoch, item=self.state.items_done)
@@ -1013,7 +1013,7 @@ def _num_items(env: Any) -> int | None:
     return None
 
 
-def _turn_metrics(levels: Sequence[Sequence[Any]], prefix: str) -> dict[str, float]:
+def turn_metrics(levels: Sequence[Sequence[Any]], prefix: str) -> dict[str, float]:
     """``turn_k/reward_mean`` and ``turn_k/expected_return``: means over the joint actions of
     depth ``k - 1`` and over the trained agents."""
     out: dict[str, float] = {}

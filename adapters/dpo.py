@@ -138,7 +138,7 @@ def encode_pair(tokenizer: Any, prompt: Any, chosen: Any, rejected: Any, *, max_
     Raises:
         DataSchemaError: Malformed fields; ConfigError: a template that is not prefix-stable.
     """
-    from collab_env.adapters.sft import _check_prefix, _end_of_turn, chat_ids
+    from collab_env.adapters.sft import chat_ids, check_token_prefix, cut_at_end_of_turn
 
     p_msgs = _as_messages(prompt, "user", f"{where}: prompt")
     p_ids = chat_ids(tokenizer, p_msgs, generation_prompt=True)
@@ -148,8 +148,8 @@ def encode_pair(tokenizer: Any, prompt: Any, chosen: Any, rejected: Any, *, max_
         if c_msgs[0]["role"] != "assistant":
             raise DataSchemaError(f"{where}: {name} must start with an assistant message, got {c_msgs[0]['role']!r}.")
         full = chat_ids(tokenizer, p_msgs + c_msgs)
-        _check_prefix(full, p_ids, where)
-        end = _end_of_turn(tokenizer, full, len(p_ids), len(full)) if len(c_msgs) == 1 else len(full)
+        check_token_prefix(full, p_ids, where)
+        end = cut_at_end_of_turn(tokenizer, full, len(p_ids), len(full)) if len(c_msgs) == 1 else len(full)
         out.append(full[len(p_ids):end])
     if max_length is not None:
         room = max_length - len(p_ids)

@@ -54,7 +54,8 @@ from collab_env.adapters.common.config import (
 from collab_env.adapters.common.loop import TrainerState
 from collab_env.errors import ConfigError, TaskFunctionError
 
-__all__ = ["MAGRPOConfig", "MAGRPOTrainer", "TrainerState", "dataset_items", "streamed_rows", "eval_count"]
+__all__ = ["MAGRPOConfig", "MAGRPOTrainer", "TrainerState", "dataset_items", "streamed_rows", "eval_count",
+           "turn_metrics", "kl_per_turn"]
 
 
 @dataclass
@@ -495,7 +496,7 @@ class MAGRPOTrainer:
         a = self.args
         _, levels = self._rollout(self.train_env, indices, lambda d: a.num_generations, a.joint_mode,
                                   self._sampling(False), self._seeds)
-        metrics = _turn_metrics(levels, "")
+        metrics = turn_metrics(levels, "")
         metrics["env_steps"] = float(sum(len(n.joint) for nodes in levels for n in nodes))
         kls = self._reference_kls(levels, metrics) if a.reference_kl_enabled else {}
         groups: list[tuple[int, list[tuple[list[int], tuple[int, ...], float, int]]]] = []
@@ -645,7 +646,7 @@ class MAGRPOTrainer:
                 for name, v in stats.items():
                     totals[name] = totals.get(name, 0.0) + float(v)
                 if it == 0 and ref is not None:
-                    _kl_per_turn(logp.detach(), ref[k], b.completion_mask, micro[k], kl_by_turn)
+                    kl_per_turn(logp.detach(), ref[k], b.completion_mask, micro[k], kl_by_turn)
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 params, a.max_grad_norm if a.max_grad_norm is not None else float("inf"))
             pm.optimizer.step()
@@ -718,7 +719,7 @@ class MAGRPOTrainer:
                 if not isinstance(out, list) or not all(isinstance(x, Mapping) for x in out):
                     raise TaskFunctionError(f"eval_logger must return a list of dict rows, got {type(out).__name__}.")
                 rows.extend(dict(x) for x in out)
-        metrics = _turn_metrics([lv for lv in all_levels if lv], "eval/")
+        metrics = turn_metrics([lv for lv in all_levels if lv], "eval/")
         if k > 1:
             metrics[f"eval/pass@{k}"] = _mean(passes)
             metrics[f"eval/best_of_{k}_return"] = _mean(best)
@@ -789,7 +790,7 @@ def _num_items(env: Any) -> int | None:
     return None
 
 
-def _turn_metrics(levels: Sequence[Sequence[Any]], prefix: str) -> dict[str, float]:
+def turn_metrics(levels: Sequence[Sequence[Any]], prefix: str) -> dict[str, float]:
     """``turn_k/reward_mean`` and ``turn_k/expected_return``: means over the joint actions of
     depth ``k - 1`` (and over the trained agents)."""
     out: dict[str, float] = {}
@@ -802,7 +803,9 @@ def _turn_metrics(levels: Sequence[Sequence[Any]], prefix: str) -> dict[str, flo
     return out
 
 
-def _kl_per_turn(logp, ref_logp, mask, samples, into: dict[int, list[float]]) -> None:
+def kl_per_turn(logp, ref_logp, mask, samples, into: dict[int, list[float]]) -> None:
+    """Append each sample's token-mean k3 KL to the reference to ``into[turn]`` (``samples[i][3]``
+    is the turn of row ``i``), for the per-turn KL metrics."""
     from collab_env.adapters.common.losses import kl_k3
 
     kl = kl_k3(logp, ref_logp, mask)

@@ -48,9 +48,9 @@ from collab_env.adapters.common.config import check_choice, check_int
 from collab_env.adapters.magrpo import (
     MAGRPOConfig,
     MAGRPOTrainer,
-    _kl_per_turn,
     _mean,
-    _turn_metrics,
+    kl_per_turn,
+    turn_metrics,
 )
 from collab_env.errors import ConfigError
 
@@ -184,7 +184,7 @@ class MAREINFORCETrainer(MAGRPOTrainer):
         a = self.args
         _, levels = self._rollout(self.train_env, indices, lambda d: a.num_generations, a.joint_mode,
                                   self._sampling(False), self._seeds)
-        metrics = _turn_metrics(levels, "")
+        metrics = turn_metrics(levels, "")
         metrics["env_steps"] = float(sum(len(n.joint) for nodes in levels for n in nodes))
         greedy: dict[tuple[int, int], float] = {}
         if a.baseline == "remax":
@@ -273,7 +273,7 @@ class MAREINFORCETrainer(MAGRPOTrainer):
             for name, v in stats.items():
                 out[name] = out.get(name, 0.0) + float(v)
             if ref is not None:
-                _kl_per_turn(logp.detach(), ref[k], b.completion_mask, micro[k], kl_by_turn)
+                kl_per_turn(logp.detach(), ref[k], b.completion_mask, micro[k], kl_by_turn)
         params = [p for _, p in pm.trainable_parameters()]
         grad_norm = torch.nn.utils.clip_grad_norm_(
             params, a.max_grad_norm if a.max_grad_norm is not None else float("inf"))

@@ -224,10 +224,14 @@ class JointRewardModel:
         LM) with a fresh head, drawn from ``seed`` without moving the global RNG."""
         import torch
 
-        from collab_env.adapters.common.models import _load_one, resolve_device, resolve_dtype
+        from collab_env.adapters.common.models import (
+            load_model_and_tokenizer,
+            resolve_device,
+            resolve_dtype,
+        )
 
         dev = resolve_device(device)
-        lm, tok = _load_one(model, tokenizer, dev, resolve_dtype(dtype, dev))
+        lm, tok = load_model_and_tokenizer(model, tokenizer, dev, resolve_dtype(dtype, dev))
         hidden = int(lm.config.get_text_config().hidden_size if hasattr(lm.config, "get_text_config")
                      else lm.config.hidden_size)
         head = torch.nn.Linear(hidden, 1, dtype=torch.float32)
@@ -576,7 +580,7 @@ class RewardModelTrainer:
         import torch
 
         from collab_env.adapters.common.logging import MetricsLogger
-        from collab_env.adapters.common.models import _apply_lora, make_scheduler
+        from collab_env.adapters.common.models import apply_lora, make_scheduler
 
         args = RewardModelConfig() if args is None else args
         if not isinstance(args, RewardModelConfig):
@@ -611,7 +615,7 @@ class RewardModelTrainer:
             if args.lora_r > 0:
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(args.seed)
-                    rm.lm = _apply_lora(rm.lm, args)
+                    rm.lm = apply_lora(rm.lm, args)
         checkpointing = args.gradient_checkpointing
         if checkpointing is None:
             checkpointing = rm.device.type == "cuda"

@@ -43,7 +43,8 @@ from typing import Any
 from collab_env.adapters.common.config import TrainerConfig, check_int
 from collab_env.errors import ConfigError, DataSchemaError
 
-__all__ = ["SFTConfig", "SFTTrainer", "SFTState", "encode_conversation", "chat_ids"]
+__all__ = ["SFTConfig", "SFTTrainer", "SFTState", "encode_conversation", "chat_ids", "cut_at_end_of_turn",
+           "check_token_prefix"]
 
 
 @dataclass
@@ -94,7 +95,7 @@ def chat_ids(tokenizer: Any, messages: Sequence[Mapping[str, str]], *, generatio
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def _end_of_turn(tokenizer: Any, ids: Sequence[int], start: int, end: int) -> int:
+def cut_at_end_of_turn(tokenizer: Any, ids: Sequence[int], start: int, end: int) -> int:
     """``end`` cut just after the last EOS token in ``ids[start:end]`` (the template's text
     after the end-of-turn token is never generated), or ``end`` when there is none."""
     eos = getattr(tokenizer, "eos_token_id", None)
@@ -106,7 +107,9 @@ def _end_of_turn(tokenizer: Any, ids: Sequence[int], start: int, end: int) -> in
     return end
 
 
-def _check_prefix(full: Sequence[int], prefix: Sequence[int], where: str) -> None:
+def check_token_prefix(full: Sequence[int], prefix: Sequence[int], where: str) -> None:
+    """Raise :class:`ConfigError` (naming ``where``) unless ``prefix`` is a token prefix of
+    ``full``: the chat template must render a conversation's start the same way alone."""
     if len(prefix) > len(full) or list(full[:len(prefix)]) != list(prefix):
         raise ConfigError(
             f"{where}: the chat template renders a conversation prefix differently from the start of "
@@ -165,9 +168,9 @@ def encode_conversation(tokenizer: Any, messages: Sequence[Mapping[str, str]],
             continue
         head = chat_ids(tokenizer, msgs[:k], generation_prompt=True)
         upto = chat_ids(tokenizer, msgs[:k + 1])
-        _check_prefix(ids, head, where)
-        _check_prefix(ids, upto, where)
-        end = _end_of_turn(tokenizer, ids, len(head), len(upto))
+        check_token_prefix(ids, head, where)
+        check_token_prefix(ids, upto, where)
+        end = cut_at_end_of_turn(tokenizer, ids, len(head), len(upto))
         for t in range(len(head), end):
             mask[t] = 1
     if max_length is not None:

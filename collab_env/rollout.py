@@ -85,6 +85,9 @@ __all__ = [
     "normalize_jobs",
     "trainable_turns",
     "fatal_error",
+    "env_factory",
+    "iterate_in_thread",
+    "picklable_error",
 ]
 
 _USAGE_KEYS = ("model_calls", "prompt_tokens", "completion_tokens", "cost")
@@ -949,7 +952,9 @@ def normalize_jobs(jobs: int | Iterable[Any]) -> tuple[Iterator[dict[str, Any]],
     return gen(), total
 
 
-def _env_factory(env: Any, env_kwargs: Mapping[str, Any] | None) -> Callable[[], CollabEnv]:
+def env_factory(env: Any, env_kwargs: Mapping[str, Any] | None) -> Callable[[], CollabEnv]:
+    """A zero-argument factory of fresh envs from an env id (made with ``env_kwargs``) or a
+    factory (returned as it is); an env object is refused, since every episode needs its own."""
     if isinstance(env, str):
         from collab_env.registry import make, spec
 
@@ -1013,7 +1018,7 @@ class RolloutEngine:
                  env_kwargs: Mapping[str, Any] | None = None, **settings: Any) -> None:
         self.config = RolloutConfig.from_kwargs(config, **settings)
         self.env_id = env if isinstance(env, str) else None
-        self.make_env = _env_factory(env, env_kwargs)
+        self.make_env = env_factory(env, env_kwargs)
         players, defaults = _players_and_defaults(env, self.make_env)
         if not isinstance(policies, Mapping):
             raise ConfigError(f"policies maps player -> policy, got {type(policies).__name__}.")
@@ -1237,7 +1242,7 @@ class RolloutEngine:
         loop too (notebooks). Breaking out of the loop (or closing the generator) cancels the
         episodes still running.
         """
-        return _threaded(self.astream, jobs)
+        return iterate_in_thread(self.astream, jobs)
 
     async def arun(self, jobs: int | Iterable[Any], *, raise_on_error: bool = False) -> list[Episode | BaseException]:
         """Run every job; return outcomes **in job order**.
@@ -1290,7 +1295,7 @@ class RolloutEngine:
         return d
 
 
-def _threaded(agen_fn: Callable[[Any], AsyncIterator[Any]], arg: Any) -> Iterator[Any]:
+def iterate_in_thread(agen_fn: Callable[[Any], AsyncIterator[Any]], arg: Any) -> Iterator[Any]:
     """Iterate an async generator that runs on its own loop in a background thread."""
     q: queue.Queue = queue.Queue()
     done = object()
@@ -1489,7 +1494,7 @@ async def arun_episodes(
             await asyncio.gather(*running, return_exceptions=True)
 
 
-def _picklable_error(exc: BaseException) -> BaseException:
+def picklable_error(exc: BaseException) -> BaseException:
     """``exc`` if it survives pickling (to cross a process boundary), else a PolicyError with its
     text (used by the Ray backend)."""
     try:

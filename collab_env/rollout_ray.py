@@ -37,10 +37,10 @@ from collab_env.rollout import (
     Result,
     RolloutConfig,
     RolloutStats,
-    _env_factory,
-    _picklable_error,
-    _threaded,
+    env_factory,
+    iterate_in_thread,
     normalize_jobs,
+    picklable_error,
 )
 from collab_env.types import Episode
 
@@ -63,7 +63,7 @@ class _Worker:
     async def run(self, job: dict[str, Any]) -> Result:
         job, outcome = await self.engine.arun_job(job)
         if isinstance(outcome, BaseException):
-            outcome = _picklable_error(outcome)
+            outcome = picklable_error(outcome)
         return job, outcome
 
     def stats(self) -> RolloutStats:
@@ -111,7 +111,7 @@ class RayRolloutEngine:
         if not isinstance(policies, Mapping):
             raise ConfigError(f"policies maps player -> policy, got {type(policies).__name__}.")
         self.config = RolloutConfig.from_kwargs(config, **settings)
-        _env_factory(env, env_kwargs)  # validate now (unknown id, env object...), not on a worker
+        env_factory(env, env_kwargs)  # validate now (unknown id, env object...), not on a worker
         self.env = env
         self.env_kwargs = dict(env_kwargs or {})
         self.policies = dict(policies)
@@ -282,7 +282,7 @@ class RayRolloutEngine:
 
     def stream(self, jobs: int | Iterable[Any]) -> Iterator[Result]:
         """Synchronous :meth:`astream` (an event loop in a background thread feeds it)."""
-        return _threaded(self.astream, jobs)
+        return iterate_in_thread(self.astream, jobs)
 
     def run(self, jobs: int | Iterable[Any], *, raise_on_error: bool = False) -> list[Episode | BaseException]:
         """Run every job; return outcomes **in job order**.

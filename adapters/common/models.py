@@ -32,6 +32,8 @@ __all__ = [
     "make_optimizer",
     "make_scheduler",
     "unique_models",
+    "load_model_and_tokenizer",
+    "apply_lora",
 ]
 
 
@@ -144,7 +146,7 @@ class PolicyModel:
             raise ConfigError("internal: no reference model was built; the KL term needs one.")
 
 
-def _load_one(spec: Any, tokenizer: Any, device: str, dtype: Any) -> tuple[Any, Any]:
+def load_model_and_tokenizer(spec: Any, tokenizer: Any, device: str, dtype: Any) -> tuple[Any, Any]:
     """``(model, tokenizer)`` from one ``agent_model`` entry, on ``device`` in ``dtype``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -185,7 +187,9 @@ def _load_one(spec: Any, tokenizer: Any, device: str, dtype: Any) -> tuple[Any, 
     return model, tokenizer
 
 
-def _apply_lora(model: Any, config: Any) -> Any:
+def apply_lora(model: Any, config: Any) -> Any:
+    """``model`` with LoRA adapters from ``config`` (``lora_r``, ``lora_alpha``, ``lora_dropout``,
+    ``lora_target_modules``); a ``PeftModel`` is returned as it is (its adapters are trained)."""
     peft = require("peft", "hf", "LoRA training (lora_r > 0)")
     if isinstance(model, peft.PeftModel):
         return model  # the caller brought its own adapters: train those
@@ -248,13 +252,13 @@ def load_policy_models(agent_model: Any, tokenizer: Any, num_agents: int, config
             if i > 0 and spec is specs[0] and not isinstance(spec, (str, Path)):
                 model, tok = copy.deepcopy(loaded[0][0]), loaded[0][1]  # one loaded model, n agents
             else:
-                model, tok = _load_one(spec, tok, device, dtype)
+                model, tok = load_model_and_tokenizer(spec, tok, device, dtype)
             loaded.append((model, tok))
         out: list[PolicyModel] = []
         for model, tok in loaded:
             lora = config.lora_r > 0
             if lora:
-                model = _apply_lora(model, config)
+                model = apply_lora(model, config)
             reference = _frozen_copy(model) if need_reference and not lora else None
             checkpointing = config.gradient_checkpointing
             if checkpointing is None:

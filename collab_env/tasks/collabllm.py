@@ -152,6 +152,8 @@ __all__ = [
     "DEFAULT_SYSTEM_PROMPT",
     "normalize_messages",
     "normalize_sessions",
+    "GENERIC_TASK_DESC",
+    "default_task_desc",
 ]
 
 REQUIRED_COLUMNS: tuple[str, ...] = ("prompt", "single_turn_prompt", "single_turn_completion")
@@ -191,7 +193,7 @@ TASK_DESCRIPTIONS: dict[str, str] = {
     "bigcodebench": "writing Python code",
 }
 # verl's process_dataset.py default for datasets of other families.
-_GENERIC_TASK_DESC = "general ask-for-assistance task"
+GENERIC_TASK_DESC = "general ask-for-assistance task"
 
 _MODES = ("train", "eval")
 _GOAL_KIND = "collabllm_goal"
@@ -593,13 +595,15 @@ def normalize_sessions(value: Any, *, where: str) -> tuple[list[list[dict[str, s
     return sessions, (details if large else [])
 
 
-def _default_task_desc(dataset: str) -> str:
+def default_task_desc(dataset: str) -> str:
+    """The task description of a CollabLLM dataset name (:data:`TASK_DESCRIPTIONS`), or
+    :data:`GENERIC_TASK_DESC` for other families."""
     name = dataset.lower()
     # Longest key first so that e.g. a hypothetical "medium-x" never shadows a longer match.
     for key in sorted(TASK_DESCRIPTIONS, key=len, reverse=True):
         if key in name:
             return TASK_DESCRIPTIONS[key]
-    return _GENERIC_TASK_DESC
+    return GENERIC_TASK_DESC
 
 
 def _continuation(session: list[dict[str, str]], prefix: list[dict[str, str]]) -> list[dict[str, str]]:
@@ -633,7 +637,7 @@ class CollabLLMTask(Task):
         self.config = config
         self._source = ", ".join(_flat_files(config.data_files)) if config.data_files else config.dataset
         self._rows = load_collabllm_dataset(config.dataset, config.data_files, config.split)
-        self._default_desc = _default_task_desc(config.dataset)
+        self._default_desc = default_task_desc(config.dataset)
         # Enough env steps for the assistant's budget to end the episode first.
         self.default_max_steps = 2 * (config.max_assistant_turns or 20)
         self.get_item(0)  # fail fast on a malformed first row

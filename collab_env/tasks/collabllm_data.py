@@ -341,9 +341,9 @@ def build_rl_dataset(
         ConfigError: An argument is invalid.
     """
     from collab_env.tasks.collabllm import (
-        _GENERIC_TASK_DESC,
+        GENERIC_TASK_DESC,
         REQUIRED_COLUMNS,
-        _default_task_desc,
+        default_task_desc,
         normalize_sessions,
     )
 
@@ -354,7 +354,7 @@ def build_rl_dataset(
     for name, value in (("data_source", data_source), ("agent_name", agent_name)):
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{name} must be a non-empty str, got {value!r}.")
-    default_desc = _default_task_desc(dataset) if dataset else _GENERIC_TASK_DESC
+    default_desc = default_task_desc(dataset) if dataset else GENERIC_TASK_DESC
     ability = ability or _family_value(dataset, _ABILITIES, "general")
 
     records, seen = [], set()
