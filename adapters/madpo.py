@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from collab_env.adapters.common.config import check_choice, check_float, check_int
-from collab_env.adapters.magrpo import MAGRPOConfig, MAGRPOTrainer, eval_count
+from collab_env.adapters.magrpo import MAGRPOConfig, MAGRPOTrainer
 from collab_env.errors import ConfigError
 
 __all__ = [
@@ -520,22 +520,10 @@ class MADPOTrainer(MAGRPOTrainer):
         one tagged completion per item, split into the agents' parts and scored by the env."""
         if not self.centralized:
             return super().evaluate(num_eval_samples)
-        import numpy as np
-
-        if self.eval_env is None:
-            return {}
-        a = self.args
-        n = a.eval_num_samples if num_eval_samples is None else num_eval_samples
-        check_int("num_eval_samples", n, 0)
-        n = eval_count(self.eval_env, self._eval_items, n)
+        n, seeds = self._begin_evaluation(num_eval_samples)
         if n == 0:
             return {}
-        rng = np.random.default_rng([a.seed, 1_000_003, self.state.evaluations])
-        self.state.evaluations += 1
-
-        def seeds(k: int) -> list[int]:
-            return [int(s) for s in rng.integers(0, 2**62, size=k)]
-
+        a = self.args
         rewards, parsed = [], []
         for start in range(0, n, a.eval_batch_size):
             idx = list(range(start, min(n, start + a.eval_batch_size)))

@@ -669,30 +669,41 @@ class MAGRPOTrainer:
         return out
 
     # -- evaluation -------------------------------------------------------------------------------
-    def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
-        """Evaluate on the first ``num_eval_samples`` evaluation items (default
-        ``args.eval_num_samples``) without updating weights: one joint response per turn
-        (``eval_pass_k`` independent ones for pass@k). Logs and returns ``eval/...`` metrics;
-        ``{}`` without an evaluation split."""
+    def _begin_evaluation(self, num_eval_samples: int | None) -> tuple[int, Any]:
+        """``(n, seeds)`` for one evaluation: how many of the first evaluation items to play
+        (``num_eval_samples``, default ``args.eval_num_samples``, capped by the split; 0 without
+        an evaluation split) and ``seeds(k)``, ``k`` seeds from the evaluation's own generator,
+        so that evaluating never shifts the training run's samples. Counts the evaluation."""
         import numpy as np
 
-        from collab_env.adapters.common.rollout import episode_item
-
         if self.eval_env is None:
-            return {}
+            return 0, None
         a = self.args
         n = a.eval_num_samples if num_eval_samples is None else num_eval_samples
         check_int("num_eval_samples", n, 0)
         n = eval_count(self.eval_env, self._eval_items, n)
         if n == 0:
-            return {}
-        # Evaluation draws from its own generator, so it never shifts the training run's samples.
+            return 0, None
         rng = np.random.default_rng([a.seed, 1_000_003, self.state.evaluations])
         self.state.evaluations += 1
 
         def seeds(k: int) -> list[int]:
             return [int(s) for s in rng.integers(0, 2**62, size=k)]
 
+        return n, seeds
+
+    def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
+        """Evaluate on the first ``num_eval_samples`` evaluation items (default
+        ``args.eval_num_samples``) without updating weights: one joint response per turn
+        (``eval_pass_k`` independent ones for pass@k). Logs and returns ``eval/...`` metrics;
+        ``{}`` without an evaluation split."""
+
+        from collab_env.adapters.common.rollout import episode_item
+
+        n, seeds = self._begin_evaluation(num_eval_samples)
+        if n == 0:
+            return {}
+        a = self.args
         k = a.eval_pass_k
         all_levels: list[list[Any]] = [[] for _ in range(a.num_turns)]
         rows: list[dict[str, Any]] = []
