@@ -117,26 +117,26 @@ Version history
 
 from __future__ import annotations
 
-import os
-import socket
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import PurePath
 from typing import Any, ClassVar, Literal
-from urllib.parse import urlparse
 
 import numpy as np
 
 from collab_env.agents.scripted import ScriptedPolicy
 from collab_env.env import CollabEnv, EpisodeState, Outcome, Start, Task, env_message
-from collab_env.errors import (
-    ConfigError,
-    DataSchemaError,
-    DatasetUnavailableError,
-    PolicyError,
-)
+from collab_env.errors import ConfigError, DataSchemaError, PolicyError
 from collab_env.tasks._common import build_config, build_env, split_env_kwargs
+from collab_env.tasks.collabllm_load import check_data_files, data_file_list, load_collabllm_dataset
+from collab_env.tasks.collabllm_rows import (
+    GENERIC_TASK_DESC,
+    OPTIONAL_COLUMNS,
+    REQUIRED_COLUMNS,
+    TASK_DESCRIPTIONS,
+    default_task_desc,
+    normalize_messages,
+    normalize_sessions,
+)
 from collab_env.types import Conversation, Message
 
 __all__ = [
@@ -156,17 +156,6 @@ __all__ = [
     "default_task_desc",
 ]
 
-REQUIRED_COLUMNS: tuple[str, ...] = ("prompt", "single_turn_prompt", "single_turn_completion")
-OPTIONAL_COLUMNS: tuple[str, ...] = (
-    "completion",
-    "conv_id",
-    "score",
-    "single_turn_metadata",
-    "turn_id",
-    "sessions",
-    "rewards",
-    "task_desc",
-)
 DEFAULT_TERMINATION_SIGNAL = "[[TERMINATE CHAT]]"
 
 #: The assistant's default system prompt on the ``collabllm-*`` envs: our own wording of what
@@ -185,34 +174,12 @@ DEFAULT_SYSTEM_PROMPT = (
     "something, say so and suggest how it could be checked."
 )
 
-#: Default ``task_desc`` per dataset family (matched against the dataset name); a ``task_desc``
-#: column wins over it, and ``task_desc=`` at make wins over both.
-TASK_DESCRIPTIONS: dict[str, str] = {
-    "math-hard": "solving math problems",
-    "medium": "writing and editing documents (articles)",
-    "bigcodebench": "writing Python code",
-}
-# verl's process_dataset.py default for datasets of other families.
-GENERIC_TASK_DESC = "general ask-for-assistance task"
-
 _MODES = ("train", "eval")
 _GOAL_KIND = "collabllm_goal"
 _REWARD_NOTE = (
     "collabllm envs return reward 0.0 on every step; CollabLLM rewards (accuracy, interactivity, "
     "token amount, BLEU, pass rate, multiturn-aware reward) come from the reward wrappers "
     "configured by EnvSpec.reward."
-)
-_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
-_COMPRESSION = (".gz", ".bz2", ".xz", ".zst", ".zip")
-_TRUE = ("1", "true", "yes", "on")
-_PROBE_TIMEOUT_S = 3.0
-
-_OFFLINE_HINT = (
-    "To run without the hub, pass data_files= with a local copy in the documented schema "
-    "(parquet, json or jsonl; see the collab_env.tasks.collabllm docstring), e.g. "
-    "collab_env.make('collabllm-math-hard', data_files='math-hard.parquet'), or use the offline "
-    "suites 'hidden-facts' / 'length-ratio'. Set HF_DATASETS_OFFLINE=1 (and HF_HUB_OFFLINE=1) "
-    "to skip network access altogether."
 )
 
 
@@ -259,7 +226,7 @@ class CollabLLMConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.dataset, str) or not self.dataset.strip():
             raise ConfigError(f"dataset must be a non-empty str, got {self.dataset!r}.")
-        self.data_files = _check_data_files(self.data_files)
+        self.data_files = check_data_files(self.data_files)
         if not isinstance(self.split, str) or not self.split:
             raise ConfigError(f"split must be a non-empty str, got {self.split!r}.")
         if self.mode not in _MODES:
@@ -276,334 +243,6 @@ class CollabLLMConfig:
                 raise ConfigError(f"{name} must be an int >= 1 or None, got {v!r}.")
         if self.task_desc is not None and not isinstance(self.task_desc, str):
             raise ConfigError(f"task_desc must be a str or None, got {type(self.task_desc).__name__}.")
-
-
-def _check_data_files(data_files: Any) -> str | list[str] | dict[str, Any] | None:
-    """Normalise ``data_files`` (paths become str) and reject other types."""
-    if data_files is None:
-        return None
-    if isinstance(data_files, (str, os.PathLike)):
-        return os.fspath(data_files)
-    if isinstance(data_files, Mapping):
-        if not data_files:
-            raise ConfigError("data_files={} names no file; pass a path, a list or {split: path}.")
-        return {str(k): _check_data_files(v) for k, v in data_files.items()}
-    if isinstance(data_files, Sequence) and not isinstance(data_files, bytes):
-        if not data_files:
-            raise ConfigError("data_files=[] names no file; pass at least one path.")
-        out = []
-        for f in data_files:
-            if not isinstance(f, (str, os.PathLike)):
-                raise ConfigError(f"data_files entries must be paths, got {type(f).__name__}.")
-            out.append(os.fspath(f))
-        return out
-    raise ConfigError(
-        f"data_files must be a path, a list of paths or a {{split: paths}} dict, got {type(data_files).__name__}."
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Loading
-# ---------------------------------------------------------------------------------------------
-def _flat_files(data_files: str | list[str] | dict[str, Any]) -> list[str]:
-    if isinstance(data_files, str):
-        return [data_files]
-    if isinstance(data_files, Mapping):
-        return [f for v in data_files.values() for f in _flat_files(v)]
-    return list(data_files)
-
-
-def _builder_for(files: list[str]) -> str:
-    """The ``datasets`` builder for the files' extension (compression suffixes ignored)."""
-    builders = set()
-    for f in files:
-        suffixes = [s.lower() for s in PurePath(f).suffixes]
-        while suffixes and suffixes[-1] in _COMPRESSION:
-            suffixes.pop()
-        ext = suffixes[-1] if suffixes else ""
-        if ext not in _BUILDERS:
-            raise ConfigError(
-                f"cannot tell the format of data file {f!r} from its extension {ext or '(none)'!r}; "
-                f"supported: {sorted(_BUILDERS)} (optionally compressed)."
-            )
-        builders.add(_BUILDERS[ext])
-    if len(builders) > 1:
-        raise ConfigError(f"data_files mix formats {sorted(builders)}; pass files of one format.")
-    return builders.pop()
-
-
-def _env_offline() -> bool:
-    return any(os.environ.get(k, "").strip().lower() in _TRUE for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-
-
-class _ForceOffline:
-    """Make ``datasets`` and ``huggingface_hub`` honour offline flags set after their import.
-
-    Both libraries read ``HF_HUB_OFFLINE`` once, at import; a flag set later (a notebook, a
-    test's monkeypatch) would otherwise still mean ~25 s of network retries. The constants are
-    restored on exit. Not thread-safe: two loads racing may see each other's setting, which is
-    harmless since both asked for offline mode.
-    """
-
-    def __enter__(self) -> None:
-        import datasets.config
-        import huggingface_hub.constants
-
-        self._saved = (datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE)
-        datasets.config.HF_HUB_OFFLINE = True
-        huggingface_hub.constants.HF_HUB_OFFLINE = True
-
-    def __exit__(self, *exc: Any) -> None:
-        import datasets.config
-        import huggingface_hub.constants
-
-        datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = self._saved
-
-
-def _hub_endpoint() -> str:
-    from huggingface_hub import constants
-
-    return os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
-
-
-def _probe(endpoint: str, timeout: float = _PROBE_TIMEOUT_S) -> str | None:
-    """``None`` when a TCP connection to ``endpoint`` opens within ``timeout``, else why not.
-
-    Runs in a daemon thread so that a slow DNS lookup (which ``socket`` timeouts do not bound)
-    cannot hold ``make`` longer than ``timeout``.
-    """
-    url = urlparse(endpoint)
-    host = url.hostname
-    if not host:
-        return f"cannot parse the hub endpoint {endpoint!r}"
-    port = url.port or (443 if url.scheme == "https" else 80)
-    result: list[str | None] = []
-
-    def connect() -> None:
-        try:
-            socket.create_connection((host, port), timeout=timeout).close()
-            result.append(None)
-        except OSError as exc:
-            result.append(f"{type(exc).__name__}: {exc}")
-
-    t = threading.Thread(target=connect, name="collabllm-hub-probe", daemon=True)
-    t.start()
-    t.join(timeout)
-    if not result:
-        return f"no answer within {timeout:.0f} s"
-    return result[0]
-
-
-def load_collabllm_dataset(dataset: str, data_files: Any = None, split: str = "train"):
-    """Load CollabLLM rows as a ``datasets.Dataset`` and check the required columns.
-
-    Args:
-        dataset: Hub id (``"collabllm/collabllm-multiturn-math-hard"``) or a local dataset
-            directory; ignored when ``data_files`` is given.
-        data_files: Local parquet/json/jsonl file(s): a path, a list or a ``{split: paths}`` dict.
-        split: Split to return.
-
-    Returns:
-        The ``datasets.Dataset`` of that split.
-
-    Raises:
-        DatasetUnavailableError: The hub is unreachable or offline without a cached copy, or a
-            file does not exist. The message says how to run offline.
-        DataSchemaError: A file cannot be parsed, or a required column is missing.
-        ConfigError: Unknown file format or split.
-    """
-    import datasets  # a core dependency, imported here to keep ``import collab_env`` light
-
-    data_files = _check_data_files(data_files)
-    if data_files is not None:
-        files = _flat_files(data_files)
-        source = ", ".join(files)
-        builder = _builder_for(files)
-        try:
-            loaded = datasets.load_dataset(builder, data_files=data_files)
-        except FileNotFoundError as exc:
-            raise DatasetUnavailableError(
-                f"collabllm: data file not found ({source}): {exc}. Check the path(s) given as data_files=."
-            ) from exc
-        except Exception as exc:  # parse errors of every kind: report as a schema problem
-            raise DataSchemaError(
-                f"collabllm: cannot read {source} as {builder}: {type(exc).__name__}: {exc}. "
-                "The files must hold rows in the schema documented in collab_env.tasks.collabllm."
-            ) from exc
-    else:
-        source = dataset
-        if os.path.isdir(dataset):
-            loaded = datasets.load_dataset(dataset)
-        else:
-            loaded = _load_from_hub(datasets, dataset)
-
-    if split not in loaded:
-        raise ConfigError(f"collabllm: {source} has no split {split!r}; splits: {sorted(loaded)}.")
-    ds = loaded[split]
-    missing = [c for c in REQUIRED_COLUMNS if c not in ds.column_names]
-    if missing:
-        raise DataSchemaError(
-            f"collabllm: {source} lacks required column(s) {missing} (it has {ds.column_names}). "
-            f"Required: {list(REQUIRED_COLUMNS)}; optional: {list(OPTIONAL_COLUMNS)}."
-        )
-    if len(ds) == 0:
-        raise DataSchemaError(f"collabllm: {source} (split {split!r}) has no rows.")
-    return ds
-
-
-def _load_from_hub(datasets: Any, dataset: str):
-    """``load_dataset(dataset)`` that fails within seconds when the hub cannot be used."""
-    if _env_offline() or datasets.config.HF_HUB_OFFLINE:
-        try:
-            with _ForceOffline():
-                return datasets.load_dataset(dataset)
-        except Exception as exc:
-            raise DatasetUnavailableError(
-                f"collabllm: offline mode is on (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) and "
-                f"{dataset!r} is not in the local Hugging Face cache ({type(exc).__name__}: {exc}). "
-                + _OFFLINE_HINT
-            ) from exc
-    endpoint = _hub_endpoint()
-    # Through a proxy a direct connection says nothing about reachability: skip the probe.
-    proxied = any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"))
-    if not proxied:
-        why = _probe(endpoint)
-        if why is not None:
-            raise DatasetUnavailableError(
-                f"collabllm: the Hugging Face Hub ({endpoint}) is unreachable ({why}), so "
-                f"{dataset!r} cannot be downloaded. " + _OFFLINE_HINT
-            )
-    try:
-        return datasets.load_dataset(dataset)
-    except Exception as exc:
-        raise DatasetUnavailableError(
-            f"collabllm: cannot load {dataset!r} from the Hugging Face Hub ({type(exc).__name__}: {exc}). "
-            + _OFFLINE_HINT
-        ) from exc
-
-
-# ---------------------------------------------------------------------------------------------
-# Row normalisation
-# ---------------------------------------------------------------------------------------------
-def normalize_messages(value: Any, *, what: str, where: str) -> list[dict[str, str]]:
-    """``[{"role", "content"}]`` from a message list (or the ``{"role": [...], "content": [...]}``
-    form ``datasets`` gives a ``Sequence`` of structs), or DataSchemaError saying what is wrong.
-
-    Args:
-        value: The messages as read from a row.
-        what: Name of the field, for the error message.
-        where: Which file and row, for the error message.
-    """
-    if isinstance(value, Mapping) and "role" in value and not isinstance(value["role"], str):
-        roles, contents = value.get("role"), value.get("content")
-        if not isinstance(roles, Sequence) or not isinstance(contents, Sequence) or len(roles) != len(contents):
-            raise DataSchemaError(
-                f"{where}: {what} as columns must have 'role' and 'content' lists of one length."
-            )
-        value = [{"role": r, "content": c} for r, c in zip(roles, contents)]
-    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
-        raise DataSchemaError(f"{where}: {what} must be a list of {{role, content}} messages, got {type(value).__name__}.")
-    out = []
-    for j, m in enumerate(value):
-        if not isinstance(m, Mapping) or "role" not in m:
-            raise DataSchemaError(f"{where}: {what}[{j}] must be a {{role, content}} dict, got {m!r:.80}.")
-        role = m["role"]
-        if role not in ("system", "user", "assistant"):
-            raise DataSchemaError(
-                f"{where}: {what}[{j}] has role {role!r}; roles must be 'system', 'user' or 'assistant'."
-            )
-        content = m.get("content")
-        if content is not None and not isinstance(content, str):
-            raise DataSchemaError(f"{where}: {what}[{j}].content must be text, got {type(content).__name__}.")
-        out.append({"role": role, "content": content or ""})
-    return out
-
-
-def _is_message_list(value: Any) -> bool:
-    """Whether ``value`` is a message list (either form), as opposed to a session struct."""
-    if isinstance(value, Mapping):
-        return "role" in value and not isinstance(value["role"], str)
-    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
-
-
-def _drop_none(value: Any) -> Any:
-    """``value`` without the ``None`` fields that arrow/``datasets`` fill in, recursively."""
-    if isinstance(value, Mapping):
-        return {str(k): _drop_none(v) for k, v in value.items() if v is not None}
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-def normalize_sessions(value: Any, *, where: str) -> tuple[list[list[dict[str, str]]], list[dict[str, Any]]]:
-    """Every ``sessions`` layout (module docstring) as ``(message lists, details)``.
-
-    Returns:
-        The sessions as message lists (``forward_chat`` for the ``-large`` layout), in key
-        order, absent ones dropped; and, for the ``-large`` layout, one details dict per kept
-        session (``{"key": "0", "average_score": ..., "interactivity": {...}, ...}`` without
-        ``None`` fill-ins), else an empty list.
-
-    Raises:
-        DataSchemaError: The value is in none of the layouts.
-    """
-    if value is None:
-        return [], []
-    keys: list[str | None]
-    if isinstance(value, Mapping) and not _is_message_list(value):
-        # Struct layouts: keys "0", "1", ...; keys another row had are filled with None.
-        try:
-            ordered = sorted(value, key=int)
-        except (TypeError, ValueError) as exc:
-            raise DataSchemaError(
-                f"{where}: sessions struct keys must be '0', '1', ..., got {sorted(map(str, value))}."
-            ) from exc
-        keys, values = [str(k) for k in ordered], [value[k] for k in ordered]
-    elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
-        keys, values = [None] * len(value), list(value)
-    else:
-        raise DataSchemaError(
-            f"{where}: sessions must be a list or a struct of sessions, got {type(value).__name__}."
-        )
-    sessions: list[list[dict[str, str]]] = []
-    details: list[dict[str, Any]] = []
-    large = False
-    for i, (key, v) in enumerate(zip(keys, values)):
-        name = f"sessions[{key!r}]" if key is not None else f"sessions[{i}]"
-        if v is None:
-            continue
-        if isinstance(v, Mapping) and not _is_message_list(v):  # a -large session struct
-            fields = _drop_none(v)
-            if not fields:  # a key only other rows have
-                continue
-            if "forward_chat" not in fields:
-                raise DataSchemaError(
-                    f"{where}: {name} is a struct without 'forward_chat' (it has {sorted(fields)}); a "
-                    "session struct holds forward_chat (the messages after the completion), "
-                    "average_score and judge details."
-                )
-            large = True
-            sessions.append(normalize_messages(fields.pop("forward_chat"), what=f"{name}.forward_chat", where=where))
-            details.append({"key": key if key is not None else str(i), **fields})
-        else:
-            sessions.append(normalize_messages(v, what=name, where=where))
-            details.append({})
-    if large and any(not d for d in details):
-        raise DataSchemaError(
-            f"{where}: sessions mix message lists and session structs; use one layout per row."
-        )
-    return sessions, (details if large else [])
-
-
-def default_task_desc(dataset: str) -> str:
-    """The task description of a CollabLLM dataset name (:data:`TASK_DESCRIPTIONS`), or
-    :data:`GENERIC_TASK_DESC` for other families."""
-    name = dataset.lower()
-    # Longest key first so that e.g. a hypothetical "medium-x" never shadows a longer match.
-    for key in sorted(TASK_DESCRIPTIONS, key=len, reverse=True):
-        if key in name:
-            return TASK_DESCRIPTIONS[key]
-    return GENERIC_TASK_DESC
 
 
 def _continuation(session: list[dict[str, str]], prefix: list[dict[str, str]]) -> list[dict[str, str]]:
@@ -635,7 +274,7 @@ class CollabLLMTask(Task):
 
     def __init__(self, config: CollabLLMConfig) -> None:
         self.config = config
-        self._source = ", ".join(_flat_files(config.data_files)) if config.data_files else config.dataset
+        self._source = ", ".join(data_file_list(config.data_files)) if config.data_files else config.dataset
         self._rows = load_collabllm_dataset(config.dataset, config.data_files, config.split)
         self._default_desc = default_task_desc(config.dataset)
         # Enough env steps for the assistant's budget to end the episode first.

@@ -1,0 +1,254 @@
+"""Loading CollabLLM rows: local parquet / json / jsonl files, a dataset directory, or the hub.
+
+:func:`load_collabllm_dataset` reads the rows and checks the required columns of the schema
+documented in :mod:`collab_env.tasks.collabllm`. Without ``data_files`` the rows come from the
+Hugging Face Hub: with ``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE`` set only the local cache is
+used; otherwise the hub endpoint is probed first (3 s TCP connect) and an unreachable hub raises
+:class:`~collab_env.errors.DatasetUnavailableError` at once, saying what to do instead.
+``datasets`` is imported only when rows are loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import PurePath
+from typing import Any
+from urllib.parse import urlparse
+
+from collab_env.errors import ConfigError, DataSchemaError, DatasetUnavailableError
+from collab_env.tasks.collabllm_rows import OPTIONAL_COLUMNS, REQUIRED_COLUMNS
+
+__all__ = ["load_collabllm_dataset", "check_data_files", "data_file_list"]
+
+_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+_COMPRESSION = (".gz", ".bz2", ".xz", ".zst", ".zip")
+_TRUE = ("1", "true", "yes", "on")
+_PROBE_TIMEOUT_S = 3.0
+
+_OFFLINE_HINT = (
+    "To run without the hub, pass data_files= with a local copy in the documented schema "
+    "(parquet, json or jsonl; see the collab_env.tasks.collabllm docstring), e.g. "
+    "collab_env.make('collabllm-math-hard', data_files='math-hard.parquet'), or use the offline "
+    "suites 'hidden-facts' / 'length-ratio'. Set HF_DATASETS_OFFLINE=1 (and HF_HUB_OFFLINE=1) "
+    "to skip network access altogether."
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# data_files
+# ---------------------------------------------------------------------------------------------
+def check_data_files(data_files: Any) -> str | list[str] | dict[str, Any] | None:
+    """``data_files`` as given to :class:`~collab_env.tasks.collabllm.CollabLLMConfig` and
+    :func:`load_collabllm_dataset`, normalised: paths become ``str``, lists and ``{split: paths}``
+    dicts are checked entry by entry; ``None`` stays ``None``.
+
+    Raises:
+        ConfigError: An empty list or dict, or a value that is not a path, a list of paths or a
+            ``{split: paths}`` dict.
+    """
+    if data_files is None:
+        return None
+    if isinstance(data_files, (str, os.PathLike)):
+        return os.fspath(data_files)
+    if isinstance(data_files, Mapping):
+        if not data_files:
+            raise ConfigError("data_files={} names no file; pass a path, a list or {split: path}.")
+        return {str(k): check_data_files(v) for k, v in data_files.items()}
+    if isinstance(data_files, Sequence) and not isinstance(data_files, bytes):
+        if not data_files:
+            raise ConfigError("data_files=[] names no file; pass at least one path.")
+        out = []
+        for f in data_files:
+            if not isinstance(f, (str, os.PathLike)):
+                raise ConfigError(f"data_files entries must be paths, got {type(f).__name__}.")
+            out.append(os.fspath(f))
+        return out
+    raise ConfigError(
+        f"data_files must be a path, a list of paths or a {{split: paths}} dict, got {type(data_files).__name__}."
+    )
+
+
+def data_file_list(data_files: str | list[str] | dict[str, Any]) -> list[str]:
+    """Every path of normalised ``data_files`` (see :func:`check_data_files`) in one flat list,
+    in order (the values of a ``{split: paths}`` dict one after the other)."""
+    if isinstance(data_files, str):
+        return [data_files]
+    if isinstance(data_files, Mapping):
+        return [f for v in data_files.values() for f in data_file_list(v)]
+    return list(data_files)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------
+def _builder_for(files: list[str]) -> str:
+    """The ``datasets`` builder for the files' extension (compression suffixes ignored)."""
+    builders = set()
+    for f in files:
+        suffixes = [s.lower() for s in PurePath(f).suffixes]
+        while suffixes and suffixes[-1] in _COMPRESSION:
+            suffixes.pop()
+        ext = suffixes[-1] if suffixes else ""
+        if ext not in _BUILDERS:
+            raise ConfigError(
+                f"cannot tell the format of data file {f!r} from its extension {ext or '(none)'!r}; "
+                f"supported: {sorted(_BUILDERS)} (optionally compressed)."
+            )
+        builders.add(_BUILDERS[ext])
+    if len(builders) > 1:
+        raise ConfigError(f"data_files mix formats {sorted(builders)}; pass files of one format.")
+    return builders.pop()
+
+
+def _env_offline() -> bool:
+    return any(os.environ.get(k, "").strip().lower() in _TRUE for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+class _ForceOffline:
+    """Make ``datasets`` and ``huggingface_hub`` honour offline flags set after their import.
+
+    Both libraries read ``HF_HUB_OFFLINE`` once, at import; a flag set later (a notebook, a
+    test's monkeypatch) would otherwise still mean ~25 s of network retries. The constants are
+    restored on exit. Not thread-safe: two loads racing may see each other's setting, which is
+    harmless since both asked for offline mode.
+    """
+
+    def __enter__(self) -> None:
+        import datasets.config
+        import huggingface_hub.constants
+
+        self._saved = (datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE)
+        datasets.config.HF_HUB_OFFLINE = True
+        huggingface_hub.constants.HF_HUB_OFFLINE = True
+
+    def __exit__(self, *exc: Any) -> None:
+        import datasets.config
+        import huggingface_hub.constants
+
+        datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = self._saved
+
+
+def _hub_endpoint() -> str:
+    from huggingface_hub import constants
+
+    return os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+
+
+def _probe(endpoint: str, timeout: float = _PROBE_TIMEOUT_S) -> str | None:
+    """``None`` when a TCP connection to ``endpoint`` opens within ``timeout``, else why not.
+
+    Runs in a daemon thread so that a slow DNS lookup (which ``socket`` timeouts do not bound)
+    cannot hold ``make`` longer than ``timeout``.
+    """
+    url = urlparse(endpoint)
+    host = url.hostname
+    if not host:
+        return f"cannot parse the hub endpoint {endpoint!r}"
+    port = url.port or (443 if url.scheme == "https" else 80)
+    result: list[str | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            result.append(None)
+        except OSError as exc:
+            result.append(f"{type(exc).__name__}: {exc}")
+
+    t = threading.Thread(target=connect, name="collabllm-hub-probe", daemon=True)
+    t.start()
+    t.join(timeout)
+    if not result:
+        return f"no answer within {timeout:.0f} s"
+    return result[0]
+
+
+def load_collabllm_dataset(dataset: str, data_files: Any = None, split: str = "train"):
+    """Load CollabLLM rows as a ``datasets.Dataset`` and check the required columns.
+
+    Args:
+        dataset: Hub id (``"collabllm/collabllm-multiturn-math-hard"``) or a local dataset
+            directory; ignored when ``data_files`` is given.
+        data_files: Local parquet/json/jsonl file(s): a path, a list or a ``{split: paths}`` dict.
+        split: Split to return.
+
+    Returns:
+        The ``datasets.Dataset`` of that split.
+
+    Raises:
+        DatasetUnavailableError: The hub is unreachable or offline without a cached copy, or a
+            file does not exist. The message says how to run offline.
+        DataSchemaError: A file cannot be parsed, or a required column is missing.
+        ConfigError: Unknown file format or split.
+    """
+    import datasets  # a core dependency, imported here to keep ``import collab_env`` light
+
+    data_files = check_data_files(data_files)
+    if data_files is not None:
+        files = data_file_list(data_files)
+        source = ", ".join(files)
+        builder = _builder_for(files)
+        try:
+            loaded = datasets.load_dataset(builder, data_files=data_files)
+        except FileNotFoundError as exc:
+            raise DatasetUnavailableError(
+                f"collabllm: data file not found ({source}): {exc}. Check the path(s) given as data_files=."
+            ) from exc
+        except Exception as exc:  # parse errors of every kind: report as a schema problem
+            raise DataSchemaError(
+                f"collabllm: cannot read {source} as {builder}: {type(exc).__name__}: {exc}. "
+                "The files must hold rows in the schema documented in collab_env.tasks.collabllm."
+            ) from exc
+    else:
+        source = dataset
+        if os.path.isdir(dataset):
+            loaded = datasets.load_dataset(dataset)
+        else:
+            loaded = _load_from_hub(datasets, dataset)
+
+    if split not in loaded:
+        raise ConfigError(f"collabllm: {source} has no split {split!r}; splits: {sorted(loaded)}.")
+    ds = loaded[split]
+    missing = [c for c in REQUIRED_COLUMNS if c not in ds.column_names]
+    if missing:
+        raise DataSchemaError(
+            f"collabllm: {source} lacks required column(s) {missing} (it has {ds.column_names}). "
+            f"Required: {list(REQUIRED_COLUMNS)}; optional: {list(OPTIONAL_COLUMNS)}."
+        )
+    if len(ds) == 0:
+        raise DataSchemaError(f"collabllm: {source} (split {split!r}) has no rows.")
+    return ds
+
+
+def _load_from_hub(datasets: Any, dataset: str):
+    """``load_dataset(dataset)`` that fails within seconds when the hub cannot be used."""
+    if _env_offline() or datasets.config.HF_HUB_OFFLINE:
+        try:
+            with _ForceOffline():
+                return datasets.load_dataset(dataset)
+        except Exception as exc:
+            raise DatasetUnavailableError(
+                f"collabllm: offline mode is on (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) and "
+                f"{dataset!r} is not in the local Hugging Face cache ({type(exc).__name__}: {exc}). "
+                + _OFFLINE_HINT
+            ) from exc
+    endpoint = _hub_endpoint()
+    # Through a proxy a direct connection says nothing about reachability: skip the probe.
+    proxied = any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"))
+    if not proxied:
+        why = _probe(endpoint)
+        if why is not None:
+            raise DatasetUnavailableError(
+                f"collabllm: the Hugging Face Hub ({endpoint}) is unreachable ({why}), so "
+                f"{dataset!r} cannot be downloaded. " + _OFFLINE_HINT
+            )
+    try:
+        return datasets.load_dataset(dataset)
+    except Exception as exc:
+        raise DatasetUnavailableError(
+            f"collabllm: cannot load {dataset!r} from the Hugging Face Hub ({type(exc).__name__}: {exc}). "
+            + _OFFLINE_HINT
+        ) from exc
+
