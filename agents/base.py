@@ -1,37 +1,44 @@
-"""The policy protocol and sampling parameters."""
+"""Backend helpers shared by the policies of :mod:`collab_env.agents`: continuation scoring and
+reply prefills.
+
+The policy contract itself (:class:`Policy`, :class:`SamplingParams`, :func:`resolve_policy`,
+the policy-name registry, usage summing) lives in :mod:`collab_env.policy`; its names are
+re-exported here so the old import path keeps working.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from collab_env.errors import ConfigError, did_you_mean
-from collab_env.types import Completion, Conversation
+from collab_env.errors import ConfigError
+from collab_env.policy import (
+    BACKEND_PREFIXES,
+    POLICY_ALIASES,
+    Policy,
+    SamplingParams,
+    add_usage,
+    as_mapping,
+    describe,
+    resolve_policy,
+)
+from collab_env.types import Conversation
 
 __all__ = [
     "Policy",
     "SamplingParams",
     "resolve_policy",
+    "add_usage",
+    "describe",
+    "as_mapping",
+    "POLICY_ALIASES",
+    "BACKEND_PREFIXES",
     "ContinuationScorer",
     "can_score_continuations",
     "continuation_token_ids",
     "continuation_jobs",
     "EMBEDDED_NAMES",
 ]
-
-
-@runtime_checkable
-class Policy(Protocol):
-    """Anything with ``async act(observations, **sampling) -> list[Completion]``.
-
-    ``observations`` are the conversations as the acting player sees them (one per episode
-    that needs an action); the result has one completion per observation, in order. A policy
-    that fails after its own retries raises :class:`~collab_env.errors.PolicyError`; it never
-    returns empty text in place of an error.
-    """
-
-    async def act(self, observations: Sequence[Conversation], **sampling: Any) -> list[Completion]: ...
 
 
 @runtime_checkable
@@ -106,56 +113,6 @@ def continuation_token_ids(tokenizer: Any, prompt_text: str, continuations: Sequ
     return rows, start
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """Sampling parameters every backend understands.
-
-    Args:
-        temperature: 0 means greedy.
-        top_p: Nucleus sampling mass.
-        top_k: Keep the k most likely tokens (``None``: no limit).
-        max_new_tokens: Longest completion.
-        stop: Strings that end a completion (not included in the text).
-        seed: Seed for reproducible sampling where the backend supports it.
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    max_new_tokens: int = 256
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}.")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}.")
-        if self.top_k is not None and self.top_k < 1:
-            raise ConfigError(f"top_k must be >= 1 or None, got {self.top_k}.")
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}.")
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop))
-
-    @classmethod
-    def from_kwargs(cls, **kwargs: Any) -> SamplingParams:
-        """Validate ``**sampling`` keywords; an unknown key is an error naming the valid ones."""
-        unknown = set(kwargs) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ConfigError(
-                f"unknown sampling parameter(s) {sorted(unknown)}; valid: {sorted(cls.__dataclass_fields__)}."
-            )
-        return cls(**kwargs)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["stop"] = list(self.stop)
-        return d
-
-
 def continuation_jobs(name: str, tokenizer: Any, prompt_text: Any, observations: Sequence[Any],
                       continuations: Sequence[Sequence[str]]) -> list[tuple[list[list[int]], int]]:
     """:func:`continuation_token_ids` for every observation (its prompt from
@@ -180,68 +137,6 @@ def continuation_jobs(name: str, tokenizer: Any, prompt_text: Any, observations:
 #: Values of a model argument (``model=``, ``agent_model=``, ``judge=``, ``user=``) that mean the
 #: embedded SmolLM2-135M-Instruct (see :mod:`collab_env.agents.embedded`).
 EMBEDDED_NAMES: tuple[str, ...] = ("embedded", "smollm2")
-
-
-#: Short names usable wherever a policy is accepted (CLI, configs). Later backends add theirs.
-POLICY_ALIASES: dict[str, str] = {
-    "ask-then-answer": "collab_env.tasks.hidden_facts:AskThenAnswer",
-    "answer-at-once": "collab_env.tasks.hidden_facts:AnswerAtOnce",
-    "hidden-facts-user": "collab_env.tasks.hidden_facts:HiddenFactsUser",
-    "collabllm-replay-user": "collab_env.tasks.collabllm:SessionReplayUser",
-    "length-ratio-partner": "collab_env.tasks.cooperative:LengthRatioPartner",
-    "litellm": "collab_env.agents.litellm:LiteLLMPolicy",
-    "hf": "collab_env.agents.hf:HFPolicy",
-    "embedded": "collab_env.agents.embedded:EmbeddedPolicy",
-    "smollm2": "collab_env.agents.embedded:EmbeddedPolicy",
-    "llm-user": "collab_env.agents.users:LLMUserSimulator",
-    "proactive": "collab_env.agents.proactive:Proactive",
-}
-
-
-#: ``"<backend>:<model>"`` strings: the backend class, built with the model as first argument,
-#: e.g. ``"litellm:openai/gpt-4o-mini"``, ``"hf:./my-model"``, ``"vllm:Qwen/Qwen2.5-0.5B-Instruct"``.
-BACKEND_PREFIXES: dict[str, str] = {
-    "hf": "collab_env.agents.hf:HFPolicy",
-    "vllm": "collab_env.agents.vllm:VLLMPolicy",
-    "vllm-async": "collab_env.agents.vllm:AsyncVLLMPolicy",
-    "litellm": "collab_env.agents.litellm:LiteLLMPolicy",
-}
-
-
-
-
-def resolve_policy(ref: Any, **kwargs: Any) -> Policy:
-    """A policy from an object, a class, an alias (:data:`POLICY_ALIASES`), a
-    ``"<backend>:<model>"`` string (:data:`BACKEND_PREFIXES`) or a ``"module:Class"`` string.
-    ``kwargs`` go to the constructor."""
-    from collab_env.registry import load_entry_point
-
-    obj = ref
-    if isinstance(ref, str):
-        prefix, sep, model = ref.partition(":")
-        if ref in POLICY_ALIASES:
-            obj = load_entry_point(POLICY_ALIASES[ref])
-        elif sep and prefix in BACKEND_PREFIXES:
-            if not model:
-                raise ConfigError(f"{ref!r} names no model; write '{prefix}:<model>'.")
-            return resolve_policy(BACKEND_PREFIXES[prefix], **{"model": model, **kwargs})
-        elif sep:
-            obj = load_entry_point(ref)
-        else:
-            raise ConfigError(
-                f"unknown policy {ref!r}; use an alias {sorted(POLICY_ALIASES)}, "
-                f"'<backend>:<model>' with a backend in {sorted(BACKEND_PREFIXES)}, or 'module:Class'."
-                + did_you_mean(ref, POLICY_ALIASES)
-            )
-    if isinstance(obj, type):
-        obj = obj(**kwargs)
-    elif kwargs:
-        raise ConfigError(f"cannot pass constructor arguments to an existing policy object {obj!r}.")
-    if not isinstance(obj, Policy):
-        raise ConfigError(
-            f"{ref!r} is not a policy: it needs an async act(observations, **sampling) method."
-        )
-    return obj
 
 
 #: ``Message.meta`` key marking a final assistant message as a *prefill*: the start of the reply
@@ -305,21 +200,3 @@ def chat_template_mode(observation: Any) -> dict[str, bool]:
     if is_prefilled(observation):
         return {"add_generation_prompt": False, "continue_final_message": True}
     return {"add_generation_prompt": True}
-
-
-def add_usage(total: dict[str, float], usage: Mapping[str, Any]) -> dict[str, float]:
-    """Add every numeric entry of ``usage`` (a ``Completion.usage``) into ``total``."""
-    for k, v in usage.items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            total[k] = total.get(k, 0.0) + float(v)
-    return total
-
-
-def describe(policy: Any) -> str:
-    """Short human name of a policy (for tables and logs)."""
-    name = getattr(policy, "name", None)
-    return str(name) if name else type(policy).__name__
-
-
-def as_mapping(policies: Mapping[str, Any] | None) -> dict[str, Policy]:
-    return {p: resolve_policy(v) for p, v in (policies or {}).items()}

@@ -63,6 +63,6 @@ def __getattr__(name):
     raise AttributeError(f"module 'collab_env' has no attribute {name!r}")
 
 
-from collab_env.tasks import _register_builtin  # noqa: E402
+from collab_env.tasks import register_builtin  # noqa: E402
 
-_register_builtin()
+register_builtin()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["from_dataset"]
+__all__ = ["from_dataset", "register_builtin", "TASK_POLICIES"]
 
 
 def from_dataset(*args: Any, **kwargs: Any):
@@ -23,6 +23,16 @@ def from_dataset(*args: Any, **kwargs: Any):
 
     return _fd(*args, **kwargs)
 
+
+#: The tasks' reference policies and simulated users, by the short name
+#: :func:`collab_env.policy.resolve_policy` accepts (registered by :func:`register_builtin`).
+TASK_POLICIES: dict[str, str] = {
+    "ask-then-answer": "collab_env.tasks.hidden_facts:AskThenAnswer",
+    "answer-at-once": "collab_env.tasks.hidden_facts:AnswerAtOnce",
+    "hidden-facts-user": "collab_env.tasks.hidden_facts:HiddenFactsUser",
+    "collabllm-replay-user": "collab_env.tasks.collabllm:SessionReplayUser",
+    "length-ratio-partner": "collab_env.tasks.cooperative:LengthRatioPartner",
+}
 
 _CHAT = (("assistant",), ("user",))
 
@@ -58,8 +68,14 @@ _COLLABLLM = {
 }
 
 
-def _register_builtin() -> None:
+def register_builtin() -> None:
+    """Register the built-in suites' envs and their policies' short names (``import collab_env``
+    does this; calling it again re-registers the same entries)."""
+    from collab_env.policy import register_policy
     from collab_env.registry import EnvSpec, register
+
+    for name, entry_point in TASK_POLICIES.items():
+        register_policy(name, entry_point)
 
     for name, d in _HIDDEN_FACTS.items():
         register(
