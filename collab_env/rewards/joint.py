@@ -34,16 +34,14 @@ from typing import Any
 
 from collab_env.env import CollabEnv, EpisodeState
 from collab_env.errors import ConfigError, TaskFunctionError
-from collab_env.tasks.dataset_env import (
-    REWARD_KEYWORDS,
-    _as_reward,
-    _check_bindable,
-    _declared_keywords,
-    _name,
-    _one_reward,
-    _signature,
+from collab_env.tasks.task_functions import (
+    as_reward,
     call_reward_func,
+    callable_name,
     check_reward_callables,
+    check_reward_func,
+    one_reward,
+    process_reward,
 )
 from collab_env.wrappers.base import EnvWrapper
 
@@ -134,14 +132,7 @@ class JointReward(EnvWrapper):
         self.reward_processor = reward_processor
         self.name = name
         self.scored_agents: tuple[str, ...] = scored
-        sig = _signature(reward_func)
-        self._reward_keywords = _declared_keywords(sig, REWARD_KEYWORDS)
-        n = len(scored)
-        _check_bindable(
-            sig, "reward_func", reward_func, [[""]] * n, dict.fromkeys(self._reward_keywords),
-            f"It is called with one list of completions per agent ({n} positional arguments, in the "
-            f"order {list(scored)}) and may declare the keywords {list(REWARD_KEYWORDS)}.",
-        )
+        self._reward_keywords = check_reward_func(reward_func, scored)
         self._latest: dict[str, str] = {}
 
     def clone(self) -> JointReward:
@@ -221,23 +212,11 @@ class JointReward(EnvWrapper):
                 f"{who} returned {got} for the sample {where}; in 'per_agent' mode each sample is a "
                 f"list/tuple of {n} rewards, one per agent in the order {list(self.scored_agents)}."
             )
-        return [_as_reward(v, who, where) for v in sample]
-
-    def _process(self, raw: float, where: str) -> float:
-        proc = self.reward_processor
-        if proc is None:
-            return raw
-        try:
-            out = proc(raw)
-        except Exception as exc:
-            raise TaskFunctionError(
-                f"reward_processor {_name(proc)!r} raised {type(exc).__name__}: {exc} on reward {raw} {where}."
-            ) from exc
-        return _as_reward(out, f"reward_processor {_name(proc)!r}", where)
+        return [as_reward(v, who, where) for v in sample]
 
     def _score(self, acted: list[str], state: EpisodeState,
                prompts: list[str] | None) -> dict[str, dict[str, Any]]:
-        who = f"reward_func {_name(self.reward_func)!r}"
+        who = f"reward_func {callable_name(self.reward_func)!r}"
         where = f"on item {state.index}, step {state.step}"
         joint = [self._latest.get(a, self.default_action) for a in self.scored_agents]
         out = self._call(joint, state, prompts, where)
@@ -247,7 +226,7 @@ class JointReward(EnvWrapper):
             for a, v in zip(self.scored_agents, values, strict=True):
                 result[a] = {"reward": v, "components": {self.name: v}}
         else:
-            r = _one_reward(out, who, where)
+            r = one_reward(out, who, where)
             for i, a in enumerate(self.scored_agents):
                 if self.mode == "shared":
                     result[a] = {"reward": r, "components": {self.name: r}}
@@ -257,7 +236,7 @@ class JointReward(EnvWrapper):
                     counter = list(joint)
                     counter[i] = self.default_action
                     cwhere = f"{where} (counterfactual without {a!r})"
-                    rc = _one_reward(self._call(counter, state, prompts, cwhere), who, cwhere)
+                    rc = one_reward(self._call(counter, state, prompts, cwhere), who, cwhere)
                     result[a] = {
                         "reward": r - rc,
                         "components": {
@@ -267,7 +246,7 @@ class JointReward(EnvWrapper):
                         },
                     }
         for a, d in result.items():
-            d["reward"] = self._process(d["reward"], f"{where} (for {a!r})")
+            d["reward"] = process_reward(self.reward_processor, d["reward"], f"{where} (for {a!r})")
             d["components"][f"{self.name}_processed"] = d["reward"]
         return result
 
