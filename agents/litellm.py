@@ -304,6 +304,9 @@ class LiteLLMPolicy:
     ``meta = {model, latency_s}``; :attr:`stats` keeps the same totals for the policy.
     """
 
+    #: One request per observation: the rollout engine's batching would only add latency.
+    batches_concurrent_calls = True
+
     def __init__(
         self,
         model: str,

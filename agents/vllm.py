@@ -594,6 +594,9 @@ class AsyncVLLMPolicy(_VLLMBase):
     Arguments are those of :class:`VLLMPolicy` (without ``max_wait_ms``).
     """
 
+    #: The async engine batches every request in flight (continuous batching) by itself.
+    batches_concurrent_calls = True
+
     def __init__(
         self,
         model: Any,

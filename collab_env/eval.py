@@ -9,7 +9,7 @@ Episodes
     Episode ``k`` (its *episode id*) resets the env with ``seed = seed + k``; on suites with a
     finite number of items it also picks item ``k % num_items``, so the same episode ids map to
     the same items in every run and two policy sets evaluated with the same seed are compared on
-    the same tasks. Episodes run concurrently (:func:`collab_env.rollout.arun_episodes`); every
+    the same tasks. Episodes run concurrently (:class:`collab_env.rollout.RolloutEngine`); every
     policy is resolved once per run and shared by all episodes.
 
 Result file (``out``)
@@ -62,7 +62,7 @@ from typing import Any
 from collab_env.agents.base import POLICY_ALIASES, Policy, describe, resolve_policy
 from collab_env.errors import ConfigError, FatalPolicyError, did_you_mean
 from collab_env.registry import EnvSpec, make, spec
-from collab_env.rollout import arun_episodes
+from collab_env.rollout import RolloutEngine
 from collab_env.types import Episode
 
 __all__ = [
@@ -563,8 +563,11 @@ async def _run_jobs(
     )
     sink = _Sink(result.out)
     try:
-        stream = arun_episodes(lambda: make(s.id, **env_kwargs), policies, jobs,
-                               concurrency=concurrency, sampling=sampling)
+        # The rollout engine (its driver plays each episode); a fresh env per episode, as a
+        # result file is replayed episode by episode; policy calls batched across episodes.
+        engine = RolloutEngine(lambda: make(s.id, **env_kwargs), policies, concurrency=concurrency,
+                               sampling=sampling, reuse_envs=False, progress=False)
+        stream = engine.astream(jobs)
         # aclosing: on Ctrl-C the episodes still in flight are cancelled at once.
         async with aclosing(stream) as finished:
             async for job, outcome in finished:

@@ -5,7 +5,7 @@ import pytest
 import collab_env
 from collab_env.agents import FixedTextPolicy
 from collab_env.errors import ConfigError, EnvStateError, PolicyError
-from collab_env.rollout import arun_episodes, run_episode
+from collab_env.rollout import RolloutEngine, run_episode
 from collab_env.tasks.hidden_facts import AskThenAnswer, HiddenFactsUser
 from collab_env.types import FAULT, Completion
 
@@ -79,9 +79,9 @@ def test_many_episodes_stream_as_they_finish():
     async def main():
         jobs = [{"seed": s} for s in range(12)]
         got = []
-        async for job, ep in arun_episodes(lambda: collab_env.make("hidden-facts"),
-                                           {"assistant": AskThenAnswer(), "user": HiddenFactsUser()},
-                                           jobs, concurrency=4):
+        engine = RolloutEngine(lambda: collab_env.make("hidden-facts"),
+                               {"assistant": AskThenAnswer(), "user": HiddenFactsUser()}, concurrency=4)
+        async for job, ep in engine.astream(jobs):
             got.append((job["seed"], ep.returns["assistant"]))
         return got
 

@@ -16,7 +16,7 @@ import gymnasium
 from collab_env._async import run_sync
 from collab_env.env import CollabEnv
 from collab_env.errors import ConfigError, EnvStateError, did_you_mean
-from collab_env.rollout import act_for, check_policies
+from collab_env.rollout.driver import advance, check_policies
 from collab_env.types import Conversation
 
 __all__ = ["SingleAgentEnv"]
@@ -77,81 +77,59 @@ class SingleAgentEnv(gymnasium.Env[Conversation, str]):
         self._seed = seed
         self._steps = 0
         self._obs, self._infos = await self.env.areset(seed=seed, options=options)
-        reward, done, moves, _ = await self._advance()
-        info = dict(self._infos[self.player])
-        info["other_moves"] = moves
-        return self._obs[self.player], info
+        obs, _, _, _, info = await self._advance()
+        if not info.get("faults"):  # the latest info of the controlled player, as the env gave it
+            info = {**self._infos.get(self.player, {}), "other_moves": info["other_moves"]}
+        return obs, info
 
     async def astep(self, action: str):
         if not self.env.agents:
             raise EnvStateError("the episode has ended; call reset().")
-        on_turn = [a for a in self.env.agents if self._infos[a].get("on_turn")]
-        others = [a for a in on_turn if a != self.player]
-        completions = await act_for(others, self._obs, self.policies, self.sampling, self._policy_seed())
-        if self._fault(completions):
-            return self._obs[self.player], 0.0, False, True, self._fault_info(completions)
-        actions = {p: c.text for p, c in completions.items()}
-        actions[self.player] = action
-        out = await self.env.astep(actions)
-        self._obs, rewards, terms, truncs, self._infos = out
-        self._steps += 1
-        reward = rewards[self.player]
-        terminated, truncated = terms[self.player], truncs[self.player]
-        moves = [(p, c.text) for p, c in completions.items()]
+        # Our move, with the other players on turn in the same round, then the others until we
+        # are on turn again: one call of the episode driver.
+        run = await advance(self.env, self.policies, obs=self._obs, infos=self._infos, until=(self.player,),
+                            actions={self.player: action}, sampling=self.sampling, seed=self._seeds())
+        return self._result(run, first_is_ours=True)
+
+    async def _advance(self):
+        """Let the other players act until ours is on turn or the episode ends."""
+        run = await advance(self.env, self.policies, obs=self._obs, infos=self._infos, until=(self.player,),
+                            sampling=self.sampling, seed=self._seeds())
+        return self._result(run, first_is_ours=False)
+
+    def _result(self, run: Any, first_is_ours: bool):
+        """``(obs, reward, terminated, truncated, info)`` of the controlled player after ``run``."""
+        self._steps += len(run.steps)
+        self._obs, self._infos = run.obs, run.infos
+        steps = [s for s in run.steps if s.actions]  # a faulty round has no actions
+        reward = sum(float(s.rewards.get(self.player, 0.0)) for s in steps)
         # The info of our own move (it holds e.g. the multiturn-aware reward's details); later
         # steps update what they report and add their reward components.
-        info = dict(self._infos[self.player])
-        components = dict(info.get("reward_components", {}))
-        if not (terminated or truncated):
-            more, _, later, more_components = await self._advance()
-            reward += more
-            moves += later
-            for k, v in more_components.items():
-                components[k] = components.get(k, 0.0) + v
-            info.update({k: v for k, v in self._infos[self.player].items() if k != "reward_components"})
-            st = self.env.episode
-            terminated, truncated = st.terminated, st.truncated
-        if components:
+        info: dict[str, Any] = {}
+        if first_is_ours and steps:
+            info = dict(steps[0].infos.get(self.player, {}))
+        for s in steps[1 if first_is_ours else 0:]:
+            info.update({k: v for k, v in s.infos.get(self.player, {}).items() if k != "reward_components"})
+        components = run.components(self.player)
+        had = info.pop("reward_components", None) is not None
+        if components or had:
             info["reward_components"] = components
+        moves = [(p, t) for s in run.steps for p, t in s.actions.items() if p != self.player]
+        if run.faults:
+            info.update(on_turn=False, end_reason=self.env.episode.end_reason,
+                        faults={f["player"]: f["reason"] for f in run.faults})
         info["other_moves"] = moves
+        st = self.env.episode
+        terminated, truncated = (st.terminated, st.truncated) if run.done else (False, False)
+        if run.faults:
+            terminated, truncated = False, True
         return self._obs[self.player], reward, terminated, truncated, info
 
-    async def _advance(self) -> tuple[float, bool, list[tuple[str, str]], dict[str, float]]:
-        """Let the other players act until ours is on turn or the episode ends. Returns our
-        reward, whether the episode ended, the moves and our summed reward components."""
-        total, moves, components = 0.0, [], {}
-        while self.env.agents and not self._infos[self.player].get("on_turn"):
-            on_turn = [a for a in self.env.agents if self._infos[a].get("on_turn")]
-            completions = await act_for(on_turn, self._obs, self.policies, self.sampling, self._policy_seed())
-            if self._fault(completions):
-                self._infos = {a: self._fault_info(completions) for a in self.env.possible_agents}
-                break
-            self._obs, rewards, terms, truncs, self._infos = await self.env.astep(
-                {p: c.text for p, c in completions.items()}
-            )
-            self._steps += 1
-            total += rewards[self.player]
-            for k, v in self._infos[self.player].get("reward_components", {}).items():
-                components[k] = components.get(k, 0.0) + float(v)
-            moves += [(p, c.text) for p, c in completions.items()]
-        return total, not self.env.agents, moves, components
-
-    def _fault(self, completions) -> bool:
-        """End the episode (as a truncation) when a partner's policy gave up."""
-        faulty = [p for p, c in completions.items() if c.is_fault]
-        if faulty:
-            self.env.end_episode(f"fault:{faulty[0]}")
-        return bool(faulty)
-
-    def _fault_info(self, completions) -> dict[str, Any]:
-        return {
-            "on_turn": False,
-            "end_reason": self.env.episode.end_reason,
-            "faults": {p: c.meta.get("fault", "") for p, c in completions.items() if c.is_fault},
-        }
-
-    def _policy_seed(self) -> int | None:
-        return None if self._seed is None else self._seed + self._steps
+    def _seeds(self):
+        if self._seed is None:
+            return None
+        base = self._seed + self._steps
+        return lambda k: base + k
 
     # -- Gymnasium API -------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):

@@ -1,0 +1,151 @@
+"""Jobs and plumbing of the engines: job lists, env factories, iterating an async generator
+from sync code, errors that cross process boundaries."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from collab_env.env import CollabEnv
+from collab_env.errors import ConfigError, PolicyError
+from collab_env.types import Episode
+
+__all__ = ["Result", "normalize_jobs", "env_factory", "iterate_in_thread", "picklable_error"]
+
+#: What a rollout yields: the job (as a dict) and its episode, or the exception that ended it.
+Result = tuple[dict[str, Any], Episode | BaseException]
+
+
+def normalize_jobs(jobs: int | Iterable[Any]) -> tuple[Iterator[dict[str, Any]], int | None]:
+    """Turn ``jobs`` into an iterator of job dicts (lazily) and its length when known.
+
+    Args:
+        jobs: ``n`` (episodes ``{"episode_id": k, "seed": k}`` for ``k < n``), an iterable of
+            seeds (``{"seed": s}``), or an iterable of mappings with any of ``"seed"``,
+            ``"index"``, ``"options"`` plus whatever the caller wants back with the result.
+
+    Returns:
+        ``(iterator of dicts, total or None)``.
+
+    Raises:
+        ConfigError: ``jobs`` is negative or not one of the above (raised when the bad item is
+            reached).
+    """
+    if isinstance(jobs, bool):
+        raise ConfigError("jobs must be a count, seeds or job mappings, got a bool.")
+    if isinstance(jobs, int):
+        if jobs < 0:
+            raise ConfigError(f"jobs must be >= 0, got {jobs}.")
+        return ({"episode_id": k, "seed": k} for k in range(jobs)), jobs
+    if isinstance(jobs, (str, bytes)) or not isinstance(jobs, Iterable):
+        raise ConfigError(
+            f"jobs must be a count, an iterable of seeds or of job mappings, got {type(jobs).__name__}."
+        )
+    total = len(jobs) if hasattr(jobs, "__len__") else None
+
+    def gen() -> Iterator[dict[str, Any]]:
+        for j in jobs:
+            if isinstance(j, Mapping):
+                job = dict(j)
+            elif isinstance(j, int) and not isinstance(j, bool):
+                job = {"seed": j}
+            elif j is None:
+                job = {"seed": None}
+            else:
+                raise ConfigError(f"a job is a seed (int) or a mapping with 'seed'/'index'/'options', got {j!r}.")
+            if "options" in job and job["options"] is not None and not isinstance(job["options"], Mapping):
+                raise ConfigError(f"job options must be a mapping, got {job['options']!r}.")
+            yield job
+
+    return gen(), total
+
+
+def env_factory(env: Any, env_kwargs: Mapping[str, Any] | None) -> Callable[[], CollabEnv]:
+    """A zero-argument factory of fresh envs from an env id (made with ``env_kwargs``) or a
+    factory (returned as it is); an env object is refused, since every episode needs its own."""
+    if isinstance(env, str):
+        from collab_env.registry import make, spec
+
+        spec(env)  # unknown id: fail now, with the closest ids
+        kwargs = dict(env_kwargs or {})
+        return lambda: make(env, **kwargs)
+    if isinstance(env, CollabEnv):
+        raise ConfigError(
+            "pass an env id or a factory (e.g. lambda: collab_env.make(...)), not an env object: "
+            "every episode in flight needs its own env."
+        )
+    if callable(env):
+        if env_kwargs:
+            raise ConfigError("env_kwargs only applies with an env id; bind them in your factory instead.")
+        return env
+    raise ConfigError(f"env must be a registered env id or a factory returning a CollabEnv, got {env!r}.")
+
+
+
+def iterate_in_thread(agen_fn: Callable[[Any], AsyncIterator[Any]], arg: Any) -> Iterator[Any]:
+    """Iterate an async generator that runs on its own loop in a background thread."""
+    q: queue.Queue = queue.Queue()
+    done = object()
+    stop = threading.Event()
+    state: dict[str, Any] = {}
+
+    async def pump() -> None:
+        state["task"] = asyncio.current_task()
+        state["loop"] = asyncio.get_running_loop()
+        agen = agen_fn(arg)
+        try:
+            async for item in agen:
+                q.put(("item", item))
+                if stop.is_set():
+                    break
+        except BaseException as exc:  # handed to the consumer thread, which raises it
+            q.put(("error", exc))
+        finally:
+            await agen.aclose()
+            q.put(("end", done))
+
+    def main() -> None:
+        try:
+            asyncio.run(pump())
+        except BaseException:  # cancelled by close(): the consumer already left
+            q.put(("end", done))
+
+    def gen() -> Iterator[Any]:
+        # Started on the first next(), so an iterator that is never consumed runs nothing.
+        thread = threading.Thread(target=main, name="collab-env-rollout", daemon=True)
+        thread.start()
+        try:
+            while True:
+                kind, value = q.get()
+                if kind == "item":
+                    yield value
+                elif kind == "error":
+                    raise value
+                else:
+                    return
+        finally:
+            stop.set()
+            loop, task = state.get("loop"), state.get("task")
+            if thread.is_alive() and loop is not None and task is not None:
+                try:
+                    loop.call_soon_threadsafe(task.cancel)
+                except RuntimeError:  # the loop already closed
+                    pass
+            thread.join()
+
+    return gen()
+
+
+
+def picklable_error(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling (to cross a process boundary), else a PolicyError with its
+    text (used by the Ray backend)."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return PolicyError(f"{type(exc).__name__}: {exc}")
