@@ -368,17 +368,21 @@ class LearnerBindable(Protocol):
         """Players whose policy is :data:`LEARNER` and not bound yet."""
         ...
 
-    def bind_policy(self, player: str, policy: Any) -> None:
-        """Use ``policy`` for ``player`` from now on."""
+    def bind_policy(self, player: str, policy: Any, sampling: Mapping[str, Any] | None = None) -> None:
+        """Use ``policy`` for ``player`` from now on, with ``sampling`` (keywords of
+        :class:`SamplingParams`, the learner's own settings) when given."""
         ...
 
 
-def bind_learner(env: Any, policies: Mapping[str, Any]) -> int:
+def bind_learner(env: Any, policies: Mapping[str, Any],
+                 sampling: Mapping[str, Mapping[str, Any]] | None = None) -> int:
     """Bind ``policies`` (player -> policy) into every layer of ``env``'s wrapper chain (``env``,
     ``env.env``, ...) that is :class:`LearnerBindable`, for the players it reports as
     :data:`LEARNER`; a player of ``policies`` a layer does not report is left alone there, and a
     layer's learner player missing from ``policies`` stays unbound (the layer says so when it
-    needs it). Returns how many (layer, player) bindings were made.
+    needs it). ``sampling`` (player -> sampling keywords, the learner's config) travels with each
+    bound policy, so the futures a learner plays sample as its own rollouts do. Returns how many
+    (layer, player) bindings were made.
     """
     bound, layer, seen = 0, env, set()
     while layer is not None and id(layer) not in seen:
@@ -386,7 +390,10 @@ def bind_learner(env: Any, policies: Mapping[str, Any]) -> int:
         if isinstance(layer, LearnerBindable):
             for player in list(layer.learner_players()):
                 if player in policies:
-                    layer.bind_policy(player, policies[player])
+                    if sampling is not None and sampling.get(player) is not None:
+                        layer.bind_policy(player, policies[player], sampling=dict(sampling[player]))
+                    else:
+                        layer.bind_policy(player, policies[player])
                     bound += 1
         layer = getattr(layer, "env", None)
     return bound
