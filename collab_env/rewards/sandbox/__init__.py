@@ -69,9 +69,10 @@ The package, one job a module: :mod:`~collab_env.rewards.sandbox.config` (limits
 from __future__ import annotations
 
 from collab_env.errors import SandboxError
-from collab_env.rewards.sandbox.config import SandboxJob, SandboxLimits, SandboxResult, Status
+from collab_env.rewards.sandbox.config import SandboxJob, SandboxLimits, SandboxResult
+from collab_env.rewards.sandbox.config import Status as Status
 from collab_env.rewards.sandbox.pool import SandboxPool
-from collab_env.rewards.sandbox.processes import live_processes_of_uid
+from collab_env.rewards.sandbox.processes import live_processes_of_uid as live_processes_of_uid
 from collab_env.rewards.sandbox.run import arun_python, run_python
 
 __all__ = [

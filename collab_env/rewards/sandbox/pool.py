@@ -26,7 +26,7 @@ class SandboxPool:
         limits: Default limits for runs that do not give their own.
     """
 
-    def __init__(self, max_workers: int | None = None, *, limits: SandboxLimits = SandboxLimits()) -> None:
+    def __init__(self, max_workers: int | None = None, *, limits: SandboxLimits = SandboxLimits()) -> None:  # noqa: B008 - frozen
         if max_workers is None:
             max_workers = os.cpu_count() or 1
         if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:

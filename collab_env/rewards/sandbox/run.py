@@ -50,7 +50,7 @@ def run_python(
     *,
     tests: str | None = None,
     stdin: str = "",
-    limits: SandboxLimits = SandboxLimits(),
+    limits: SandboxLimits = SandboxLimits(),  # noqa: B008 - frozen, so one shared default is safe
 ) -> SandboxResult:
     """Run untrusted ``code`` (then ``tests``, in the same namespace) in the sandbox.
 
@@ -84,7 +84,7 @@ async def arun_python(
     *,
     tests: str | None = None,
     stdin: str = "",
-    limits: SandboxLimits = SandboxLimits(),
+    limits: SandboxLimits = SandboxLimits(),  # noqa: B008 - frozen, so one shared default is safe
 ) -> SandboxResult:
     """Async :func:`run_python`: the blocking work happens in a worker thread."""
     return await asyncio.to_thread(run_python, code, tests=tests, stdin=stdin, limits=limits)
