@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collab_env.errors import ConfigError, TaskFunctionError, did_you_mean
+from collab_env.policy import add_usage
 from collab_env.rewards.metrics.context import judge_for, run_extractor
 from collab_env.types import Conversation
 
@@ -148,12 +149,6 @@ def list_metrics() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def _add_usage(total: dict[str, float], part: Mapping[str, Any]) -> None:
-    for k, v in part.items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            total[k] = total.get(k, 0.0) + float(v)
-
-
 # ---------------------------------------------------------------------------------------------
 # extract -> metric
 # ---------------------------------------------------------------------------------------------
@@ -175,7 +170,7 @@ def extract_then(metric_name: str, extractor: Any = None) -> Metric:
         text, usage = await run_extractor(conversation, item, ex)
         inner_ctx = {k: v for k, v in ctx.items() if k != "extractor"}
         res = await inner(conversation, item, start=start, **{**inner_ctx, "extracted": text})
-        _add_usage(usage, res.usage)
+        add_usage(usage, res.usage)
         return MetricResult(res.value, {**res.detail, "extracted": text}, usage)
 
     needs = tuple(dict.fromkeys(("extractor",) * (extractor is None) + inner.needs))
