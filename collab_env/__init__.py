@@ -8,6 +8,7 @@
 Importing this package is light: no torch, transformers, vllm, litellm or ray.
 """
 
+from collab_env.compose import make
 from collab_env.env import CollabEnv, EpisodeState, Outcome, Start, Task
 from collab_env.errors import (
     ActionError,
@@ -20,7 +21,7 @@ from collab_env.errors import (
     PolicyError,
     UnknownEnvError,
 )
-from collab_env.registry import EnvSpec, list_envs, make, register, registry, spec
+from collab_env.registry import EnvSpec, list_envs, register, registry, spec
 from collab_env.types import Completion, Conversation, Episode, Message, TurnRecord
 
 __version__ = "0.1.0"

@@ -34,6 +34,7 @@ import numpy as np
 
 from collab_env.env import CollabEnv
 from collab_env.errors import ActionError, CollabEnvError, EnvStateError
+from collab_env.policy import policies_for
 
 __all__ = ["check_env", "CheckResult", "CheckReport", "EnvCheckError"]
 
@@ -265,7 +266,7 @@ def check_env(
         raise_on_failure: Raise :class:`EnvCheckError` when a check fails (default); otherwise
             return the report.
     """
-    from collab_env.registry import make as make_registered
+    from collab_env.compose import make as make_registered
 
     kwargs = dict(make_kwargs or {})
     if isinstance(env, str):
@@ -299,8 +300,7 @@ def check_env(
     trainable = list(spec.trainable) if spec is not None else [
         p for p in probe.possible_agents if probe.task.is_trainable(p)
     ]
-    defaults = dict(spec.default_policies) if spec is not None else {}
-    chosen = {**defaults, **dict(policies or {})}
+    chosen = policies_for(spec, policies)
     viewable = [p for p in trainable if all(o in chosen for o in probe.possible_agents if o != p)]
     if not viewable:
         report.results.append(CheckResult("gymnasium_view", None, "no player whose partners all have policies"))

@@ -9,19 +9,25 @@ behaviour, prompt or reward bumps the version.
 Every spec is also registered with Gymnasium as ``collab_env/<name>-vN``: ``gymnasium.make``
 then returns the single-agent view (the first trainable player; ``player=`` picks another)
 with the other players driven by the spec's default policies (``policies=`` overrides them).
+
+This module builds *base* envs (:func:`make_base_env`) and imports nothing above
+:mod:`collab_env.env`. The reward wrapper and the single-agent view are applied by the composer
+above it, :func:`collab_env.compose.make` (``collab_env.make``); :func:`make` here forwards to it
+so the old path keeps working.
 """
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from collab_env.errors import ConfigError, UnknownEnvError, did_you_mean
+from collab_env.policy import load_entry_point
 
-__all__ = ["EnvSpec", "register", "make", "spec", "registry", "list_envs", "load_entry_point"]
+__all__ = ["EnvSpec", "register", "make", "make_base_env", "spec", "registry", "list_envs",
+           "load_entry_point"]
 
 _ID_RE = re.compile(r"^(?P<name>[a-z0-9][a-z0-9_.\-]*?)(?:-v(?P<version>\d+))?$")
 GYM_NAMESPACE = "collab_env"
@@ -89,6 +95,7 @@ class EnvSpec:
         return f"{GYM_NAMESPACE}/{self.id}"
 
     def make(self, **kwargs: Any):
+        """``collab_env.make(self.id, **kwargs)``."""
         return make(self.id, **kwargs)
 
     def to_dict(self) -> dict[str, Any]:
@@ -131,7 +138,7 @@ def _register_gym(s: EnvSpec) -> None:
         del gymnasium.registry[s.gym_id]
     gymnasium.register(
         id=s.gym_id,
-        entry_point="collab_env.registry:_make_gym_view",
+        entry_point="collab_env.compose:make_gym_view",
         kwargs={"env_id": s.id},
         disable_env_checker=False,
     )
@@ -168,78 +175,32 @@ def spec(env_id: str) -> EnvSpec:
     )
 
 
-def load_entry_point(ref: str | Callable[..., Any]) -> Callable[..., Any]:
-    """Resolve ``"package.module:attr"`` (or return a callable unchanged)."""
-    if callable(ref):
-        return ref
-    if not isinstance(ref, str) or ":" not in ref:
-        raise ConfigError(f"entry point must be 'module:attr' or a callable, got {ref!r}.")
-    mod_name, _, attr = ref.partition(":")
-    mod = importlib.import_module(mod_name)
-    obj = mod
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def make(
-    env_id: str,
-    *,
-    view: str | None = None,
-    policies: Mapping[str, Any] | None = None,
-    render_mode: str | None = None,
-    reward: str | None = None,
-    reward_kwargs: Mapping[str, Any] | None = None,
-    **overrides: Any,
-):
-    """Build a registered environment.
+def make_base_env(env_id: str, *, render_mode: str | None = None, **overrides: Any):
+    """Build the registered env itself: the spec's entry point called with the spec's kwargs and
+    ``overrides`` merged over them; ``env.spec`` is the spec with the merged kwargs. No reward
+    wrapper, no view (see :func:`collab_env.compose.make`).
 
     Args:
         env_id: Registered id; ``"name"`` means the latest version.
-        view: A player id: return the single-agent Gymnasium view for that player instead of the
-            ParallelEnv, the other players driven by ``policies`` or the spec's defaults.
-        policies: Player -> policy object or ``"module:Class"`` spec (only with ``view``).
         render_mode: ``"ansi"`` or ``"human"``.
-        reward: ``None`` (the env's own reward), ``"mr"`` (the multiturn-aware reward) or
-            ``"conversation"`` (scored at the episode's end), built from the spec's reward
-            weights by :func:`collab_env.rewards.mr.default_reward`.
-        reward_kwargs: Keywords for that builder: ``judge``, ``user``, ``policy`` (an API model
-            string, ``"embedded"`` or a policy object), ``num_rollouts``, ``aggregation``...
-            ``reward="mr"`` on an env whose default user ignores the reply (the ``collabllm-*``
-            envs replay recorded turns) needs ``user`` (``"replay"`` keeps the recorded turns
-            on purpose); without it :class:`~collab_env.errors.ConfigError` lists the choices.
         **overrides: Merged over the spec's kwargs; unknown keywords are an error that lists the
             valid ones.
     """
     s = spec(env_id)
     fn = load_entry_point(s.entry_point)
     kwargs = {**s.kwargs, **overrides}
-    if reward not in (None, "mr", "conversation"):
-        raise ConfigError(f"reward must be None, 'mr' or 'conversation', got {reward!r}.")
-    if reward is None and reward_kwargs:
-        raise ConfigError("reward_kwargs= needs reward='mr' or reward='conversation'.")
     env = fn(render_mode=render_mode, **kwargs)
     env.spec = replace(s, kwargs=kwargs)
-    if reward is not None:
-        from collab_env.rewards.mr import default_reward
-
-        env = default_reward(env, reward, **dict(reward_kwargs or {}))
-    if view is None:
-        if policies is not None:
-            raise ConfigError("policies= only applies with view=<player>; drive players yourself otherwise.")
-        return env
-    from collab_env.wrappers.single_agent import SingleAgentEnv
-
-    return SingleAgentEnv(env, player=view, policies=policies)
+    return env
 
 
-def _make_gym_view(env_id: str, player: str | None = None, policies: Mapping[str, Any] | None = None,
-                   render_mode: str | None = None, reward: str | None = None,
-                   reward_kwargs: Mapping[str, Any] | None = None, **overrides: Any):
-    s = spec(env_id)
-    player = player or (s.trainable[0] if s.trainable else s.players[0])
-    return make(env_id, view=player, policies=policies, render_mode=render_mode, reward=reward,
-                reward_kwargs=reward_kwargs, **overrides)
+def make(env_id: str, **kwargs: Any):
+    """:func:`collab_env.compose.make` (``collab_env.make``), kept at its old path."""
+    # The one upward import of this module, inside the function: the composer sits above the
+    # registry (the import-linter contract in pyproject.toml names this exception).
+    from collab_env.compose import make as compose_make
+
+    return compose_make(env_id, **kwargs)
 
 
 def list_envs(suite: str | None = None) -> list[str]:

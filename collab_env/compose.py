@@ -1,0 +1,91 @@
+"""``collab_env.make``: a registered env composed with a reward and a view.
+
+The registry builds the base env (:func:`collab_env.registry.make_base_env`); this thin composer
+sits above it and above the reward wrappers and the single-agent view, and applies them:
+
+* ``reward=``: ``"mr"`` (the multiturn-aware reward) or ``"conversation"`` (scored at the
+  episode's end), built from the spec's reward weights by
+  :func:`collab_env.rewards.mr.default_reward`;
+* ``view=<player>``: the single-agent Gymnasium view of that player
+  (:class:`collab_env.wrappers.single_agent.SingleAgentEnv`), the other players driven by
+  ``policies=`` merged over the spec's default policies.
+
+Both are imported when asked for, so ``import collab_env`` stays light. Gymnasium's
+``collab_env/<id>`` ids build through :func:`make_gym_view`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from collab_env.errors import ConfigError
+from collab_env.registry import make_base_env, spec
+
+__all__ = ["make", "make_gym_view", "REWARDS"]
+
+#: The values of ``make(reward=...)``: ``None`` keeps the env's own reward.
+REWARDS: tuple[str | None, ...] = (None, "mr", "conversation")
+
+
+def make(
+    env_id: str,
+    *,
+    view: str | None = None,
+    policies: Mapping[str, Any] | None = None,
+    render_mode: str | None = None,
+    reward: str | None = None,
+    reward_kwargs: Mapping[str, Any] | None = None,
+    **overrides: Any,
+):
+    """Build a registered environment, with a reward wrapper and a view if asked.
+
+    Args:
+        env_id: Registered id; ``"name"`` means the latest version.
+        view: A player id: return the single-agent Gymnasium view for that player instead of the
+            ParallelEnv, the other players driven by ``policies`` or the spec's defaults.
+        policies: Player -> policy object or ``"module:Class"`` spec (only with ``view``).
+        render_mode: ``"ansi"`` or ``"human"``.
+        reward: ``None`` (the env's own reward), ``"mr"`` (the multiturn-aware reward) or
+            ``"conversation"`` (scored at the episode's end), built from the spec's reward
+            weights by :func:`collab_env.rewards.mr.default_reward`.
+        reward_kwargs: Keywords for that builder: ``judge``, ``user``, ``policy`` (an API model
+            string, ``"embedded"`` or a policy object), ``num_rollouts``, ``aggregation``...
+            ``reward="mr"`` on an env whose default user ignores the reply (the ``collabllm-*``
+            envs replay recorded turns) needs ``user`` (``"replay"`` keeps the recorded turns
+            on purpose); without it :class:`~collab_env.errors.ConfigError` lists the choices.
+        **overrides: Merged over the spec's kwargs; unknown keywords are an error that lists the
+            valid ones.
+
+    Raises:
+        UnknownEnvError: ``env_id`` is not registered (with the closest ids).
+        ConfigError: ``reward`` is not one of :data:`REWARDS`, ``reward_kwargs`` without a
+            reward, ``policies`` without a view, or a bad keyword.
+    """
+    if reward not in REWARDS:
+        raise ConfigError(f"reward must be None, 'mr' or 'conversation', got {reward!r}.")
+    if reward is None and reward_kwargs:
+        raise ConfigError("reward_kwargs= needs reward='mr' or reward='conversation'.")
+    env = make_base_env(env_id, render_mode=render_mode, **overrides)
+    if reward is not None:
+        from collab_env.rewards.mr import default_reward
+
+        env = default_reward(env, reward, **dict(reward_kwargs or {}))
+    if view is None:
+        if policies is not None:
+            raise ConfigError("policies= only applies with view=<player>; drive players yourself otherwise.")
+        return env
+    from collab_env.wrappers.single_agent import SingleAgentEnv
+
+    return SingleAgentEnv(env, player=view, policies=policies)
+
+
+def make_gym_view(env_id: str, player: str | None = None, policies: Mapping[str, Any] | None = None,
+                  render_mode: str | None = None, reward: str | None = None,
+                  reward_kwargs: Mapping[str, Any] | None = None, **overrides: Any):
+    """The entry point of ``gymnasium.make("collab_env/<id>")``: the single-agent view of
+    ``player`` (default: the spec's first trainable player, else its first player)."""
+    s = spec(env_id)
+    player = player or (s.trainable[0] if s.trainable else s.players[0])
+    return make(env_id, view=player, policies=policies, render_mode=render_mode, reward=reward,
+                reward_kwargs=reward_kwargs, **overrides)
