@@ -123,9 +123,9 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from collab_env.agents.scripted import ScriptedPolicy
 from collab_env.env import CollabEnv, EpisodeState, Outcome, Start, Task, env_message
 from collab_env.errors import ConfigError, DataSchemaError, PolicyError
+from collab_env.policy import ScriptedPolicy
 from collab_env.tasks._common import build_config, build_env, split_env_kwargs
 from collab_env.tasks.collabllm_load import check_data_files, data_file_list, load_collabllm_dataset
 from collab_env.tasks.collabllm_rows import (
