@@ -54,8 +54,8 @@ DPO_COLUMNS: tuple[str, ...] = (
 _GAP_TOL = 1e-9
 #: ``ability`` per dataset family (matched in the dataset name, like ``TASK_DESCRIPTIONS``).
 _ABILITIES = {"math-hard": "math", "medium": "writing", "bigcodebench": "code"}
-_SFT_NEEDS = ("prompt", "completion", "conv_id", "score")
-_DPO_NEEDS = ("prompt", "completion", "conv_id", "score")
+#: Columns a recorded reply needs for modes "sft" and "dpo" (``turn_id`` defaults to ``len(prompt)``).
+_REPLY_NEEDS = ("prompt", "completion", "conv_id", "score")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,6 +156,20 @@ def _turn_id(row: Mapping[str, Any], prompt: list[dict[str, str]], where: str) -
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
         raise DataSchemaError(f"{where}: turn_id must be an int, got {value!r}.")
     return int(value)
+
+
+def _reply(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
+    """Row ``i`` as a checked recorded reply (modes "sft" and "dpo"): its ``prompt``,
+    ``completion``, ``conv_id``, ``turn_id`` and ``score``."""
+    where = _where(i, row)
+    prompt = _prompt(row, where)
+    return {
+        "prompt": prompt,
+        "completion": _text(row, "completion", where),
+        "conv_id": _conv_id(row, where),
+        "turn_id": _turn_id(row, prompt, where),
+        "score": _score(row, where),
+    }
 
 
 def _plain(value: Any) -> Any:
@@ -322,16 +336,8 @@ def build_sft_dataset(
     min_score = _check_number("min_score", min_score)
 
     best: dict[Any, tuple[tuple[float, float], dict[str, Any]]] = {}
-    for i, row in _iter_rows(data, _SFT_NEEDS, "mode 'sft'"):
-        where = _where(i, row)
-        prompt = _prompt(row, where)
-        item = {
-            "prompt": prompt,
-            "completion": _text(row, "completion", where),
-            "conv_id": _conv_id(row, where),
-            "turn_id": _turn_id(row, prompt, where),
-            "score": _score(row, where),
-        }
+    for i, row in _iter_rows(data, _REPLY_NEEDS, "mode 'sft'"):
+        item = _reply(i, row)
         rank = (item["turn_id"], item["score"]) if select == "latest" else (item["score"], item["turn_id"])
         held = best.get(item["conv_id"])
         if held is None or rank > held[0]:  # strict: the first of equal rows stays
@@ -402,17 +408,9 @@ def build_dpo_dataset(
         raise ConfigError(f"min_gap must be a number >= 0, got {min_gap!r}.")
 
     groups: dict[tuple[Any, str], list[dict[str, Any]]] = {}
-    for i, row in _iter_rows(data, _DPO_NEEDS, "mode 'dpo'"):
-        where = _where(i, row)
-        prompt = _prompt(row, where)
-        item = {
-            "prompt": prompt,
-            "completion": _text(row, "completion", where),
-            "conv_id": _conv_id(row, where),
-            "turn_id": _turn_id(row, prompt, where),
-            "score": _score(row, where),
-        }
-        key = (item["conv_id"], json.dumps(prompt, sort_keys=True, ensure_ascii=False))
+    for i, row in _iter_rows(data, _REPLY_NEEDS, "mode 'dpo'"):
+        item = _reply(i, row)
+        key = (item["conv_id"], json.dumps(item["prompt"], sort_keys=True, ensure_ascii=False))
         groups.setdefault(key, []).append(item)
 
     def wrap(text: str) -> Any:
