@@ -178,7 +178,7 @@ def _cmd_play(args: argparse.Namespace, out: TextIO, inp: TextIO) -> int:
     from collab_env._async import run_sync
     from collab_env.eval import choose_policies, load_policy
     from collab_env.registry import make, spec
-    from collab_env.rollout import act_for
+    from collab_env.rollout import advance
 
     s = spec(args.id)
     player = args.player or (s.trainable[0] if s.trainable else s.players[0])
@@ -226,28 +226,30 @@ def _cmd_play(args: argparse.Namespace, out: TextIO, inp: TextIO) -> int:
 
     step = 0
     returns = dict.fromkeys(s.players, 0.0)
+    mine: dict[str, str] | None = None  # the person's message, sent in the next round
     try:
-        while env.agents:
+        while True:
+            # The bots play (the episode driver) until it is the person's turn again.
+            run = run_sync(advance(env, policies, obs=obs, infos=infos, until=(player,), actions=mine,
+                                   sampling=sampling, seed=lambda k, base=step: seed + base + k))
+            mine = None
+            step += len(run.steps)
+            for st in run.steps:
+                for p, r in st.rewards.items():
+                    returns[p] += r
+            obs, infos = run.obs, run.infos
+            if run.done or not env.agents:
+                break
             show_new()
-            on_turn = [a for a in env.agents if infos[a].get("on_turn")]
-            actions: dict[str, str] = {}
-            if player in on_turn:
-                text = _read_message(inp, out, player)
-                if text is None:
-                    print("\n(left the game)", file=out)
-                    return 0
-                if text is EOF:
-                    print(f"{PROG}: input ended before the episode did.", file=sys.stderr)
-                    return 1
-                actions[player] = text
-                typed += 1
-            bots = [a for a in on_turn if a != player]
-            completions = run_sync(act_for(bots, obs, policies, sampling, seed + step))
-            actions.update({p: c.text for p, c in completions.items()})
-            obs, rewards, _, _, infos = env.step(actions)
-            for p, r in rewards.items():
-                returns[p] += r
-            step += 1
+            text = _read_message(inp, out, player)
+            if text is None:
+                print("\n(left the game)", file=out)
+                return 0
+            if text is EOF:
+                print(f"{PROG}: input ended before the episode did.", file=sys.stderr)
+                return 1
+            mine = {player: text}
+            typed += 1
         show_new()
         st = env.episode
         how = "terminated" if st.terminated else "truncated" if st.truncated else "ended"

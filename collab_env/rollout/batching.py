@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
-from collab_env.agents.base import describe, resolve_policy
 from collab_env.errors import ConfigError, PolicyError
+from collab_env.policy import ScriptedPolicy, describe, resolve_policy
 from collab_env.types import Completion, Conversation
 
 __all__ = ["BatchStats", "BatchedPolicy", "batches_itself", "SeedMode"]
@@ -312,6 +312,4 @@ def batches_itself(policy: Any) -> bool:
         return True
     if hasattr(policy, "max_batch_size") and hasattr(policy, "max_wait_ms"):
         return True
-    from collab_env.agents.scripted import ScriptedPolicy
-
     return isinstance(policy, ScriptedPolicy)

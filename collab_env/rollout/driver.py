@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from collab_env.agents.base import Policy, add_usage, describe, resolve_policy
 from collab_env.env import CollabEnv
 from collab_env.errors import ConfigError, FatalPolicyError, PolicyError
+from collab_env.policy import Policy, add_usage, describe, resolve_policy
 from collab_env.types import Completion, Conversation, Episode, TurnRecord
 
 __all__ = [

@@ -19,9 +19,9 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
-from collab_env.agents.base import Policy, resolve_policy
 from collab_env.env import CollabEnv
 from collab_env.errors import ConfigError, FatalPolicyError
+from collab_env.policy import Policy, policies_for, resolve_policy
 from collab_env.rollout.batching import BatchedPolicy, batches_itself
 from collab_env.rollout.config import RolloutConfig, RolloutStats
 from collab_env.rollout.driver import arun_episode, fatal_error, note_stopped
@@ -32,18 +32,17 @@ from collab_env.types import Episode
 __all__ = ["RolloutEngine", "rollout", "arollout"]
 
 
-def _players_and_defaults(env: Any, factory: Callable[[], CollabEnv]) -> tuple[list[str], dict[str, Any]]:
+def _players_and_spec(env: Any, factory: Callable[[], CollabEnv]) -> tuple[list[str], Any]:
     if isinstance(env, str):
         from collab_env.registry import spec
 
         s = spec(env)
-        return list(s.players), dict(s.default_policies)
+        return list(s.players), s
     probe = factory()
     try:
         if not isinstance(probe, CollabEnv):
             raise ConfigError(f"the env factory must return a CollabEnv, got {type(probe).__name__}.")
-        defaults = dict(probe.spec.default_policies) if probe.spec is not None else {}
-        return list(probe.possible_agents), defaults
+        return list(probe.possible_agents), probe.spec
     finally:
         close = getattr(probe, "close", None)
         if close is not None:
@@ -78,13 +77,14 @@ class RolloutEngine:
         self.config = RolloutConfig.from_kwargs(config, **settings)
         self.env_id = env if isinstance(env, str) else None
         self.make_env = env_factory(env, env_kwargs)
-        players, defaults = _players_and_defaults(env, self.make_env)
+        players, env_spec = _players_and_spec(env, self.make_env)
         if not isinstance(policies, Mapping):
             raise ConfigError(f"policies maps player -> policy, got {type(policies).__name__}.")
         unknown = [p for p in policies if p not in players]
         if unknown:
             raise ConfigError(f"policies for unknown player(s) {unknown}; players: {players}.")
-        chosen = {**defaults, **{p: v for p, v in policies.items() if v is not None}}
+        # A player given None keeps its default here (an engine never runs a player without one).
+        chosen = policies_for(env_spec, {p: v for p, v in policies.items() if v is not None})
         missing = [p for p in players if p not in chosen]
         if missing:
             raise ConfigError(f"no policy for player(s) {missing}; pass policies={{...}} for them "

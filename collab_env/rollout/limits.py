@@ -8,14 +8,11 @@ import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from collab_env.agents.base import Policy, describe
 from collab_env.errors import ConfigError
+from collab_env.policy import Policy, describe
 from collab_env.types import Completion, Conversation
-
-if TYPE_CHECKING:
-    from collab_env.rollout.config import RolloutStats
 
 __all__ = ["RateLimiter", "PerLoop", "LimitedPolicy"]
 
@@ -116,7 +113,7 @@ class LimitedPolicy:
     """A policy behind the engine's global limits; counts the calls that went through."""
 
     def __init__(self, policy: Policy, limiter: RateLimiter | None, semaphore: PerLoop | None,
-                 stats: RolloutStats) -> None:
+                 stats: Any) -> None:
         self.policy = policy
         self.name = describe(policy)
         self._limiter = limiter

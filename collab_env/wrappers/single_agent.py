@@ -16,6 +16,7 @@ import gymnasium
 from collab_env._async import run_sync
 from collab_env.env import CollabEnv
 from collab_env.errors import ConfigError, EnvStateError, did_you_mean
+from collab_env.policy import policies_for
 from collab_env.rollout.driver import advance, check_policies
 from collab_env.types import Conversation
 
@@ -54,8 +55,7 @@ class SingleAgentEnv(gymnasium.Env[Conversation, str]):
             )
         self.env = env
         self.player = player
-        defaults = dict(env.spec.default_policies) if env.spec is not None else {}
-        chosen = {**defaults, **dict(policies or {})}
+        chosen = policies_for(env.spec, policies)
         if player in (policies or {}):
             raise ConfigError(f"{player!r} is the controlled player; do not give it a policy.")
         others = [p for p in env.possible_agents if p != player]
