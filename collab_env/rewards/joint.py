@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from collab_env.env import CollabEnv, EpisodeState
-from collab_env.errors import ConfigError, TaskFunctionError
+from collab_env.errors import ConfigError, EnvStateError, TaskFunctionError
 from collab_env.tasks.task_functions import (
     as_reward,
     call_reward_func,
@@ -153,7 +153,7 @@ class JointReward(EnvWrapper):
     async def astep(self, actions: Mapping[str, str]):
         base = self.env.unwrapped
         prompts = None
-        if "prompts" in self._reward_keywords and base._state is not None and not base._state.done:
+        if "prompts" in self._reward_keywords and self._running(base):
             prompts = [self._prompt_of(base, a) for a in self.scored_agents]
         obs, rewards, terms, truncs, infos = await self.env.astep(actions)
         state = base.episode
@@ -179,6 +179,14 @@ class JointReward(EnvWrapper):
         return obs, new_rewards, terms, truncs, infos
 
     # -- scoring -------------------------------------------------------------------------------
+    @staticmethod
+    def _running(base: CollabEnv) -> bool:
+        """Whether ``base`` has an episode that is not over (through its public ``episode``)."""
+        try:
+            return not base.episode.done
+        except EnvStateError:  # no episode yet
+            return False
+
     @staticmethod
     def _prompt_of(base: CollabEnv, agent: str) -> str:
         """The latest message in ``agent``'s view that it did not write ("" if none)."""
