@@ -49,3 +49,35 @@ def test_rollout_backend_ray_and_a_worker_that_cannot_start(local_ray):
     bad = RayRolloutEngine("hidden-facts", {"assistant": "no.such.module:Policy"}, num_workers=1)
     with pytest.raises(ConfigError, match="worker failed to start"):
         bad.start()
+
+
+class RejectsSeed:
+    """Ask-then-answer, except that the request of one seed is rejected like a bad API key."""
+
+    name = "rejects-seed"
+
+    def __init__(self, seed):
+        self.seed = seed
+
+    async def act(self, observations, **sampling):
+        from collab_env.errors import FatalPolicyError
+        from collab_env.tasks.hidden_facts import AskThenAnswer
+
+        if sampling.get("seed") == self.seed:
+            raise FatalPolicyError("401 AuthenticationError: Incorrect API key provided: sk-****-123.")
+        return await AskThenAnswer().act(observations, **sampling)
+
+
+def test_a_rejected_request_stops_a_ray_run(local_ray):
+    from collab_env.errors import FatalPolicyError
+
+    # Job k has seed 100k; the request of job 2's first step (seed 200) is rejected.
+    eng = RayRolloutEngine("hidden-facts", {"assistant": RejectsSeed(200)}, num_workers=1, concurrency=1,
+                           progress=False)
+    got = []
+    with pytest.raises(FatalPolicyError, match="Incorrect API key provided") as info:
+        for item in eng.stream([100 * k for k in range(20)]):
+            got.append(item)
+    assert sorted(j["seed"] for j, _ in got) == [0, 100]  # done before it; the rejected job is not yielded
+    assert "3 episode(s) started" in "".join(info.value.__notes__)
+    assert eng.stats.submitted == 3  # no job started after the rejection

@@ -32,8 +32,9 @@ import os
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 
-from collab_env.errors import ConfigError, require
+from collab_env.errors import ConfigError, FatalPolicyError, require
 from collab_env.rollout.config import RolloutConfig, RolloutStats
+from collab_env.rollout.driver import fatal_error, note_stopped
 from collab_env.rollout.jobs import (
     Result,
     env_factory,
@@ -182,6 +183,12 @@ class RayRolloutEngine:
 
         Args:
             jobs: See :func:`~collab_env.rollout.normalize_jobs`.
+
+        Raises:
+            FatalPolicyError: An episode ended with a request its provider rejected; as in
+                :meth:`~collab_env.rollout.RolloutEngine.astream`, no job starts after it, the
+                episodes in flight are cancelled (``stats.cancelled``), the other results
+                already done are yielded, then it is raised once.
         """
         ray = self._raym
         self.start()
@@ -206,9 +213,11 @@ class RayRolloutEngine:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
 
+        fatal: list[FatalPolicyError] = []
+
         def fill() -> None:
             nonlocal exhausted
-            while not exhausted and len(pending) < self.config.concurrency:
+            while not exhausted and not fatal and len(pending) < self.config.concurrency:
                 try:
                     job = next(it)
                 except StopIteration:
@@ -238,7 +247,15 @@ class RayRolloutEngine:
                     name = self._names[i]
                     st.per_worker[name] = st.per_worker.get(name, 0) + 1
                     finished.append((job, outcome))
+                    if not fatal and fatal_error(outcome) is not None:
+                        fatal.append(fatal_error(outcome))
                 fill()
+                if fatal and pending:  # every later request would be rejected too
+                    for ref, _, _ in pending.values():
+                        ray.cancel(ref)
+                    st.cancelled += len(pending)
+                    st.in_flight -= len(pending)
+                    pending.clear()
                 for job, outcome in finished:
                     if isinstance(outcome, Episode):
                         st.finished += 1
@@ -248,7 +265,11 @@ class RayRolloutEngine:
                         bar.update(1)
                         if st.failed:
                             bar.set_postfix(failed=st.failed, refresh=False)
-                    yield job, outcome
+                    if fatal_error(outcome) is None:
+                        yield job, outcome
+                if fatal:
+                    raise note_stopped(fatal[0], f"{st.submitted} episode(s) started, {st.finished} finished, "
+                                                 f"{st.failed} failed, {st.cancelled} cancelled; no other job started.")
         finally:
             for ref, _, _ in pending.values():
                 ray.cancel(ref)
