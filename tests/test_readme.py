@@ -39,6 +39,17 @@ def test_rollouts_snippet_runs():
     assert len(scope["returns"]) == 64 and sum(scope["returns"]) == 64.0  # ask-then-answer solves all
 
 
+def test_driver_snippet_runs(capsys):
+    readme = (ROOT / "README.md").read_text()
+    code = re.findall(r"## Rollouts\n\n.*?```python\n.*?```.*?```python\n(.*?)```", readme, re.S)[0]
+    scope = {"__name__": "readme"}
+    exec(compile(code, "README.md", "exec"), scope)
+    run = scope["run"]
+    assert run.stopped == "until" and run.moves()[0] == ("assistant", "How many apples?")
+    assert [p for p, _ in run.moves()] == ["assistant", "user"]
+    assert capsys.readouterr().out.startswith("until [('assistant', 'How many apples?'), ('user', ")
+
+
 def test_training_snippet_is_valid_python_with_real_names():
     """The snippet names the real trainer and config (running it needs minutes of training)."""
     import ast
