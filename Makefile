@@ -24,7 +24,10 @@ ifndef SEED
 SEED := $(shell $(PYTHON) -c 'import random; print(random.randrange(1, 2**31))')
 endif
 
+# The layers first: lint-imports (import-linter) with the contracts of pyproject.toml, through
+# tools/lint_imports.py, which shows it collab_env.agents and collab_env.adapters (package_dir).
 test: $(STAMP)
+	$(PY) -m tools.lint_imports --no-logo
 	@echo "test order: --randomly-seed=$(SEED) (replay: make test SEED=$(SEED))"
 	$(OFFLINE) $(PY) -m pytest -q -p randomly --randomly-seed=$(SEED)
 

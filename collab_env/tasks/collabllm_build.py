@@ -111,7 +111,7 @@ async def abuild_multiturn_dataset(
         (``conversations``, ``turns``, ``candidates``, ``failed_candidates``,
         ``abandoned_turns``).
     """
-    from collab_env.agents.base import resolve_policy
+    from collab_env.policy import resolve_policy
     from collab_env.rollout import act_for
 
     player = getattr(env, "player", None)

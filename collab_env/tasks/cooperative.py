@@ -33,12 +33,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from collab_env.agents.scripted import ScriptedPolicy
 from collab_env.env import CollabEnv
 from collab_env.errors import ConfigError
-from collab_env.types import ENV_AUTHOR, Conversation
+from collab_env.policy import ScriptedPolicy
 from collab_env.tasks._common import build_config, split_env_kwargs
 from collab_env.tasks.dataset_env import from_dataset
+from collab_env.types import ENV_AUTHOR, Conversation
 
 __all__ = [
     "LENGTH_RATIO_PROMPTS",

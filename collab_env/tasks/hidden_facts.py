@@ -42,9 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from collab_env.agents.scripted import ScriptedPolicy
 from collab_env.env import CollabEnv, EpisodeState, Outcome, Start, Task, env_message
 from collab_env.errors import ConfigError
+from collab_env.policy import ScriptedPolicy
 from collab_env.tasks._common import build_config, split_env_kwargs
 from collab_env.types import Conversation, Message
 
