@@ -49,6 +49,10 @@ _EXPORTS: dict[str, str] = {
     # shared toolkit
     "TrainerConfig": "common.config",
     "TrainerState": "common.loop",
+    "RunState": "common.loop",
+    "Schedule": "common.loop",
+    "Learner": "common.loop",
+    "TaskSource": "common.task",
 }
 
 __all__ = sorted(_EXPORTS)

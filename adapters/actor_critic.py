@@ -59,7 +59,8 @@ from collab_env.adapters.common.config import (
     check_float,
     check_int,
 )
-from collab_env.adapters.common.loop import TrainerState
+from collab_env.adapters.common.loop import RunState, Schedule, mean
+from collab_env.adapters.common.task import ENV_METHODS, TaskSource, learner_sampling, turn_metrics
 from collab_env.errors import ConfigError, TaskFunctionError
 
 __all__ = [
@@ -304,10 +305,6 @@ class Transition:
     """The record handed to ``metrics_callback``."""
 
 
-def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else float("nan")
-
-
 # ---------------------------------------------------------------------------------------------
 # The trainer
 # ---------------------------------------------------------------------------------------------
@@ -341,7 +338,6 @@ class _ActorCriticTrainer:
         policies: Mapping[str, Any] | None = None,
         trained_players: Sequence[str] | None = None,
     ) -> None:
-        import numpy as np
         import torch
 
         from collab_env.adapters.common.logging import MetricsLogger
@@ -364,15 +360,14 @@ class _ActorCriticTrainer:
         if args.critic_placement == "head" and critic_model is not None:
             raise ConfigError("critic_model= gives the critic its own model; it contradicts critic_placement='head' "
                               "(use_separate_critic=False).")
-        if env is not None:
-            self._setup_env_path(env, eval_env, env_kwargs, policies, trained_players, num_agents, args,
-                                 formatters, reward_func, train_dataset, eval_dataset)
-            args = replace(args, num_agents=len(self.players)) if num_agents is None else args
-        else:
-            if eval_env is not None or policies is not None or trained_players is not None:
-                raise ConfigError("eval_env, policies and trained_players belong to the env path: pass env=... too.")
-            self._setup_dataset_path(formatters, reward_func, reward_processor, external_transition,
-                                     train_dataset, eval_dataset, args, num_agents)
+        self.task = TaskSource.build(
+            args, num_agents=num_agents, formatters=formatters, reward_func=reward_func,
+            reward_processor=reward_processor, external_transition=external_transition,
+            train_dataset=train_dataset, eval_dataset=eval_dataset, env=env, eval_env=eval_env,
+            env_kwargs=env_kwargs, policies=policies, trained_players=trained_players,
+            env_methods=(*ENV_METHODS, "state"))
+        if env is not None and num_agents is None:
+            args = replace(args, num_agents=len(self.players))
         if len(self.players) != args.num_agents:
             raise ConfigError(
                 f"the environment trains {len(self.players)} player(s) {list(self.players)} but "
@@ -381,10 +376,12 @@ class _ActorCriticTrainer:
         self.args = args
         self.metrics_callback = metrics_callback
         torch.manual_seed(args.seed)
-        self._rng = np.random.default_rng(args.seed)
         self.models = load_policy_models(agent_model, tokenizer, args.num_agents, args,
                                          need_reference=args.reference_kl_enabled)
         self._unique = unique_models(self.models)
+        # Rewards that roll futures (the multiturn-aware reward) play the trained players' future
+        # turns with the policy being trained, sampling as the learner does.
+        self.task.bind_learner(self.models, self.sampling(False))
         self.critics = self._build_critics(critic_model, critic_tokenizer)
         steps = self._planned_optimizer_steps()
         for pm in self._unique:
@@ -395,85 +392,38 @@ class _ActorCriticTrainer:
             c.optimizer = torch.optim.AdamW(c.parameters(), lr=critic_lr, weight_decay=args.weight_decay,
                                             betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
             c.scheduler = make_scheduler(c.optimizer, args, steps)
-        self.state = TrainerState()
-        config = {**args.to_dict(), "algorithm": self.name, "players": list(self.players),
-                  "env": getattr(getattr(self.train_env, "spec", None), "id", None)}
+        self.state = RunState()
+        config = {**args.to_dict(), "algorithm": self.name, **self.task.config_record()}
         self.logger = MetricsLogger(args.output_dir, config, wandb_config)
 
-    # -- construction ---------------------------------------------------------------------------
-    def _setup_dataset_path(self, formatters, reward_func, reward_processor, external_transition,
-                            train_dataset, eval_dataset, args, num_agents) -> None:
-        from collab_env.adapters.magrpo import dataset_items
-        from collab_env.tasks.dataset_env import from_dataset, prompt_formatter
+    # -- the task source's parts, by their usual names -------------------------------------------------
+    @property
+    def train_env(self) -> Any:
+        """The training environment."""
+        return self.task.train_env
 
-        if reward_func is None:
-            raise ConfigError("the dataset path needs reward_func= (and formatters=, one per agent, unless every "
-                              "agent reads the item's 'prompt' field); or pass env=<id> to train on a "
-                              "registered environment.")
-        if train_dataset is None and eval_dataset is None:
-            raise ConfigError("pass train_dataset= (and optionally eval_dataset=), or env=<id>.")
-        n = args.num_agents if num_agents is None else num_agents
-        if formatters is None:
-            formatters = [prompt_formatter] * n  # CoMLRL's default formatter
-        if callable(formatters) and not isinstance(formatters, (list, tuple)):
-            formatters = [formatters] * n
-        if len(formatters) != n:
-            raise ConfigError(f"{len(formatters)} formatters for {n} agents: pass one formatter per agent.")
+    @property
+    def eval_env(self) -> Any:
+        """The evaluation environment (``None``: no evaluation)."""
+        return self.task.eval_env
 
-        def build(dataset):
-            if dataset is None:
-                return None
-            return from_dataset(dataset, list(formatters), reward_func, num_turns=args.num_turns,
-                                external_transition=external_transition, reward_processor=reward_processor,
-                                external_prompt_passthrough=args.external_prompt_passthrough)
+    @property
+    def players(self) -> tuple[str, ...]:
+        """The trained players; agent ``i`` is ``players[i]``."""
+        return self.task.players
 
-        self.train_env, self.eval_env = build(train_dataset), build(eval_dataset)
-        self.players = tuple((self.train_env or self.eval_env).possible_agents)
-        self.others: dict[str, Any] = {}
-        self._train_items = dataset_items(self.train_env, args.max_steps)
-        self._eval_items = dataset_items(self.eval_env, None)
+    @property
+    def others(self) -> dict[str, Any]:
+        """Policies of the untrained players."""
+        return self.task.others
 
-    def _setup_env_path(self, env, eval_env, env_kwargs, policies, trained_players, num_agents, args,
-                        formatters, reward_func, train_dataset, eval_dataset) -> None:
-        import collab_env
-        from collab_env.agents.base import resolve_policy
+    @property
+    def _rng(self) -> Any:
+        return self.task.rng
 
-        if any(x is not None for x in (formatters, reward_func, train_dataset, eval_dataset)):
-            raise ConfigError("env= trains on an environment: its prompts and rewards replace formatters, "
-                              "reward_func and the datasets. Pass either env= or the dataset arguments, not both.")
-
-        def build(e):
-            if e is None:
-                return None
-            if isinstance(e, str):
-                return collab_env.make(e, **dict(env_kwargs or {}))
-            for attr in ("areset", "astep", "clone", "possible_agents", "state"):
-                if not hasattr(e, attr):
-                    raise ConfigError(f"env must be a registered id or an environment object; {type(e).__name__} has no {attr!r}.")
-            return e
-
-        self.train_env, self.eval_env = build(env), build(eval_env)
-        spec = getattr(self.train_env, "spec", None)
-        possible = list(self.train_env.possible_agents)
-        if trained_players is not None:
-            players = list(trained_players)
-        elif spec is not None and getattr(spec, "trainable", ()):
-            players = list(spec.trainable)
-        else:
-            players = possible
-        unknown = [p for p in players if p not in possible]
-        if unknown or not players:
-            raise ConfigError(f"trained_players {unknown or players} must be players of the env: {possible}.")
-        if num_agents is not None and num_agents != len(players):
-            raise ConfigError(f"num_agents={num_agents} but the env trains {len(players)} player(s) {players}; "
-                              "pass trained_players=[...] to choose which.")
-        self.players = tuple(players)
-        chosen = {**dict(getattr(spec, "default_policies", {}) or {}), **dict(policies or {})}
-        self.others = {p: resolve_policy(chosen[p]) for p in possible if p not in players and p in chosen}
-        self._train_items = _num_items(self.train_env)
-        self._eval_items = _num_items(self.eval_env) if self.eval_env is not None else 0
-        if self._train_items is None and args.max_steps < 0:
-            raise ConfigError("this env generates unlimited items: set args.max_steps to the number of training items.")
+    def sampling(self, evaluation: bool = False) -> dict[str, Any]:
+        """The rollouts' sampling keywords (:func:`~collab_env.adapters.common.task.learner_sampling`)."""
+        return learner_sampling(self.args, evaluation)
 
     def _build_critics(self, critic_model: Any, critic_tokenizer: Any) -> list[Any]:
         """IAC: one critic per agent; MAAC: one critic with an output per agent."""
@@ -497,45 +447,23 @@ class _ActorCriticTrainer:
             critics.append(ValueCritic(backbone, tok, outputs, seed=a.seed + k))
         return critics
 
-    def _items_per_epoch(self) -> int:
-        return self.args.max_steps if self._train_items is None else self._train_items
-
     def _planned_optimizer_steps(self) -> int:
-        items = self._items_per_epoch() * self.args.num_train_epochs
-        if self.args.max_steps > 0:
-            items = min(items, self.args.max_steps)
+        items = self.task.planned_items(self.args.num_train_epochs, self.args.max_steps)
         return max(1, math.ceil(items / self.args.per_device_train_batch_size) * self.args.num_iterations)
 
-    def _seeds(self, n: int) -> list[int]:
-        return [int(s) for s in self._rng.integers(0, 2**62, size=n)]
-
-    def _sampling(self, evaluation: bool) -> dict[str, Any]:
+    def schedule(self) -> Schedule:
+        """Training items in batches of ``per_device_train_batch_size``, CoMLRL's evaluation
+        schedule, logs every ``logging_steps`` reward evaluations, checkpoints every
+        ``save_steps`` items."""
         a = self.args
-        tokens = (a.eval_max_new_tokens or a.max_new_tokens) if evaluation else a.max_new_tokens
-        if evaluation and a.eval_greedy:
-            return {"temperature": 0.0, "max_new_tokens": tokens}
-        return {"temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k, "max_new_tokens": tokens}
+        per_epoch = self.task.items_per_epoch(a.max_steps)
+        limit = a.max_steps if a.max_steps > 0 else per_epoch * a.num_train_epochs
+        return Schedule(unit="item", per_epoch=per_epoch, limit=limit, epochs=a.num_train_epochs,
+                        batch=a.per_device_train_batch_size, eval_every=a.eval_interval, eval_rule="position",
+                        can_evaluate=self.eval_env is not None, log_every=a.logging_steps, log_rule="env_step",
+                        save_every=a.save_steps, desc=self.name)
 
     # -- rollouts -------------------------------------------------------------------------------
-    def _rollout(self, base_env: Any, indices: Sequence[int], sampling: Mapping[str, Any],
-                 seeds: Callable[[int], list[int]], training: bool = True):
-        from collab_env._async import run_sync
-        from collab_env.adapters.common.rollout import compute_returns, expand_tree, start_roots
-
-        stop = self.args.early_termination_threshold if training else None  # CoMLRL: training only
-
-        async def go():
-            roots = await start_roots(base_env, indices, self.players, self.others, seeds)
-            levels = await expand_tree(roots, players=self.players, models=self.models, others=self.others,
-                                       branching=lambda d: 1, max_depth=self.args.num_turns,
-                                       joint_mode="aligned", sampling=sampling, seeds=seeds,
-                                       prompt_format=self.args.prompt_format, stop_above=stop)
-            return roots, levels
-
-        roots, levels = run_sync(go())
-        compute_returns(levels, len(self.players), self.args.discount)
-        return roots, levels
-
     def collect(self, indices: Sequence[int], *, evaluation: bool = False,
                 seeds: Callable[[int], list[int]] | None = None):
         """Roll out one episode per item index of the training (or evaluation) split.
@@ -546,9 +474,13 @@ class _ActorCriticTrainer:
         """
         from collab_env.adapters.common.rollout import episode_item
 
+        a = self.args
         env = self.eval_env if evaluation else self.train_env
-        roots, levels = self._rollout(env, indices, self._sampling(evaluation), seeds or self._seeds,
-                                      training=not evaluation)
+        roots, levels = self.task.rollout(
+            env, indices, self.models, branching=lambda d: 1, max_depth=a.num_turns,
+            sampling=self.sampling(evaluation), seeds=seeds or self.task.seeds, prompt_format=a.prompt_format,
+            stop_above=None if evaluation else a.early_termination_threshold,  # CoMLRL: training only
+            discount=a.discount)
         out: list[Transition] = []
         for root in roots:
             item = dict(episode_item(root.env))
@@ -601,8 +533,8 @@ class _ActorCriticTrainer:
             tr.sample.metadata.update(reward=tr.reward, reference_kl=kl, reference_kl_penalty=a.reference_kl_coef * kl)
             by_turn.setdefault(tr.turn, []).append(kl)
         for d, kls in by_turn.items():
-            metrics[f"turn_{d + 1}/reference_kl_mean"] = _mean(kls)
-            metrics[f"turn_{d + 1}/reference_kl_penalty_mean"] = a.reference_kl_coef * _mean(kls)
+            metrics[f"turn_{d + 1}/reference_kl_mean"] = mean(kls)
+            metrics[f"turn_{d + 1}/reference_kl_penalty_mean"] = a.reference_kl_coef * mean(kls)
 
     def _own_view_ids(self, node: Any, agent: int, comp: Any) -> tuple[list[int], list[int]]:
         """IAC critic input: the agent's own prompt and completion (its view only)."""
@@ -684,8 +616,8 @@ class _ActorCriticTrainer:
                     q_tgt[i] = yq
                     adv[i] = q_old[i] - v_old[i]
         if a.normalize_advantages and len(adv) > 1:
-            m = _mean(adv)
-            sd = math.sqrt(_mean([(x - m) ** 2 for x in adv]))
+            m = mean(adv)
+            sd = math.sqrt(mean([(x - m) ** 2 for x in adv]))
             adv = [(x - m) / (sd + 1e-6) for x in adv]
         return adv, v_tgt, q_tgt
 
@@ -693,11 +625,15 @@ class _ActorCriticTrainer:
     def train(self) -> dict[str, Any]:
         """Train for ``num_train_epochs`` (or ``max_steps`` items), evaluating on the guide's
         schedule. Returns the last logged training metrics."""
-        from collab_env.adapters.common.loop import run_item_loop
+        from collab_env.adapters.common.loop import run
 
         if self.train_env is None:
             raise ConfigError("train() needs train_dataset= (or env=).")
-        return run_item_loop(self, self.name)
+        return run(self)
+
+    def end_epoch(self) -> dict[str, float]:
+        """Nothing is buffered across batches: ``{}``."""
+        return {}
 
     def _callback(self, samples: list[RolloutSample]) -> dict[str, float]:
         if self.metrics_callback is None:
@@ -712,7 +648,7 @@ class _ActorCriticTrainer:
         except (TypeError, ValueError) as exc:
             raise TaskFunctionError(f"metrics_callback must return numeric values: {exc}") from exc
 
-    def _train_batch(self, indices: Sequence[int]) -> dict[str, float]:
+    def train_step(self, indices: Sequence[int]) -> dict[str, float]:
         """Roll out ``indices``, compute advantages and targets, update actors and critics."""
         import torch
 
@@ -819,7 +755,7 @@ class _ActorCriticTrainer:
             if it == 0:
                 stats = {"actor_loss": pg_total, "critic_loss": float(critic_loss.detach()),
                          "value_clip_fraction": clipped_count / (n * (2 if q_old is not None else 1)),
-                         "grad_norm": _mean(norms), "critic_grad_norm": _mean(c_norms)}
+                         "grad_norm": mean(norms), "critic_grad_norm": mean(c_norms)}
             else:
                 stats["actor_loss_last_iteration"] = pg_total
                 stats["critic_loss_last_iteration"] = float(critic_loss.detach())
@@ -830,12 +766,12 @@ class _ActorCriticTrainer:
             c.eval()
         self.state.optimizer_steps += a.num_iterations
         metrics.update(stats)
-        metrics["value_mean"] = _mean(v_old)
-        metrics["value_target_mean"] = _mean(v_tgt)
-        metrics["advantage_mean"] = _mean(adv)
+        metrics["value_mean"] = mean(v_old)
+        metrics["value_target_mean"] = mean(v_tgt)
+        metrics["advantage_mean"] = mean(adv)
         if q_old is not None:
-            metrics["q_value_mean"] = _mean(q_old)
-        metrics["completion_length"] = _mean([len(t.completion_ids) for t in transitions])
+            metrics["q_value_mean"] = mean(q_old)
+        metrics["completion_length"] = mean([len(t.completion_ids) for t in transitions])
         metrics["learning_rate"] = float(self._unique[0].scheduler.get_last_lr()[0])
         return metrics
 
@@ -845,23 +781,10 @@ class _ActorCriticTrainer:
         per turn, without updating weights. Logs and returns ``eval/turn_k/reward_mean``,
         ``eval/turn_k/expected_return`` and the ``metrics_callback`` values averaged over the
         items (prefixed ``eval/``); ``{}`` without an evaluation split."""
-        import numpy as np
-
-        if self.eval_env is None:
-            return {}
         a = self.args
-        from collab_env.adapters.magrpo import eval_count
-
-        n = eval_count(self.eval_env, self._eval_items, a.eval_num_samples)
+        n, seeds = self.task.begin_evaluation(a.eval_num_samples, self.state)
         if n == 0:
             return {}
-        # Its own generator: evaluating never shifts the training run's samples.
-        rng = np.random.default_rng([a.seed, 1_000_003, self.state.evaluations])
-        self.state.evaluations += 1
-
-        def seeds(k: int) -> list[int]:
-            return [int(s) for s in rng.integers(0, 2**62, size=k)]
-
         all_levels: list[list[Any]] = [[] for _ in range(a.num_turns)]
         per_item: list[dict[str, float]] = []
         for start in range(0, n, a.eval_batch_size):
@@ -874,7 +797,7 @@ class _ActorCriticTrainer:
                     per_item.append(self._callback([t.sample for t in transitions if t.root == root]))
         metrics = turn_metrics([lv for lv in all_levels if lv], "eval/")
         for key in sorted({k for row in per_item for k in row}):
-            metrics[f"eval/{key}"] = _mean([row[key] for row in per_item if key in row])
+            metrics[f"eval/{key}"] = mean([row[key] for row in per_item if key in row])
         self.logger.log(metrics, env_step=self.state.env_step, epoch=self.state.epoch, item=self.state.items_done)
         if a.plot:
             self.logger.plot()
@@ -931,7 +854,7 @@ class _ActorCriticTrainer:
         if (path / f"critic_{len(self.critics)}.json").exists():
             raise ConfigError(f"{path} holds more critics than this trainer's {len(self.critics)}; build the "
                               "trainer with the same agents and critic setting as the saving run.")
-        self.state = TrainerState(**load_checkpoint(path, self._unique, self._rng))
+        self.state = RunState.from_dict(load_checkpoint(path, self._unique, self._rng))
         for c, blob in zip(self.critics, blobs, strict=True):
             c.head.load_state_dict(blob["head"])
             if blob["backbone"] is not None:
@@ -1003,26 +926,6 @@ class MAACTrainer(_ActorCriticTrainer):
 # -- helpers ------------------------------------------------------------------------------------
 def _max_norm(a: ActorCriticConfig) -> float:
     return a.max_grad_norm if a.max_grad_norm is not None else float("inf")
-
-
-def _num_items(env: Any) -> int | None:
-    for obj in (env, getattr(env, "unwrapped", None)):
-        task = getattr(obj, "task", None) if obj is not None else None
-        if task is not None and hasattr(task, "num_items"):
-            return task.num_items()
-    return None
-
-
-def turn_metrics(levels: Sequence[Sequence[Any]], prefix: str) -> dict[str, float]:
-    """``turn_k/reward_mean`` and ``turn_k/expected_return``: means over the joint actions of
-    depth ``k - 1`` and over the trained agents."""
-    out: dict[str, float] = {}
-    for d, nodes in enumerate(levels):
-        joint = [ja for node in nodes for ja in node.joint]
-        if joint:
-            out[f"{prefix}turn_{d + 1}/reward_mean"] = _mean([_mean(ja.rewards) for ja in joint])
-            out[f"{prefix}turn_{d + 1}/expected_return"] = _mean([_mean(ja.returns) for ja in joint])
-    return out
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:

@@ -60,7 +60,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from collab_env.adapters.common.config import check_choice, check_float, check_int
-from collab_env.adapters.magrpo import MAGRPOConfig, MAGRPOTrainer
+from collab_env.adapters.common.loop import Schedule, mean
+from collab_env.adapters.common.tree_learner import TreeLearner
+from collab_env.adapters.magrpo import MAGRPOConfig
 from collab_env.errors import ConfigError
 
 __all__ = [
@@ -263,11 +265,7 @@ class JointPreferencePair:
     """Anything else (unused by the loss)."""
 
 
-def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else float("nan")
-
-
-class MADPOTrainer(MAGRPOTrainer):
+class MADPOTrainer(TreeLearner):
     """Train agents with MADPO on a dataset (CoMLRL style) or on a registered environment.
 
     Takes MAGRPO's arguments (``agent_model``, ``num_agents``, ``formatters``, ``reward_func``,
@@ -276,6 +274,8 @@ class MADPOTrainer(MAGRPOTrainer):
     :class:`MADPOConfig`. With ``collaboration_mode="centralized"`` one model is trained
     (``agent_model`` must be one model; ``share_model`` is implied).
     """
+
+    config_class = MADPOConfig
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         from dataclasses import replace
@@ -308,7 +308,7 @@ class MADPOTrainer(MAGRPOTrainer):
         in ``joint[j].returns``)."""
         if self.centralized:
             return self._centralized_nodes(self.train_env, indices, k, sampling, seeds)
-        _, levels = self._rollout(self.train_env, indices, lambda d: k, "aligned", sampling, seeds)
+        _, levels = self.rollout(self.train_env, indices, lambda d: k, "aligned", sampling, seeds)
         return list(levels[0]) if levels else []
 
     def collect_pairs(self) -> list[JointPreferencePair]:
@@ -317,7 +317,7 @@ class MADPOTrainer(MAGRPOTrainer):
         import numpy as np
 
         a = self.args
-        n_items = self._items_per_epoch()
+        n_items = self.task.items_per_epoch(a.max_steps)
         if a.max_steps > 0:
             n_items = min(n_items, a.max_steps)
         pair_rng = np.random.default_rng([a.seed, 5_150])
@@ -325,9 +325,9 @@ class MADPOTrainer(MAGRPOTrainer):
         evaluations = 0
         for start in range(0, n_items, a.per_device_train_batch_size):
             indices = list(range(start, min(n_items, start + a.per_device_train_batch_size)))
-            for node in self._collect_nodes(indices, a.preference_num_candidates, self._sampling(False),
-                                            self._seeds):
-                rewards = [_mean(ja.returns) for ja in node.joint]
+            for node in self._collect_nodes(indices, a.preference_num_candidates, self.sampling(False),
+                                            self.task.seeds):
+                rewards = [mean(ja.returns) for ja in node.joint]
                 evaluations += len(rewards)
                 picked = select_preference_pairs(rewards, a.pair_selection, a.preference_pairs_per_sample,
                                                  rng=pair_rng)
@@ -339,8 +339,8 @@ class MADPOTrainer(MAGRPOTrainer):
                    "preference/pairs_per_sample_mean": len(pairs) / n_items if n_items else 0.0,
                    "preference/reward_evaluations": float(evaluations)}
         if pairs:
-            metrics["preference/winner_reward_mean"] = _mean([p.chosen_reward for p in pairs])
-            metrics["preference/loser_reward_mean"] = _mean([p.rejected_reward for p in pairs])
+            metrics["preference/winner_reward_mean"] = mean([p.chosen_reward for p in pairs])
+            metrics["preference/loser_reward_mean"] = mean([p.rejected_reward for p in pairs])
         self.logger.log(metrics, env_step=self.state.env_step, epoch=self.state.epoch, item=self.state.items_done)
         return pairs
 
@@ -351,7 +351,7 @@ class MADPOTrainer(MAGRPOTrainer):
                 prompt_ids=[list(node.central_prompt_ids)], chosen_ids=[list(c[w].token_ids or ())],
                 rejected_ids=[list(c[l].token_ids or ())], prompts=list(node.agent_prompts),
                 chosen=list(node.parts[w]), rejected=list(node.parts[l]), chosen_reward=float(rewards[w]),
-                rejected_reward=float(rewards[l]), candidate_reward_mean=_mean(rewards), item=item,
+                rejected_reward=float(rewards[l]), candidate_reward_mean=mean(rewards), item=item,
                 meta={"chosen_text": c[w].text, "rejected_text": c[l].text})
         agents = range(len(self.players))
         comps = node.completions
@@ -361,7 +361,7 @@ class MADPOTrainer(MAGRPOTrainer):
             rejected_ids=[list(comps[i][l].token_ids or ()) for i in agents],
             prompts=[node.prompts[i] for i in agents], chosen=[comps[i][w].text for i in agents],
             rejected=[comps[i][l].text for i in agents], chosen_reward=float(rewards[w]),
-            rejected_reward=float(rewards[l]), candidate_reward_mean=_mean(rewards), item=item)
+            rejected_reward=float(rewards[l]), candidate_reward_mean=mean(rewards), item=item)
 
     # -- centralised rollouts -------------------------------------------------------------------
     def _centralized_nodes(self, env: Any, indices: Sequence[int], k: int, sampling: Mapping[str, Any],
@@ -422,48 +422,41 @@ class MADPOTrainer(MAGRPOTrainer):
         """Collect the preference pairs, then ``num_train_epochs`` passes of updates (module
         docstring); evaluates on CoMLRL's schedule. Returns the last logged training metrics
         (``{}`` when the rewards gave no pair)."""
-        import numpy as np
-        from tqdm.auto import tqdm
-
-        from collab_env.adapters.common.loop import flush_log
+        from collab_env.adapters.common.loop import run
         from collab_env.adapters.common.models import make_scheduler
 
         if self.train_env is None:
             raise ConfigError("train() needs train_dataset= (or env=).")
-        a, st = self.args, self.state
-        pairs = self.collect_pairs()
-        if not pairs:
+        if not self.collect_pairs():
             return {}
-        bs = a.pairs_per_update
-        per_epoch = math.ceil(len(pairs) / bs)
+        steps = self.schedule().limit
         for pm in self._unique:  # the number of updates is known only now
-            pm.scheduler = make_scheduler(pm.optimizer, a, per_epoch * a.num_train_epochs)
-        bar = tqdm(total=per_epoch * a.num_train_epochs, disable=not self.logger.verbose, desc="MADPO",
-                   unit="update")
-        last: dict[str, Any] = {}
-        updates = 0
-        for epoch in range(a.num_train_epochs):
-            st.epoch = epoch
-            order = np.random.default_rng([a.seed, 31_337, epoch]).permutation(len(pairs))
-            for b in range(per_epoch):
-                if a.eval_interval and updates % a.eval_interval == 0 and self.eval_env is not None:
-                    self.evaluate()
-                batch = [pairs[int(i)] for i in order[b * bs:(b + 1) * bs]]
-                metrics = self.update(batch)
-                updates += 1
-                if a.use_environment_step:
-                    st.env_step += a.environment_steps_per_pair * len(batch)
-                st.pending.append(metrics)
-                if st.env_step - st.last_log_step >= a.logging_steps:
-                    last = flush_log(self)
-                bar.update(1)
-        bar.close()
-        st.epoch = a.num_train_epochs
-        if st.pending:
-            last = flush_log(self)
-        if a.plot:
-            self.logger.plot()
-        return last
+            pm.scheduler = make_scheduler(pm.optimizer, self.args, steps)
+        return run(self)
+
+    def schedule(self) -> Schedule:
+        """Updates of ``pairs_per_update`` pairs, ``num_train_epochs`` passes over the pairs;
+        evaluation before update ``u`` when ``u % eval_interval == 0``; logs every
+        ``logging_steps`` env steps; no checkpoints."""
+        a = self.args
+        per_epoch = math.ceil(len(self.pairs) / a.pairs_per_update)
+        return Schedule(unit="step", per_epoch=per_epoch, limit=per_epoch * a.num_train_epochs,
+                        epochs=a.num_train_epochs, eval_every=a.eval_interval, eval_rule="done",
+                        can_evaluate=self.eval_env is not None, log_every=a.logging_steps, log_rule="env_step",
+                        desc="MADPO")
+
+    def train_step(self, batch: Sequence[int]) -> dict[str, float]:
+        """One update on the ``batch[0]``-th slice of this epoch's shuffled pairs; ``env_step``
+        grows by ``environment_steps_per_pair`` per pair (CoMLRL's count)."""
+        import numpy as np
+
+        a = self.args
+        bs = a.pairs_per_update
+        order = np.random.default_rng([a.seed, 31_337, self.state.epoch]).permutation(len(self.pairs))
+        pairs = [self.pairs[int(i)] for b in batch for i in order[b * bs:(b + 1) * bs]]
+        metrics = self.update(pairs)
+        metrics["env_steps"] = a.environment_steps_per_pair * len(pairs) if a.use_environment_step else 0
+        return metrics
 
     def _margins(self, pm: Any, actor: int, batch: Sequence[JointPreferencePair]):
         """``[B]`` margins ``log pi(chosen) - log pi(rejected)`` of ``actor``'s parts, one
@@ -507,11 +500,11 @@ class MADPOTrainer(MAGRPOTrainer):
         return {"dpo/loss": float(losses.detach()[0]),
                 "dpo/accuracy": float((joint > 0).float().mean()),
                 "dpo/joint_delta_mean": float(joint.mean()),
-                "dpo/reward_gap_mean": _mean([p.chosen_reward - p.rejected_reward for p in batch]),
+                "dpo/reward_gap_mean": mean([p.chosen_reward - p.rejected_reward for p in batch]),
                 "dpo/num_pairs": float(len(batch)),
-                "turn_1/reward_mean": _mean([p.candidate_reward_mean for p in batch]),
-                "turn_1/expected_return": _mean([p.candidate_reward_mean for p in batch]),
-                "grad_norm": _mean(grad_norms),
+                "turn_1/reward_mean": mean([p.candidate_reward_mean for p in batch]),
+                "turn_1/expected_return": mean([p.candidate_reward_mean for p in batch]),
+                "grad_norm": mean(grad_norms),
                 "learning_rate": float(self._unique[0].scheduler.get_last_lr()[0])}
 
     # -- evaluation -------------------------------------------------------------------------------
@@ -520,18 +513,19 @@ class MADPOTrainer(MAGRPOTrainer):
         one tagged completion per item, split into the agents' parts and scored by the env."""
         if not self.centralized:
             return super().evaluate(num_eval_samples)
-        n, seeds = self._begin_evaluation(num_eval_samples)
+        n, seeds = self.task.begin_evaluation(
+            self.args.eval_num_samples if num_eval_samples is None else num_eval_samples, self.state)
         if n == 0:
             return {}
         a = self.args
         rewards, parsed = [], []
         for start in range(0, n, a.eval_batch_size):
             idx = list(range(start, min(n, start + a.eval_batch_size)))
-            for node in self._centralized_nodes(self.eval_env, idx, 1, self._sampling(True), seeds):
-                rewards.append(_mean(node.joint[0].returns))
+            for node in self._centralized_nodes(self.eval_env, idx, 1, self.sampling(True), seeds):
+                rewards.append(mean(node.joint[0].returns))
                 parsed.append(float(any(node.parts[0])))
-        metrics = {"eval/turn_1/reward_mean": _mean(rewards), "eval/turn_1/expected_return": _mean(rewards),
-                   "eval/parsed_fraction": _mean(parsed)}
+        metrics = {"eval/turn_1/reward_mean": mean(rewards), "eval/turn_1/expected_return": mean(rewards),
+                   "eval/parsed_fraction": mean(parsed)}
         self.logger.log(metrics, env_step=self.state.env_step, epoch=self.state.epoch, item=self.state.items_done)
         return metrics
 

@@ -45,13 +45,10 @@ from typing import Any, Literal
 
 from collab_env.adapters.common.baselines import BASELINES, baseline_advantages
 from collab_env.adapters.common.config import check_choice, check_int
-from collab_env.adapters.magrpo import (
-    MAGRPOConfig,
-    MAGRPOTrainer,
-    _mean,
-    kl_per_turn,
-    turn_metrics,
-)
+from collab_env.adapters.common.loop import mean
+from collab_env.adapters.common.task import turn_metrics
+from collab_env.adapters.common.tree_learner import TreeLearner
+from collab_env.adapters.magrpo import MAGRPOConfig
 from collab_env.errors import ConfigError
 
 __all__ = [
@@ -150,11 +147,13 @@ def reinforce_loss(logp, advantages, mask, *, ref_logp=None, beta: float = 0.0,
     return loss, {k: v.to(torch.float32) for k, v in stats.items()}
 
 
-class MAREINFORCETrainer(MAGRPOTrainer):
+class MAREINFORCETrainer(TreeLearner):
     """Train LLM agents with multi-agent REINFORCE and the baseline of ``args.baseline``.
 
-    Takes exactly :class:`~collab_env.adapters.magrpo.MAGRPOTrainer`'s arguments (dataset path
-    or ``env=``); ``args`` must be a :class:`MAREINFORCEConfig` (default: all defaults).
+    A sibling of :class:`~collab_env.adapters.magrpo.MAGRPOTrainer` on the same scaffolding
+    (:class:`~collab_env.adapters.common.tree_learner.TreeLearner`): it takes exactly its
+    arguments (dataset path or ``env=``); ``args`` must be a :class:`MAREINFORCEConfig`
+    (default: all defaults).
 
     Raises:
         ConfigError: ``args`` of another type, or (for the named variants) a config whose
@@ -176,43 +175,38 @@ class MAREINFORCETrainer(MAGRPOTrainer):
         super().__init__(agent_model, num_agents, formatters, reward_func, reward_processor, train_dataset,
                          eval_dataset, args, *more, **kwargs)
 
-    def _train_batch(self, indices: Sequence[int]) -> dict[str, float]:
-        """Roll out the trees of ``indices`` (and ReMax's greedy rollouts), compute advantages,
-        take one optimiser step per model."""
-        from collab_env.adapters.common.rollout import completion_values
-
+    def train_step(self, batch: Sequence[int]) -> dict[str, float]:
+        """REINFORCE on the training items ``batch``: roll out their trees (and ReMax's greedy
+        rollouts), subtract the baseline from each completion's return, take one on-policy
+        optimiser step per model."""
         a = self.args
-        _, levels = self._rollout(self.train_env, indices, lambda d: a.num_generations, a.joint_mode,
-                                  self._sampling(False), self._seeds)
+        _, levels = self.rollout(self.train_env, batch, lambda d: a.num_generations, a.joint_mode,
+                                 self.sampling(False), self.task.seeds)
         metrics = turn_metrics(levels, "")
         metrics["env_steps"] = float(sum(len(n.joint) for nodes in levels for n in nodes))
         greedy: dict[tuple[int, int], float] = {}
         if a.baseline == "remax":
-            greedy, steps = self._greedy_returns(levels)
+            greedy, steps = self.greedy_returns(levels)
             metrics["env_steps"] += steps
             for d, nodes in enumerate(levels):
-                metrics[f"turn_{d + 1}/greedy_return"] = _mean([greedy[(id(n), i)] for n in nodes for i in n.acting])
-        kls = self._reference_kls(levels, metrics) if a.reference_kl_enabled else {}
-        groups: list[tuple[int, list[tuple[list[int], tuple[int, ...], float, int]]]] = []
-        lengths = []
-        for nodes in levels:
-            for node in nodes:
-                for agent in node.acting:
-                    values = completion_values(node, agent)
-                    greedy_value = greedy.get((id(node), agent))
-                    if kls:  # CoMLRL: the KL penalty comes off each completion's return
-                        values = [v - a.reference_kl_coef * k for v, k in zip(values, kls[(id(node), agent)], strict=True)]
-                    adv = baseline_advantages(values, a.baseline, greedy_value=greedy_value,
-                                              normalize_std=a.normalize_advantages)
-                    group = [(node.prompt_ids[agent], tuple(comp.token_ids or ()), adv_g, node.depth)
-                             for comp, adv_g in zip(node.completions[agent], adv, strict=True)]
-                    lengths.extend(len(g[1]) for g in group)
-                    groups.append((agent, group))
-        metrics["completion_length"] = _mean(lengths)
-        metrics.update(self._learn(groups))
+                metrics[f"turn_{d + 1}/greedy_return"] = mean([greedy[(id(n), i)] for n in nodes for i in n.acting])
+        kls = self.reference_kls(levels, metrics) if a.reference_kl_enabled else {}
+
+        def advantages(node: Any, agent: int, values: list[float]) -> list[float]:
+            return baseline_advantages(values, a.baseline, greedy_value=greedy.get((id(node), agent)),
+                                       normalize_std=a.normalize_advantages)
+
+        groups, lengths = self.node_groups(levels, advantages, kls)
+        metrics["completion_length"] = mean(lengths)
+        metrics.update(self.learn(groups))
         return metrics
 
-    def _greedy_returns(self, levels: Sequence[Sequence[Any]]) -> tuple[dict[tuple[int, int], float], int]:
+    def loss(self, logp, old_logp, advantages, mask, *, ref_logp, loss_type, num_sequences, num_tokens):
+        """:func:`reinforce_loss` (on-policy: ``old_logp`` is not used)."""
+        return reinforce_loss(logp, advantages, mask, ref_logp=ref_logp, beta=self.args.beta, loss_type=loss_type,
+                              num_sequences=num_sequences, num_tokens=num_tokens)
+
+    def greedy_returns(self, levels: Sequence[Sequence[Any]]) -> tuple[dict[tuple[int, int], float], int]:
         """ReMax's baselines: from every node, a greedy joint action continued greedily to the
         tree's depth. Returns ``{(id(node), agent): greedy return}`` and the number of reward
         evaluations the greedy rollouts cost."""
@@ -230,66 +224,13 @@ class MAREINFORCETrainer(MAGRPOTrainer):
                                players=n.players, acting=list(n.acting)) for n in nodes]
             chains = run_sync(expand_tree(starts, players=self.players, models=self.models, others=self.others,
                                           branching=lambda _: 1, max_depth=a.num_turns - d, joint_mode="aligned",
-                                          sampling=greedy, seeds=self._seeds, prompt_format=a.prompt_format))
+                                          sampling=greedy, seeds=self.task.seeds, prompt_format=a.prompt_format))
             compute_returns(chains, len(self.players), a.discount)
             steps += sum(len(n.joint) for lv in chains for n in lv)
             for node, start in zip(nodes, starts, strict=True):
                 for agent in node.acting:
                     out[(id(node), agent)] = start.joint[0].returns[agent]
         return out, steps
-
-    def _update(self, pm: Any, samples: Sequence[tuple[list[int], tuple[int, ...], float, int]]) -> dict[str, float]:
-        """One on-policy optimiser step of ``pm`` on its samples; returns loss metrics."""
-        import torch
-
-        from collab_env.adapters.common.losses import pack_sequences, token_logprobs
-
-        a = self.args
-        device = pm.device
-        micro = [samples[i:i + a.train_micro_batch_size] for i in range(0, len(samples), a.train_micro_batch_size)]
-        batches = [pack_sequences([s[0] for s in mb], [s[1] for s in mb], pm.pad_id).to(device) for mb in micro]
-        advantages = [torch.tensor([s[2] for s in mb], dtype=torch.float32, device=device) for mb in micro]
-        num_tok = int(sum(int(b.completion_mask.sum()) for b in batches))
-        loss_type = a.loss_type
-        if loss_type == "sum":  # per-sequence sums averaged over sequences: "token" over num_seq
-            loss_type, num_tok = "token", len(samples)
-        temp = a.logprob_temperature or a.temperature
-        ref: list[Any] | None = None
-        if a.beta > 0:
-            pm.model.eval()
-            with torch.no_grad(), pm.as_reference() as reference:
-                reference.eval()
-                ref = [token_logprobs(reference, b, temp) for b in batches]
-        pm.model.train()
-        pm.optimizer.zero_grad(set_to_none=True)
-        out: dict[str, float] = {}
-        kl_by_turn: dict[int, list[float]] = {}
-        for k, (b, adv) in enumerate(zip(batches, advantages, strict=True)):
-            logp = token_logprobs(pm.model, b, temp)
-            loss, stats = reinforce_loss(logp, adv, b.completion_mask, ref_logp=ref[k] if ref is not None else None,
-                                         beta=a.beta, loss_type=loss_type, num_sequences=len(samples),
-                                         num_tokens=num_tok)
-            loss.backward()
-            for name, v in stats.items():
-                out[name] = out.get(name, 0.0) + float(v)
-            if ref is not None:
-                kl_per_turn(logp.detach(), ref[k], b.completion_mask, micro[k], kl_by_turn)
-        params = [p for _, p in pm.trainable_parameters()]
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            params, a.max_grad_norm if a.max_grad_norm is not None else float("inf"))
-        pm.optimizer.step()
-        pm.scheduler.step()
-        pm.model.eval()
-        out["grad_norm"] = float(grad_norm)
-        out["learning_rate"] = float(pm.scheduler.get_last_lr()[0])
-        if ref is not None:
-            kl = out.pop("kl")
-            out["reference_kl_mean"] = kl
-            out["reference_kl_penalty_mean"] = a.beta * kl
-            for turn, kls in kl_by_turn.items():
-                out[f"turn_{turn + 1}/reference_kl_mean"] = _mean(kls)
-                out[f"turn_{turn + 1}/reference_kl_penalty_mean"] = a.beta * _mean(kls)
-        return out
 
 
 class MARLOOTrainer(MAREINFORCETrainer):

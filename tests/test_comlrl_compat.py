@@ -222,13 +222,13 @@ def _trainer(tiny_dir, tmp_path, rows=None, **kw):
 def test_rollout_buffer_updates_when_full_and_at_epoch_end(tiny_dir, tmp_path):
     trainer = _trainer(tiny_dir, tmp_path, rollout_buffer_size=2, advantage_normalization=True)
     before = _params(trainer)
-    trainer._train_batch([0])  # one node per agent: the buffers (size 2) are not full
+    trainer.train_step([0])  # one node per agent: the buffers (size 2) are not full
     assert not _changed(before, trainer) and [len(b) for b in trainer._buffers] == [1, 1]
-    trainer._train_batch([1])  # full: each agent steps on its two nodes
+    trainer.train_step([1])  # full: each agent steps on its two nodes
     assert _changed(before, trainer) and [len(b) for b in trainer._buffers] == [0, 0]
-    trainer._train_batch([2])
+    trainer.train_step([2])
     mid = _params(trainer)
-    trainer._end_epoch()  # CoMLRL updates on what is left at the end of an epoch
+    trainer.end_epoch()  # CoMLRL updates on what is left at the end of an epoch
     assert _changed(mid, trainer) and [len(b) for b in trainer._buffers] == [0, 0]
 
 
@@ -244,17 +244,17 @@ def test_early_termination_stops_a_branch(tiny_dir, tmp_path):
             reward_func=reward_func, train_dataset=rows, external_transition=two_turns,
             args=MAGRPOConfig(num_turns=2, num_generations=2, max_new_tokens=3, eval_interval=0, plot=False,
                               early_termination_threshold=threshold, output_dir=str(tmp_path / str(threshold))))
-        _, levels = trainer._rollout(trainer.train_env, [0], lambda d: 2, "aligned", trainer._sampling(False),
-                                     trainer._seeds)
+        _, levels = trainer.rollout(trainer.train_env, [0], lambda d: 2, "aligned", trainer.sampling(False),
+                                     trainer.task.seeds)
         assert len(levels) == depths
 
 
 def test_reference_kl_is_zero_at_the_start_and_comes_off_returns(tiny_dir, tmp_path):
     trainer = _trainer(tiny_dir, tmp_path, reference_kl_enabled=True, reference_kl_coef=0.5)
-    first = trainer._train_batch([0])
+    first = trainer.train_step([0])
     # The reference is an exact copy of the policy: identical log-probs, so k3 is exactly 0.
     assert first["turn_1/reference_kl_mean"] == 0.0
-    second = trainer._train_batch([1])  # after a step (lr 1e-2) the policy has moved
+    second = trainer.train_step([1])  # after a step (lr 1e-2) the policy has moved
     assert second["turn_1/reference_kl_mean"] > 0.0
     assert second["turn_1/reference_kl_penalty_mean"] == pytest.approx(0.5 * second["turn_1/reference_kl_mean"])
 
@@ -310,7 +310,7 @@ def test_iterable_dataset_train_and_eval(tiny_dir, tmp_path):
                             args=MAGRPOConfig(num_generations=2, max_new_tokens=4, eval_interval=0,
                                               eval_num_samples=4, learning_rate=1e-2, output_dir=str(tmp_path),
                                               plot=False))
-    assert trainer._train_items == 3  # a finite stream is read once to count its items
+    assert trainer.task.train_items == 3  # a finite stream is read once to count its items
     before = _params(trainer)
     trainer.train()
     assert _changed(before, trainer) and trainer.state.items_done == 3
@@ -329,7 +329,7 @@ def test_endless_stream_trains_with_max_steps(tiny_dir, tmp_path):
 
     stream = datasets.IterableDataset.from_generator(endless)
     trainer = _trainer(tiny_dir, tmp_path, rows=stream, max_steps=2)
-    assert trainer._train_items is None
+    assert trainer.task.train_items is None
     trainer.train()
     assert trainer.state.items_done == 2
     assert trainer.train_env.unwrapped.task.get_item(1)["prompt"] == "Describe thing number 1."
@@ -348,8 +348,8 @@ def test_default_formatter_reads_the_prompt_field(tiny_dir, tmp_path):
                             train_dataset=_guide_tasks().select(range(1)),
                             args=MAGRPOConfig(num_generations=2, max_new_tokens=3, eval_interval=0,
                                               prompt_format="raw", output_dir=str(tmp_path), plot=False))
-    roots, levels = trainer._rollout(trainer.train_env, [0], lambda d: 2, "aligned", trainer._sampling(False),
-                                     trainer._seeds)
+    roots, levels = trainer.rollout(trainer.train_env, [0], lambda d: 2, "aligned", trainer.sampling(False),
+                                     trainer.task.seeds)
     assert levels[0][0].prompts == {0: GUIDE_PROMPTS[0], 1: GUIDE_PROMPTS[0]}
 
 
@@ -366,8 +366,8 @@ def test_raw_prompts_are_the_formatter_strings_tokenised_one_per_turn(tiny_dir, 
         args=MAGRPOConfig(num_turns=2, num_generations=2, max_new_tokens=4, eval_interval=0, prompt_format="raw",
                           external_prompt_passthrough=True, learning_rate=1e-2, output_dir=str(tmp_path),
                           plot=False))
-    roots, levels = trainer._rollout(trainer.train_env, [0], lambda d: 2, "aligned", trainer._sampling(False),
-                                     trainer._seeds)
+    roots, levels = trainer.rollout(trainer.train_env, [0], lambda d: 2, "aligned", trainer.sampling(False),
+                                     trainer.task.seeds)
     item = rows[0]
     root = levels[0][0]
     for agent, fmt in enumerate((brief_formatter, detailed_formatter)):

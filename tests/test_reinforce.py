@@ -150,7 +150,7 @@ def test_one_step_is_the_hand_computed_reinforce_gradient(tiny_dir, tmp_path):
     expected.backward()
     grads = {n: p.grad.clone() for n, p in pm.model.named_parameters()}
     before = {n: p.detach().clone() for n, p in pm.model.named_parameters()}
-    out = trainer._update(pm, samples)
+    out = trainer.update_model(pm, samples)
     assert out["loss"] == pytest.approx(expected.item(), rel=1e-5)
     moved = 0
     for n, p in pm.model.named_parameters():
@@ -217,9 +217,9 @@ def test_remax_baseline_is_the_reward_of_the_greedy_joint_action(tiny_dir, tmp_p
     trainer = MAReMaxTrainer(agent_model=model, tokenizer=tok, num_agents=2, formatters=formatters,
                              reward_func=reward_func, train_dataset=[item],
                              args=_cfg(tmp_path, cls=MAReMaxConfig, num_agents=2, max_new_tokens=6))
-    _, levels = trainer._rollout(trainer.train_env, [0], lambda d: 2, "aligned", trainer._sampling(False),
-                                 trainer._seeds)
-    greedy, steps = trainer._greedy_returns(levels)
+    _, levels = trainer.rollout(trainer.train_env, [0], lambda d: 2, "aligned", trainer.sampling(False),
+                                 trainer.task.seeds)
+    greedy, steps = trainer.greedy_returns(levels)
     root = levels[0][0]
     texts = [trainer.models[i].generate([root.prompt_ids[i]], [0], temperature=0.0, max_new_tokens=6)[0].text
              for i in range(2)]

@@ -1,104 +1,256 @@
-"""The training-item loop the item-based learners share (MAGRPO, REINFORCE, IAC/MAAC).
+"""One run state, one schedule and one training loop for every learner.
 
-One loop, the CoMLRL guide's schedule: per batch of ``per_device_train_batch_size`` training
-items, evaluate first when :func:`~collab_env.adapters.common.config.eval_due` says so, train on
-the batch (``trainer._train_batch(indices)`` returns its metrics and ``env_steps``), advance the
-position (epoch, item in epoch, items done, ``env_step``), log every ``logging_steps``
-``env_step``s, save every ``save_steps`` items. The trainer provides ``args``, ``state`` (with
-``epoch``, ``item_in_epoch``, ``items_done``, ``env_step``, ``last_log_step``, ``pending``:
-a :class:`TrainerState`),
-``logger``, ``eval_env``, ``evaluate()``, ``save_checkpoint()``, ``_items_per_epoch()`` and
-``_train_batch()``; optionally ``_end_epoch()`` (called at the end of every epoch and of
-training; returns metrics, e.g. of updates on what a rollout buffer still held).
+A learner implements the :class:`Learner` protocol: ``args``, ``state`` (a :class:`RunState`),
+``logger``, and the public methods :meth:`~Learner.schedule`, :meth:`~Learner.train_step`,
+:meth:`~Learner.evaluate`, :meth:`~Learner.save_checkpoint` and :meth:`~Learner.end_epoch`.
+:func:`run` drives it:
+
+1. before each step, evaluate when the schedule says so (``eval_rule``);
+2. ``metrics = learner.train_step(batch)``: the learner's algorithm on the batch of schedule
+   units (training items, or one optimiser step) ``batch``; ``metrics["env_steps"]`` (popped)
+   advances ``state.env_step``;
+3. advance the position (units done, unit in epoch, epoch), keep the metrics for the log;
+4. log the mean of the kept metrics when ``log_rule`` says so; call ``end_epoch()`` at the end
+   of every epoch; save a checkpoint when ``save_rule`` says so;
+5. after the last step: ``end_epoch()``, log what is left, the final evaluation when the
+   schedule asks for one, the PNG curves when ``args.plot``.
+
+Item learners (MAGRPO, REINFORCE, IAC/MAAC, online DPO) count training items; step learners
+(SFT, DPO, the reward model, MADPO) count optimiser steps, and their ``train_step`` takes
+exactly one (and counts it in ``state.optimizer_steps``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from collab_env.adapters.common.config import eval_due
 
-__all__ = ["TrainerState", "run_item_loop", "flush_log"]
+__all__ = ["RunState", "TrainerState", "Schedule", "Learner", "run", "run_item_loop", "flush_log",
+           "merge_metrics", "mean"]
+
+
+def mean(xs: Sequence[float]) -> float:
+    """The mean of ``xs`` (``nan`` for none)."""
+    return sum(xs) / len(xs) if xs else float("nan")
 
 
 @dataclass
-class TrainerState:
-    """Where a run is; saved in checkpoints."""
+class RunState:
+    """Where a run is; saved in checkpoints. One state for every learner."""
 
     epoch: int = 0
     """Current epoch (0-based)."""
-    item_in_epoch: int = 0
-    """Training items of the current epoch already trained on."""
+    in_epoch: int = 0
+    """Schedule units (training items, or optimiser steps) already done in the current epoch."""
     items_done: int = 0
-    """Training items trained on in total."""
+    """Training items used in total (item learners)."""
     env_step: int = 0
-    """Joint-action reward evaluations in training rollouts so far."""
+    """The logs' x axis: reward evaluations in training rollouts (item learners, MADPO), or
+    optimiser steps (SFT, DPO, the reward model)."""
     optimizer_steps: int = 0
-    """Optimiser steps taken (per model)."""
+    """Optimiser steps (preference updates) taken (per model)."""
     evaluations: int = 0
     """Evaluations run (seeds each evaluation's sampling)."""
     last_log_step: int = 0
     """``env_step`` of the last training log line."""
+    last_eval_update: int = -1
+    """``optimizer_steps`` at the last evaluation of ``eval_rule="update"``."""
     pending: list[dict[str, float]] = field(default_factory=list)
-    """Training metrics not yet logged (``logging_steps`` not reached)."""
+    """Training metrics not yet logged."""
+
+    @classmethod
+    def from_dict(cls, saved: Mapping[str, Any]) -> RunState:
+        """A state from a checkpoint's saved dict (older checkpoints' ``item_in_epoch`` /
+        ``step_in_epoch`` are read as ``in_epoch``; unknown keys are ignored)."""
+        data = dict(saved)
+        if "env_step" not in data:  # SFT's and the reward model's former states: x axis = steps
+            data["env_step"] = data.get("optimizer_steps", 0)
+        data.setdefault("last_log_step", data["env_step"])
+        for legacy in ("item_in_epoch", "step_in_epoch"):
+            if legacy in data:
+                data.setdefault("in_epoch", data.pop(legacy))
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    @property
+    def item_in_epoch(self) -> int:
+        """Former name of :attr:`in_epoch` (item learners)."""
+        return self.in_epoch
+
+    @property
+    def step_in_epoch(self) -> int:
+        """Former name of :attr:`in_epoch` (step learners)."""
+        return self.in_epoch
 
 
-def flush_log(trainer: Any) -> dict[str, Any]:
-    """Log the mean of the pending training metrics (NaNs skipped) at the current position."""
-    st = trainer.state
-    keys = sorted({k for m in st.pending for k in m})
-    merged = {}
-    for k in keys:
-        vals = [m[k] for m in st.pending if k in m and not math.isnan(m[k])]
-        merged[k] = sum(vals) / len(vals) if vals else float("nan")
+class TrainerState(RunState):
+    """Former name of :class:`RunState` (the item learners' state); the same fields."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How :func:`run` walks a learner through its run."""
+
+    unit: Literal["item", "step"]
+    """What :func:`run` counts: training items (``state.items_done``) or optimiser steps
+    (``state.optimizer_steps``, counted by ``train_step``)."""
+    per_epoch: int
+    """Units per epoch."""
+    limit: int
+    """Units in the whole run."""
+    epochs: int
+    """Epochs in the whole run."""
+    batch: int = 1
+    """Units per ``train_step`` (the last batch of an epoch or run may be smaller)."""
+    eval_every: int = 0
+    """Evaluation interval (0: never scheduled)."""
+    eval_rule: Literal["position", "done", "update"] = "position"
+    """``"position"``: CoMLRL's, before the first unit of every epoch and every ``eval_every``
+    units of the epoch (:func:`~collab_env.adapters.common.config.eval_due`); ``"done"``: when
+    the units done are a multiple of ``eval_every``; ``"update"``: when the optimiser steps are
+    a multiple of ``eval_every``, once per optimiser-step count."""
+    can_evaluate: bool = False
+    """Whether there is anything to evaluate on."""
+    final_eval: bool = False
+    """Evaluate once more after the last step (when ``eval_every`` > 0)."""
+    log_every: int = 1
+    """Logging interval."""
+    log_rule: Literal["env_step", "update"] = "env_step"
+    """``"env_step"``: log when ``env_step`` moved ``log_every`` past the last log;
+    ``"update"``: when the optimiser steps are a multiple of ``log_every``."""
+    log_item: bool = True
+    """Whether log lines carry ``item`` (training items done)."""
+    summed: tuple[str, ...] = ()
+    """Metrics summed over a logging window (the others are averaged, NaNs skipped)."""
+    save_every: int = 0
+    """Checkpoint interval (0: never)."""
+    save_rule: Literal["done", "update"] = "done"
+    """``"done"``: when the units done are a multiple of ``save_every``; ``"update"``: after a
+    step that took an optimiser step, when the optimiser steps are a multiple of it."""
+    desc: str = ""
+    """Progress-bar label."""
+
+
+@runtime_checkable
+class Learner(Protocol):
+    """What :func:`run` needs from a learner (every trainer of :mod:`collab_env.adapters`)."""
+
+    args: Any
+    state: RunState
+    logger: Any
+
+    def schedule(self) -> Schedule:
+        """The run's :class:`Schedule` (computed from the config and the data)."""
+
+    def train_step(self, batch: Sequence[int]) -> dict[str, float]:
+        """The algorithm on one batch of schedule units; returns its metrics (``env_steps``:
+        reward evaluations it made, popped by :func:`run`)."""
+
+    def evaluate(self) -> dict[str, float]:
+        """Evaluate without updating weights; log and return ``eval/...`` metrics."""
+
+    def save_checkpoint(self, path: str | Path | None = None) -> Path:
+        """Save what a resumed run needs."""
+
+    def end_epoch(self) -> dict[str, float]:
+        """Called at the end of every epoch and of the run; returns metrics to log (``{}``)."""
+
+
+def merge_metrics(window: Sequence[Mapping[str, float]], summed: Sequence[str] = ()) -> dict[str, float]:
+    """One log line of a window of step metrics: per key the mean over the steps that have it,
+    NaNs skipped (``nan`` when all are), or the sum for the keys in ``summed``."""
+    merged: dict[str, float] = {}
+    for k in sorted({k for m in window for k in m}):
+        vals = [m[k] for m in window if k in m and not math.isnan(m[k])]
+        if k in summed:
+            merged[k] = float(sum(vals))
+        else:
+            merged[k] = sum(vals) / len(vals) if vals else float("nan")
+    return merged
+
+
+def flush_log(learner: Any, summed: Sequence[str] = (), log_item: bool = True) -> dict[str, Any]:
+    """Log the merged pending training metrics (:func:`merge_metrics`) at the current position."""
+    st = learner.state
+    merged = merge_metrics(st.pending, summed)
     st.pending = []
     st.last_log_step = st.env_step
-    return trainer.logger.log(merged, env_step=st.env_step, epoch=st.epoch, item=st.items_done)
+    if log_item:
+        return learner.logger.log(merged, env_step=st.env_step, epoch=st.epoch, item=st.items_done)
+    return learner.logger.log(merged, env_step=st.env_step, epoch=st.epoch)
 
 
-def _end_epoch(trainer: Any) -> None:
-    hook = getattr(trainer, "_end_epoch", None)
-    if hook is not None:
-        metrics = hook()
-        if metrics:
-            trainer.state.pending.append(dict(metrics))
+def _done(s: Schedule, st: RunState) -> int:
+    return st.items_done if s.unit == "item" else st.optimizer_steps
 
 
-def run_item_loop(trainer: Any, desc: str) -> dict[str, Any]:
-    """Train until ``num_train_epochs`` (or ``max_steps`` items) from ``trainer.state``;
-    returns the last logged training metrics."""
+def _eval_due(s: Schedule, st: RunState, size: int) -> bool:
+    if not s.can_evaluate or s.eval_every <= 0:
+        return False
+    if s.eval_rule == "position":
+        return eval_due(st.in_epoch, size, s.eval_every)
+    if s.eval_rule == "done":
+        return _done(s, st) % s.eval_every == 0
+    if st.optimizer_steps % s.eval_every == 0 and st.last_eval_update != st.optimizer_steps:
+        st.last_eval_update = st.optimizer_steps
+        return True
+    return False
+
+
+def _end_epoch(learner: Learner) -> None:
+    metrics = learner.end_epoch()
+    if metrics:
+        learner.state.pending.append(dict(metrics))
+
+
+def run(learner: Learner) -> dict[str, Any]:
+    """Train ``learner`` from its ``state`` to the end of its :class:`Schedule` (module
+    docstring); returns the last logged training metrics."""
     from tqdm.auto import tqdm
 
-    a, st = trainer.args, trainer.state
-    per_epoch = trainer._items_per_epoch()
-    limit = a.max_steps if a.max_steps > 0 else per_epoch * a.num_train_epochs
-    bar = tqdm(total=limit, initial=st.items_done, disable=not trainer.logger.verbose, desc=desc, unit="item")
+    s, st = learner.schedule(), learner.state
+    bar = tqdm(total=s.limit, initial=_done(s, st), disable=not learner.logger.verbose, desc=s.desc,
+               unit=s.unit)
     last: dict[str, Any] = {}
-    while st.epoch < a.num_train_epochs and st.items_done < limit:
-        pos = st.item_in_epoch
-        size = min(a.per_device_train_batch_size, per_epoch - pos, limit - st.items_done)
-        if eval_due(pos, size, a.eval_interval) and trainer.eval_env is not None:
-            trainer.evaluate()
-        metrics = trainer._train_batch(list(range(pos, pos + size)))
-        st.env_step += int(metrics.pop("env_steps"))
-        st.items_done += size
-        st.item_in_epoch += size
+    while st.epoch < s.epochs and _done(s, st) < s.limit:
+        pos = st.in_epoch
+        size = min(s.batch, s.per_epoch - pos, s.limit - _done(s, st))
+        if _eval_due(s, st, size):
+            learner.evaluate()
+        updates = st.optimizer_steps
+        metrics = learner.train_step(list(range(pos, pos + size)))
+        st.env_step += int(metrics.pop("env_steps", 0))
+        if s.unit == "item":
+            st.items_done += size
+        st.in_epoch += size
         st.pending.append(metrics)
-        if st.env_step - st.last_log_step >= a.logging_steps:
-            last = flush_log(trainer)
-        if st.item_in_epoch >= per_epoch:
-            _end_epoch(trainer)
+        if (st.env_step - st.last_log_step >= s.log_every if s.log_rule == "env_step"
+                else st.optimizer_steps % s.log_every == 0):
+            last = flush_log(learner, s.summed, s.log_item)
+        if st.in_epoch >= s.per_epoch:
+            _end_epoch(learner)
             st.epoch += 1
-            st.item_in_epoch = 0
-        if a.save_steps and st.items_done % a.save_steps == 0:
-            trainer.save_checkpoint()
+            st.in_epoch = 0
+        if s.save_every and _done(s, st) % s.save_every == 0 and (
+                s.save_rule == "done" or st.optimizer_steps != updates):
+            learner.save_checkpoint()
         bar.update(size)
     bar.close()
-    _end_epoch(trainer)
+    _end_epoch(learner)
     if st.pending:
-        last = flush_log(trainer)
-    if a.plot:
-        trainer.logger.plot()
+        last = flush_log(learner, s.summed, s.log_item)
+    if s.final_eval and s.can_evaluate and s.eval_every > 0:
+        learner.evaluate()
+    if learner.args.plot:
+        learner.logger.plot()
     return last
+
+
+def run_item_loop(learner: Learner, desc: str = "") -> dict[str, Any]:
+    """Former entry point of :func:`run` (the ``desc`` comes from the schedule now)."""
+    return run(learner)

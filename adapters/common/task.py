@@ -1,0 +1,377 @@
+"""The task source: where a learner's episodes come from.
+
+Every learner that plays environments (MAGRPO, REINFORCE, IAC/MAAC, online DPO, MADPO, MARLHF)
+builds one :class:`TaskSource` from its arguments instead of setting up envs itself. It owns:
+
+* **the environments**: the dataset path (``formatters`` + ``reward_func`` + datasets, built
+  with :func:`~collab_env.tasks.from_dataset`) or the env path (a registered id or an env
+  object, its trained players, the other players' policies from the spec's defaults and the
+  caller's ``policies``);
+* **item counts**: how many items a split has (``None`` for an unlimited env or a streamed
+  split), and how many of them an evaluation can play (:func:`eval_count`);
+* **seeds**: the training generator (``seeds(n)``; checkpoints save its state) and one fresh
+  generator per evaluation, so that evaluating never shifts the training samples;
+* **sampling**: one set of sampling keywords from the learner's config
+  (:func:`learner_sampling`), used by the rollout tree and bound, with the learner's policies,
+  into the multiturn-aware reward's futures (:meth:`TaskSource.bind_learner`);
+* **rollout**: :meth:`TaskSource.rollout` grows the rollout tree of a batch of items
+  (:mod:`~collab_env.adapters.common.rollout`) and fills its returns;
+* **turn metrics**: :func:`turn_metrics`, the guide's ``turn_k/reward_mean`` and
+  ``turn_k/expected_return``.
+
+Importing this module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from collab_env.adapters.common.config import check_int
+from collab_env.errors import ConfigError
+
+__all__ = [
+    "TaskSource",
+    "learner_sampling",
+    "bind_learner",
+    "turn_metrics",
+    "dataset_items",
+    "streamed_rows",
+    "eval_count",
+    "num_items",
+    "mean",
+    "ENV_METHODS",
+]
+
+#: What an environment object must have to be trained on.
+ENV_METHODS: tuple[str, ...] = ("areset", "astep", "clone", "possible_agents")
+
+
+def mean(xs: Sequence[float]) -> float:
+    """The mean of ``xs`` (``nan`` for none)."""
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+# ---------------------------------------------------------------------------------------------
+# Item counts
+# ---------------------------------------------------------------------------------------------
+def num_items(env: Any) -> int | None:
+    """Items of ``env``'s task (through wrappers): ``task.num_items()``, ``None`` when the task
+    does not say (an unlimited generator)."""
+    for obj in (env, getattr(env, "unwrapped", None)):
+        task = getattr(obj, "task", None) if obj is not None else None
+        if task is not None and hasattr(task, "num_items"):
+            return task.num_items()
+    return None
+
+
+def streamed_rows(env: Any) -> Any:
+    """The :class:`~collab_env.tasks.dataset_env.StreamedRows` of a dataset-path env, or None."""
+    from collab_env.tasks.dataset_env import StreamedRows
+
+    rows = getattr(getattr(getattr(env, "unwrapped", None), "task", None), "dataset", None)
+    return rows if isinstance(rows, StreamedRows) else None
+
+
+def dataset_items(env: Any, max_steps: int | None) -> int | None:
+    """Items of a dataset-path env's split: its length; for a streamed split (an
+    ``IterableDataset``) ``None`` when ``max_steps`` bounds training (rows are then read as
+    needed), else the stream is read once to its end to count them. ``0`` without an env."""
+    if env is None:
+        return 0
+    n = num_items(env)
+    if n is not None:
+        return n
+    if max_steps is not None and max_steps > 0:
+        return None
+    if max_steps is None:  # evaluation split: counted lazily (``evaluate`` reads what it needs)
+        return None
+    return len(env.unwrapped.task.dataset)
+
+
+def eval_count(env: Any, known_items: int | None, requested: int) -> int:
+    """How many of the first ``requested`` evaluation items exist: at most ``known_items`` when
+    the split's length is known, else (a streamed split) as many rows as the stream holds."""
+    if known_items is not None:
+        return min(requested, known_items)
+    rows = streamed_rows(env)
+    return rows.available(requested) if rows is not None else requested
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling, binding, metrics
+# ---------------------------------------------------------------------------------------------
+def learner_sampling(args: Any, evaluation: bool = False) -> dict[str, Any]:
+    """The sampling keywords (:class:`~collab_env.agents.base.SamplingParams` fields) of a
+    learner's config: ``temperature``, ``top_p``, ``top_k`` and ``max_new_tokens`` for
+    training; in evaluation ``eval_max_new_tokens`` (when the config has it and sets it)
+    replaces ``max_new_tokens``, and ``eval_greedy`` makes it greedy (temperature 0)."""
+    tokens = args.max_new_tokens
+    if evaluation and getattr(args, "eval_max_new_tokens", None):
+        tokens = args.eval_max_new_tokens
+    if evaluation and getattr(args, "eval_greedy", False):
+        return {"temperature": 0.0, "max_new_tokens": tokens}
+    return {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "max_new_tokens": tokens}
+
+
+def bind_learner(envs: Sequence[Any], players: Sequence[str], models: Sequence[Any],
+                 sampling: Mapping[str, Any] | None = None) -> int:
+    """Bind the policies being trained into every environment of ``envs`` whose reward rolls
+    futures in which a trained player is played by the learner (:data:`collab_env.policy.LEARNER`,
+    e.g. the multiturn-aware reward): player ``players[i]`` is played by ``models[i].generator``,
+    the model being trained, so futures see the current weights. Every learner binds through this
+    function (IAC/MAAC included), which calls :func:`collab_env.policy.bind_learner`.
+
+    ``sampling`` (the learner's :func:`learner_sampling`) travels with the policies, so the
+    futures sample as the learner's rollouts do (``max_new_tokens``, temperature...); a field the
+    reward's own ``sampling=`` sets wins. Returns how many (env layer, player) bindings were made.
+    """
+    from collab_env.policy import bind_learner as core_bind
+
+    policies = {p: models[i].generator for i, p in enumerate(players)}
+    keywords = {k: v for k, v in (sampling or {}).items() if v is not None}
+    per_player = {p: dict(keywords) for p in players} if keywords else None
+    bound = sum(core_bind(e, policies, sampling=per_player) for e in envs if e is not None)
+    if bound == 0:
+        bound = _bind_untyped(envs, policies, keywords)
+    return bound
+
+
+def _bind_untyped(envs: Sequence[Any], policies: Mapping[str, Any], keywords: Mapping[str, Any]) -> int:
+    """Rewards that are not :class:`~collab_env.policy.LearnerBindable` yet (MR's former
+    ``bind_policy(player, policy)``): bind through ``collab_env.rewards.mr.bind_learner_policies``
+    and carry the sampling as the bound generators' default sampling (explicit keywords win)."""
+    from collab_env.rewards.mr import bind_learner_policies
+
+    bound = sum(bind_learner_policies(e, policies) for e in envs if e is not None)
+    if bound and keywords:
+        for gen in {id(g): g for g in policies.values()}.values():
+            gen.default_sampling = dict(keywords)  # HFPolicy's public defaults
+    return bound
+
+
+def turn_metrics(levels: Sequence[Sequence[Any]], prefix: str) -> dict[str, float]:
+    """``turn_k/reward_mean`` and ``turn_k/expected_return``: means over the joint actions of
+    depth ``k - 1`` (and over the trained agents)."""
+    out: dict[str, float] = {}
+    for d, nodes in enumerate(levels):
+        joint = [ja for n in nodes for ja in n.joint]
+        if not joint:
+            continue
+        out[f"{prefix}turn_{d + 1}/reward_mean"] = mean([mean(ja.rewards) for ja in joint])
+        out[f"{prefix}turn_{d + 1}/expected_return"] = mean([mean(ja.returns) for ja in joint])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The task source
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class TaskSource:
+    """A learner's environments, players, item counts, seeds and rollouts (module docstring).
+
+    Build it with :meth:`build`; every field can also be given directly (tests, adapters)."""
+
+    train_env: Any
+    """The training environment (``None``: evaluation only)."""
+    eval_env: Any
+    """The evaluation environment (``None``: :meth:`begin_evaluation` plays nothing)."""
+    players: tuple[str, ...]
+    """The trained players; agent ``i`` is ``players[i]``."""
+    others: dict[str, Any] = field(default_factory=dict)
+    """Policies of the players that are not trained."""
+    train_items: int | None = 0
+    """Items of the training split (``None``: unlimited or streamed)."""
+    eval_items: int | None = 0
+    """Items of the evaluation split (``None``: unlimited or streamed)."""
+    seed: int = 0
+    """The run's seed."""
+    rng: Any = None
+    """The training generator (``numpy.random.Generator``); :meth:`seeds` draws from it."""
+
+    def __post_init__(self) -> None:
+        if self.rng is None:
+            import numpy as np
+
+            self.rng = np.random.default_rng(self.seed)
+
+    # -- construction ---------------------------------------------------------------------------
+    @classmethod
+    def build(cls, args: Any, *, num_agents: int | None = None, formatters: Any = None, reward_func: Any = None,
+              reward_processor: Any = None, external_transition: Any = None, train_dataset: Any = None,
+              eval_dataset: Any = None, env: Any = None, eval_env: Any = None,
+              env_kwargs: Mapping[str, Any] | None = None, policies: Mapping[str, Any] | None = None,
+              trained_players: Sequence[str] | None = None, env_methods: Sequence[str] = ENV_METHODS,
+              dataset_path: bool = True) -> TaskSource:
+        """The task source of a learner's arguments: the env path when ``env`` is given, else the
+        dataset path (``dataset_path=False``: a learner that only trains on envs).
+
+        Raises:
+            ConfigError: Arguments of both paths, a missing reward function or split, unknown
+                trained players, an env object without ``env_methods``, an unlimited env without
+                ``max_steps``.
+        """
+        if env is not None:
+            return cls._env_path(args, num_agents, env, eval_env, env_kwargs, policies, trained_players,
+                                 (formatters, reward_func, train_dataset, eval_dataset), env_methods)
+        if not dataset_path:
+            raise ConfigError("env= is required: a registered id (e.g. 'hidden-facts') or an environment object.")
+        if eval_env is not None or policies is not None or trained_players is not None:
+            raise ConfigError("eval_env, policies and trained_players belong to the env path: pass env=... too.")
+        return cls._dataset_path(args, num_agents, formatters, reward_func, reward_processor, external_transition,
+                                 train_dataset, eval_dataset)
+
+    @classmethod
+    def _dataset_path(cls, args, num_agents, formatters, reward_func, reward_processor, external_transition,
+                      train_dataset, eval_dataset) -> TaskSource:
+        from collab_env.tasks.dataset_env import from_dataset, prompt_formatter
+
+        if reward_func is None:
+            raise ConfigError(
+                "the dataset path needs reward_func= (and formatters=, one per agent, unless every "
+                "agent reads the item's 'prompt' field); or pass env=<id> to train on a registered "
+                "environment."
+            )
+        if train_dataset is None and eval_dataset is None:
+            raise ConfigError("pass train_dataset= (and optionally eval_dataset=), or env=<id>.")
+        n = args.num_agents if num_agents is None else num_agents
+        if formatters is None:
+            formatters = [prompt_formatter] * n  # CoMLRL's default formatter
+        if callable(formatters) and not isinstance(formatters, (list, tuple)):
+            formatters = [formatters] * n
+        if len(formatters) != n:
+            raise ConfigError(f"{len(formatters)} formatters for {n} agents: pass one formatter per agent.")
+
+        def build(dataset):
+            if dataset is None:
+                return None
+            return from_dataset(dataset, list(formatters), reward_func, num_turns=args.num_turns,
+                                external_transition=external_transition, reward_processor=reward_processor,
+                                external_prompt_passthrough=args.external_prompt_passthrough)
+
+        train, evaluation = build(train_dataset), build(eval_dataset)
+        return cls(train_env=train, eval_env=evaluation, players=tuple((train or evaluation).possible_agents),
+                   others={}, train_items=dataset_items(train, args.max_steps),
+                   eval_items=dataset_items(evaluation, None), seed=args.seed)
+
+    @classmethod
+    def _env_path(cls, args, num_agents, env, eval_env, env_kwargs, policies, trained_players, dataset_args,
+                  env_methods) -> TaskSource:
+        import collab_env
+
+        if any(x is not None for x in dataset_args):
+            raise ConfigError(
+                "env= trains on an environment: its prompts and rewards replace formatters, reward_func "
+                "and the datasets. Pass either env= or the dataset arguments, not both."
+            )
+
+        def build(e):
+            if e is None:
+                return None
+            if isinstance(e, str):
+                return collab_env.make(e, **dict(env_kwargs or {}))
+            for attr in env_methods:
+                if not hasattr(e, attr):
+                    raise ConfigError(f"env must be a registered id or an environment object; {type(e).__name__} has no {attr!r}.")
+            return e
+
+        train, evaluation = build(env), build(eval_env)
+        spec = getattr(train, "spec", None)
+        possible = list(train.possible_agents)
+        if trained_players is not None:
+            players = list(trained_players)
+        elif spec is not None and getattr(spec, "trainable", ()):
+            players = list(spec.trainable)
+        else:
+            players = possible
+        unknown = [p for p in players if p not in possible]
+        if unknown or not players:
+            raise ConfigError(f"trained_players {unknown or players} must be players of the env: {possible}.")
+        if num_agents is not None and num_agents != len(players):
+            raise ConfigError(
+                f"num_agents={num_agents} but the env trains {len(players)} player(s) {players}; pass "
+                "trained_players=[...] to choose which."
+            )
+        others = _other_policies(spec, possible, players, policies)
+        train_items = num_items(train)
+        if train_items is None and args.max_steps < 0:
+            raise ConfigError("this env generates unlimited items: set args.max_steps to the number of training items.")
+        return cls(train_env=train, eval_env=evaluation, players=tuple(players), others=others,
+                   train_items=train_items, eval_items=num_items(evaluation) if evaluation is not None else 0,
+                   seed=args.seed)
+
+    # -- counts and seeds -------------------------------------------------------------------------
+    def items_per_epoch(self, max_steps: int) -> int:
+        """Training items per epoch (an unlimited env: ``max_steps`` items make one epoch)."""
+        return max_steps if self.train_items is None else self.train_items
+
+    def planned_items(self, num_train_epochs: int, max_steps: int) -> int:
+        """Training items of the whole run (``max_steps`` caps it when positive)."""
+        items = self.items_per_epoch(max_steps) * num_train_epochs
+        return min(items, max_steps) if max_steps > 0 else items
+
+    def seeds(self, n: int) -> list[int]:
+        """``n`` fresh seeds from the training generator."""
+        return [int(s) for s in self.rng.integers(0, 2**62, size=n)]
+
+    def begin_evaluation(self, requested: int, state: Any) -> tuple[int, Callable[[int], list[int]] | None]:
+        """``(n, seeds)`` of one evaluation: how many of the first ``requested`` evaluation items
+        exist (0 without an evaluation env) and a seed function from the evaluation's own
+        generator (seeded by the run's seed and ``state.evaluations``, which this counts), so
+        that evaluating never shifts the training run's samples."""
+        import numpy as np
+
+        if self.eval_env is None:
+            return 0, None
+        check_int("num_eval_samples", requested, 0)
+        n = eval_count(self.eval_env, self.eval_items, requested)
+        if n == 0:
+            return 0, None
+        rng = np.random.default_rng([self.seed, 1_000_003, state.evaluations])
+        state.evaluations += 1
+
+        def seeds(k: int) -> list[int]:
+            return [int(s) for s in rng.integers(0, 2**62, size=k)]
+
+        return n, seeds
+
+    # -- binding and rollout ------------------------------------------------------------------------
+    def bind_learner(self, models: Sequence[Any], sampling: Mapping[str, Any] | None = None) -> int:
+        """:func:`bind_learner` on the training and evaluation envs."""
+        return bind_learner((self.train_env, self.eval_env), self.players, models, sampling)
+
+    def rollout(self, env: Any, indices: Sequence[int], models: Sequence[Any], *, branching: Callable[[int], int],
+                max_depth: int, sampling: Mapping[str, Any], seeds: Callable[[int], list[int]],
+                joint_mode: str = "aligned", prompt_format: str = "chat", stop_above: float | None = None,
+                discount: float = 1.0) -> tuple[list[Any], list[list[Any]]]:
+        """The rollout trees of ``indices`` on ``env`` (:func:`~collab_env.adapters.common.rollout.expand_tree`),
+        returns filled with ``discount``. Returns ``(roots, levels)``."""
+        from collab_env._async import run_sync
+        from collab_env.adapters.common.rollout import compute_returns, expand_tree, start_roots
+
+        async def go():
+            roots = await start_roots(env, indices, self.players, self.others, seeds)
+            levels = await expand_tree(roots, players=self.players, models=models, others=self.others,
+                                       branching=branching, max_depth=max_depth, joint_mode=joint_mode,
+                                       sampling=sampling, seeds=seeds, prompt_format=prompt_format,
+                                       stop_above=stop_above)
+            return roots, levels
+
+        roots, levels = run_sync(go())
+        compute_returns(levels, len(self.players), discount)
+        return roots, levels
+
+    def config_record(self) -> dict[str, Any]:
+        """``players`` and ``env`` (the training env's spec id) for the run's logged config."""
+        return {"players": list(self.players), "env": getattr(getattr(self.train_env, "spec", None), "id", None)}
+
+
+def _other_policies(spec: Any, possible: Sequence[str], players: Sequence[str],
+                    policies: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The untrained players' policies: the spec's defaults merged with ``policies``
+    (:func:`collab_env.policy.policies_for`), resolved."""
+    from collab_env.policy import policies_for, resolve_policy
+
+    chosen = policies_for(spec, policies)
+    return {p: resolve_policy(chosen[p]) for p in possible if p not in players and p in chosen}
