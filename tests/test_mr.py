@@ -22,8 +22,8 @@ from collab_env.rewards.mr import (
     aggregate,
     default_reward,
 )
-from collab_env.types import FAULT, Completion
 from collab_env.testing.collabllm_fixtures import write_collabllm_fixture
+from collab_env.types import FAULT, Completion
 
 
 # ---------------------------------------------------------------------------------------------
@@ -752,3 +752,69 @@ def test_a_reactive_default_user_stays_the_default():
         MultiturnAwareReward(collab_env.make("hidden-facts-easy"),
                              policies={"assistant": FixedTextPolicy("ok"), "user": "replay"},
                              weights={"test_future_len": 0.1})
+
+
+# ---------------------------------------------------------------------------------------------
+# The typed learner binding and the one episode driver
+# ---------------------------------------------------------------------------------------------
+class RecordingPolicy:
+    """Replies 'bound words' and records the sampling keywords of every call."""
+
+    def __init__(self):
+        self.seen = []
+
+    async def act(self, observations, **sampling):
+        self.seen.append(dict(sampling))
+        return [Completion(text="bound words", finish_reason="stop") for _ in observations]
+
+
+def test_a_bound_learner_plays_the_futures_with_its_own_sampling(math_env):
+    from collab_env.policy import LEARNER, LearnerBindable, bind_learner
+    from collab_env.rewards.mr import bind_learner_policies
+
+    assert bind_learner_policies is bind_learner
+    env = MultiturnAwareReward(math_env, policies={"assistant": LEARNER, "user": replay_user()},
+                               weights={"test_future_len": 0.1}, num_rollouts=2,
+                               sampling={"assistant": {"temperature": 0.5, "max_new_tokens": 4}})
+    assert isinstance(env, LearnerBindable) and env.learner_players() == ["assistant"]
+    learner = RecordingPolicy()
+    # The learner's settings win key by key; None means "not set" (the reward's 0.5 stays).
+    assert bind_learner(env, {"assistant": learner},
+                        sampling={"assistant": {"max_new_tokens": 9, "temperature": None, "top_p": 0.9}}) == 1
+    assert env.learner_players() == [] and env.policies["assistant"] is learner
+    env.reset(seed=5, options={"index": 0})
+    _, rewards, _, _, infos = env.step({"assistant": "A1 reply"})
+    # reply, U, A, U per future (verl window): one learner call per future, 4 messages * 0.1
+    assert len(learner.seen) == 2 and rewards["assistant"] == pytest.approx(0.4)
+    for kw in learner.seen:
+        assert kw["max_new_tokens"] == 9 and kw["temperature"] == 0.5 and kw["top_p"] == 0.9
+        assert isinstance(kw["seed"], int)  # the future's own seed travels with the sampling
+    assert infos["assistant"]["mr"]["cost"]["policy_calls"] == 6.0  # per future: 2 user calls + 1 learner call
+    # Binding again without sampling restores the reward's own settings for that player.
+    env.bind_policy("assistant", learner)
+    env.reset(seed=5, options={"index": 0})
+    env.step({"assistant": "A1 reply"})
+    assert {k: v for k, v in learner.seen[-1].items() if k != "seed"} == {"temperature": 0.5, "max_new_tokens": 4}
+    with pytest.raises(ConfigError, match="unknown sampling parameter"):
+        env.bind_policy("assistant", learner, sampling={"max_tokens": 9})
+    with pytest.raises(ConfigError, match="not a player"):
+        env.bind_policy("bot", learner)
+
+
+def test_futures_are_played_by_the_episode_driver(math_env, monkeypatch):
+    from collab_env.rewards import multiturn
+    from collab_env.rollout import driver
+
+    calls = []
+
+    async def counted(env, policies, **kw):
+        calls.append(sorted(kw))
+        return await driver.advance(env, policies, **kw)
+
+    monkeypatch.setattr(multiturn, "advance", counted)
+    env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(), "user": replay_user()},
+                               weights={"test_future_len": 1.0}, num_rollouts=3)
+    env.reset(seed=0, options={"index": 0})
+    env.step({"assistant": "A1 reply"})
+    assert len(calls) == 3  # one driver call per future, no loop of its own
+    assert all({"before_step", "on_moves", "seed", "sampling"} <= set(c) for c in calls)

@@ -1,0 +1,157 @@
+"""The default rewards of the registered envs: :func:`default_reward`.
+
+It wraps an env in a :class:`~collab_env.rewards.multiturn.MultiturnAwareReward` or a
+:class:`~collab_env.rewards.conversation.ConversationReward` with the spec's metric weights,
+and builds the judges, the user simulator and the future policy from an API model string,
+``"embedded"`` or a policy object; ``collab_env.make(id, reward="mr", reward_kwargs={...})``
+calls it (see :mod:`collab_env.rewards.mr`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+from collab_env.errors import ConfigError
+from collab_env.policy import LEARNER, resolve_policy
+from collab_env.rewards.common import (
+    REPLAY,
+    check_explicit_user,
+    is_replay,
+    rewarded_player,
+    weights_for,
+)
+from collab_env.rewards.conversation import ConversationReward
+from collab_env.rewards.metrics import get_metric
+from collab_env.rewards.multiturn import MultiturnAwareReward
+
+__all__ = ["default_reward", "judges_for"]
+
+
+def default_reward(
+    env: Any,
+    kind: Literal["mr", "conversation"] = "mr",
+    *,
+    judge: Any = None,
+    user: Any = None,
+    policy: Any = None,
+    weights: Mapping[str, float] | None = None,
+    rubric: Literal["verl", "paper"] = "verl",
+    judge_prefill: bool | None = None,
+    judge_kwargs: Mapping[str, Any] | None = None,
+    metric_ctx: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+):
+    """Wrap ``env`` in its default reward: the spec's metric weights (for ``collabllm-*``:
+    math-hard accuracy + interactivity + token_amount, medium BLEU + token_amount,
+    bigcodebench pass_rate + token_amount) as a :class:`MultiturnAwareReward` (``kind="mr"``)
+    or a :class:`ConversationReward` (``kind="conversation"``).
+
+    Args:
+        env: The env to wrap.
+        kind: ``"mr"`` or ``"conversation"``.
+        judge: The judge model of the judge metrics (accuracy, interactivity): an API model
+            string (``"litellm:openai/gpt-4o-mini"``), ``"embedded"``, any policy, an
+            ``LLMJudge`` (used for every judge metric) or a mapping metric -> judge. A model
+            string or policy also extracts the final document before the BLEU metrics score it
+            (the recipe's step, e.g. on ``collabllm-medium``); without ``judge=`` they score the
+            last assistant message.
+        user: The user simulator of the futures (``kind="mr"``): a model string or
+            ``"embedded"`` (wrapped in :class:`~collab_env.agents.users.LLMUserSimulator`; the
+            embedded model replies in plain text), a ready policy object (used as is), or
+            :data:`REPLAY` (``"replay"``: the env's recorded-turn user, which ignores the
+            candidate). Required when futures are rolled and the env's default user ignores the
+            candidate (the ``collabllm-*`` envs); envs with a reactive default user (hidden-facts)
+            use it when ``user`` is not given.
+        policy: The rewarded player's policy for future turns (``kind="mr"``): a model string,
+            ``"embedded"``, a policy object, or :data:`LEARNER` (``"learner"``: the trainer binds
+            the policy it trains).
+        weights: Override the spec's weights.
+        rubric: Interactivity rubric: ``"verl"`` or ``"paper"``.
+        judge_prefill: Start judge replies with the score field (see
+            ``LLMJudge.preset(prefill=...)``); default: on for the embedded model only.
+        judge_kwargs: Extra ``LLMJudge`` settings for the judges built here
+            (``max_new_tokens``, ``max_retries``...).
+        metric_ctx: Extra metric resources (``tokenizer``, ``sandbox``, ``scope``...).
+        **kwargs: Passed to the wrapper (``num_rollouts``, ``max_user_turns``,
+            ``aggregation``, ``sampling``, ``return_futures``...).
+
+    The same string given for several roles (e.g. ``"embedded"``) loads one model.
+    """
+    if kind not in ("mr", "conversation"):
+        raise ConfigError(f"reward kind must be 'mr' or 'conversation', got {kind!r}.")
+    if kind == "mr" and user is None:  # before the judge check: this mistake is silent otherwise
+        rolls = kwargs.get("max_user_turns", 2) != 0 and kwargs.get("max_assistant_turns", 3) > 1
+        if rolls:
+            check_explicit_user(env, dict(kwargs.get("policies") or {}))
+    loaded: dict[str, Any] = {}
+
+    def backend(ref: Any) -> Any:
+        if isinstance(ref, str):
+            if ref not in loaded:
+                loaded[ref] = resolve_policy(ref)
+            return loaded[ref]
+        return resolve_policy(ref)
+
+    w = weights_for(env, weights)
+    ctx: dict[str, Any] = {"rubric": rubric, **dict(metric_ctx or {})}
+    needs_judge = [m for m in w if get_metric(m).needs and set(get_metric(m).needs) & {"judge", "extractor"}]
+    if "judge" not in ctx and "judge_backend" not in ctx:
+        if judge is not None:  # also the BLEU metrics' document extractor: the recipe extracts first
+            ctx.update(judges_for(judge, rubric, judge_prefill, dict(judge_kwargs or {}), backend))
+        elif needs_judge:
+            raise ConfigError(
+                f"the metrics {needs_judge} need an LLM judge: pass judge='litellm:<model>', "
+                "judge='embedded' or a policy / LLMJudge."
+            )
+    if kind == "conversation":
+        if user is not None or policy is not None:
+            raise ConfigError("user= and policy= are for kind='mr' (futures); the conversation reward samples nothing.")
+        return ConversationReward(env, weights=w, metric_ctx=ctx, **kwargs)
+    policies = dict(kwargs.pop("policies", None) or {})
+    if policy is not None:
+        policies[rewarded_player(env, kwargs.get("player"))] = policy if policy == LEARNER else backend(policy)
+    if user is not None:
+        users = env.unwrapped.task.user_players
+        if not users:
+            raise ConfigError("user= was given but the env has no user player.")
+        sim = user
+        if is_replay(user):
+            check_explicit_user(env, {u: REPLAY for u in users})
+        elif isinstance(user, str):
+            # The embedded 135M model cannot keep the recipe's JSON format: it writes plain text.
+            from collab_env.agents.base import EMBEDDED_NAMES
+            from collab_env.agents.users import LLMUserSimulator
+
+            fmt = "plain" if user in EMBEDDED_NAMES else "json"
+            sim = LLMUserSimulator(backend(user), reply_format=fmt)
+        for u in users:
+            policies[u] = sim
+    return MultiturnAwareReward(env, policies=policies, weights=w, metric_ctx=ctx, **kwargs)
+
+
+def judges_for(judge: Any, rubric: str, prefill: bool | None, kw: dict[str, Any],
+               backend: Callable[[Any], Any]) -> dict[str, Any]:
+    """The metric resources (``judge``, ``extractor``, ``document_extractor``) for the judge
+    metrics from a ``judge=`` argument of :func:`default_reward`; ``backend`` turns a model
+    string or policy into a loaded policy."""
+    from collab_env.agents.judges import ExtractThenScore, LLMJudge
+
+    if isinstance(judge, Mapping):
+        return {"judge": dict(judge)}
+    if isinstance(judge, (LLMJudge, ExtractThenScore)):
+        return {"judge": judge}
+    b = backend(judge)
+    if prefill is None:  # the embedded 135M model needs it to stay in the JSON format
+        from collab_env.agents.base import EMBEDDED_NAMES
+
+        prefill = judge in EMBEDDED_NAMES or any(c.__name__ == "EmbeddedPolicy" for c in type(b).__mro__)
+    judges = {
+        "accuracy": LLMJudge.preset("accuracy", b, prefill=prefill, **kw),
+        "interactivity": LLMJudge.preset("interactivity" if rubric == "verl" else "interactivity_paper", b,
+                                         prefill=prefill, **kw),
+    }
+    from collab_env.rewards.metrics import document_extractor
+
+    return {"judge": judges, "extractor": LLMJudge.preset("extract_answer", b, prefill=prefill, **kw),
+            "document_extractor": document_extractor(b, prefill=prefill, **kw)}

@@ -1,0 +1,405 @@
+"""The multiturn-aware reward (MR) of CollabLLM: :class:`MultiturnAwareReward`.
+
+After the rewarded player moves, the wrapper forks the env, plays every fork forward through a
+window with the episode driver (:func:`~collab_env.rollout.driver.advance`), scores the futures
+with weighted metrics (:class:`~collab_env.rewards.aggregation.MetricSet`) and aggregates them.
+The rules, the window and the fault policy are stated in :mod:`collab_env.rewards.mr`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from collab_env.errors import ConfigError, PolicyError
+from collab_env.policy import LEARNER, SamplingParams, add_usage, resolve_policy
+from collab_env.rewards.aggregation import MetricSet, ScoredFutures
+from collab_env.rewards.common import (
+    check_explicit_user,
+    is_replay,
+    record_components,
+    rewarded_player,
+    weights_for,
+)
+from collab_env.rewards.reply_rules import is_valid_reply, strip_think_conversation, token_count_fn
+from collab_env.rollout.driver import advance
+from collab_env.types import Conversation
+from collab_env.wrappers.base import EnvWrapper
+
+__all__ = ["MultiturnAwareReward"]
+
+
+def _mix_seed(*parts: int) -> int:
+    """A future's policy seed (31 bits) from the episode seed, the step, the rollout and the round."""
+    h = 1469598103934665603
+    for p in parts:
+        h = ((h ^ (p & 0xFFFFFFFFFFFFFFFF)) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h % (2**31 - 1)
+
+
+class MultiturnAwareReward(EnvWrapper):
+    """Reward ``player``'s replies by sampled future conversations (CollabLLM's MR).
+
+    Args:
+        env: The env to wrap (a ``CollabEnv`` or a wrapper of one; it must support ``clone()``).
+        policies: Player -> policy (object, alias or ``"<backend>:<model>"``) for the future
+            turns. ``player``'s own policy is required when the window is not 0 (in training,
+            the policy being trained); other players default to the spec's default policies,
+            except a default user that ignores the candidate (``SessionReplayUser`` of the
+            ``collabllm-*`` envs): name the user simulator (an LLM user simulator, or
+            :data:`~collab_env.rewards.common.REPLAY` to replay the recorded turns on purpose).
+        weights: Metric -> weight (default: the env spec's ``reward`` weights when they name
+            registered metrics, else :data:`~collab_env.rewards.aggregation.DEFAULT_WEIGHTS`).
+        num_rollouts: Futures sampled per reply (recipe: 3).
+        max_user_turns: Future user messages at most (recipe: 2). 0 = the immediate reward.
+        max_assistant_turns: ``player`` messages at most, the rewarded reply included (recipe: 3).
+        aggregation: ``"verl"`` (default), ``"collabllm"`` or ``"paper"``.
+        player: The rewarded player (default: the only trainable player of the task).
+        metric_ctx: Resources for the metrics (``judge``, ``judge_backend``, ``tokenizer``,
+            ``sandbox``, ``rubric``, ``scope``...).
+        sampling: Player -> sampling keywords for the future turns. A learner that binds its
+            policy with sampling settings (:meth:`bind_policy`, :func:`~collab_env.policy.bind_learner`)
+            overrides these keywords for its player, key by key.
+        token_metric: The metric the ``"paper"`` rule caps at 1.
+        on_fault: ``"drop"`` (default), ``"raise"`` or ``"zero"`` (verl: a failed metric counts 0,
+            a failed user simulator writes an empty message).
+        return_futures: Put the sampled futures (message dicts) in the infos.
+        future_token_budget: Tokens the reply and each of its futures may use together (verl's
+            ``max_response_length``, 2,048 in the recipe); ``None`` (default): no budget.
+        token_counter: How the budget counts: ``None`` (whitespace words), a tokenizer (its
+            ``encode``) or a callable ``text -> int``.
+
+    Rewards: ``player`` gets the MR at every step where it moved; other players (and
+    ``player`` at steps where it did not move) keep the env's reward.
+
+    Infos: at a rewarded step, ``infos[player]["mr"]`` holds ``reward``, ``aggregation``,
+    ``num_rollouts``, ``scored`` (rollouts scored), ``metrics`` (per metric ``mean``, ``std``,
+    ``weight``, ``contribution``, ``values``), ``cost`` (summed usage of the futures' policy
+    calls and of the metrics: ``model_calls``, ``prompt_tokens``, ``completion_tokens``,
+    ``judge_calls``, ``policy_calls``, ``faults``...), ``faults`` (one record per dropped
+    future), ``future_turns`` (messages generated per future), ``dropped_turns`` (future
+    assistant turns the verl rule or the token budget dropped, per future), ``zero_reason``
+    (``None``, or why the verl rule gave 0 without futures: ``"invalid_reply"``,
+    ``"turn_budget"``, ``"token_budget"``), ``window`` and, with ``return_futures``,
+    ``futures``. ``infos[player]["reward_components"]`` adds each metric's
+    contribution, ``"mr"`` (the reward) and ``"env"`` (the env's own reward).
+
+    Cumulative counters are in :attr:`stats`.
+    """
+
+    def __init__(
+        self,
+        env: Any,
+        *,
+        policies: Mapping[str, Any] | None = None,
+        weights: Mapping[str, float] | None = None,
+        num_rollouts: int = 3,
+        max_user_turns: int = 2,
+        max_assistant_turns: int = 3,
+        aggregation: str = "verl",
+        player: str | None = None,
+        metric_ctx: Mapping[str, Any] | None = None,
+        sampling: Mapping[str, Mapping[str, Any]] | None = None,
+        token_metric: str = "token_amount",
+        on_fault: Literal["drop", "raise", "zero"] = "drop",
+        return_futures: bool = False,
+        future_token_budget: int | None = None,
+        token_counter: Any = None,
+    ) -> None:
+        super().__init__(env)
+        for name, v, lo in (("num_rollouts", num_rollouts, 1), ("max_user_turns", max_user_turns, 0),
+                            ("max_assistant_turns", max_assistant_turns, 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ConfigError(f"{name} must be an int >= {lo}, got {v!r}.")
+        if future_token_budget is not None and (isinstance(future_token_budget, bool)
+                                                or not isinstance(future_token_budget, int) or future_token_budget < 1):
+            raise ConfigError(f"future_token_budget must be None or an int >= 1 (recipe: 2048), got {future_token_budget!r}.")
+        task = env.unwrapped.task
+        self.player = rewarded_player(env, player)
+        self.user_players = tuple(task.user_players)
+        self.num_rollouts = num_rollouts
+        self.max_user_turns = max_user_turns
+        self.max_assistant_turns = max_assistant_turns
+        self.metric_set = MetricSet(weights_for(env, weights), aggregation=aggregation, ctx=metric_ctx,
+                                    token_metric=token_metric, on_fault=on_fault)
+        self.configured_sampling = {p: dict(v) for p, v in (sampling or {}).items()}
+        self.sampling = {p: dict(v) for p, v in self.configured_sampling.items()}
+        self.return_futures = bool(return_futures)
+        self.future_token_budget = future_token_budget
+        self._count_tokens = token_count_fn(token_counter)
+        self.policies = self._future_policies(env, policies)
+        self.stats: dict[str, float] = {"rewards": 0.0, "rollouts": 0.0, "scored": 0.0, "faults": 0.0}
+        self._seed: int | None = None
+
+    @property
+    def window_is_zero(self) -> bool:
+        """True when no future turn is ever sampled (the immediate reward)."""
+        return self.max_user_turns == 0 or self.max_assistant_turns <= 1
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return dict(self.metric_set.weights)
+
+    @property
+    def aggregation(self) -> str:
+        return self.metric_set.aggregation
+
+    def _future_policies(self, env: Any, policies: Mapping[str, Any] | None) -> dict[str, Any]:
+        given = dict(policies or {})
+        unknown = [p for p in given if p not in env.possible_agents]
+        if unknown:
+            raise ConfigError(f"policies for unknown players {unknown}; players are {list(env.possible_agents)}.")
+        defaults = dict(env.spec.default_policies) if env.spec is not None else {}
+        if self.window_is_zero:  # nothing is rolled: the policies given are kept, unused
+            return {p: resolve_policy(defaults[p] if is_replay(v) else v) for p, v in given.items()
+                    if not (is_replay(v) and p not in defaults)}
+        check_explicit_user(env, given)
+        out: dict[str, Any] = {}
+        for p in env.possible_agents:
+            ref = given.get(p, defaults.get(p) if p != self.player else None)
+            if isinstance(ref, str) and ref == LEARNER:
+                out[p] = LEARNER  # bound by the learner (bind_policy) before the first future
+                continue
+            if ref is None:
+                raise ConfigError(
+                    f"MultiturnAwareReward needs a policy for {p!r} to roll futures"
+                    + (" (its own future turns; in training, the policy being trained)" if p == self.player else "")
+                    + f": pass policies={{{p!r}: ...}}, or max_user_turns=0 for the immediate reward."
+                )
+            out[p] = resolve_policy(defaults[p] if is_replay(ref) else ref)
+        return out
+
+    def learner_players(self) -> list[str]:
+        """Players whose future policy is :data:`~collab_env.policy.LEARNER` and not bound yet
+        (:class:`~collab_env.policy.LearnerBindable`)."""
+        return [p for p, pol in self.policies.items() if isinstance(pol, str) and pol == LEARNER]
+
+    def bind_policy(self, player: str, policy: Any, sampling: Mapping[str, Any] | None = None) -> None:
+        """Use ``policy`` for ``player``'s future turns (a learner binds the policy it trains).
+
+        Args:
+            player: A player of the env.
+            policy: A policy object or reference (see :func:`~collab_env.policy.resolve_policy`).
+            sampling: The learner's own sampling keywords (:class:`~collab_env.policy.SamplingParams`)
+                for ``player``'s future turns. Precedence, key by key: these keywords, then the
+                ``sampling=`` this reward was built with for ``player``; a ``None`` value means
+                "not set" (the built-with value stays). Each bind starts again from the built-with
+                keywords, so binding without ``sampling`` restores them.
+
+        Raises:
+            ConfigError: ``player`` is not a player of the env, or ``sampling`` is not a mapping of
+                valid sampling keywords.
+        """
+        if player not in self.possible_agents:
+            raise ConfigError(f"bind_policy: {player!r} is not a player of the env {list(self.possible_agents)}.")
+        bound: dict[str, Any] = {}
+        if sampling is not None:
+            if not isinstance(sampling, Mapping):
+                raise ConfigError(f"bind_policy: sampling must be a mapping of sampling keywords, got {sampling!r}.")
+            bound = {k: v for k, v in sampling.items() if v is not None}
+            SamplingParams.from_kwargs(**bound)  # an unknown or invalid keyword fails here, not in a future
+        resolved = resolve_policy(policy)
+        self.policies[player] = resolved
+        merged = {**self.configured_sampling.get(player, {}), **bound}
+        if merged:
+            self.sampling[player] = merged
+        else:
+            self.sampling.pop(player, None)
+
+    def clone(self) -> MultiturnAwareReward:
+        new = super().clone()
+        new.stats = dict(self.stats)
+        return new
+
+    def __repr__(self) -> str:
+        return (f"<MultiturnAwareReward {self.aggregation} rollouts={self.num_rollouts} "
+                f"window=({self.max_user_turns}u,{self.max_assistant_turns}a) {self.env!r}>")
+
+    # -- async core ----------------------------------------------------------------------------
+    async def areset(self, seed: int | None = None, options: Mapping[str, Any] | None = None):
+        self._seed = seed
+        return await self.env.areset(seed=seed, options=options)
+
+    async def astep(self, actions: Mapping[str, str]):
+        state = self.env.unwrapped.episode
+        start = len(state.messages)  # the rewarded reply will be this message
+        step = state.step
+        moved = self.player in state.on_turn
+        obs, rewards, terms, truncs, infos = await self.env.astep(actions)
+        if not moved or self.player not in rewards:
+            return obs, rewards, terms, truncs, infos
+        result, extra = await self.score_reply(start=start, step=step)
+        info = record_components(infos, self.player, rewards, result, "mr")
+        info["mr"] = {
+            "reward": result.reward,
+            "aggregation": self.aggregation,
+            "num_rollouts": extra["num_rollouts"],
+            "scored": len(result.scored),
+            "metrics": result.summary(self.metric_set.weights),
+            "cost": result.cost,
+            "faults": result.faults,
+            "future_turns": extra["future_turns"],
+            "dropped_turns": extra["dropped_turns"],
+            "zero_reason": extra["zero_reason"],
+            "window": {"max_user_turns": self.max_user_turns, "max_assistant_turns": self.max_assistant_turns,
+                       "future_token_budget": self.future_token_budget, "immediate": extra["immediate"]},
+        }
+        if self.return_futures:
+            info["mr"]["futures"] = extra["futures"]
+        rewards = dict(rewards)
+        rewards[self.player] = result.reward
+        self.stats["rewards"] += 1
+        self.stats["rollouts"] += extra["num_rollouts"]
+        self.stats["scored"] += len(result.scored)
+        self.stats["faults"] += len(result.faults)
+        return obs, rewards, terms, truncs, infos
+
+    def zero_reason(self, reply: str) -> str | None:
+        """Why the ``"verl"`` rule rewards the reply just taken 0 without rolling futures, in
+        verl's order (token budget, turn budget, validity), or ``None``. Other rules: ``None``
+        unless the reply alone reaches ``future_token_budget``."""
+        state = self.env.unwrapped.episode
+        if self.future_token_budget is not None and self._count_tokens(reply) >= self.future_token_budget:
+            return "token_budget"
+        if self.aggregation != "verl":
+            return None
+        if self.max_assistant_turns <= 1 or (state.done and state.truncated):
+            return "turn_budget"
+        if not is_valid_reply(reply):
+            return "invalid_reply"
+        return None
+
+    async def score_reply(self, *, start: int, step: int) -> tuple[ScoredFutures, dict[str, Any]]:
+        """Sample and score the futures of the reply at message index ``start`` (the env has
+        just taken it). Returns the scores and ``{num_rollouts, future_turns, dropped_turns,
+        zero_reason, immediate, futures}``."""
+        base = self.env.unwrapped
+        state = base.episode
+        reply = state.messages[start].content
+        reason = self.zero_reason(reply)
+        if reason is not None:  # verl: no interaction at all, the reward manager scores 0
+            zero = ScoredFutures(0.0, {m: 0.0 for m in self.metric_set.metrics},
+                                 {m: [] for m in self.metric_set.metrics}, [], [], [], {"faults": 0.0})
+            return zero, {"num_rollouts": 0, "future_turns": [], "dropped_turns": [], "zero_reason": reason,
+                          "immediate": False, "futures": []}
+        immediate = self.window_is_zero or state.done  # (verl gave 0 above to a truncating reply)
+        if immediate:
+            convs: list[Conversation | None] = [state.conversation]
+            faults: list[dict[str, Any]] = []
+            cost: dict[str, float] = {}
+            turns, dropped = [0], [0]
+        else:
+            forks = [self.env.clone() for _ in range(self.num_rollouts)]
+            outs = await asyncio.gather(*(self.roll_future(f, r, step, self._count_tokens(reply))
+                                          for r, f in enumerate(forks)))
+            convs, faults, cost, turns, dropped = [], [], {}, [], []
+            for r, out in enumerate(outs):
+                add_usage(cost, out["usage"])
+                turns.append(out["generated"])
+                dropped.append(out["dropped"])
+                faults.extend({"rollout": r, **f} for f in out["zeroed"])
+                if out["fault"] is not None:
+                    faults.append({"rollout": r, **out["fault"]})
+                    convs.append(None)
+                else:
+                    convs.append(out["conversation"])
+        result = await self.metric_set.score(convs, state.item, start=start, faults=faults, cost=cost,
+                                             player=self.player)
+        futures = [None if c is None else [m.to_dict() for m in c.messages[start:]] for c in convs]
+        return result, {"num_rollouts": len(convs), "future_turns": turns, "dropped_turns": dropped,
+                        "zero_reason": None, "immediate": immediate, "futures": futures}
+
+    async def roll_future(self, fork: Any, rollout: int, step: int, reply_tokens: int = 0) -> dict[str, Any]:
+        """Play one future of the reply just taken on ``fork`` (a clone of the wrapped env)
+        through the window, with the episode driver (:func:`~collab_env.rollout.driver.advance`).
+
+        Args:
+            fork: The clone to play; it is stepped in place.
+            rollout: The future's index (in fault messages and its policies' seeds).
+            step: The env step of the rewarded reply (in the policies' seeds).
+            reply_tokens: What the reply counts toward ``future_token_budget``.
+
+        Returns:
+            ``{conversation, fault (None, or the fault that dropped the future), zeroed (faults
+            replaced by an empty user message), usage (the policies' usage, ``policy_calls``
+            included), generated (messages written), dropped (assistant turns cut)}``.
+
+        Raises:
+            ConfigError: A future player is :data:`~collab_env.policy.LEARNER` and no learner
+                bound it.
+            PolicyError: A policy failed with ``on_fault="raise"``, or a player other than a user
+                failed with ``on_fault="zero"``; a :class:`~collab_env.errors.FatalPolicyError`
+                always.
+        """
+        unbound = self.learner_players()
+        if unbound:
+            raise ConfigError(
+                f"the future policy of {unbound} is {LEARNER!r} but no learner bound one: call "
+                "env.bind_policy(player, policy) (or collab_env.policy.bind_learner(env, policies))."
+            )
+        verl, on_fault, budget = self.aggregation == "verl", self.metric_set.on_fault, self.future_token_budget
+        usage: dict[str, float] = {}
+        out: dict[str, Any] = {"fault": None, "zeroed": [], "usage": usage, "dropped": 0}
+        turns = {"user": 0, "assistant": 1, "tokens": reply_tokens}  # the reply is the first assistant turn
+
+        def before_step(k: int, on_turn: list[str]) -> bool:
+            if verl and self.player in on_turn and (turns["assistant"] + 1 >= self.max_assistant_turns
+                                                    or turns["user"] >= self.max_user_turns):
+                # verl generates this turn, then finds a turn budget spent and discards it: it
+                # cannot reach the reward, so it is not generated here.
+                out["dropped"] += 1
+                return False
+            return turns["user"] < self.max_user_turns and turns["assistant"] < self.max_assistant_turns
+
+        def on_moves(k: int, moves: dict[str, Any]) -> dict[str, str] | None:
+            texts: dict[str, str] = {}
+            for p, move in moves.items():
+                if isinstance(move, PolicyError):  # FatalPolicyError never reaches here: advance raises it
+                    if on_fault == "raise":
+                        raise move
+                    fault = {"stage": "policy", "player": p, "error": str(move)[:500]}
+                else:
+                    add_usage(usage, move.usage)
+                    usage["policy_calls"] = usage.get("policy_calls", 0.0) + 1
+                    if not move.is_fault:
+                        texts[p] = move.text
+                        continue
+                    fault = {"stage": "policy", "player": p,
+                             "error": f"policy of {p!r} gave up: {move.meta.get('fault', '')}"}
+                    if on_fault == "raise":
+                        raise PolicyError(f"MultiturnAwareReward future {rollout}: {fault['error']}")
+                if on_fault == "zero" and p in self.user_players:
+                    out["zeroed"].append({**fault, "zeroed": True})  # verl: the interaction answers ""
+                    texts[p] = ""
+                elif on_fault == "zero":
+                    raise PolicyError(f"MultiturnAwareReward future {rollout}: {fault['error']} (on_fault='zero' "
+                                      "replaces only a failed user simulator's message, as verl does)")
+                elif out["fault"] is None:
+                    out["fault"] = fault
+            if out["fault"] is not None:
+                return None
+            if budget is not None:
+                if self.player in texts and turns["tokens"] + self._count_tokens(texts[self.player]) >= budget:
+                    out["dropped"] += 1  # verl: the turn that reaches the budget is discarded
+                    return None
+                turns["tokens"] += sum(self._count_tokens(t) for t in texts.values())
+            turns["user"] += sum(1 for p in texts if p in self.user_players)
+            turns["assistant"] += int(self.player in texts)
+            return texts
+
+        base_seed = self._seed
+        strip = self.metric_set.strip_think
+        run = await advance(
+            fork, self.policies,
+            obs={a: fork.observe(a) for a in fork.agents},
+            infos={a: {"on_turn": a in fork.on_turn} for a in fork.agents},
+            sampling=self.sampling,
+            seed=None if base_seed is None else (lambda k: _mix_seed(base_seed, step, rollout, k)),
+            observe=(lambda p, o: strip_think_conversation(o) if p in self.user_players else o) if strip else None,
+            before_step=before_step,
+            on_moves=on_moves,
+        )
+        out.update(conversation=fork.unwrapped.episode.conversation,
+                   generated=sum(len(s.actions) for s in run.steps))
+        return out
