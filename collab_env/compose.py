@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from collab_env.errors import ConfigError
-from collab_env.registry import make_base_env, spec
+from collab_env.registry import make_base_env, set_composer, spec
 
 __all__ = ["make", "make_gym_view", "REWARDS"]
 
@@ -89,3 +89,6 @@ def make_gym_view(env_id: str, player: str | None = None, policies: Mapping[str,
     player = player or (s.trainable[0] if s.trainable else s.players[0])
     return make(env_id, view=player, policies=policies, render_mode=render_mode, reward=reward,
                 reward_kwargs=reward_kwargs, **overrides)
+
+
+set_composer(make)

@@ -194,13 +194,25 @@ def make_base_env(env_id: str, *, render_mode: str | None = None, **overrides: A
     return env
 
 
-def make(env_id: str, **kwargs: Any):
-    """:func:`collab_env.compose.make` (``collab_env.make``), kept at its old path."""
-    # The one upward import of this module, inside the function: the composer sits above the
-    # registry (the import-linter contract in pyproject.toml names this exception).
-    from collab_env.compose import make as compose_make
+#: The function :func:`make` forwards to: :func:`collab_env.compose.make`, which registers itself
+#: with :func:`set_composer` when it is imported (``import collab_env`` imports it). The registry
+#: never imports the composer above it: the composer plugs itself in from above.
+_composer: Callable[..., Any] | None = None
 
-    return compose_make(env_id, **kwargs)
+
+def set_composer(composer: Callable[..., Any]) -> None:
+    """Make ``composer`` (``collab_env.compose.make``) the function :func:`make` forwards to."""
+    global _composer
+    _composer = composer
+
+
+def make(env_id: str, **kwargs: Any):
+    """:func:`collab_env.compose.make` (``collab_env.make``): a registered env composed with a
+    reward and a view, kept at its old path (layers below the composer that build envs from ids,
+    such as the rollout engine, call it here)."""
+    if _composer is None:  # only when collab_env.registry is loaded without its package
+        raise ConfigError("the env composer is not loaded: import collab_env (or collab_env.compose) first.")
+    return _composer(env_id, **kwargs)
 
 
 def list_envs(suite: str | None = None) -> list[str]:

@@ -48,7 +48,7 @@ from collab_env.rollout.driver import (
     run_episode,
     trainable_turns,
 )
-from collab_env.rollout.engine import RolloutEngine, arollout, rollout
+from collab_env.rollout.engine import RolloutEngine
 from collab_env.rollout.jobs import (
     Result,
     env_factory,
@@ -57,6 +57,7 @@ from collab_env.rollout.jobs import (
     picklable_error,
 )
 from collab_env.rollout.limits import RateLimiter
+from collab_env.rollout.shortcuts import arollout, rollout
 from collab_env.rollout.tokens import TokenTranscript, token_transcript
 
 __all__ = [
