@@ -87,7 +87,8 @@ async def run(args) -> None:
     s0, t0 = _stats(model), time.perf_counter()
     seq_convs, seq_rewards = [], []
     for r in range(args.rollouts):
-        conv, fault, _usage, _n = await env._roll(env.env.clone(), r, step)
+        out = await env.roll_future(env.env.clone(), r, step)
+        conv, fault = out["conversation"], out["fault"]
         assert fault is None, fault
         one = await env.metric_set.score([conv], state.item, start=start, player="assistant")
         seq_convs.append(conv)
