@@ -42,11 +42,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from collab_env.adapters.common.config import TrainerConfig, check_float, check_int
+from collab_env.adapters.common.loop import RunState, Schedule, mean, merge_metrics
+from collab_env.adapters.common.task import TaskSource, learner_sampling
 from collab_env.errors import ConfigError, DataSchemaError
 
 __all__ = ["DPOConfig", "DPOTrainer", "OnlineDPOConfig", "OnlineDPOTrainer", "DPOState", "encode_pair"]
@@ -86,26 +88,8 @@ class DPOConfig(TrainerConfig):
             raise ConfigError(f"shuffle must be True or False, got {self.shuffle!r}.")
 
 
-@dataclass
-class DPOState:
-    """Where a DPO run is; saved in checkpoints."""
-
-    epoch: int = 0
-    """Current epoch (0-based)."""
-    step_in_epoch: int = 0
-    """Optimiser steps (offline) or training items (online) done in the current epoch."""
-    optimizer_steps: int = 0
-    """Optimiser steps (preference updates) taken."""
-    items_done: int = 0
-    """Online: training items used so far."""
-    env_step: int = 0
-    """Online: reward evaluations so far (offline: optimiser steps)."""
-    evaluations: int = 0
-    """Evaluations run."""
-    last_eval_update: int = -1
-    """Online: the preference-update count at the last scheduled evaluation."""
-    pending: list[dict[str, float]] = field(default_factory=list)
-    """Training metrics not yet logged."""
+#: Former name of the run state (:class:`~collab_env.adapters.common.loop.RunState`).
+DPOState = RunState
 
 
 #: One encoded pair: (prompt ids, chosen ids, rejected ids).
@@ -138,7 +122,7 @@ def encode_pair(tokenizer: Any, prompt: Any, chosen: Any, rejected: Any, *, max_
     Raises:
         DataSchemaError: Malformed fields; ConfigError: a template that is not prefix-stable.
     """
-    from collab_env.adapters.sft import chat_ids, check_token_prefix, cut_at_end_of_turn
+    from collab_env.adapters.common.chat import chat_ids, check_token_prefix, cut_at_end_of_turn
 
     p_msgs = _as_messages(prompt, "user", f"{where}: prompt")
     p_ids = chat_ids(tokenizer, p_msgs, generation_prompt=True)
@@ -243,15 +227,6 @@ def _accumulate(sums: dict[str, float], losses, rc, rr, pi_c, pi_r) -> None:
     sums["rejected_logp"] += float(pi_r.detach().sum())
 
 
-def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else float("nan")
-
-
-def _merge(window: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    keys = sorted({k for w in window for k in w})
-    return {k: _mean([w[k] for w in window if k in w and not math.isnan(w[k])]) for k in keys}
-
-
 class _Base:
     """Model loading, optimisers, logging and checkpoints shared by both trainers."""
 
@@ -275,7 +250,7 @@ class _Base:
         for pm in self._unique:
             pm.optimizer = make_optimizer(pm, args)
             pm.scheduler = make_scheduler(pm.optimizer, args, steps)
-        self.state = DPOState()
+        self.state = RunState()
         self.logger = MetricsLogger(args.output_dir, args.to_dict(), wandb_config)
 
     def _model_index(self, agent: int) -> int:
@@ -292,8 +267,22 @@ class _Base:
     def _resume(self, path: str | Path) -> None:
         from collab_env.adapters.common.checkpoint import load_checkpoint
 
-        self.state = DPOState(**load_checkpoint(path, self._unique, getattr(self, "_rng", None)))
+        self.state = RunState.from_dict(load_checkpoint(path, self._unique, getattr(self, "_rng", None)))
         self.logger.resume()
+
+    def train(self, resume_from_checkpoint: str | Path | None = None) -> dict[str, Any]:
+        """Train on the schedule (:meth:`schedule`); resume from a checkpoint folder when given.
+        Returns the last logged training metrics (averaged over the models)."""
+        from collab_env.adapters.common.loop import run
+
+        self._check_trainable()
+        if resume_from_checkpoint is not None:
+            self._resume(resume_from_checkpoint)
+        return run(self)
+
+    def end_epoch(self) -> dict[str, float]:
+        """Nothing to do at an epoch's end: ``{}``."""
+        return {}
 
     def close(self) -> None:
         """Finish logging (closes the Weights & Biases run)."""
@@ -370,55 +359,37 @@ class DPOTrainer(_Base):
             return list(range(n))
         return [int(i) for i in np.random.default_rng([self.args.seed, epoch, k]).permutation(n)]
 
-    def train(self, resume_from_checkpoint: str | Path | None = None) -> dict[str, Any]:
-        """Train for ``num_train_epochs`` (or ``max_steps`` optimiser steps); returns the last
-        logged training metrics (averaged over the models)."""
-        from tqdm.auto import tqdm
-
+    def _check_trainable(self) -> None:
         if not any(self.train_pairs):
             raise ConfigError("train() needs train_dataset=.")
-        if resume_from_checkpoint is not None:
-            self._resume(resume_from_checkpoint)
+
+    def schedule(self) -> Schedule:
+        """Optimiser steps (``num_train_epochs`` passes, at most ``max_steps``); evaluation
+        before step ``s`` when ``s % eval_interval == 0``; logs every ``logging_steps`` steps;
+        checkpoints every ``save_steps`` steps."""
         a = self.args
         per_epoch = self._steps_per_epoch()
         limit = per_epoch * a.num_train_epochs
         if a.max_steps > 0:
             limit = min(limit, a.max_steps)
-        bar = tqdm(total=limit, initial=self.state.optimizer_steps, disable=not self.logger.verbose,
-                   desc="DPO", unit="step")
-        last: dict[str, Any] = {}
-        while self.state.optimizer_steps < limit:
-            if a.eval_interval and self.state.optimizer_steps % a.eval_interval == 0 and any(self.eval_pairs):
-                self.evaluate()
-            s, nb = self.state.step_in_epoch, self._batch_pairs()
-            per_model = []
-            for k, pm in enumerate(self._unique):
-                pairs = self.train_pairs[k]
-                order = self._order(len(pairs), self.state.epoch, k)
-                batch = [pairs[i] for i in order[s * nb:(s + 1) * nb]]
-                if batch:  # a model whose pairs ran out this epoch waits for the next
-                    per_model.append(_dpo_step(pm, batch, a, a.per_device_train_batch_size))
-            self.state.optimizer_steps += 1
-            self.state.env_step = self.state.optimizer_steps
-            self.state.step_in_epoch += 1
-            if self.state.step_in_epoch >= per_epoch:
-                self.state.epoch += 1
-                self.state.step_in_epoch = 0
-            self.state.pending.append(_merge(per_model))
-            if self.state.optimizer_steps % a.logging_steps == 0 or self.state.optimizer_steps == limit:
-                last = self._flush()
-            if a.save_steps and self.state.optimizer_steps % a.save_steps == 0:
-                self.save_checkpoint()
-            bar.update(1)
-        bar.close()
-        if a.plot:
-            self.logger.plot()
-        return last
+        return Schedule(unit="step", per_epoch=per_epoch, limit=limit, epochs=a.num_train_epochs,
+                        eval_every=a.eval_interval, eval_rule="done", can_evaluate=any(self.eval_pairs),
+                        log_every=a.logging_steps, log_item=False, log_next_epoch=True, save_every=a.save_steps,
+                        desc="DPO")
 
-    def _flush(self) -> dict[str, Any]:
-        merged = _merge(self.state.pending)
-        self.state.pending = []
-        return self.logger.log(merged, env_step=self.state.env_step, epoch=self.state.epoch)
+    def train_step(self, batch: Sequence[int]) -> dict[str, float]:
+        """One DPO step of every model on the ``batch[0]``-th slice of its shuffled pairs (a
+        model whose pairs ran out this epoch waits for the next)."""
+        a, nb = self.args, self._batch_pairs()
+        per_model = []
+        for k, pm in enumerate(self._unique):
+            pairs = self.train_pairs[k]
+            order = self._order(len(pairs), self.state.epoch, k)
+            chunk = [pairs[i] for s in batch for i in order[s * nb:(s + 1) * nb]]
+            if chunk:
+                per_model.append(_dpo_step(pm, chunk, a, a.per_device_train_batch_size))
+        self.state.optimizer_steps += 1
+        return {**merge_metrics(per_model), "env_steps": 1}
 
     def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
         """DPO loss, implicit-reward accuracy and margin on the first ``num_eval_samples``
@@ -499,14 +470,6 @@ class OnlineDPOConfig(DPOConfig):
         check_int("eval_num_turns", self.eval_num_turns, 1)
 
 
-def _num_items(env: Any) -> int | None:
-    for obj in (env, getattr(env, "unwrapped", None)):
-        task = getattr(obj, "task", None) if obj is not None else None
-        if task is not None and hasattr(task, "num_items"):
-            return task.num_items()
-    return None
-
-
 class OnlineDPOTrainer(_Base):
     """Online DPO on an environment: pairs ranked by the env's reward (module docstring).
 
@@ -529,93 +492,59 @@ class OnlineDPOTrainer(_Base):
                  env_kwargs: Mapping[str, Any] | None = None, policies: Mapping[str, Any] | None = None,
                  trained_players: Sequence[str] | None = None,
                  wandb_config: Mapping[str, Any] | None = None) -> None:
-        import numpy as np
-
-        from collab_env.agents.base import resolve_policy
-        from collab_env.rewards.mr import bind_learner_policies
-
         args = OnlineDPOConfig() if args is None else args
         if not isinstance(args, OnlineDPOConfig):
             raise ConfigError(f"args must be an OnlineDPOConfig, got {type(args).__name__}.")
         if env is None:
             raise ConfigError("env= is required: a registered id (e.g. 'hidden-facts') or an environment object.")
         self.args = args
-        self.train_env = self._build(env, env_kwargs)
-        self.eval_env = self._build(eval_env, env_kwargs)
-        spec = getattr(self.train_env, "spec", None)
-        possible = list(self.train_env.possible_agents)
-        players = list(trained_players) if trained_players is not None else (
-            list(spec.trainable) if spec is not None and getattr(spec, "trainable", ()) else possible)
-        unknown = [p for p in players if p not in possible]
-        if unknown or not players:
-            raise ConfigError(f"trained_players {unknown or players} must be players of the env: {possible}.")
-        if len(players) != args.num_agents:
-            raise ConfigError(
-                f"the env trains {len(players)} player(s) {players} but args.num_agents={args.num_agents}; "
-                f"set num_agents={len(players)} or pass trained_players=[...]."
-            )
-        self.players = tuple(players)
-        chosen = {**dict(getattr(spec, "default_policies", {}) or {}), **dict(policies or {})}
-        self.others = {p: resolve_policy(chosen[p]) for p in possible if p not in players and p in chosen}
-        self._train_items = _num_items(self.train_env)
-        self._eval_items = _num_items(self.eval_env) if self.eval_env is not None else 0
-        if self._train_items is None and args.max_steps < 0:
-            raise ConfigError("this env generates unlimited items: set args.max_steps to the number of training items.")
-        self._rng = np.random.default_rng(args.seed)
+        self.task = TaskSource.build(args, num_agents=args.num_agents, env=env, eval_env=eval_env,
+                                     env_kwargs=env_kwargs, policies=policies, trained_players=trained_players,
+                                     dataset_path=False)
         self.skipped = 0
         self._setup(agent_model, tokenizer, args, wandb_config, self._planned_updates())
-        for e in (self.train_env, self.eval_env):
-            if e is not None:  # futures of a multiturn-aware reward are played by the trained policy
-                bind_learner_policies(e, {p: self.models[i].generator for i, p in enumerate(self.players)})
+        # futures of a multiturn-aware reward are played by the trained policy, sampling as it does
+        self.task.bind_learner(self.models, self.sampling(False))
 
-    @staticmethod
-    def _build(e: Any, env_kwargs: Mapping[str, Any] | None) -> Any:
-        import collab_env
+    @property
+    def train_env(self) -> Any:
+        """The training environment."""
+        return self.task.train_env
 
-        if e is None:
-            return None
-        if isinstance(e, str):
-            return collab_env.make(e, **dict(env_kwargs or {}))
-        for attr in ("areset", "astep", "clone", "possible_agents"):
-            if not hasattr(e, attr):
-                raise ConfigError(f"env must be a registered id or an environment object; {type(e).__name__} has no {attr!r}.")
-        return e
+    @property
+    def eval_env(self) -> Any:
+        """The evaluation environment (``None``: no evaluation)."""
+        return self.task.eval_env
 
-    def _items_per_epoch(self) -> int:
-        return self._train_items if self._train_items is not None else self.args.max_steps
+    @property
+    def players(self) -> tuple[str, ...]:
+        """The trained players; agent ``i`` is ``players[i]``."""
+        return self.task.players
+
+    @property
+    def others(self) -> dict[str, Any]:
+        """Policies of the untrained players."""
+        return self.task.others
+
+    @property
+    def _rng(self) -> Any:
+        return self.task.rng
+
+    def sampling(self, evaluation: bool = False) -> dict[str, Any]:
+        """The candidates' sampling keywords (greedy in evaluation with ``eval_greedy``)."""
+        return learner_sampling(self.args, evaluation)
 
     def _items_per_update(self) -> int:
         return self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
 
     def _planned_updates(self) -> int:
-        items = self._items_per_epoch() * self.args.num_train_epochs
-        if self.args.max_steps > 0:
-            items = min(items, self.args.max_steps)
-        return max(1, math.ceil(items / self._items_per_update()))
-
-    def _seeds(self, n: int) -> list[int]:
-        return [int(s) for s in self._rng.integers(0, 2**62, size=n)]
-
-    def _sampling(self, evaluation: bool) -> dict[str, Any]:
-        a = self.args
-        if evaluation and a.eval_greedy:
-            return {"temperature": 0.0, "max_new_tokens": a.max_new_tokens}
-        return {"temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k, "max_new_tokens": a.max_new_tokens}
+        return max(1, math.ceil(self.task.planned_items(self.args.num_train_epochs, self.args.max_steps)
+                                / self._items_per_update()))
 
     def _rollout(self, env: Any, indices: Sequence[int], g: int, depth: int, sampling: Mapping[str, Any],
                  seeds: Callable[[int], list[int]]):
-        from collab_env._async import run_sync
-        from collab_env.adapters.common.rollout import compute_returns, expand_tree, start_roots
-
-        async def go():
-            roots = await start_roots(env, indices, self.players, self.others, seeds)
-            return await expand_tree(roots, players=self.players, models=self.models, others=self.others,
-                                     branching=lambda d: g if d == 0 else 1, max_depth=depth,
-                                     joint_mode="aligned", sampling=sampling, seeds=seeds)
-
-        levels = run_sync(go())
-        compute_returns(levels, len(self.players), 1.0)
-        return levels
+        return self.task.rollout(env, indices, self.models, branching=lambda d: g if d == 0 else 1,
+                                 max_depth=depth, sampling=sampling, seeds=seeds)[1]
 
     def collect_pairs(self, indices: Sequence[int]) -> tuple[dict[int, list[Pair]], list[dict[str, Any]], int]:
         """Sample ``num_candidates`` replies per trained agent at each item's first trained turn,
@@ -632,7 +561,7 @@ class OnlineDPOTrainer(_Base):
         from collab_env.adapters.common.rollout import completion_values
 
         a = self.args
-        levels = self._rollout(self.train_env, indices, a.num_candidates, 1, self._sampling(False), self._seeds)
+        levels = self._rollout(self.train_env, indices, a.num_candidates, 1, self.sampling(False), self.task.seeds)
         pairs: dict[int, list[Pair]] = {}
         records: list[dict[str, Any]] = []
         evals = 0
@@ -660,103 +589,69 @@ class OnlineDPOTrainer(_Base):
                 pairs.setdefault(self._model_index(agent), []).append((prompt, best, worst))
         return pairs, records, evals
 
-    def train(self, resume_from_checkpoint: str | Path | None = None) -> dict[str, Any]:
-        """Train for ``num_train_epochs`` over the env's items (or ``max_steps`` items); returns
-        the last logged training metrics."""
-        from tqdm.auto import tqdm
+    def _check_trainable(self) -> None:
+        pass  # env= is required: there is always a training env
 
-        if resume_from_checkpoint is not None:
-            self._resume(resume_from_checkpoint)
+    def schedule(self) -> Schedule:
+        """Training items, ``per_device_train_batch_size * gradient_accumulation_steps`` per
+        preference update; evaluation before the first update and then every
+        ``eval_interval`` updates; logs every ``logging_steps`` updates; checkpoints every
+        ``save_steps`` updates."""
         a = self.args
-        per_epoch = self._items_per_epoch()
+        per_epoch = self.task.items_per_epoch(a.max_steps)
         limit = a.max_steps if a.max_steps > 0 else per_epoch * a.num_train_epochs
-        bar = tqdm(total=limit, initial=self.state.items_done, disable=not self.logger.verbose,
-                   desc="OnlineDPO", unit="item")
-        last: dict[str, Any] = {}
-        while self.state.epoch < a.num_train_epochs and self.state.items_done < limit:
-            due = a.eval_interval and self.state.optimizer_steps % a.eval_interval == 0
-            if due and self.state.last_eval_update != self.state.optimizer_steps and self.eval_env is not None:
-                self.state.last_eval_update = self.state.optimizer_steps
-                self.evaluate()
-            pos = self.state.step_in_epoch
-            size = min(self._items_per_update(), per_epoch - pos, limit - self.state.items_done)
-            pairs, records, evals = self.collect_pairs(list(range(pos, pos + size)))
-            metrics = self._candidate_metrics(records)
-            per_model = [_dpo_step(self._unique[k], p, a, a.per_device_train_batch_size)
-                         for k, p in sorted(pairs.items()) if p]
-            metrics.update(_merge(per_model))
-            metrics["pairs"] = float(sum(len(p) for p in pairs.values()))
-            if per_model:
-                self.state.optimizer_steps += 1
-            self.state.env_step += evals
-            self.state.items_done += size
-            self.state.step_in_epoch += size
-            if self.state.step_in_epoch >= per_epoch:
-                self.state.epoch += 1
-                self.state.step_in_epoch = 0
-            self.state.pending.append(metrics)
-            if self.state.optimizer_steps % a.logging_steps == 0 or self.state.items_done >= limit:
-                last = self._flush()
-            if a.save_steps and per_model and self.state.optimizer_steps % a.save_steps == 0:
-                self.save_checkpoint()
-            bar.update(size)
-        bar.close()
-        if self.state.pending:
-            last = self._flush()
-        if a.plot:
-            self.logger.plot()
-        return last
+        return Schedule(unit="item", per_epoch=per_epoch, limit=limit, epochs=a.num_train_epochs,
+                        batch=self._items_per_update(), eval_every=a.eval_interval, eval_rule="update",
+                        can_evaluate=self.eval_env is not None, log_every=a.logging_steps, log_rule="update",
+                        log_next_epoch=True, save_every=a.save_steps, save_rule="update", desc="OnlineDPO")
+
+    def train_step(self, batch: Sequence[int]) -> dict[str, float]:
+        """Candidates and pairs of the items ``batch`` (:meth:`collect_pairs`), then one DPO step
+        per model that got pairs."""
+        a = self.args
+        pairs, records, evals = self.collect_pairs(batch)
+        metrics = self._candidate_metrics(records)
+        per_model = [_dpo_step(self._unique[k], p, a, a.per_device_train_batch_size)
+                     for k, p in sorted(pairs.items()) if p]
+        metrics.update(merge_metrics(per_model))
+        metrics["pairs"] = float(sum(len(p) for p in pairs.values()))
+        if per_model:
+            self.state.optimizer_steps += 1
+        metrics["env_steps"] = evals
+        return metrics
 
     @staticmethod
     def _candidate_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         kept = [r for r in records if r["chosen"] is not None]
         return {
-            "reward_mean": _mean([x for r in records for x in r["rewards"]]),
-            "chosen_env_reward": _mean([r["rewards"][r["chosen"]] for r in kept]),
-            "rejected_env_reward": _mean([r["rewards"][r["rejected"]] for r in kept]),
-            "pair_rate": _mean([float(r["chosen"] is not None and not r.get("dropped")) for r in records]),
+            "reward_mean": mean([x for r in records for x in r["rewards"]]),
+            "chosen_env_reward": mean([r["rewards"][r["chosen"]] for r in kept]),
+            "rejected_env_reward": mean([r["rewards"][r["rejected"]] for r in kept]),
+            "pair_rate": mean([float(r["chosen"] is not None and not r.get("dropped")) for r in records]),
         }
-
-    def _flush(self) -> dict[str, Any]:
-        merged = _merge(self.state.pending)
-        self.state.pending = []
-        return self.logger.log(merged, env_step=self.state.env_step, epoch=self.state.epoch,
-                               item=self.state.items_done)
 
     def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
         """Roll one reply per trained turn (``eval_num_turns`` turns) on the first
         ``num_eval_samples`` evaluation items (default ``args.eval_num_samples``) without
         updating weights; logs and returns ``eval/reward_mean`` (first turn), ``eval/return_mean``
         and ``eval/completion_length``. ``{}`` without ``eval_env``."""
-        import numpy as np
-
-        if self.eval_env is None:
-            return {}
         a = self.args
-        n = a.eval_num_samples if num_eval_samples is None else num_eval_samples
-        check_int("num_eval_samples", n, 0)
-        if self._eval_items is not None:
-            n = min(n, self._eval_items)
+        n, seeds = self.task.begin_evaluation(a.eval_num_samples if num_eval_samples is None else num_eval_samples,
+                                              self.state)
         if n == 0:
             return {}
-        rng = np.random.default_rng([a.seed, 1_000_003, self.state.evaluations])  # never shifts training draws
-        self.state.evaluations += 1
-
-        def seeds(k: int) -> list[int]:
-            return [int(s) for s in rng.integers(0, 2**62, size=k)]
-
         rewards, returns, lengths = [], [], []
         for start in range(0, n, a.eval_batch_size):
             levels = self._rollout(self.eval_env, list(range(start, min(n, start + a.eval_batch_size))), 1,
-                                   a.eval_num_turns, self._sampling(True), seeds)
+                                   a.eval_num_turns, self.sampling(True), seeds)
             for node in levels[0] if levels else []:
                 for ja in node.joint:
-                    rewards.append(_mean(ja.rewards))
-                    returns.append(_mean(ja.returns))
+                    rewards.append(mean(ja.rewards))
+                    returns.append(mean(ja.returns))
             for nodes in levels:
                 for node in nodes:
                     lengths.extend(len(c.token_ids or ()) for a_ in node.acting for c in node.completions[a_])
-        metrics = {"eval/reward_mean": _mean(rewards), "eval/return_mean": _mean(returns),
-                   "eval/completion_length": _mean(lengths)}
+        metrics = {"eval/reward_mean": mean(rewards), "eval/return_mean": mean(returns),
+                   "eval/completion_length": mean(lengths)}
         self.logger.log(metrics, env_step=self.state.env_step, epoch=self.state.epoch, item=self.state.items_done)
         return metrics

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from collab_env.adapters.common.config import TrainerConfig, check_float, check_int
+from collab_env.adapters.common.loop import RunState, Schedule
 from collab_env.errors import ConfigError, DataSchemaError
 
 __all__ = [
@@ -496,20 +497,8 @@ class RewardModelConfig(TrainerConfig):
             raise ConfigError("share_model does not apply to a reward model (there is one model); leave it False.")
 
 
-@dataclass
-class RewardModelState:
-    """Where a reward-model run is."""
-
-    epoch: int = 0
-    """Current epoch (0-based)."""
-    step_in_epoch: int = 0
-    """Optimiser steps done in the current epoch."""
-    optimizer_steps: int = 0
-    """Optimiser steps taken (also the logs' ``env_step``)."""
-    evaluations: int = 0
-    """Evaluations run."""
-    pending: list[dict[str, float]] = field(default_factory=list)
-    """Training metrics not yet logged."""
+#: Former name of the run state (:class:`~collab_env.adapters.common.loop.RunState`).
+RewardModelState = RunState
 
 
 #: One preference pair: (prompt, chosen completions, rejected completions).
@@ -628,7 +617,7 @@ class RewardModelTrainer:
         self.optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay,
                                            betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
         self.scheduler = make_scheduler(self.optimizer, args, self._planned_steps())
-        self.state = RewardModelState()
+        self.state = RunState()
         self.logger = MetricsLogger(args.output_dir, {**args.to_dict(), "num_agents": num_agents}, wandb_config)
 
     # -- schedule ---------------------------------------------------------------------------------
@@ -681,48 +670,42 @@ class RewardModelTrainer:
         out.update(grad_norm=float(grad_norm), pairs=float(n), learning_rate=float(self.scheduler.get_last_lr()[0]))
         return out
 
-    # -- loops ------------------------------------------------------------------------------------
+    # -- the run ----------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
         """Train for ``num_train_epochs`` (or ``max_steps`` optimiser steps), evaluating every
-        ``eval_interval`` steps; returns the last logged training metrics."""
-        from tqdm.auto import tqdm
+        ``eval_interval`` steps and at the end; returns the last logged training metrics."""
+        from collab_env.adapters.common.loop import run
 
         if not self.train_pairs:
             raise ConfigError("train() needs train_dataset=.")
-        a = self.args
-        per_epoch, limit = self._steps_per_epoch(), self._planned_steps()
-        bar = tqdm(total=limit, initial=self.state.optimizer_steps, disable=not self.logger.verbose,
-                   desc="RewardModel", unit="step")
-        last: dict[str, Any] = {}
-        while self.state.optimizer_steps < limit:
-            if a.eval_interval and self.state.optimizer_steps % a.eval_interval == 0 and self.eval_pairs:
-                self.evaluate()
-            s, nb = self.state.step_in_epoch, self._batch_pairs()
-            order = self._order(self.state.epoch)
-            metrics = self.training_step([self.train_pairs[i] for i in order[s * nb:(s + 1) * nb]])
-            self.state.optimizer_steps += 1
-            self.state.step_in_epoch += 1
-            if self.state.step_in_epoch >= per_epoch:
-                self.state.epoch += 1
-                self.state.step_in_epoch = 0
-            self.state.pending.append(metrics)
-            if self.state.optimizer_steps % a.logging_steps == 0 or self.state.optimizer_steps == limit:
-                last = self._flush()
-            if a.save_steps and self.state.optimizer_steps % a.save_steps == 0:
-                self.save_model(Path(a.output_dir) / f"checkpoint-{self.state.optimizer_steps}")
-            bar.update(1)
-        bar.close()
-        if a.eval_interval and self.eval_pairs:
-            self.evaluate()
-        if a.plot:
-            self.logger.plot()
-        return last
+        return run(self)
 
-    def _flush(self) -> dict[str, Any]:
-        window, self.state.pending = self.state.pending, []
-        keys = sorted({k for w in window for k in w})
-        merged = {k: sum(w[k] for w in window if k in w) / sum(1 for w in window if k in w) for k in keys}
-        return self.logger.log(merged, env_step=self.state.optimizer_steps, epoch=self.state.epoch)
+    def schedule(self) -> Schedule:
+        """Optimiser steps; evaluation before step ``s`` when ``s % eval_interval == 0`` and
+        after the last; logs every ``logging_steps`` steps; the model saved every
+        ``save_steps`` steps."""
+        a = self.args
+        return Schedule(unit="step", per_epoch=self._steps_per_epoch(), limit=self._planned_steps(),
+                        epochs=a.num_train_epochs, eval_every=a.eval_interval, eval_rule="done",
+                        can_evaluate=bool(self.eval_pairs), final_eval=True, log_every=a.logging_steps,
+                        log_item=False, log_next_epoch=True, save_every=a.save_steps, desc="RewardModel")
+
+    def train_step(self, batch: Sequence[int]) -> dict[str, float]:
+        """:meth:`training_step` on the ``batch[0]``-th slice of this epoch's shuffled pairs."""
+        nb = self._batch_pairs()
+        order = self._order(self.state.epoch)
+        metrics = self.training_step([self.train_pairs[i] for s in batch for i in order[s * nb:(s + 1) * nb]])
+        self.state.optimizer_steps += 1
+        return {**metrics, "env_steps": 1}
+
+    def end_epoch(self) -> dict[str, float]:
+        """Nothing to do at an epoch's end: ``{}``."""
+        return {}
+
+    def save_checkpoint(self, path: str | Path | None = None) -> Path:
+        """:meth:`save_model` into ``path`` (default ``<output_dir>/checkpoint-<step>``)."""
+        path = Path(path) if path is not None else Path(self.args.output_dir) / f"checkpoint-{self.state.optimizer_steps}"
+        return self.save_model(path)
 
     def evaluate(self, num_eval_samples: int | None = None, eval_dataset: Any = None) -> dict[str, float]:
         """Bradley-Terry loss, pairwise accuracy (ties count 1/2), margin and mean rewards on the
@@ -751,7 +734,7 @@ class RewardModelTrainer:
         self.state.evaluations += 1
         metrics = {f"eval/{k}": v / len(pairs) for k, v in sums.items()}
         metrics["eval/pairs"] = float(len(pairs))
-        self.logger.log(metrics, env_step=self.state.optimizer_steps, epoch=self.state.epoch)
+        self.logger.log(metrics, env_step=self.state.env_step, epoch=self.state.epoch)
         return metrics
 
     def save_model(self, path: str | Path | None = None) -> Path:

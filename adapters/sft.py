@@ -40,7 +40,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from collab_env.adapters.common.chat import chat_ids, check_token_prefix, cut_at_end_of_turn
 from collab_env.adapters.common.config import TrainerConfig, check_int
+from collab_env.adapters.common.loop import RunState, Schedule
 from collab_env.errors import ConfigError, DataSchemaError
 
 __all__ = ["SFTConfig", "SFTTrainer", "SFTState", "encode_conversation", "chat_ids", "cut_at_end_of_turn",
@@ -71,54 +73,13 @@ class SFTConfig(TrainerConfig):
             raise ConfigError(f"shuffle must be True or False, got {self.shuffle!r}.")
 
 
-@dataclass
-class SFTState:
-    """Where an SFT run is; saved in checkpoints."""
-
-    epoch: int = 0
-    """Current epoch (0-based)."""
-    step_in_epoch: int = 0
-    """Optimiser steps already taken in the current epoch."""
-    optimizer_steps: int = 0
-    """Optimiser steps taken in total."""
-    evaluations: int = 0
-    """Evaluations run."""
+#: Former name of the run state (:class:`~collab_env.adapters.common.loop.RunState`).
+SFTState = RunState
 
 
 # ---------------------------------------------------------------------------------------------
 # Tokenisation with exact masks
 # ---------------------------------------------------------------------------------------------
-def chat_ids(tokenizer: Any, messages: Sequence[Mapping[str, str]], *, generation_prompt: bool = False) -> list[int]:
-    """Token ids of ``messages`` rendered with the tokenizer's chat template (the template writes
-    any BOS token, so the tokenizer adds none)."""
-    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def cut_at_end_of_turn(tokenizer: Any, ids: Sequence[int], start: int, end: int) -> int:
-    """``end`` cut just after the last EOS token in ``ids[start:end]`` (the template's text
-    after the end-of-turn token is never generated), or ``end`` when there is none."""
-    eos = getattr(tokenizer, "eos_token_id", None)
-    if eos is None:
-        return end
-    for j in range(end - 1, start - 1, -1):
-        if ids[j] == eos:
-            return j + 1
-    return end
-
-
-def check_token_prefix(full: Sequence[int], prefix: Sequence[int], where: str) -> None:
-    """Raise :class:`ConfigError` (naming ``where``) unless ``prefix`` is a token prefix of
-    ``full``: the chat template must render a conversation's start the same way alone."""
-    if len(prefix) > len(full) or list(full[:len(prefix)]) != list(prefix):
-        raise ConfigError(
-            f"{where}: the chat template renders a conversation prefix differently from the start of "
-            "the whole conversation (it rewrites earlier turns, or the tokenizer merges across the turn "
-            "boundary), so assistant spans cannot be located exactly. Use a template that renders "
-            "turns independently (e.g. ChatML), or train on conversations ending at the trained turn."
-        )
-
-
 def _normalise_messages(messages: Any, where: str) -> list[dict[str, str]]:
     if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)) or not messages:
         raise DataSchemaError(f"{where}: messages must be a non-empty list of {{'role', 'content'}} dicts, got {type(messages).__name__}.")
@@ -243,7 +204,7 @@ class SFTTrainer:
             raise DataSchemaError("train_dataset has no conversation with a trainable assistant token.")
         self.pm.optimizer = make_optimizer(self.pm, args)
         self.pm.scheduler = make_scheduler(self.pm.optimizer, args, self._planned_steps())
-        self.state = SFTState()
+        self.state = RunState()
         self.logger = MetricsLogger(args.output_dir, args.to_dict(), wandb_config)
 
     def _encode(self, data: Any, what: str) -> list[tuple[list[int], list[int]]]:
@@ -302,67 +263,57 @@ class SFTTrainer:
     def train(self, resume_from_checkpoint: str | Path | None = None) -> dict[str, Any]:
         """Train for ``num_train_epochs`` (or ``max_steps`` optimiser steps); returns the last
         logged training metrics."""
-        import torch
-        from tqdm.auto import tqdm
-
         from collab_env.adapters.common.checkpoint import load_checkpoint
+        from collab_env.adapters.common.loop import run
 
         if not self.train_rows:
             raise ConfigError("train() needs train_dataset=.")
         if resume_from_checkpoint is not None:
-            self.state = SFTState(**load_checkpoint(resume_from_checkpoint, [self.pm]))
+            self.state = RunState.from_dict(load_checkpoint(resume_from_checkpoint, [self.pm]))
             self.logger.resume()
-        a, pm = self.args, self.pm
-        limit = self._planned_steps()
-        per_epoch = self._steps_per_epoch()
-        params = [p for _, p in pm.trainable_parameters()]
-        bar = tqdm(total=limit, initial=self.state.optimizer_steps, disable=not self.logger.verbose,
-                   desc="SFT", unit="step")
-        last: dict[str, Any] = {}
-        window: list[dict[str, float]] = []
-        while self.state.optimizer_steps < limit:
-            if a.eval_interval and self.state.optimizer_steps % a.eval_interval == 0 and self.eval_rows:
-                self.evaluate()
-            order = self._order(self.state.epoch)
-            s = self.state.step_in_epoch
-            batch = [self.train_rows[i] for i in order[s * self._batch_rows():(s + 1) * self._batch_rows()]]
-            num_tokens = sum(sum(m[1:]) for _, m in batch)
-            pm.model.train()
-            pm.optimizer.zero_grad(set_to_none=True)
-            total = 0.0
-            for k in range(0, len(batch), a.per_device_train_batch_size):
-                nll, _ = self._nll(batch[k:k + a.per_device_train_batch_size])
-                loss = nll.sum() / max(num_tokens, 1)
-                loss.backward()
-                total += float(loss.detach())
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                params, a.max_grad_norm if a.max_grad_norm is not None else float("inf"))
-            pm.optimizer.step()
-            pm.scheduler.step()
-            pm.model.eval()
-            self.state.optimizer_steps += 1
-            self.state.step_in_epoch += 1
-            window.append({"loss": total, "grad_norm": float(grad_norm), "tokens": float(num_tokens),
-                           "learning_rate": float(pm.scheduler.get_last_lr()[0])})
-            if self.state.step_in_epoch >= per_epoch:
-                self.state.epoch += 1
-                self.state.step_in_epoch = 0
-            if self.state.optimizer_steps % a.logging_steps == 0 or self.state.optimizer_steps == limit:
-                last = self._log(window)
-                window = []
-            if a.save_steps and self.state.optimizer_steps % a.save_steps == 0:
-                self.save_checkpoint()
-            bar.update(1)
-        bar.close()
-        if a.plot:
-            self.logger.plot()
-        return last
+        return run(self)
 
-    def _log(self, window: Sequence[Mapping[str, float]]) -> dict[str, Any]:
-        keys = sorted({k for w in window for k in w})
-        merged = {k: sum(w[k] for w in window) / len(window) for k in keys}
-        merged["tokens"] = sum(w["tokens"] for w in window)
-        return self.logger.log(merged, env_step=self.state.optimizer_steps, epoch=self.state.epoch)
+    def schedule(self) -> Schedule:
+        """Optimiser steps; evaluation before step ``s`` when ``s % eval_interval == 0``; logs
+        every ``logging_steps`` steps (``tokens`` summed over the window); checkpoints every
+        ``save_steps`` steps."""
+        a = self.args
+        return Schedule(unit="step", per_epoch=self._steps_per_epoch(), limit=self._planned_steps(),
+                        epochs=a.num_train_epochs, eval_every=a.eval_interval, eval_rule="done",
+                        can_evaluate=bool(self.eval_rows), log_every=a.logging_steps, log_item=False,
+                        log_next_epoch=True, summed=("tokens",), save_every=a.save_steps, desc="SFT")
+
+    def train_step(self, batch: Sequence[int]) -> dict[str, float]:
+        """One optimiser step on the ``batch[0]``-th slice of this epoch's shuffled
+        conversations: the mean NLL over every loss token of the slice, accumulated over
+        micro-batches of ``per_device_train_batch_size``."""
+        import torch
+
+        a, pm, nb = self.args, self.pm, self._batch_rows()
+        order = self._order(self.state.epoch)
+        rows = [self.train_rows[i] for s in batch for i in order[s * nb:(s + 1) * nb]]
+        num_tokens = sum(sum(m[1:]) for _, m in rows)
+        pm.model.train()
+        pm.optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for k in range(0, len(rows), a.per_device_train_batch_size):
+            nll, _ = self._nll(rows[k:k + a.per_device_train_batch_size])
+            loss = nll.sum() / max(num_tokens, 1)
+            loss.backward()
+            total += float(loss.detach())
+        params = [p for _, p in pm.trainable_parameters()]
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            params, a.max_grad_norm if a.max_grad_norm is not None else float("inf"))
+        pm.optimizer.step()
+        pm.scheduler.step()
+        pm.model.eval()
+        self.state.optimizer_steps += 1
+        return {"loss": total, "grad_norm": float(grad_norm), "tokens": float(num_tokens),
+                "learning_rate": float(pm.scheduler.get_last_lr()[0]), "env_steps": 1}
+
+    def end_epoch(self) -> dict[str, float]:
+        """Nothing to do at an epoch's end: ``{}``."""
+        return {}
 
     # -- evaluation -----------------------------------------------------------------------------
     def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
@@ -386,7 +337,7 @@ class SFTTrainer:
         self.state.evaluations += 1
         loss = total / max(tokens, 1)
         metrics = {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 700.0)), "eval/tokens": float(tokens)}
-        self.logger.log(metrics, env_step=self.state.optimizer_steps, epoch=self.state.epoch)
+        self.logger.log(metrics, env_step=self.state.env_step, epoch=self.state.epoch)
         return metrics
 
     # -- checkpoints ----------------------------------------------------------------------------

@@ -125,6 +125,9 @@ class Schedule:
     ``"update"``: when the optimiser steps are a multiple of ``log_every``."""
     log_item: bool = True
     """Whether log lines carry ``item`` (training items done)."""
+    log_next_epoch: bool = False
+    """Roll the epoch before deciding to log, so the log line of an epoch's last step carries the
+    next epoch (the step learners' labelling); else it carries its own."""
     summed: tuple[str, ...] = ()
     """Metrics summed over a logging window (the others are averaged, NaNs skipped)."""
     save_every: int = 0
@@ -208,6 +211,14 @@ def _end_epoch(learner: Learner) -> None:
         learner.state.pending.append(dict(metrics))
 
 
+def _roll_epoch(learner: Learner, s: Schedule) -> None:
+    st = learner.state
+    if st.in_epoch >= s.per_epoch:
+        _end_epoch(learner)
+        st.epoch += 1
+        st.in_epoch = 0
+
+
 def run(learner: Learner) -> dict[str, Any]:
     """Train ``learner`` from its ``state`` to the end of its :class:`Schedule` (module
     docstring); returns the last logged training metrics."""
@@ -229,13 +240,12 @@ def run(learner: Learner) -> dict[str, Any]:
             st.items_done += size
         st.in_epoch += size
         st.pending.append(metrics)
+        if s.log_next_epoch:
+            _roll_epoch(learner, s)
         if (st.env_step - st.last_log_step >= s.log_every if s.log_rule == "env_step"
                 else st.optimizer_steps % s.log_every == 0):
             last = flush_log(learner, s.summed, s.log_item)
-        if st.in_epoch >= s.per_epoch:
-            _end_epoch(learner)
-            st.epoch += 1
-            st.in_epoch = 0
+        _roll_epoch(learner, s)
         if s.save_every and _done(s, st) % s.save_every == 0 and (
                 s.save_rule == "done" or st.optimizer_steps != updates):
             learner.save_checkpoint()
