@@ -176,8 +176,9 @@ def _cmd_check(args: argparse.Namespace, out: TextIO) -> int:
 
 def _cmd_play(args: argparse.Namespace, out: TextIO, inp: TextIO) -> int:
     from collab_env._async import run_sync
+    from collab_env.compose import make
     from collab_env.eval import choose_policies, load_policy
-    from collab_env.registry import make, spec
+    from collab_env.registry import spec
     from collab_env.rollout import advance
 
     s = spec(args.id)

@@ -12,6 +12,7 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
+from collab_env.compose import make
 from collab_env.errors import ConfigError, FatalPolicyError, did_you_mean
 from collab_env.eval.files import (
     ResultSink,
@@ -22,7 +23,7 @@ from collab_env.eval.files import (
 )
 from collab_env.eval.results import Comparison, EpisodeFailure, EvalResult, jsonable
 from collab_env.policy import POLICY_ALIASES, Policy, describe, policies_for, resolve_policy
-from collab_env.registry import EnvSpec, make, spec
+from collab_env.registry import EnvSpec, spec
 from collab_env.rollout import RolloutEngine
 from collab_env.types import Episode
 
