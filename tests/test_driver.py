@@ -202,3 +202,12 @@ def test_token_transcript_of_an_episode_through_a_chat_template(tiny_dir):
     between = tok.decode([i for i, m in zip(tr.response_ids, tr.mask, strict=True) if not m])
     user_reply = ep.conversation.by("user")[1].content
     assert user_reply in between
+
+
+def test_a_fork_is_played_from_its_own_state_without_obs_and_infos():
+    env, obs, infos = _reset(2)
+    env.step({"assistant": "How many apples?"})  # the user is on turn now
+    fork = env.clone()
+    run = asyncio.run(advance(fork, {"user": HiddenFactsUser()}, until=("assistant",)))
+    assert run.stopped == "until" and [list(s.actions) for s in run.steps] == [["user"]]
+    assert env.episode.step == 1 and fork.episode.step == 2  # the original is untouched

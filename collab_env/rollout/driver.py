@@ -222,8 +222,8 @@ async def advance(
     env: Any,
     policies: Mapping[str, Any],
     *,
-    obs: Mapping[str, Conversation],
-    infos: Mapping[str, Mapping[str, Any]],
+    obs: Mapping[str, Conversation] | None = None,
+    infos: Mapping[str, Mapping[str, Any]] | None = None,
     until: Iterable[str] = (),
     actions: Mapping[str, str] | None = None,
     sampling: Mapping[str, Mapping[str, Any]] | None = None,
@@ -246,8 +246,10 @@ async def advance(
         policies: Player -> :class:`~collab_env.policy.Policy` (resolved) for every player that
             may come on turn and is not given a move; a missing one is a ConfigError when that
             player comes on turn.
-        obs: Player -> observation of the current state.
-        infos: Player -> info of the current state (``"on_turn"``).
+        obs: Player -> observation of the current state (default: ``env.observe`` of every
+            player still in the episode, e.g. of a fresh ``env.clone()``).
+        infos: Player -> info of the current state (``"on_turn"``; default: who is in
+            ``env.on_turn``).
         until: Stop as soon as one of these players is on turn (they are the caller's: a learner,
             the controlled player of a single-agent view). Not checked in the first round when
             ``actions`` gives their moves.
@@ -279,6 +281,10 @@ async def advance(
     """
     if on_fault not in ("end", "raise"):
         raise ConfigError(f"on_fault must be 'end' or 'raise', got {on_fault!r}.")
+    if obs is None:
+        obs = {a: env.observe(a) for a in env.agents}
+    if infos is None:
+        infos = {a: {"on_turn": a in env.on_turn} for a in env.agents}
     stop_for = set(until)
     given = dict(actions or {})
     out = Advance(obs=dict(obs), infos=dict(infos), done=not env.agents, stopped="done")
