@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from collab_env.errors import ConfigError
+from collab_env.policy import policies_for
 from collab_env.rewards.aggregation import DEFAULT_WEIGHTS, ScoredFutures
 
 __all__ = [
@@ -68,7 +69,7 @@ def check_explicit_user(env: Any, given: Mapping[str, Any]) -> None:
         ConfigError: A user player has no policy in ``given`` and the spec's default for it
             ignores the candidate, or ``"replay"`` names a player whose default does not replay.
     """
-    defaults = dict(env.spec.default_policies) if env.spec is not None else {}
+    defaults = policies_for(env.spec)
     env_id = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
     for u in env.unwrapped.task.user_players:
         ref = given.get(u)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from collab_env.errors import ConfigError, PolicyError
-from collab_env.policy import LEARNER, SamplingParams, add_usage, resolve_policy
+from collab_env.policy import LEARNER, SamplingParams, add_usage, policies_for, resolve_policy
 from collab_env.rewards.aggregation import MetricSet, ScoredFutures
 from collab_env.rewards.common import (
     check_explicit_user,
@@ -150,7 +150,7 @@ class MultiturnAwareReward(EnvWrapper):
         unknown = [p for p in given if p not in env.possible_agents]
         if unknown:
             raise ConfigError(f"policies for unknown players {unknown}; players are {list(env.possible_agents)}.")
-        defaults = dict(env.spec.default_policies) if env.spec is not None else {}
+        defaults = policies_for(env.spec)
         if self.window_is_zero:  # nothing is rolled: the policies given are kept, unused
             return {p: resolve_policy(defaults[p] if is_replay(v) else v) for p, v in given.items()
                     if not (is_replay(v) and p not in defaults)}
