@@ -940,32 +940,14 @@ def _chat_text(tokenizer: Any, observation: Any) -> str:
 
 def _load_critic_model(spec: Any, tokenizer: Any, device: Any) -> tuple[Any, Any]:
     """``(model, tokenizer)`` of a separate critic from a folder, hub id, ``"embedded"`` or a
-    loaded model, in float32 on ``device``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    loaded model, in float32 on ``device``: the agents' loader
+    (:func:`~collab_env.adapters.common.models.load_model_and_tokenizer`), with the critic named
+    in its errors."""
+    import torch
 
-    from collab_env.agents.base import EMBEDDED_NAMES
+    from collab_env.adapters.common.models import load_model_and_tokenizer
 
-    if isinstance(spec, str) and spec in EMBEDDED_NAMES:
-        from collab_env.agents.embedded import embedded_model_dir
-
-        spec = embedded_model_dir()
-    if isinstance(spec, (str, Path)):
-        try:
-            model = AutoModelForCausalLM.from_pretrained(str(spec))
-        except OSError as exc:
-            raise ConfigError(f"could not load the critic model {str(spec)!r}: {exc}. Pass a local model "
-                              "folder, a loaded model or 'embedded'.") from exc
-        tokenizer = tokenizer if tokenizer is not None else str(spec)
-    elif hasattr(spec, "config") and hasattr(spec, "parameters"):
-        model = spec
-        if tokenizer is None:
-            source = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "")
-            if not source:
-                raise ConfigError("cannot tell where the critic model was loaded from; pass critic_tokenizer=....")
-            tokenizer = source
-    else:
-        raise ConfigError(f"critic_model must be a model folder, a hub id, 'embedded' or a loaded model, got "
-                          f"{type(spec).__name__}.")
-    if isinstance(tokenizer, (str, Path)):
-        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
-    return model.to(device), tokenizer
+    try:
+        return load_model_and_tokenizer(spec, tokenizer, str(device), torch.float32)
+    except ConfigError as exc:
+        raise ConfigError(f"critic_model: {exc} (critic_tokenizer= names the critic's tokenizer).") from exc

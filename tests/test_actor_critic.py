@@ -300,3 +300,22 @@ def test_iac_and_maac_train_on_an_mr_env_whose_futures_the_learner_plays(tiny_di
     rec = read_jsonl(tmp_path / "out" / "metrics.jsonl")[-1]
     # token_amount < 0 on every sample (the reply and the futures have tokens): a negative mean
     assert rec["turn_1/reward_mean"] < 0 and math.isfinite(rec["turn_1/reward_mean"])
+
+
+def test_separate_critic_model_loads_through_the_agents_loader(tiny_dir, tmp_path):
+    """critic_model= a folder: loaded by the agents' loader in float32, its own weights (not the
+    actor's), and they train; a path that holds no model is a ConfigError naming critic_model."""
+    model, tok = _tiny(tiny_dir)
+    trainer = MAACTrainer(agent_model=model, tokenizer=tok, num_agents=2, formatters=formatters,
+                          reward_func=reward_func, train_dataset=length_ratio_rows("train")[:1],
+                          critic_model=str(tiny_dir), args=_cfg(MAACConfig, tmp_path, max_steps=1))
+    backbone = trainer.critics[0].backbone
+    assert backbone is not trainer.models[0].model
+    assert {p.dtype for p in backbone.parameters()} == {torch.float32}
+    before = [p.detach().clone() for p in backbone.parameters()]
+    trainer.train()
+    assert any(not torch.equal(a, b) for a, b in zip(before, backbone.parameters(), strict=True))
+    with pytest.raises(ConfigError, match="critic_model"):
+        IACTrainer(agent_model=model, tokenizer=tok, num_agents=2, formatters=formatters, reward_func=reward_func,
+                   train_dataset=length_ratio_rows("train")[:1], critic_model=str(tmp_path / "no-model"),
+                   args=_cfg(IACConfig, tmp_path))
