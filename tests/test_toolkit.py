@@ -239,3 +239,161 @@ def test_generation_backend_choice_and_missing_vllm(tmp_path):
     if importlib.util.find_spec("vllm") is None:
         with pytest.raises(ConfigError, match="collab_env\\[vllm\\]"):
             _use_vllm(TrainerConfig(generation_backend="vllm"), "cpu")
+
+
+# -- the run loop, the run state and the task source ----------------------------------------------
+
+
+class _FakeLogger:
+    verbose = False
+
+    def __init__(self):
+        self.lines = []
+
+    def log(self, metrics, **position):
+        line = {**position, **metrics}
+        self.lines.append(line)
+        return line
+
+    def plot(self):
+        pass
+
+
+class _FakeLearner:
+    """Records what the run loop asks of it; each step earns 3 env steps and one update."""
+
+    def __init__(self, schedule):
+        from types import SimpleNamespace
+
+        from collab_env.adapters.common.loop import RunState
+
+        self.args = SimpleNamespace(plot=False)
+        self.state = RunState()
+        self.logger = _FakeLogger()
+        self._schedule = schedule
+        self.calls = []
+
+    def schedule(self):
+        return self._schedule
+
+    def train_step(self, batch):
+        self.calls.append(("step", self.state.epoch, tuple(batch)))
+        self.state.optimizer_steps += 1
+        return {"loss": float(len(batch)), "tokens": 2.0, "env_steps": 3}
+
+    def evaluate(self):
+        self.calls.append(("eval", self.state.epoch, self.state.in_epoch))
+        return {}
+
+    def save_checkpoint(self, path=None):
+        self.calls.append(("save", self.state.items_done))
+
+    def end_epoch(self):
+        self.calls.append(("end_epoch", self.state.epoch))
+        return {}
+
+
+def test_run_loop_item_schedule_by_hand():
+    """5 items per epoch, 2 epochs, batches of 2, CoMLRL evaluation every 3 items, a log every
+    6 env steps (2 batches), a checkpoint every 4 items."""
+    from collab_env.adapters.common.loop import Learner, Schedule, run
+
+    s = Schedule(unit="item", per_epoch=5, limit=10, epochs=2, batch=2, eval_every=3, can_evaluate=True,
+                 log_every=6, save_every=4)
+    learner = _FakeLearner(s)
+    assert isinstance(learner, Learner)
+    run(learner)
+    steps = [c[2] for c in learner.calls if c[0] == "step"]
+    assert steps == [(0, 1), (2, 3), (4,), (0, 1), (2, 3), (4,)]  # an epoch's last batch is cut
+    # batches holding item 0 or 3 of an epoch are evaluated first
+    assert [c[1:] for c in learner.calls if c[0] == "eval"] == [(0, 0), (0, 2), (1, 0), (1, 2)]
+    assert [c[1] for c in learner.calls if c[0] == "save"] == [4]  # items done 2, 4, 5, 7, 9, 10
+    assert [c[1] for c in learner.calls if c[0] == "end_epoch"] == [0, 1, 2]  # each epoch, then the run
+    st = learner.state
+    assert (st.epoch, st.in_epoch, st.items_done, st.env_step, st.optimizer_steps) == (2, 0, 10, 18, 6)
+    # logs at env steps 6, 12, 18: the mean loss of their two batches, positions as logged
+    assert [(line["env_step"], line["epoch"], line["item"], line["loss"]) for line in learner.logger.lines] == [
+        (6, 0, 4, 2.0), (12, 1, 7, 1.5), (18, 1, 10, 1.5)]
+
+
+def test_run_loop_step_schedule_by_hand():
+    """Step learners: 3 steps per epoch, 2 epochs capped at 5 steps; evaluation when the steps
+    done are a multiple of 2 and after the last; a log every 9 env steps (3 steps), tokens summed
+    over its window; the line of an epoch's last step carries the next epoch."""
+    from collab_env.adapters.common.loop import Schedule, run
+
+    s = Schedule(unit="step", per_epoch=3, limit=5, epochs=2, eval_every=2, eval_rule="done", can_evaluate=True,
+                 final_eval=True, log_every=9, log_item=False, log_next_epoch=True, summed=("tokens",))
+    learner = _FakeLearner(s)
+    run(learner)
+    assert [c[2] for c in learner.calls if c[0] == "step"] == [(0,), (1,), (2,), (0,), (1,)]
+    evals = [c[1:] for c in learner.calls if c[0] == "eval"]
+    assert evals == [(0, 0), (0, 2), (1, 1), (1, 2)]  # before steps 0, 2, 4, then the final one
+    assert [(line["env_step"], line["epoch"], line["tokens"]) for line in learner.logger.lines] == [
+        (9, 1, 6.0), (15, 1, 4.0)]
+    assert all("item" not in line for line in learner.logger.lines)
+
+
+def test_run_loop_update_rules_evaluate_and_save_once_per_update_count():
+    """Online DPO's rules: a batch that takes no optimiser step neither re-evaluates nor saves."""
+    from collab_env.adapters.common.loop import Schedule, run
+
+    s = Schedule(unit="item", per_epoch=4, limit=4, epochs=1, batch=1, eval_every=1, eval_rule="update",
+                 can_evaluate=True, log_every=1, log_rule="update", save_every=1, save_rule="update")
+    learner = _FakeLearner(s)
+    step = learner.train_step
+
+    def every_other(batch):  # items 0 and 2 take no optimiser step
+        out = step(batch)
+        if batch[0] % 2 == 0:
+            learner.state.optimizer_steps -= 1
+        return out
+
+    learner.train_step = every_other
+    run(learner)
+    assert [c[2] for c in learner.calls if c[0] == "eval"] == [0, 2]  # at 0 updates (item 0), at 1 (item 2)
+    assert [c[1] for c in learner.calls if c[0] == "save"] == [2, 4]  # after the updates of items 1 and 3
+    assert learner.state.optimizer_steps == 2
+
+
+def test_run_state_reads_former_checkpoints():
+    from collab_env.adapters.common.loop import RunState
+
+    item = RunState.from_dict({"epoch": 1, "item_in_epoch": 3, "items_done": 7, "env_step": 21, "last_log_step": 20})
+    assert (item.epoch, item.in_epoch, item.item_in_epoch, item.items_done, item.last_log_step) == (1, 3, 3, 7, 20)
+    sft = RunState.from_dict({"epoch": 0, "step_in_epoch": 2, "optimizer_steps": 2, "evaluations": 1})
+    assert (sft.in_epoch, sft.env_step, sft.last_log_step, sft.evaluations) == (2, 2, 2, 1)
+
+
+def test_learner_sampling_from_a_config():
+    from types import SimpleNamespace
+
+    from collab_env.adapters.common.task import learner_sampling
+
+    a = SimpleNamespace(temperature=0.7, top_p=0.9, top_k=None, max_new_tokens=16, eval_max_new_tokens=4,
+                        eval_greedy=False)
+    assert learner_sampling(a) == {"temperature": 0.7, "top_p": 0.9, "top_k": None, "max_new_tokens": 16}
+    assert learner_sampling(a, True)["max_new_tokens"] == 4
+    a.eval_greedy = True
+    assert learner_sampling(a, True) == {"temperature": 0.0, "max_new_tokens": 4}
+    assert learner_sampling(a)["temperature"] == 0.7  # greedy is for evaluation only
+
+
+def test_every_learner_implements_the_learner_protocol():
+    """run() calls only the protocol's public methods; every trainer class defines them."""
+    from collab_env.adapters import (
+        DPOTrainer,
+        IACTrainer,
+        MAACTrainer,
+        MADPOTrainer,
+        MAGRPOTrainer,
+        MAREINFORCETrainer,
+        OnlineDPOTrainer,
+        RewardModelTrainer,
+        SFTTrainer,
+    )
+
+    for cls in (MAGRPOTrainer, MAREINFORCETrainer, IACTrainer, MAACTrainer, DPOTrainer, OnlineDPOTrainer,
+                SFTTrainer, RewardModelTrainer, MADPOTrainer):
+        for name in ("schedule", "train_step", "evaluate", "save_checkpoint", "end_epoch"):
+            assert callable(getattr(cls, name, None)), (cls.__name__, name)
