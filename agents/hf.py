@@ -9,6 +9,19 @@ episode, from many episodes advancing on the same event loop — are merged into
   ``max_batch_size`` observations wait or ``max_wait_ms`` passed since its first one arrived;
 * ``generate`` runs in a worker thread, so the event loop (and the envs on it) keeps moving.
 
+With ``flush="idle"`` a group that is not full waits instead until **the event loop has settled**:
+:attr:`HFPolicy.idle_passes` loop iterations in a row brought no new request, so every caller
+that was going to ask soon (the forks of a learner's rollout tree, the futures of a
+multiturn-aware reward played by the learner) is waiting in the queue; ``max_wait_ms`` then only
+caps the wait while the loop stays busy. A batch releases its callers; the rest of the queue waits
+for the loop to settle again, so the released callers' next requests join it. Every batch is full
+except where the whole loop is waiting on this policy.
+
+Callers that batch themselves use the **token-level interface** (:class:`TokenGenerator`):
+:meth:`HFPolicy.generate_tokens` generates from token ids (no chat template), in calls of at most
+``max_batch_size`` rows, each row with its own seed, and :attr:`HFPolicy.pad_token_id` is the id
+to pad with. The learners' rollout trees generate through it.
+
 What a :class:`~collab_env.types.Completion` holds:
 
 * ``token_ids``: the exact generated ids, without padding. A completion that ended on an EOS
@@ -43,10 +56,10 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from collab_env.agents.base import (
     EMBEDDED_NAMES,
@@ -57,10 +70,49 @@ from collab_env.agents.base import (
 from collab_env.errors import ConfigError, PolicyError, require
 from collab_env.types import Completion, Conversation
 
-__all__ = ["HFPolicy", "GenerationStats", "EMBEDDED_NAMES"]
+__all__ = ["HFPolicy", "GenerationStats", "TokenGenerator", "sampling_params", "EMBEDDED_NAMES", "FLUSH_MODES"]
 
 _DEVICES = ("auto", "cpu", "cuda")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: When a waiting group that is not full is sent: ``"timer"`` (``max_wait_ms`` after its first
+#: request) or ``"idle"`` (once the event loop has settled; ``max_wait_ms`` caps the wait).
+FLUSH_MODES = ("timer", "idle")
+
+
+@runtime_checkable
+class TokenGenerator(Protocol):
+    """Token-level generation: what a learner needs from a backend to sample its own rollouts.
+
+    Implemented by :class:`HFPolicy`, :class:`~collab_env.agents.vllm.VLLMPolicy`, the learners'
+    vLLM engine (:class:`~collab_env.adapters.common.vllm_engine.VLLMGenerator`) and
+    :class:`~collab_env.adapters.common.models.PolicyModel`.
+    """
+
+    @property
+    def pad_token_id(self) -> int:
+        """The id to pad token sequences with (the tokenizer's pad token, else its EOS)."""
+        ...
+
+    def generate_tokens(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                        seeds: Sequence[int]) -> list[Completion]:
+        """One :class:`~collab_env.types.Completion` per tokenised prompt, in order (blocking).
+
+        Row ``i`` is generated from exactly ``prompts[i]`` (no chat template is applied) with its
+        own random generator seeded by ``seeds[i]``, so its tokens do not depend on the other rows.
+        Each completion holds ``prompt_token_ids`` (the prompt as given), ``token_ids`` (the
+        generated ids, EOS included when it stopped on one) and ``logprobs`` (per generated token,
+        under the distribution it was sampled from)."""
+        ...
+
+
+def sampling_params(params: SamplingParams | Mapping[str, Any]) -> SamplingParams:
+    """``params`` as :class:`~collab_env.policy.SamplingParams` (a mapping of its fields is
+    converted; anything else is a ConfigError)."""
+    if isinstance(params, SamplingParams):
+        return params
+    if isinstance(params, Mapping):
+        return SamplingParams.from_kwargs(**params)
+    raise ConfigError(f"params must be SamplingParams or a mapping of its fields, got {type(params).__name__}.")
 
 
 @dataclass
@@ -147,6 +199,11 @@ class HFPolicy:
         max_batch_size: Most observations in one ``generate`` call.
         max_wait_ms: How long the first waiting request may wait for others before its batch
             is flushed anyway.
+        flush: When a group that is not full is sent: ``"timer"`` (default: ``max_wait_ms``
+            after its first request) or ``"idle"`` (as soon as the event loop has settled, see
+            :attr:`idle_passes`; ``max_wait_ms`` caps the wait while the loop stays busy). Use
+            ``"idle"`` when many concurrent callers on one loop should share full batches (a
+            learner's rollout forks and the futures it plays).
         system_prompt: System message put first in observations that have none.
         name: Name in tables and logs (default ``"hf:<model folder name>"``).
         **default_sampling: Default :class:`~collab_env.agents.base.SamplingParams` fields;
@@ -162,6 +219,11 @@ class HFPolicy:
 
     #: Continues a prefilled final assistant message (see :data:`~collab_env.agents.base.PREFILL`).
     supports_prefill = True
+    #: Under ``flush="idle"``: event-loop iterations in a row without a new request after which
+    #: the loop counts as settled. A caller released by a batch needs a few iterations (its
+    #: awaits resolving, tasks it gathers starting) before it asks again; this leaves room for
+    #: long chains of them and costs microseconds when the loop is truly idle.
+    idle_passes = 64
 
     def __init__(
         self,
@@ -173,10 +235,13 @@ class HFPolicy:
         adapter: Any = None,
         max_batch_size: int = 16,
         max_wait_ms: float = 5.0,
+        flush: str = "timer",
         system_prompt: str | None = None,
         name: str | None = None,
         **default_sampling: Any,
     ) -> None:
+        if flush not in FLUSH_MODES:
+            raise ConfigError(f"flush must be one of {FLUSH_MODES}, got {flush!r}.")
         if device not in _DEVICES:
             raise ConfigError(f"device must be one of {_DEVICES}, got {device!r}.")
         if dtype not in _DTYPES:
@@ -189,6 +254,7 @@ class HFPolicy:
         self.default_sampling: dict[str, Any] = dict(default_sampling)
         self.max_batch_size = max_batch_size
         self.max_wait_ms = float(max_wait_ms)
+        self.flush = flush
         self.system_prompt = system_prompt
         self.stats = GenerationStats()
 
@@ -425,13 +491,43 @@ class HFPolicy:
                 self._batchers[loop] = batcher
             return batcher
 
+    # -- the token-level interface (TokenGenerator) -------------------------------------------
+    @property
+    def pad_token_id(self) -> int:
+        """The id to pad token sequences with: the tokenizer's pad token, else the first EOS id."""
+        return self._pad_id
+
+    def generate_tokens(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Mapping[str, Any],
+                        seeds: Sequence[int]) -> list[Completion]:
+        """One :class:`~collab_env.types.Completion` per tokenised prompt (blocking), in
+        ``model.generate`` calls of at most ``max_batch_size`` rows; row ``i`` samples with its own
+        generator seeded by ``seeds[i]`` (see :class:`TokenGenerator`). The prompts are used as
+        they are: no chat template, no special tokens added.
+
+        Raises:
+            ConfigError: ``seeds`` does not have one seed per prompt, a prompt is empty, or
+                ``params`` is invalid.
+        """
+        params = sampling_params(params)
+        prompts = [[int(t) for t in p] for p in prompts]
+        seeds = [int(s) for s in seeds]
+        if len(prompts) != len(seeds):
+            raise ConfigError(f"{len(prompts)} prompts but {len(seeds)} seeds: pass one seed per prompt.")
+        if any(not p for p in prompts):
+            raise ConfigError("an empty prompt (no token to condition on); pass at least one token id per prompt.")
+        out: list[Completion] = []
+        step = self.max_batch_size
+        for start in range(0, len(prompts), step):
+            out.extend(self.generate_batch(prompts[start:start + step], params, seeds[start:start + step]))
+        return out
+
     # -- generation (runs in a worker thread) ------------------------------------------------
     def generate_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                        seeds: Sequence[int]) -> list[Completion]:
         """Generate for a batch of tokenised prompts in one ``generate`` call (blocking).
 
-        The queue calls this; it is public for callers that batch themselves. ``seeds`` gives
-        each row's generator seed.
+        The queue calls this; callers that batch themselves use :meth:`generate_tokens`, which
+        also keeps calls within ``max_batch_size``. ``seeds`` gives each row's generator seed.
         """
         torch = self._torch
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
@@ -565,10 +661,12 @@ class _Batcher:
         self.groups: dict[tuple, list[_Request]] = {}  # insertion order = order of first arrival
         self.wakeup = asyncio.Event()
         self.task: asyncio.Task | None = None
+        self.arrivals = 0  # requests submitted so far (flush="idle" watches it change)
 
     def submit(self, prompt: list[int], params: SamplingParams, seed: int) -> asyncio.Future:
         fut = self.loop.create_future()
         self.groups.setdefault(_group_key(params), []).append(_Request(prompt, params, seed, fut))
+        self.arrivals += 1
         self.wakeup.set()
         if self.task is None or self.task.done():
             self.task = self.loop.create_task(self._run(), name=f"{self.policy.name} batcher")
@@ -576,11 +674,19 @@ class _Batcher:
 
     async def _run(self) -> None:
         max_size, max_wait = self.policy.max_batch_size, self.policy.max_wait_ms / 1000.0
+        idle = self.policy.flush == "idle"
+        quiet = 0  # flush="idle": loop iterations in a row without a new request
         try:
             while self.groups:
                 now = time.monotonic()
+                settled = idle and quiet >= self.policy.idle_passes
                 ready = [k for k, reqs in self.groups.items()
-                         if len(reqs) >= max_size or now - reqs[0].arrived >= max_wait]
+                         if settled or len(reqs) >= max_size or now - reqs[0].arrived >= max_wait]
+                if not ready and idle:  # let every runnable caller run once more, then look again
+                    seen = self.arrivals
+                    await asyncio.sleep(0)
+                    quiet = quiet + 1 if self.arrivals == seen else 0
+                    continue
                 if not ready:  # sleep until the oldest request's deadline or a new request
                     oldest = min(reqs[0].arrived for reqs in self.groups.values())
                     self.wakeup.clear()
@@ -594,6 +700,7 @@ class _Batcher:
                 else:
                     del self.groups[key]
                 await self._generate(batch)
+                quiet = 0  # the callers just answered ask again soon: the rest waits for them
         except Exception as exc:  # a bug here must not leave callers waiting forever
             error = PolicyError(f"{self.policy.name}: batching failed: {exc!r}")
             for reqs in self.groups.values():

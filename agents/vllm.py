@@ -235,6 +235,45 @@ class _VLLMBase:
         # The template already writes any BOS token, so the tokenizer must not add another.
         return list(self.tokenizer(self.prompt_text(observation), add_special_tokens=False)["input_ids"])
 
+    @property
+    def pad_token_id(self) -> int:
+        """The id to pad token sequences with: the tokenizer's pad token, else its EOS
+        (:class:`~collab_env.agents.hf.TokenGenerator`)."""
+        tok = self.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        if pad is None:
+            raise ConfigError(f"{self.name}: the tokenizer names neither a pad nor an EOS token.")
+        return int(pad)
+
+    def token_requests(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Mapping[str, Any],
+                       seeds: Sequence[int], lora_request: Any = _UNSET) -> list[tuple]:
+        """``(prompt ids, vllm.SamplingParams, LoRARequest | None, seed)`` per tokenised prompt,
+        row ``i`` seeded by ``seeds[i]`` and its ``max_tokens`` clipped to the room left in
+        ``max_model_len``.
+
+        Raises:
+            ConfigError: ``seeds`` does not have one seed per prompt, or a prompt is empty.
+            PolicyError: A prompt does not fit ``max_model_len``.
+        """
+        from collab_env.agents.hf import sampling_params
+
+        params = sampling_params(params)
+        if len(prompts) != len(seeds):
+            raise ConfigError(f"{len(prompts)} prompts but {len(seeds)} seeds: pass one seed per prompt.")
+        lora = self._lora_request(lora_request)
+        limit = self.max_model_len
+        out = []
+        for ids, seed in zip(prompts, seeds, strict=True):
+            ids = [int(t) for t in ids]
+            if not ids:
+                raise ConfigError("an empty prompt (no token to condition on); pass at least one token id per prompt.")
+            room = limit - len(ids)
+            if room < 1:
+                raise PolicyError(f"{self.name}: a prompt of {len(ids)} tokens does not fit max_model_len={limit}.")
+            vsp = to_vllm_sampling(params, seed=int(seed), max_tokens=min(params.max_new_tokens, room))
+            out.append((ids, vsp, lora, int(seed)))
+        return out
+
     # -- scoring given continuations ----------------------------------------------------------
     @property
     def scores_continuations(self) -> bool:
@@ -493,6 +532,21 @@ class VLLMPolicy(_VLLMBase):
     def generate(self, observations: Sequence[Conversation], **sampling: Any) -> list[Completion]:
         """Synchronous :meth:`act` (one ``LLM.generate`` call, no queue)."""
         requests = self._requests(observations, sampling)
+        return self._generate(requests) if requests else []
+
+    def generate_tokens(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Mapping[str, Any],
+                        seeds: Sequence[int], *, lora_request: Any = _UNSET) -> list[Completion]:
+        """One :class:`~collab_env.types.Completion` per tokenised prompt in one ``LLM.generate``
+        call (blocking, no queue, no chat template); row ``i`` seeded by ``seeds[i]``
+        (:class:`~collab_env.agents.hf.TokenGenerator`). ``lora_request`` as in :meth:`act`.
+
+        Raises:
+            ConfigError: ``seeds`` does not match ``prompts``, or an empty prompt.
+            PolicyError: A prompt does not fit ``max_model_len``, or the engine failed.
+        """
+        if self._closed:
+            raise PolicyError(f"{self.name}: the policy was closed.")
+        requests = self.token_requests(prompts, params, seeds, lora_request)
         return self._generate(requests) if requests else []
 
     def _generate(self, requests: list[tuple]) -> list[Completion]:

@@ -8,8 +8,13 @@ one :class:`PolicyModel` per agent. With ``share_model`` every agent gets the *s
 Placement follows the config: CUDA with bfloat16 weights when torch sees a GPU, CPU with float32
 otherwise; gradient checkpointing is on by default on CUDA. The code path is the same on both.
 
-Generation goes through :class:`~collab_env.agents.hf.HFPolicy` on the model being trained, so a
-:class:`~collab_env.types.Completion` holds the exact token ids the learner puts in its loss.
+Generation goes through the token-level interface (:class:`~collab_env.agents.hf.TokenGenerator`:
+:meth:`PolicyModel.generate_tokens`) of an :class:`~collab_env.agents.hf.HFPolicy` on the model
+being trained, or of its vLLM engine, so a :class:`~collab_env.types.Completion` holds the exact
+token ids the learner puts in its loss. :attr:`PolicyModel.policy` is the same model as a
+:class:`~collab_env.policy.Policy`, for the reward wrappers whose futures the learner plays
+(``collab_env.policy.bind_learner``): its queue merges the concurrent calls of every fork of a
+tree level into model calls of at most ``max_batch_size`` observations.
 """
 
 from __future__ import annotations
@@ -96,7 +101,29 @@ class PolicyModel:
     @property
     def pad_id(self) -> int:
         """The id used for padding (the tokenizer's pad token, else its EOS)."""
-        return int(self.generator._pad_id)
+        return int(self.generator.pad_token_id)
+
+    @property
+    def pad_token_id(self) -> int:
+        """Same as :attr:`pad_id` (the :class:`~collab_env.agents.hf.TokenGenerator` name)."""
+        return self.pad_id
+
+    @property
+    def max_batch_size(self) -> int:
+        """Most sequences in one model call, of :meth:`generate_tokens` and of :attr:`policy`."""
+        return int(self.generator.max_batch_size)
+
+    @property
+    def policy(self) -> Any:
+        """This model as a :class:`~collab_env.policy.Policy`: what a learner binds into the
+        reward wrappers whose futures it plays (``collab_env.policy.bind_learner``).
+
+        Without a vLLM engine it is :attr:`generator` (an :class:`~collab_env.agents.hf.HFPolicy`
+        with ``flush="idle"``: the concurrent ``act`` calls of every fork of a tree level wait for
+        each other and share ``generate`` calls of at most :attr:`max_batch_size` observations);
+        with one, the engine's :class:`~collab_env.agents.vllm.VLLMPolicy`, which holds the
+        weights :meth:`generate_tokens` synced before the level's own generation."""
+        return self.engine.policy if self.engine is not None else self.generator
 
     def trainable_parameters(self) -> list[tuple[str, Any]]:
         """``(name, parameter)`` of every parameter with ``requires_grad``."""
@@ -117,21 +144,38 @@ class PolicyModel:
             )
         return ids
 
-    def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], *,
-                 max_batch_size: int = 64, **sampling: Any) -> list[Any]:
-        """One :class:`~collab_env.types.Completion` per tokenised prompt, in chunks of
-        ``max_batch_size``; row ``i`` samples with its own generator seeded by ``seeds[i]``."""
-        from collab_env.agents.base import SamplingParams
+    def generate_tokens(self, prompts: Sequence[Sequence[int]], params: Any, seeds: Sequence[int]) -> list[Any]:
+        """One :class:`~collab_env.types.Completion` per tokenised prompt (row ``i`` samples with
+        its own generator seeded by ``seeds[i]``), from the current weights: through the vLLM
+        engine when there is one (synced first when the optimiser stepped since), else in
+        ``generate`` calls of at most :attr:`max_batch_size` rows
+        (:class:`~collab_env.agents.hf.TokenGenerator`).
 
-        params = SamplingParams.from_kwargs(**sampling)
+        Args:
+            prompts: Token ids per row (used as they are).
+            params: :class:`~collab_env.policy.SamplingParams` (or a mapping of its fields).
+            seeds: One generator seed per row.
+        """
+        from collab_env.agents.hf import sampling_params
+
+        params = sampling_params(params)
         self.model.eval()
         if self.engine is not None:  # vLLM: take the current weights first, then one call
             self.engine.sync(self.model, self.version)
-            return self.engine.generate_batch([list(p) for p in prompts], params, list(seeds))
+            return self.engine.generate_tokens([list(p) for p in prompts], params, list(seeds))
+        return self.generator.generate_tokens([list(p) for p in prompts], params, list(seeds))
+
+    def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], *,
+                 max_batch_size: int | None = None, **sampling: Any) -> list[Any]:
+        """:meth:`generate_tokens` with sampling keywords (``temperature``, ``max_new_tokens``...);
+        ``max_batch_size`` lowers the rows per call for this request."""
+        from collab_env.agents.hf import sampling_params
+
+        params = sampling_params(sampling)
+        step = len(prompts) if self.engine is not None or not max_batch_size else int(max_batch_size)
         out: list[Any] = []
-        for start in range(0, len(prompts), max_batch_size):
-            chunk = [list(p) for p in prompts[start:start + max_batch_size]]
-            out.extend(self.generator.generate_batch(chunk, params, list(seeds[start:start + max_batch_size])))
+        for start in range(0, len(prompts), max(step, 1)):
+            out.extend(self.generate_tokens(prompts[start:start + step], params, seeds[start:start + step]))
         return out
 
     @contextlib.contextmanager
@@ -265,7 +309,10 @@ def load_policy_models(agent_model: Any, tokenizer: Any, num_agents: int, config
                 checkpointing = device == "cuda"
             if checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            generator = HFPolicy(model, tok, device="auto", dtype="auto", max_batch_size=64)
+            # flush="idle": the futures a learner plays (one act call per fork) share full
+            # batches; the wait is capped at a second while the loop stays busy.
+            generator = HFPolicy(model, tok, device="auto", dtype="auto", max_batch_size=64,
+                                 flush="idle", max_wait_ms=1000.0)
             engine = None
             if _use_vllm(config, device):
                 from collab_env.adapters.common.vllm_engine import VLLMGenerator

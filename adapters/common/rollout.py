@@ -4,10 +4,18 @@ A tree starts at a task item. At every **node** (an environment state where trai
 on turn) each trained agent on turn samples ``G`` completions from its observation; the
 completions form the node's **joint actions** — aligned (the ``j``-th completion of every agent,
 ``G`` joint actions) or crossed (every combination, ``G ** n``). Each joint action is applied to
-its own ``env.clone()``; players the learner does not train act through their own policies
-until a trained agent is on turn again (their steps' rewards count towards the joint action).
-The resulting state is the joint action's **child** node at the next depth, until the episode
-ends or the tree reaches ``max_depth`` turns.
+its own ``env.clone()`` and played on by the one episode driver
+(:func:`~collab_env.rollout.driver.advance`, the loop every rollout in collab_env uses): players
+the learner does not train act through their own policies until a trained agent is on turn again
+(their steps' rewards count towards the joint action). The resulting state is the joint action's
+**child** node at the next depth, until the episode ends or the tree reaches ``max_depth`` turns.
+
+Batching: a level's completions are sampled with one :meth:`generate_tokens` request per model
+(all nodes, all forks, all agents sharing that model: ``ceil(rows / max_batch_size)`` model
+calls), and the joint actions of a level are stepped concurrently, so the calls that their
+untrained players and their rewards' futures make to a policy with a queue (the learner's own
+:attr:`~collab_env.adapters.common.models.PolicyModel.policy` in multiturn-aware futures) merge
+into batches across every fork of the level.
 
 The **return** of a joint action is its reward plus ``discount`` times the mean return of its
 child's joint actions; a learner turns the returns of sibling joint actions into group-relative
@@ -27,7 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from collab_env.errors import ConfigError
+from collab_env.policy import SamplingParams
+from collab_env.rollout.driver import advance
 
 __all__ = [
     "TreeNode", "JointAction", "start_roots", "expand_tree", "compute_returns", "completion_values",
@@ -97,52 +106,40 @@ def _latest_prompt(observation: Any) -> str:
     return ""
 
 
-async def _act_others(env: Any, obs: Mapping[str, Any], infos: Mapping[str, Any], players: Sequence[str],
-                      others: Mapping[str, Any], seed: int | None) -> dict[str, str]:
-    """Actions of the untrained players on turn, from their policies."""
-    from collab_env.rollout import act_for
-
-    on_turn = [p for p in env.possible_agents if p not in players and infos.get(p, {}).get("on_turn")]
-    missing = [p for p in on_turn if p not in others]
-    if missing:
-        raise ConfigError(
-            f"player(s) {missing} are on turn but neither trained nor given a policy; pass "
-            f"policies={{{missing[0]!r}: ...}} or add them to the trained players."
-        )
-    if not on_turn:
-        return {}
-    done = await act_for(on_turn, obs, others, seed=seed)
-    return {p: c.text for p, c in done.items()}
-
-
-async def _advance(env: Any, obs: Any, infos: Any, players: Sequence[str], others: Mapping[str, Any],
-                   rewards: list[float], seeds: Callable[[int], list[int]], done: bool):
-    """Let untrained players act until a trained player is on turn or the episode ends; add
-    the trained players' rewards of those steps to ``rewards``. Returns ``(obs, infos, done)``."""
-    while not done and not any(infos.get(p, {}).get("on_turn") for p in players):
-        actions = await _act_others(env, obs, infos, players, others, seeds(1)[0])
-        obs, rew, terms, truncs, infos = await env.astep(actions)
-        for i, p in enumerate(players):
-            rewards[i] += float(rew.get(p, 0.0))
-        done = any(terms.values()) or any(truncs.values())
-    return obs, infos, done
+def _draws(seeds: Callable[[int], list[int]], first: int | None = None) -> Callable[[int], int]:
+    """The driver's per-round seed: a fresh draw of the learner's RNG each round played (round 0
+    uses ``first`` when given: drawn before the joint action's own round, as it always was)."""
+    if first is None:
+        return lambda k: seeds(1)[0]
+    return lambda k: first if k == 0 else seeds(1)[0]
 
 
 async def start_roots(base_env: Any, indices: Sequence[int], players: Sequence[str],
-                      others: Mapping[str, Any], seeds: Callable[[int], list[int]]) -> list[TreeNode]:
+                      others: Mapping[str, Any], seeds: Callable[[int], list[int]], *,
+                      others_sampling: Mapping[str, Mapping[str, Any]] | None = None) -> list[TreeNode]:
     """One root node per task index: a clone of ``base_env`` reset on that item, advanced until
-    a trained player is on turn. Items whose episode ends before that get no root."""
-    roots: list[TreeNode] = []
-    for k, index in enumerate(indices):
+    a trained player is on turn (all items concurrently, so the untrained players' calls share
+    batches). Items whose episode ends before that get no root.
+
+    ``others_sampling`` (player -> sampling keywords) goes to the untrained players' policies."""
+
+    async def root(k: int, index: int) -> TreeNode | None:
         env = base_env.clone()
         obs, infos = await env.areset(seed=seeds(1)[0], options={"index": int(index)})
-        rewards = [0.0] * len(players)  # rewards before the first trained move count for nothing
-        obs, infos, done = await _advance(env, obs, infos, players, others, rewards, seeds, False)
-        if done:
-            continue
-        roots.append(TreeNode(root=k, depth=0, env=env, obs=obs, infos=infos, players=tuple(players),
-                              acting=[i for i, p in enumerate(players) if infos[p].get("on_turn")]))
-    return roots
+        # rewards before the first trained move count for nothing
+        run = await advance(env, others, obs=obs, infos=infos, until=players, sampling=others_sampling,
+                            seed=_draws(seeds))
+        if run.done:
+            return None
+        return TreeNode(root=k, depth=0, env=env, obs=run.obs, infos=run.infos, players=tuple(players),
+                        acting=_acting(players, run.infos))
+
+    nodes = await asyncio.gather(*(root(k, index) for k, index in enumerate(indices)))
+    return [node for node in nodes if node is not None]
+
+
+def _acting(players: Sequence[str], infos: Mapping[str, Any]) -> list[int]:
+    return [i for i, p in enumerate(players) if infos.get(p, {}).get("on_turn")]
 
 
 async def expand_tree(
@@ -158,6 +155,7 @@ async def expand_tree(
     seeds: Callable[[int], list[int]],
     prompt_format: Literal["chat", "raw"] = "chat",
     stop_above: float | None = None,
+    others_sampling: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[list[TreeNode]]:
     """Grow the trees level by level; return the nodes of every depth (``levels[d]``).
 
@@ -177,6 +175,7 @@ async def expand_tree(
             them) tokenised as it is (CoMLRL).
         stop_above: CoMLRL's early termination: a node whose joint actions' mean reward (over
             joint actions and trained agents) exceeds this value gets no children.
+        others_sampling: Player -> sampling keywords for the untrained players' policies.
     """
     levels: list[list[TreeNode]] = []
     frontier = list(roots)
@@ -190,7 +189,8 @@ async def expand_tree(
             for choice in _joint_choices(node, g, joint_mode):
                 ja = JointAction(choice=choice, rewards=[0.0] * len(players))
                 node.joint.append(ja)
-                steps.append(_step_joint(node, ja, players, others, seeds, depth + 1 < max_depth))
+                steps.append(_step_joint(node, ja, players, others, seeds, depth + 1 < max_depth,
+                                         others_sampling))
         await asyncio.gather(*steps)
         if stop_above is not None:
             for node in frontier:
@@ -210,7 +210,9 @@ def _node_mean_reward(node: TreeNode) -> float:
 
 def _generate(nodes: Sequence[TreeNode], models: Sequence[Any], g: int, sampling: Mapping[str, Any],
               seeds: Callable[[int], list[int]], prompt_format: str = "chat") -> None:
-    """Sample ``g`` completions per acting agent of every node, one batched call per model."""
+    """Sample ``g`` completions per acting agent of every node: one ``generate_tokens`` request
+    per model, holding every node, fork and agent it plays."""
+    params = SamplingParams.from_kwargs(**sampling)
     requests: list[tuple[Any, TreeNode, int]] = []  # (model, node, agent)
     for node in nodes:
         for a in node.acting:
@@ -231,7 +233,7 @@ def _generate(nodes: Sequence[TreeNode], models: Sequence[Any], g: int, sampling
             by_model.append((model, [(node, a)]))
     for model, reqs in by_model:
         prompts = [node.prompt_ids[a] for node, a in reqs for _ in range(g)]
-        outs = model.generate(prompts, seeds(len(prompts)), **sampling)
+        outs = model.generate_tokens(prompts, params, seeds(len(prompts)))
         for k, (node, a) in enumerate(reqs):
             node.completions[a] = outs[k * g:(k + 1) * g]
 
@@ -243,20 +245,20 @@ def _joint_choices(node: TreeNode, g: int, mode: str) -> list[dict[int, int]]:
 
 
 async def _step_joint(node: TreeNode, ja: JointAction, players: Sequence[str], others: Mapping[str, Any],
-                      seeds: Callable[[int], list[int]], expand: bool) -> TreeNode | None:
+                      seeds: Callable[[int], list[int]], expand: bool,
+                      others_sampling: Mapping[str, Mapping[str, Any]] | None = None) -> TreeNode | None:
+    """Apply ``ja`` to a clone of ``node``'s env and play on until a trained player is on turn;
+    ``ja.rewards`` gets the trained players' rewards of every round played."""
     env = node.env.clone()
     actions = {players[a]: node.completions[a][j].text for a, j in ja.choice.items()}
-    actions.update(await _act_others(env, node.obs, node.infos, players, others, seeds(1)[0]))
-    obs, rew, terms, truncs, infos = await env.astep(actions)
+    run = await advance(env, others, obs=node.obs, infos=node.infos, until=players, actions=actions,
+                        sampling=others_sampling, seed=_draws(seeds, seeds(1)[0]))
     for i, p in enumerate(players):
-        ja.rewards[i] += float(rew.get(p, 0.0))
-    done = any(terms.values()) or any(truncs.values())
-    obs, infos, done = await _advance(env, obs, infos, players, others, ja.rewards, seeds, done)
-    if done or not expand:
+        ja.rewards[i] += run.reward(p)
+    if run.done or not expand:
         return None
-    child = TreeNode(root=node.root, depth=node.depth + 1, env=env, obs=obs, infos=infos,
-                     players=node.players,
-                     acting=[i for i, p in enumerate(players) if infos[p].get("on_turn")])
+    child = TreeNode(root=node.root, depth=node.depth + 1, env=env, obs=run.obs, infos=run.infos,
+                     players=node.players, acting=_acting(players, run.infos))
     ja.child = child
     return child
 

@@ -4,7 +4,7 @@
 temporary folder with its tokenizer), generates from *token ids* (the learner's own tokenisation,
 so prompts are exactly those the loss sees), with one seed per row and the log-probs of the
 distribution sampled from, and takes the current weights before a generation whenever the
-optimiser stepped since the last one (:meth:`PolicyModel.generate` calls :meth:`sync`). After a
+optimiser stepped since the last one (:meth:`PolicyModel.generate_tokens` calls :meth:`sync`). After a
 weight update the engine's prefix cache is reset: cached keys and values of the old weights must
 not be reused.
 
@@ -106,26 +106,29 @@ class VLLMGenerator:
         self.syncs += 1
         self.sync_seconds += time.perf_counter() - t0
 
-    def generate_batch(self, prompts: Sequence[Sequence[int]], params: Any, seeds: Sequence[int]) -> list[Any]:
-        """One :class:`~collab_env.types.Completion` per tokenised prompt (row ``i`` seeded by
-        ``seeds[i]``), decoded with the learner's tokenizer."""
+    @property
+    def pad_token_id(self) -> int:
+        """The learner tokenizer's pad id (its EOS when it has none)."""
+        tok = self.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        if pad is None:
+            raise ConfigError("the tokenizer names neither a pad nor an EOS token.")
+        return int(pad)
+
+    def generate_tokens(self, prompts: Sequence[Sequence[int]], params: Any, seeds: Sequence[int]) -> list[Any]:
+        """One :class:`~collab_env.types.Completion` per tokenised prompt in one engine call (row
+        ``i`` seeded by ``seeds[i]``), decoded with the learner's tokenizer
+        (:class:`~collab_env.agents.hf.TokenGenerator`). Call :meth:`sync` first to generate with
+        the current weights (:meth:`PolicyModel.generate_tokens` does)."""
         from dataclasses import replace
 
-        from collab_env.agents.vllm import to_vllm_sampling
-
-        if len(prompts) != len(seeds):
-            raise ConfigError(f"{len(prompts)} prompts but {len(seeds)} seeds.")
-        limit = self.policy.max_model_len
-        requests = []
-        for ids, seed in zip(prompts, seeds, strict=True):
-            room = limit - len(ids)
-            if room < 1:
-                raise PolicyError(f"a prompt of {len(ids)} tokens does not fit max_model_len={limit}.")
-            vsp = to_vllm_sampling(params, seed=int(seed), max_tokens=min(params.max_new_tokens, room))
-            requests.append((list(ids), vsp, None, int(seed)))
-        outs = self.policy._generate(requests)
+        outs = self.policy.generate_tokens(prompts, params, seeds)
         return [replace(c, text=self.tokenizer.decode(list(c.token_ids), skip_special_tokens=True))
                 for c in outs]
+
+    def generate_batch(self, prompts: Sequence[Sequence[int]], params: Any, seeds: Sequence[int]) -> list[Any]:
+        """Same as :meth:`generate_tokens` (the older name)."""
+        return self.generate_tokens(prompts, params, seeds)
 
     def close(self) -> None:
         """Stop the engine and remove the weight copy. With in-process engines
