@@ -59,8 +59,9 @@ from collab_env.adapters.common.config import (
     check_float,
     check_int,
 )
+from collab_env.adapters.common.learner import TaskLearner, build_models
 from collab_env.adapters.common.loop import RunState, Schedule, mean
-from collab_env.adapters.common.task import ENV_METHODS, TaskSource, learner_sampling, turn_metrics
+from collab_env.adapters.common.task import ENV_METHODS, TaskSource, turn_metrics
 from collab_env.errors import ConfigError, TaskFunctionError
 
 __all__ = [
@@ -308,7 +309,7 @@ class Transition:
 # ---------------------------------------------------------------------------------------------
 # The trainer
 # ---------------------------------------------------------------------------------------------
-class _ActorCriticTrainer:
+class _ActorCriticTrainer(TaskLearner):
     """Shared body of :class:`IACTrainer` and :class:`MAACTrainer` (``centralised`` differs)."""
 
     centralised: bool = False
@@ -341,12 +342,7 @@ class _ActorCriticTrainer:
         import torch
 
         from collab_env.adapters.common.logging import MetricsLogger
-        from collab_env.adapters.common.models import (
-            load_policy_models,
-            make_optimizer,
-            make_scheduler,
-            unique_models,
-        )
+        from collab_env.adapters.common.models import make_scheduler
 
         args = self.config_class() if args is None else args
         if not isinstance(args, self.config_class):
@@ -376,17 +372,13 @@ class _ActorCriticTrainer:
         self.args = args
         self.metrics_callback = metrics_callback
         torch.manual_seed(args.seed)
-        self.models = load_policy_models(agent_model, tokenizer, args.num_agents, args,
-                                         need_reference=args.reference_kl_enabled)
-        self._unique = unique_models(self.models)
+        steps = self._planned_optimizer_steps()
+        self.models, self._unique = build_models(agent_model, tokenizer, args.num_agents, args,
+                                                 need_reference=args.reference_kl_enabled, steps=steps)
         # Rewards that roll futures (the multiturn-aware reward) play the trained players' future
         # turns with the policy being trained, sampling as the learner does.
         self.task.bind_learner(self.models, self.sampling(False))
         self.critics = self._build_critics(critic_model, critic_tokenizer)
-        steps = self._planned_optimizer_steps()
-        for pm in self._unique:
-            pm.optimizer = make_optimizer(pm, args)
-            pm.scheduler = make_scheduler(pm.optimizer, args, steps)
         critic_lr = args.critic_learning_rate if args.critic_learning_rate is not None else args.learning_rate
         for c in self.critics:
             c.optimizer = torch.optim.AdamW(c.parameters(), lr=critic_lr, weight_decay=args.weight_decay,
@@ -395,35 +387,6 @@ class _ActorCriticTrainer:
         self.state = RunState()
         config = {**args.to_dict(), "algorithm": self.name, **self.task.config_record()}
         self.logger = MetricsLogger(args.output_dir, config, wandb_config)
-
-    # -- the task source's parts, by their usual names -------------------------------------------------
-    @property
-    def train_env(self) -> Any:
-        """The training environment."""
-        return self.task.train_env
-
-    @property
-    def eval_env(self) -> Any:
-        """The evaluation environment (``None``: no evaluation)."""
-        return self.task.eval_env
-
-    @property
-    def players(self) -> tuple[str, ...]:
-        """The trained players; agent ``i`` is ``players[i]``."""
-        return self.task.players
-
-    @property
-    def others(self) -> dict[str, Any]:
-        """Policies of the untrained players."""
-        return self.task.others
-
-    @property
-    def _rng(self) -> Any:
-        return self.task.rng
-
-    def sampling(self, evaluation: bool = False) -> dict[str, Any]:
-        """The rollouts' sampling keywords (:func:`~collab_env.adapters.common.task.learner_sampling`)."""
-        return learner_sampling(self.args, evaluation)
 
     def _build_critics(self, critic_model: Any, critic_tokenizer: Any) -> list[Any]:
         """IAC: one critic per agent; MAAC: one critic with an output per agent."""
@@ -455,13 +418,7 @@ class _ActorCriticTrainer:
         """Training items in batches of ``per_device_train_batch_size``, CoMLRL's evaluation
         schedule, logs every ``logging_steps`` reward evaluations, checkpoints every
         ``save_steps`` items."""
-        a = self.args
-        per_epoch = self.task.items_per_epoch(a.max_steps)
-        limit = a.max_steps if a.max_steps > 0 else per_epoch * a.num_train_epochs
-        return Schedule(unit="item", per_epoch=per_epoch, limit=limit, epochs=a.num_train_epochs,
-                        batch=a.per_device_train_batch_size, eval_every=a.eval_interval, eval_rule="position",
-                        can_evaluate=self.eval_env is not None, log_every=a.logging_steps, log_rule="env_step",
-                        save_every=a.save_steps, desc=self.name)
+        return self.item_schedule(self.args.per_device_train_batch_size, self.name)
 
     # -- rollouts -------------------------------------------------------------------------------
     def collect(self, indices: Sequence[int], *, evaluation: bool = False,

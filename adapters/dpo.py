@@ -47,8 +47,9 @@ from pathlib import Path
 from typing import Any
 
 from collab_env.adapters.common.config import TrainerConfig, check_float, check_int
+from collab_env.adapters.common.learner import TaskLearner, build_models, epoch_order
 from collab_env.adapters.common.loop import RunState, Schedule, mean, merge_metrics
-from collab_env.adapters.common.task import TaskSource, learner_sampling
+from collab_env.adapters.common.task import TaskSource
 from collab_env.errors import ConfigError, DataSchemaError
 
 __all__ = ["DPOConfig", "DPOTrainer", "OnlineDPOConfig", "OnlineDPOTrainer", "DPOState", "encode_pair"]
@@ -234,22 +235,12 @@ class _Base:
         import torch
 
         from collab_env.adapters.common.logging import MetricsLogger
-        from collab_env.adapters.common.models import (
-            load_policy_models,
-            make_optimizer,
-            make_scheduler,
-            unique_models,
-        )
 
         if agent_model is None:
             raise ConfigError("agent_model is required: a model folder, a hub id, 'embedded' or a loaded model.")
         torch.manual_seed(args.seed)
-        self.models = load_policy_models(agent_model, tokenizer, args.num_agents, args,
-                                         need_reference=not args.reference_free)
-        self._unique = unique_models(self.models)
-        for pm in self._unique:
-            pm.optimizer = make_optimizer(pm, args)
-            pm.scheduler = make_scheduler(pm.optimizer, args, steps)
+        self.models, self._unique = build_models(agent_model, tokenizer, args.num_agents, args,
+                                                 need_reference=not args.reference_free, steps=steps)
         self.state = RunState()
         self.logger = MetricsLogger(args.output_dir, args.to_dict(), wandb_config)
 
@@ -353,11 +344,7 @@ class DPOTrainer(_Base):
         return max(1, max(math.ceil(len(p) / self._batch_pairs()) for p in self.train_pairs))
 
     def _order(self, n: int, epoch: int, k: int) -> list[int]:
-        import numpy as np
-
-        if not self.args.shuffle:
-            return list(range(n))
-        return [int(i) for i in np.random.default_rng([self.args.seed, epoch, k]).permutation(n)]
+        return epoch_order(n, self.args.shuffle, self.args.seed, epoch, k)
 
     def _check_trainable(self) -> None:
         if not any(self.train_pairs):
@@ -470,7 +457,7 @@ class OnlineDPOConfig(DPOConfig):
         check_int("eval_num_turns", self.eval_num_turns, 1)
 
 
-class OnlineDPOTrainer(_Base):
+class OnlineDPOTrainer(TaskLearner, _Base):
     """Online DPO on an environment: pairs ranked by the env's reward (module docstring).
 
     Args:
@@ -505,34 +492,6 @@ class OnlineDPOTrainer(_Base):
         self._setup(agent_model, tokenizer, args, wandb_config, self._planned_updates())
         # futures of a multiturn-aware reward are played by the trained policy, sampling as it does
         self.task.bind_learner(self.models, self.sampling(False))
-
-    @property
-    def train_env(self) -> Any:
-        """The training environment."""
-        return self.task.train_env
-
-    @property
-    def eval_env(self) -> Any:
-        """The evaluation environment (``None``: no evaluation)."""
-        return self.task.eval_env
-
-    @property
-    def players(self) -> tuple[str, ...]:
-        """The trained players; agent ``i`` is ``players[i]``."""
-        return self.task.players
-
-    @property
-    def others(self) -> dict[str, Any]:
-        """Policies of the untrained players."""
-        return self.task.others
-
-    @property
-    def _rng(self) -> Any:
-        return self.task.rng
-
-    def sampling(self, evaluation: bool = False) -> dict[str, Any]:
-        """The candidates' sampling keywords (greedy in evaluation with ``eval_greedy``)."""
-        return learner_sampling(self.args, evaluation)
 
     def _items_per_update(self) -> int:
         return self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
@@ -597,13 +556,8 @@ class OnlineDPOTrainer(_Base):
         preference update; evaluation before the first update and then every
         ``eval_interval`` updates; logs every ``logging_steps`` updates; checkpoints every
         ``save_steps`` updates."""
-        a = self.args
-        per_epoch = self.task.items_per_epoch(a.max_steps)
-        limit = a.max_steps if a.max_steps > 0 else per_epoch * a.num_train_epochs
-        return Schedule(unit="item", per_epoch=per_epoch, limit=limit, epochs=a.num_train_epochs,
-                        batch=self._items_per_update(), eval_every=a.eval_interval, eval_rule="update",
-                        can_evaluate=self.eval_env is not None, log_every=a.logging_steps, log_rule="update",
-                        log_next_epoch=True, save_every=a.save_steps, save_rule="update", desc="OnlineDPO")
+        return self.item_schedule(self._items_per_update(), "OnlineDPO", eval_rule="update", log_rule="update",
+                                  log_next_epoch=True, save_rule="update")
 
     def train_step(self, batch: Sequence[int]) -> dict[str, float]:
         """Candidates and pairs of the items ``batch`` (:meth:`collect_pairs`), then one DPO step

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from collab_env.adapters.common.config import TrainerConfig, check_float, check_int
+from collab_env.adapters.common.learner import epoch_order
 from collab_env.adapters.common.loop import RunState, Schedule
 from collab_env.errors import ConfigError, DataSchemaError
 
@@ -632,12 +633,7 @@ class RewardModelTrainer:
         return min(steps, self.args.max_steps) if self.args.max_steps > 0 else steps
 
     def _order(self, epoch: int) -> list[int]:
-        import numpy as np
-
-        n = len(self.train_pairs)
-        if not self.args.shuffle:
-            return list(range(n))
-        return [int(i) for i in np.random.default_rng([self.args.seed, epoch]).permutation(n)]
+        return epoch_order(len(self.train_pairs), self.args.shuffle, self.args.seed, epoch)
 
     # -- one optimiser step -----------------------------------------------------------------------
     def training_step(self, pairs: Sequence[JointPair]) -> dict[str, float]:

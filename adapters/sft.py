@@ -42,6 +42,7 @@ from typing import Any
 
 from collab_env.adapters.common.chat import chat_ids, check_token_prefix, cut_at_end_of_turn
 from collab_env.adapters.common.config import TrainerConfig, check_int
+from collab_env.adapters.common.learner import epoch_order
 from collab_env.adapters.common.loop import RunState, Schedule
 from collab_env.errors import ConfigError, DataSchemaError
 
@@ -229,12 +230,7 @@ class SFTTrainer:
         return min(total, self.args.max_steps) if self.args.max_steps > 0 else total
 
     def _order(self, epoch: int) -> list[int]:
-        import numpy as np
-
-        n = len(self.train_rows)
-        if not self.args.shuffle:
-            return list(range(n))
-        return [int(i) for i in np.random.default_rng([self.args.seed, epoch]).permutation(n)]
+        return epoch_order(len(self.train_rows), self.args.shuffle, self.args.seed, epoch)
 
     # -- the loss -------------------------------------------------------------------------------
     def _nll(self, rows: Sequence[tuple[list[int], list[int]]]):

@@ -21,15 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from collab_env.adapters.common.config import TrainerConfig
+from collab_env.adapters.common.learner import TaskLearner, build_models
 from collab_env.adapters.common.loop import RunState, Schedule, mean
-from collab_env.adapters.common.task import TaskSource, learner_sampling, turn_metrics
+from collab_env.adapters.common.task import TaskSource, turn_metrics
 from collab_env.adapters.common.update import Sample, policy_update
 from collab_env.errors import ConfigError, TaskFunctionError
 
 __all__ = ["TreeLearner"]
 
 
-class TreeLearner:
+class TreeLearner(TaskLearner):
     """Shared scaffolding of the rollout-tree learners (module docstring). Arguments are
     :class:`~collab_env.adapters.magrpo.MAGRPOTrainer`'s; ``config_class`` is the config type the
     subclass accepts."""
@@ -61,12 +62,6 @@ class TreeLearner:
         import torch
 
         from collab_env.adapters.common.logging import MetricsLogger
-        from collab_env.adapters.common.models import (
-            load_policy_models,
-            make_optimizer,
-            make_scheduler,
-            unique_models,
-        )
 
         args = self.config_class() if args is None else args
         if not isinstance(args, self.config_class):
@@ -96,49 +91,16 @@ class TreeLearner:
         self.eval_logger = eval_logger
         self.eval_aggregator = eval_aggregator
         torch.manual_seed(args.seed)
-        self.models = load_policy_models(agent_model, tokenizer, args.num_agents, args,
-                                         need_reference=args.beta > 0 or args.reference_kl_enabled)
-        self._unique = unique_models(self.models)
+        self.models, self._unique = build_models(
+            agent_model, tokenizer, args.num_agents, args, need_reference=args.beta > 0 or args.reference_kl_enabled,
+            steps=self.planned_optimizer_steps())
         # Rewards that roll futures (the multiturn-aware reward) play the trained players' future
         # turns with the policy being trained, sampling as the learner does.
         self.task.bind_learner(self.models, self.sampling(False))
-        steps = self.planned_optimizer_steps()
-        for pm in self._unique:
-            pm.optimizer = make_optimizer(pm, args)
-            pm.scheduler = make_scheduler(pm.optimizer, args, steps)
         self.state = RunState()
         self._buffers: list[list[list[Sample]]] = [[] for _ in range(args.num_agents)]
         self.wandb_config = wandb_config
         self.logger = MetricsLogger(args.output_dir, {**args.to_dict(), **self.task.config_record()}, wandb_config)
-
-    # -- the task source's parts, by their usual names -------------------------------------------------
-    @property
-    def train_env(self) -> Any:
-        """The training environment."""
-        return self.task.train_env
-
-    @property
-    def eval_env(self) -> Any:
-        """The evaluation environment (``None``: no evaluation)."""
-        return self.task.eval_env
-
-    @property
-    def players(self) -> tuple[str, ...]:
-        """The trained players; agent ``i`` is ``players[i]``."""
-        return self.task.players
-
-    @property
-    def others(self) -> dict[str, Any]:
-        """Policies of the untrained players."""
-        return self.task.others
-
-    @property
-    def _rng(self) -> Any:
-        return self.task.rng
-
-    def sampling(self, evaluation: bool = False) -> dict[str, Any]:
-        """The rollouts' sampling keywords (:func:`~collab_env.adapters.common.task.learner_sampling`)."""
-        return learner_sampling(self.args, evaluation)
 
     # -- schedule ---------------------------------------------------------------------------------
     def planned_optimizer_steps(self) -> int:
@@ -155,13 +117,7 @@ class TreeLearner:
         """Training items in batches of ``per_device_train_batch_size``, CoMLRL's evaluation
         schedule, logs every ``logging_steps`` reward evaluations, checkpoints every
         ``save_steps`` items."""
-        a = self.args
-        per_epoch = self.task.items_per_epoch(a.max_steps)
-        limit = a.max_steps if a.max_steps > 0 else per_epoch * a.num_train_epochs
-        return Schedule(unit="item", per_epoch=per_epoch, limit=limit, epochs=a.num_train_epochs,
-                        batch=a.per_device_train_batch_size, eval_every=a.eval_interval, eval_rule="position",
-                        can_evaluate=self.eval_env is not None, log_every=a.logging_steps, log_rule="env_step",
-                        save_every=a.save_steps, desc=type(self).__name__.removesuffix("Trainer"))
+        return self.item_schedule(self.args.per_device_train_batch_size, type(self).__name__.removesuffix("Trainer"))
 
     def train(self, resume_from_checkpoint: str | Path | None = None) -> dict[str, Any]:
         """Train for ``num_train_epochs`` (or ``max_steps`` items), evaluating on the guide's
