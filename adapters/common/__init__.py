@@ -16,8 +16,15 @@ algorithm file reads top to bottom:
   value-head critic of the actor-critic learners.
 * :mod:`~collab_env.adapters.common.rollout`: rollout trees on any collab_env environment
   (the CoMLRL multi-turn tree: a group of joint actions per node, returns from children).
-* :mod:`~collab_env.adapters.common.loop`: the training-item loop (evaluation schedule,
-  logging, checkpoints) of the item-based learners.
+* :mod:`~collab_env.adapters.common.task`: the task source (dataset or env path, item counts,
+  seeds, sampling, rollout, turn metrics, the learner binding into MR futures).
+* :mod:`~collab_env.adapters.common.loop`: one run state, one schedule and the one training loop,
+  over the public :class:`~collab_env.adapters.common.loop.Learner` protocol.
+* :mod:`~collab_env.adapters.common.learner`: set-up every learner shares (models with
+  optimisers, views of the task source, the item schedule, the epoch order).
+* :mod:`~collab_env.adapters.common.update`: the policy-gradient update with the loss as a hook.
+* :mod:`~collab_env.adapters.common.tree_learner`: the scaffolding of MAGRPO, REINFORCE and MADPO.
+* :mod:`~collab_env.adapters.common.chat`: chat-template token spans (SFT, DPO).
 * :mod:`~collab_env.adapters.common.logging`: JSONL log, PNG curves, optional Weights & Biases.
 * :mod:`~collab_env.adapters.common.checkpoint`: saving and resuming (weights, optimizers,
   schedulers, data position, RNG states).
