@@ -224,7 +224,8 @@ class MAREINFORCETrainer(TreeLearner):
                                players=n.players, acting=list(n.acting)) for n in nodes]
             chains = run_sync(expand_tree(starts, players=self.players, models=self.models, others=self.others,
                                           branching=lambda _: 1, max_depth=a.num_turns - d, joint_mode="aligned",
-                                          sampling=greedy, seeds=self.task.seeds, prompt_format=a.prompt_format))
+                                          sampling=greedy, seeds=self.task.seeds, prompt_format=a.prompt_format,
+                                          others_sampling=self.task.others_sampling or None))
             compute_returns(chains, len(self.players), a.discount)
             steps += sum(len(n.joint) for lv in chains for n in lv)
             for node, start in zip(nodes, starts, strict=True):

@@ -289,3 +289,23 @@ def test_collabllm_style_training_with_the_multiturn_aware_reward(tiny_dir, tmp_
     # token_amount < 0 on every sample (the reply and the futures have words): a negative mean
     assert rec["turn_1/reward_mean"] < 0 and math.isfinite(rec["turn_1/reward_mean"])
     assert bound.stats.batched_requests > 0
+
+
+def test_untrained_players_get_the_task_sources_sampling(tiny_dir, tmp_path):
+    """The task source's ``others_sampling`` reaches the untrained players' policies in the tree
+    (here the user of hidden-facts, on turn after every assistant reply)."""
+    from collab_env.types import Completion
+
+    seen = []
+
+    class RecordingUser:
+        async def act(self, observations, **sampling):
+            seen.append({k: v for k, v in sampling.items() if k != "seed"})
+            return [Completion(text="I don't know.") for _ in observations]
+
+    model, tok = _tiny(tiny_dir)
+    trainer = MAGRPOTrainer(agent_model=model, tokenizer=tok, env="hidden-facts", policies={"user": RecordingUser()},
+                            args=_cfg(tmp_path, num_agents=1, num_turns=2, max_steps=1))
+    trainer.task.others_sampling = {"user": {"temperature": 0.3, "max_new_tokens": 5}}
+    trainer.train()
+    assert seen and all(s == {"temperature": 0.3, "max_new_tokens": 5} for s in seen)

@@ -119,36 +119,21 @@ def bind_learner(envs: Sequence[Any], players: Sequence[str], models: Sequence[A
                  sampling: Mapping[str, Any] | None = None) -> int:
     """Bind the policies being trained into every environment of ``envs`` whose reward rolls
     futures in which a trained player is played by the learner (:data:`collab_env.policy.LEARNER`,
-    e.g. the multiturn-aware reward): player ``players[i]`` is played by ``models[i].generator``,
-    the model being trained, so futures see the current weights. Every learner binds through this
-    function (IAC/MAAC included), which calls :func:`collab_env.policy.bind_learner`.
+    e.g. the multiturn-aware reward): player ``players[i]`` is played by ``models[i].policy``, the
+    model being trained (its batching queue), so futures see the current weights. Every learner
+    binds through this function (IAC/MAAC included); it calls :func:`collab_env.policy.bind_learner`.
 
     ``sampling`` (the learner's :func:`learner_sampling`) travels with the policies, so the
-    futures sample as the learner's rollouts do (``max_new_tokens``, temperature...); a field the
-    reward's own ``sampling=`` sets wins. Returns how many (env layer, player) bindings were made.
+    futures sample as the learner's rollouts do (``max_new_tokens``, temperature...); the reward
+    decides how it combines with its own ``sampling=``. Returns how many (env layer, player)
+    bindings were made.
     """
     from collab_env.policy import bind_learner as core_bind
 
-    policies = {p: models[i].generator for i, p in enumerate(players)}
+    policies = {p: models[i].policy for i, p in enumerate(players)}
     keywords = {k: v for k, v in (sampling or {}).items() if v is not None}
     per_player = {p: dict(keywords) for p in players} if keywords else None
-    bound = sum(core_bind(e, policies, sampling=per_player) for e in envs if e is not None)
-    if bound == 0:
-        bound = _bind_untyped(envs, policies, keywords)
-    return bound
-
-
-def _bind_untyped(envs: Sequence[Any], policies: Mapping[str, Any], keywords: Mapping[str, Any]) -> int:
-    """Rewards that are not :class:`~collab_env.policy.LearnerBindable` yet (MR's former
-    ``bind_policy(player, policy)``): bind through ``collab_env.rewards.mr.bind_learner_policies``
-    and carry the sampling as the bound generators' default sampling (explicit keywords win)."""
-    from collab_env.rewards.mr import bind_learner_policies
-
-    bound = sum(bind_learner_policies(e, policies) for e in envs if e is not None)
-    if bound and keywords:
-        for gen in {id(g): g for g in policies.values()}.values():
-            gen.default_sampling = dict(keywords)  # HFPolicy's public defaults
-    return bound
+    return sum(core_bind(e, policies, sampling=per_player) for e in envs if e is not None)
 
 
 def turn_metrics(levels: Sequence[Sequence[Any]], prefix: str) -> dict[str, float]:
@@ -189,6 +174,9 @@ class TaskSource:
     """The run's seed."""
     rng: Any = None
     """The training generator (``numpy.random.Generator``); :meth:`seeds` draws from it."""
+    others_sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Player -> sampling keywords for the untrained players' policies in rollouts (empty: each
+    policy's own defaults)."""
 
     def __post_init__(self) -> None:
         if self.rng is None:
@@ -351,11 +339,12 @@ class TaskSource:
         from collab_env.adapters.common.rollout import compute_returns, expand_tree, start_roots
 
         async def go():
-            roots = await start_roots(env, indices, self.players, self.others, seeds)
+            roots = await start_roots(env, indices, self.players, self.others, seeds,
+                                      others_sampling=self.others_sampling or None)
             levels = await expand_tree(roots, players=self.players, models=models, others=self.others,
                                        branching=branching, max_depth=max_depth, joint_mode=joint_mode,
                                        sampling=sampling, seeds=seeds, prompt_format=prompt_format,
-                                       stop_above=stop_above)
+                                       stop_above=stop_above, others_sampling=self.others_sampling or None)
             return roots, levels
 
         roots, levels = run_sync(go())
