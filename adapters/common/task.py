@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collab_env.adapters.common.config import check_int
+from collab_env.adapters.common.loop import mean
 from collab_env.errors import ConfigError
 
 __all__ = [
@@ -40,17 +41,11 @@ __all__ = [
     "streamed_rows",
     "eval_count",
     "num_items",
-    "mean",
     "ENV_METHODS",
 ]
 
 #: What an environment object must have to be trained on.
 ENV_METHODS: tuple[str, ...] = ("areset", "astep", "clone", "possible_agents")
-
-
-def mean(xs: Sequence[float]) -> float:
-    """The mean of ``xs`` (``nan`` for none)."""
-    return sum(xs) / len(xs) if xs else float("nan")
 
 
 # ---------------------------------------------------------------------------------------------

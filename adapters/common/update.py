@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from collab_env.adapters.common.loop import mean
+
 __all__ = ["Sample", "policy_update", "kl_per_turn"]
 
 #: One training sample: (prompt ids, completion ids, advantage, 0-based turn).
@@ -38,10 +40,6 @@ def kl_per_turn(logp, ref_logp, mask, samples, into: dict[int, list[float]]) -> 
     per_seq = (kl.sum(-1) / mask.sum(-1).clamp(min=1)).tolist()
     for value, s in zip(per_seq, samples, strict=True):
         into.setdefault(s[3], []).append(float(value))
-
-
-def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else float("nan")
 
 
 def policy_update(pm: Any, samples: Sequence[Sample], loss: Callable[..., Any], *, iterations: int = 1,
@@ -107,8 +105,8 @@ def policy_update(pm: Any, samples: Sequence[Sample], loss: Callable[..., Any], 
             out = dict(totals)
             out["grad_norm"] = float(grad_norm)
             for turn, kls in kl_by_turn.items():
-                out[f"turn_{turn + 1}/reference_kl_mean"] = _mean(kls)
-                out[f"turn_{turn + 1}/reference_kl_penalty_mean"] = beta * _mean(kls)
+                out[f"turn_{turn + 1}/reference_kl_mean"] = mean(kls)
+                out[f"turn_{turn + 1}/reference_kl_penalty_mean"] = beta * mean(kls)
             if ref is not None:
                 out["reference_kl_mean"] = totals.get("kl", 0.0)
                 out["reference_kl_penalty_mean"] = beta * totals.get("kl", 0.0)
