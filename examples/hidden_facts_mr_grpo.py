@@ -34,7 +34,8 @@ def mr_env(split: str) -> MultiturnAwareReward:
         # drops the last assistant turn, so the answer the accuracy metric reads comes before it.
         max_user_turns=2,
         max_assistant_turns=3,
-        sampling={"assistant": {"temperature": 1.0, "max_new_tokens": MAX_NEW_TOKENS}},
+        # No sampling= here: the trainer binds its policy with its own sampling settings
+        # (temperature, max_new_tokens), so the futures sample as the training rollouts do.
     )
 
 
