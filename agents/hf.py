@@ -219,6 +219,10 @@ class HFPolicy:
 
     #: Continues a prefilled final assistant message (see :data:`~collab_env.agents.base.PREFILL`).
     supports_prefill = True
+    #: Read a prompt that several rows of a ``generate`` call share once (one forward pass over
+    #: the distinct prompts fills the KV cache every copy continues from) instead of once per row.
+    #: Turned off by itself for models whose cache is not plain full attention.
+    shared_prefill = True
     #: Under ``flush="idle"``: event-loop iterations in a row without a new request after which
     #: the loop counts as settled. A caller released by a batch needs a few iterations (its
     #: awaits resolving, tasks it gathers starting) before it asks again; this leaves room for
@@ -567,12 +571,14 @@ class HFPolicy:
                     use_cache=True,
                 )
                 with torch.inference_mode():
+                    shared = self._shared_prefill(prompts, input_ids, attention_mask, device)
                     out = self.model.generate(
                         input_ids=input_ids.to(device),
                         attention_mask=attention_mask.to(device),
                         generation_config=config,
                         logits_processor=LogitsProcessorList([sampler]),
                         stopping_criteria=criteria,
+                        **shared,
                     )
                 new = out[:, width:].cpu()
                 logprobs = (torch.stack(sampler.logprobs, dim=1).cpu() if sampler.logprobs
@@ -632,13 +638,56 @@ class HFPolicy:
             meta={"policy": self.name, "batch_size": batch_size, "stop": matched, "seed": seed},
         )
 
+    def _shared_prefill(self, prompts: Sequence[Sequence[int]], input_ids: Any, attention_mask: Any,
+                        device: Any) -> dict[str, Any]:
+        """When rows repeat a prompt (a group's samples, a tree's forks), read each distinct
+        prompt once: one forward pass over the distinct rows (all but their last token) fills a KV
+        cache, whose rows are then repeated for every row of the batch; ``generate`` continues from
+        it. Returns the ``generate`` keyword holding that cache, or ``{}`` (no repeated prompt, a
+        one-token prompt, :attr:`shared_prefill` off, or a cache other than full attention)."""
+        torch = self._torch
+        width = input_ids.shape[1]
+        if not self.shared_prefill or width < 2:
+            return {}
+        first: dict[tuple[int, ...], int] = {}
+        owner = [first.setdefault(tuple(p), i) for i, p in enumerate(prompts)]
+        distinct = sorted(first.values())
+        if len(distinct) == len(prompts):
+            return {}
+        slot = {row: k for k, row in enumerate(distinct)}
+        ids, mask = input_ids[distinct, :-1], attention_mask[distinct, :-1]
+        # the position ids generate derives from the attention mask (left padding)
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        keyword = self._cache_keyword()
+        kwargs: dict[str, Any] = dict(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                      position_ids=positions.to(device), use_cache=True)
+        if self._forward_accepts("logits_to_keep"):
+            kwargs["logits_to_keep"] = 1  # only the cache is wanted, not logits over the prompt
+        cache = getattr(self.model(**kwargs), keyword, None)
+        layers = getattr(cache, "layers", None)
+        if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
+            self.shared_prefill = False  # sliding windows, linear attention: not repeated this way
+            return {}
+        cache.batch_select_indices(torch.tensor([slot[r] for r in owner], dtype=torch.long, device=device))
+        return {keyword: cache}
+
+    def _forward_accepts(self, name: str) -> bool:
+        import inspect
+
+        return name in inspect.signature(self._model_class_forward()).parameters
+
+    def _model_class_forward(self) -> Any:
+        """The ``forward`` of the (base) model's class: its signature says which keywords the
+        installed transformers takes (an instance attribute wrapping it does not hide them)."""
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        return type(base).forward
+
     def _cache_keyword(self) -> str:
         """The forward keyword of a KV cache: ``cache`` in recent transformers, where
         ``past_key_values`` is deprecated, ``past_key_values`` before."""
         import inspect
 
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        return "cache" if "cache" in inspect.signature(self._model_class_forward()).parameters else "past_key_values"
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -3,14 +3,17 @@
 Both trainers get the same model folder, ``--prompts`` prompts with ``--generations`` samples
 each, completions of at most ``--max-new-tokens`` tokens, temperature 1, no KL term, one
 optimisation pass, no gradient checkpointing, on CPU in float32, in the same process. Each does
-``--steps`` training steps after a warm-up step; the script reports seconds per step and the
-ratio ours / TRL (below 1: ours is faster). Generation lengths are random, so the script also
-prints the mean completion length each trainer produced.
+``--steps`` training steps after a warm-up step. Generation lengths are random (the two trainers
+sample different completions), so the comparison is in **generated tokens per second of training
+step**: each trainer's mean completion length times the ``prompts x generations`` completions of
+a step, over its mean seconds per step. The script prints both and the ratio ours / TRL of
+tokens per second (above 1: ours is faster).
 
     python benchmarks/bench_grpo_vs_trl.py                 # embedded SmolLM2-135M
     python benchmarks/bench_grpo_vs_trl.py --model tiny    # a tiny random Qwen2 (plumbing only)
 
-Needs ``trl`` (``pip install trl``; it adds only accelerate and psutil).
+Needs ``trl`` (``pip install trl``; it adds only accelerate and psutil). trl is not a dependency
+of collab_env: it is only this benchmark's yardstick.
 """
 
 from __future__ import annotations
@@ -130,13 +133,20 @@ def main() -> int:
         else:
             model_dir = Path(args.model)
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        print("this benchmark compares with TRL: pip install trl (not a dependency of collab_env)")
+        return 2
     ours_s, ours_len = ours(model_dir, tokenizer, args, tmp)
     trl_s, trl_len = trl_step(model_dir, tokenizer, args, tmp)
+    completions = args.prompts * args.generations
+    ours_tps, trl_tps = ours_len * completions / ours_s, trl_len * completions / trl_s
     print(f"model={args.model} prompts={args.prompts} generations={args.generations} "
           f"max_new_tokens={args.max_new_tokens} threads={torch.get_num_threads()}")
-    print(f"ours: {ours_s:.2f} s/step (mean completion {ours_len:.1f} tokens)")
-    print(f"trl : {trl_s:.2f} s/step (mean completion {trl_len:.1f} tokens)")
-    print(f"ratio ours/trl: {ours_s / trl_s:.2f}")
+    print(f"ours: {ours_s:.2f} s/step, mean completion {ours_len:.1f} tokens, {ours_tps:.1f} tokens/s")
+    print(f"trl : {trl_s:.2f} s/step, mean completion {trl_len:.1f} tokens, {trl_tps:.1f} tokens/s")
+    print(f"tokens/s ours/trl: {ours_tps / trl_tps:.2f}x")
     return 0
 
 

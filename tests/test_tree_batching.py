@@ -3,6 +3,7 @@ episode driver, and a tree level's generation (the trained agents' samples and t
 multiturn-aware reward played by the learner) in a handful of full model calls."""
 
 import asyncio
+import functools
 import math
 import time
 
@@ -239,3 +240,38 @@ def test_magrpo_level_with_mr_futures_makes_ceil_rows_over_max_batch_size_model_
         assert lv["calls"] <= math.ceil(lv["rows"] / max_batch), lv
         assert max(lv["sizes"]) <= max_batch
     print("per level:", [(lv["calls"], lv["rows"]) for lv in per_level])
+
+
+# -- a prompt shared by several rows is read once ------------------------------------------------
+
+
+def test_rows_sharing_a_prompt_read_it_once_and_sample_as_if_each_read_it(tiny_dir):
+    model, tok = _tiny(tiny_dir)
+    policy = HFPolicy(model, tok)
+    short, long = (policy.prompt_ids(chat(t)) for t in ("short", "a much longer question about apples and boxes"))
+    prompts = [short, short, long, long, short]  # a group's samples of two prompts
+    seen: list[tuple[int, int]] = []
+    real = model.forward
+
+    @functools.wraps(real)  # generate reads forward's signature (position_ids, cache)
+    def forward(*args, **kwargs):
+        seen.append(tuple(kwargs["input_ids"].shape))
+        return real(*args, **kwargs)
+
+    model.forward = forward
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    shared = policy.generate_tokens(prompts, params, [1, 2, 3, 4, 5])
+    width = len(long)
+    # the first pass reads the two distinct prompts (all but their last token), then generate
+    # continues all five rows from that cache: its first step reads one token per row
+    assert seen[0] == (2, width - 1) and seen[1] == (5, 1)
+    seen.clear()
+    policy.shared_prefill = False
+    alone = policy.generate_tokens(prompts, params, [1, 2, 3, 4, 5])
+    assert seen[0] == (5, width)  # every row reads its whole prompt
+    for a, b in zip(shared, alone, strict=True):
+        assert a.prompt_token_ids == b.prompt_token_ids
+        # the same computation split in two passes: equal up to float32 rounding (one sampled
+        # token could only differ if two tokens' probabilities were within ~1e-6 of a draw)
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
