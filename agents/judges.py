@@ -21,11 +21,15 @@ A judge never returns a default score: a silent 0 would be indistinguishable fro
 in a reward. A request the backend's provider rejected (a missing API key, another 4xx:
 :class:`~collab_env.errors.FatalPolicyError`) is not retried: it propagates at once.
 
-The module also holds the tolerant JSON reader shared with the user simulator
-(:func:`extract_json_object`) and the transcript renderer (:func:`render_transcript`), and the
-rubric templates the CollabLLM rewards use (``ACCURACY_PROMPT``, ``INTERACTIVITY_PROMPT``,
-``INTERACTIVITY_PAPER_PROMPT``, ``EXTRACT_ANSWER_PROMPT`` + ``ANSWER_MATCH_PROMPT``), with ready
-configurations in :data:`JUDGE_PRESETS`.
+The judge is split by job, and this module re-exports the public names of the others (their old
+path): the typed scores and :class:`JudgeResult` (:mod:`~collab_env.agents.judge_scores`), the
+two ways of judging (:mod:`~collab_env.agents.judge_generate`,
+:mod:`~collab_env.agents.judge_logprob`), the rubric templates the CollabLLM rewards use
+(``ACCURACY_PROMPT``, ``INTERACTIVITY_PROMPT``, ``INTERACTIVITY_PAPER_PROMPT``,
+``EXTRACT_ANSWER_PROMPT`` + ``ANSWER_MATCH_PROMPT``) with ready configurations in
+:data:`JUDGE_PRESETS` (:mod:`~collab_env.agents.rubrics`), and the helpers shared with the user
+simulator: the tolerant JSON reader (:func:`extract_json_object`) and the transcript renderer
+(:func:`render_transcript`) (:mod:`~collab_env.agents.replies`).
 
 Example::
 
@@ -36,30 +40,49 @@ Example::
 
 from __future__ import annotations
 
-import ast
-import asyncio
-import json
 import math
-import re
-import string
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from collab_env.agents.base import (
     Policy,
-    add_prefill,
     add_usage,
     can_score_continuations,
     check_prefix,
     describe,
-    prefill_reply,
-    prefill_sampling,
     resolve_policy,
     usable_prefill,
 )
-from collab_env.errors import CollabEnvError, ConfigError, FatalPolicyError, JudgeError, PolicyError
-from collab_env.types import Completion, Conversation, Message
+from collab_env.agents.judge_generate import score_by_generation
+from collab_env.agents.judge_logprob import LOGPROB_PREFILL, VALUE_ENDS, score_by_logprobs
+from collab_env.agents.judge_scores import (
+    SCORE_TYPES,
+    JudgeResult,
+    combine_components,
+    find_score_value,
+    parse_score,
+    score_type_name,
+    spell_answer,
+)
+from collab_env.agents.replies import (
+    check_batch,
+    extract_json_object,
+    is_config_problem,
+    render_transcript,
+    salvage_string_field,
+)
+from collab_env.agents.rubrics import (
+    ACCURACY_PROMPT,
+    ANSWER_MATCH_PROMPT,
+    EXTRACT_ANSWER_PROMPT,
+    INTERACTIVITY_PAPER_PROMPT,
+    INTERACTIVITY_PROMPT,
+    JUDGE_PREFILLS,
+    JUDGE_PRESETS,
+    template_fields,
+)
+from collab_env.errors import ConfigError, JudgeError
+from collab_env.types import Conversation, Message
 
 __all__ = [
     "LLMJudge",
@@ -82,309 +105,16 @@ __all__ = [
     "INTERACTIVITY_PAPER_PROMPT",
     "EXTRACT_ANSWER_PROMPT",
     "ANSWER_MATCH_PROMPT",
+    # Public names of the lower modules that were importable from here before the split.
+    "SCORE_TYPES",
+    "salvage_string_field",
 ]
-
-
-# ---------------------------------------------------------------------------------------------
-# Tolerant JSON reading (shared with the user simulator)
-# ---------------------------------------------------------------------------------------------
-_FENCE = re.compile(r"```[ \t]*(?:json|JSON|javascript|js)?[ \t]*\n?(.*?)```", re.DOTALL)
-_TRAILING_COMMA = re.compile(r",\s*([}\]])")
-_SMART_QUOTES = str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"})
-_PY_LITERALS = ((re.compile(r"\btrue\b"), "True"), (re.compile(r"\bfalse\b"), "False"),
-                (re.compile(r"\bnull\b"), "None"))
-
-
-def _balanced_spans(text: str) -> list[str]:
-    """Every top-level ``{...}`` span of ``text``, brace-matched outside quoted strings.
-
-    Both quote characters open strings (models write Python-style dicts), but only where a
-    string can start, so an apostrophe inside a double-quoted string does not derail matching.
-    """
-    spans, depth, start, quote, i = [], 0, -1, None, 0
-    while i < len(text):
-        ch = text[i]
-        if quote is not None:
-            if ch == "\\":
-                i += 2
-                continue
-            if ch == quote:
-                quote = None
-        elif ch in "\"'" and depth > 0 and (ch == '"' or re.search(r"[{\[,:]\s*$", text[start:i])):
-            quote = ch
-        elif ch == "{":
-            if depth == 0:
-                start = i
-            depth += 1
-        elif ch == "}" and depth > 0:
-            depth -= 1
-            if depth == 0:
-                spans.append(text[start:i + 1])
-        i += 1
-    return spans
-
-
-def _decode(span: str) -> Any:
-    """Decode one ``{...}`` span, repairing the usual model mistakes step by step."""
-    span = span.translate(_SMART_QUOTES)
-    attempts = [span, _TRAILING_COMMA.sub(r"\1", span)]
-    for s in attempts:
-        try:
-            return json.loads(s, strict=False)  # strict=False: raw newlines inside strings
-        except ValueError:
-            pass
-    # Python-dict style: single quotes, True/False/None (or JSON's true/false/null).
-    py = attempts[1]
-    for pattern, repl in _PY_LITERALS:
-        py = pattern.sub(repl, py)
-    try:
-        return ast.literal_eval(py)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return None
-
-
-def extract_json_object(text: str) -> dict[str, Any] | None:
-    """The first JSON object in a model reply, read tolerantly; ``None`` when there is none.
-
-    Accepted: code fences (```` ```json ... ``` ````), text before or after the object,
-    single-quoted (Python-style) dicts, ``True``/``None`` literals, trailing commas, curly
-    quotes, raw newlines inside strings. Keys are returned lower-cased and stripped, so
-    ``"Response"`` and ``"response"`` read the same.
-    """
-    if not isinstance(text, str):
-        return None
-    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
-    for cand in candidates:
-        for span in _balanced_spans(cand):
-            obj = _decode(span)
-            if isinstance(obj, dict):
-                return {str(k).strip().lower(): v for k, v in obj.items()}
-    return None
-
-
-def salvage_string_field(text: str, key: str) -> str | None:
-    """The value of ``"key": "..."`` found by pattern when the object as a whole is broken
-    (an unescaped quote in another field, a missing closing brace after the field)."""
-    pat = re.compile(
-        r"""["']?""" + re.escape(key) + r"""["']?\s*:\s*(?P<q>["'])(?P<v>(?:\\.|(?!(?P=q)).)*)(?P=q)\s*(?:[,}\n]|$)""",
-        re.DOTALL | re.IGNORECASE,
-    )
-    m = pat.search(text.translate(_SMART_QUOTES))
-    if m is None:
-        return None
-    raw = m.group("v")
-    if m.group("q") == "'":  # a Python-style string: unescape \' and escape bare double quotes
-        raw = raw.replace("\\'", "'").replace('"', '\\"')
-    try:
-        return json.loads('"' + raw + '"', strict=False)  # resolve \n, \" and friends
-    except ValueError:
-        return raw
-
-
-# ---------------------------------------------------------------------------------------------
-# Transcripts
-# ---------------------------------------------------------------------------------------------
-def render_transcript(conversation: Conversation | Sequence[Message], *, me: str | None = None,
-                      include_hidden: bool = False) -> str:
-    """A conversation as plain text for a judge or simulator prompt.
-
-    System messages are left out (they are instructions, not conversation). Each message is a
-    block headed by its speaker: ``User`` / ``Assistant`` by chat role in the global transcript.
-    With ``me`` (the player whose view this is) that player's messages are headed ``User`` and
-    everybody else's ``Assistant``, since a player's own view renames roles. A speaker whose id
-    is neither ``user`` nor ``assistant`` (cooperating agents) is named after the label.
-
-    Args:
-        conversation: The messages.
-        me: Render from this player's side (the user simulator renders its own view).
-        include_hidden: Keep messages with a restricted audience (default: public ones only).
-    """
-    blocks = []
-    for m in conversation:
-        if m.role == "system" or (m.audience is not None and not include_hidden and me is None):
-            continue
-        if me is not None:
-            label = "User" if m.author == me else "Assistant"
-        else:
-            label = "User" if m.role == "user" else "Assistant"
-        if m.author not in ("user", "assistant", "env", me):
-            label += f" ({m.author})"
-        blocks.append(f"**{label}**: {m.content}")
-    return "\n\n".join(blocks) if blocks else "(no messages yet)"
-
-
-# ---------------------------------------------------------------------------------------------
-# Typed scores
-# ---------------------------------------------------------------------------------------------
-SCORE_TYPES = (float, int, bool, "choice", "text")
-_TRUE_WORDS = {"true", "yes", "y", "correct", "1", "pass", "passed"}
-_FALSE_WORDS = {"false", "no", "n", "incorrect", "wrong", "0", "fail", "failed"}
-_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
-
-
-def _type_name(t: Any) -> str:
-    return t if isinstance(t, str) else t.__name__
-
-
-def parse_score(value: Any, score_type: Any, *, choices: Sequence[str] | None = None,
-                score_range: tuple[float, float] | None = None) -> Any:
-    """Convert one raw JSON value to the judge's score type, or raise ``ValueError``.
-
-    * ``float``: a number or a numeric string (``"0.7"``); booleans are refused.
-    * ``int``: an integral number (``3`` or ``3.0``) or string (``"3"``).
-    * ``bool``: ``true``/``false``, ``1``/``0``, ``"yes"``/``"no"``, ``"correct"``/``"incorrect"``.
-    * ``"choice"``: one of ``choices``, matched case-insensitively; the canonical spelling is
-      returned.
-    * ``"text"``: a non-empty string (extraction steps).
-
-    Numbers outside ``score_range`` (inclusive) are refused, not clipped: an out-of-scale score
-    means the judge misread the rubric.
-    """
-    if score_type == "text":
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = str(value)
-        if not isinstance(value, str) or not value.strip():
-            raise ValueError(f"expected a non-empty string, got {value!r:.80}")
-        return value.strip()
-    if score_type == "choice":
-        if not isinstance(value, str):
-            raise ValueError(f"expected one of {list(choices or ())}, got {value!r:.80}")
-        for c in choices or ():
-            if value.strip().strip(".").lower() == c.lower():
-                return c
-        raise ValueError(f"expected one of {list(choices or ())}, got {value!r:.80}")
-    if score_type is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, (int, float)) and value in (0, 1):
-            return bool(value)
-        if isinstance(value, str):
-            word = value.strip().strip(".").lower()
-            if word in _TRUE_WORDS:
-                return True
-            if word in _FALSE_WORDS:
-                return False
-        raise ValueError(f"expected true or false, got {value!r:.80}")
-    # Numbers.
-    if isinstance(value, bool):
-        raise ValueError(f"expected a number, got the boolean {value!r}")
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*(" + _NUM + r")\s*", value)
-        if m is None:
-            raise ValueError(f"expected a number, got {value!r:.80}")
-        value = float(m.group(1))
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"expected a finite number, got {value!r:.80}")
-    if score_type is int:
-        if float(value) != int(value):
-            raise ValueError(f"expected an integer, got {value!r}")
-        value = int(value)
-    else:
-        value = float(value)
-    if score_range is not None and not score_range[0] <= value <= score_range[1]:
-        raise ValueError(f"score {value} is outside the range {list(score_range)}")
-    return value
-
-
-def _find_value(obj: Mapping[str, Any] | None, raw: str, key: str) -> Any:
-    """The value of ``key``: from the parsed object, else from a ``key: value`` line."""
-    if obj is not None and key.lower() in obj:
-        return obj[key.lower()]
-    # Fallback for replies like "Score: 0.8" or "score = true" with no JSON around them.
-    # The value must end the field ("score": true or false" is the template, not a verdict).
-    m = re.search(r"""["']?\b""" + re.escape(key) + r"""\b["']?\s*[:=]\s*["']?([^\s,"'}]+)["']?\s*(?:[,}\n]|$)""",
-                  raw, re.IGNORECASE)
-    if m is None:
-        raise ValueError(f"the reply has no {key!r} field")
-    return m.group(1)
-
-
-# ---------------------------------------------------------------------------------------------
-# The judge
-# ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class JudgeResult:
-    """One verdict.
-
-    Args:
-        score: The typed score (``float``/``int``/``bool``/choice string/text); with several
-            ``score_keys`` the mean of the components.
-        reason: The judge's stated reason (``""`` when it gave none).
-        raw: The reply the score was read from.
-        usage: Backend usage summed over every attempt, plus ``judge_calls`` and ``retries``.
-        faults: Failed attempts (unreadable replies, backend errors) before the one that worked.
-        components: Per score key, its value, when the rubric has several parts.
-        meta: Extras (the extracted answer of :class:`ExtractThenScore`...).
-    """
-
-    score: Any
-    reason: str
-    raw: str
-    usage: Mapping[str, float] = field(default_factory=dict)
-    faults: int = 0
-    components: Mapping[str, float] = field(default_factory=dict)
-    meta: Mapping[str, Any] = field(default_factory=dict)
-
-
-def _template_fields(template: str) -> list[str]:
-    try:
-        names = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
-    except ValueError as exc:
-        raise ConfigError(
-            f"prompt_template is not a valid format string ({exc}); write literal braces as "
-            "'{{' and '}}'."
-        ) from exc
-    bad = [f for f in names if not f.isidentifier()]
-    if bad or "" in names:
-        raise ConfigError(
-            f"prompt_template fields must be plain names like {{conversation}}, got {bad or ['{}']}; "
-            "write literal braces (JSON examples) as '{{' and '}}'."
-        )
-    return list(dict.fromkeys(names))
-
 
 
 #: How a judge reaches its score (see :class:`LLMJudge`).
 JUDGE_METHODS: tuple[str, ...] = ("auto", "logprob", "generate")
 #: How a log-prob judge turns the probabilities of numeric anchors into a score.
 ANCHOR_RULES: tuple[str, ...] = ("argmax", "expected")
-#: The two ways a JSON value ends in the reply the rubric asks for: another field follows, or
-#: the object closes. An answer's probability is that of its spelling followed by either, so an
-#: answer that is a prefix of another (``0`` and ``0.3``) is not credited with the other's mass.
-VALUE_ENDS: tuple[str, ...] = (",", "}")
-#: The start of the reply a log-prob judge writes for the model before the first key.
-LOGPROB_PREFILL = '{"'
-
-
-def _spell(value: Any) -> str:
-    """An allowed answer as JSON writes it."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)
-    return f"{value:g}"
-
-
-def _logsumexp(xs: Sequence[float]) -> float:
-    m = max(xs)
-    if m == -math.inf:
-        return m
-    return m + math.log(sum(math.exp(x - m) for x in xs))
-
-
-def is_config_problem(exc: BaseException) -> bool:
-    """Errors that retrying cannot fix (a bad keyword, a replay-cache miss, a missing extra, a
-    request the provider rejected: :class:`~collab_env.errors.FatalPolicyError`): they
-    propagate at once instead of being retried or counted as a backend fault."""
-    if isinstance(exc, FatalPolicyError):
-        return True
-    return isinstance(exc, CollabEnvError) and not isinstance(exc, PolicyError)
-
-
-_CORRECTION = (
-    "Your previous reply could not be read ({reason}). Reply again with only the JSON object "
-    "described above, nothing else."
-)
 
 
 class LLMJudge:
@@ -467,7 +197,7 @@ class LLMJudge:
             if not choices or not all(isinstance(c, str) and c for c in choices):
                 raise ConfigError("score_type='choice' needs choices=[...] (non-empty strings).")
         elif choices is not None:
-            raise ConfigError(f"choices only applies to score_type='choice', not {_type_name(score_type)}.")
+            raise ConfigError(f"choices only applies to score_type='choice', not {score_type_name(score_type)}.")
         if score_range is not None:
             lo, hi = score_range
             if not lo <= hi:
@@ -482,7 +212,7 @@ class LLMJudge:
         if max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
         self.prompt_template = prompt_template
-        self.fields = _template_fields(prompt_template)
+        self.fields = template_fields(prompt_template)
         self.score_type = score_type
         self.choices = tuple(choices) if choices else None
         self.score_range = tuple(score_range) if score_range is not None else None
@@ -503,7 +233,7 @@ class LLMJudge:
         answers = self.allowed_answers
         scorable = can_score_continuations(self.backend)
         if method == "logprob" and (answers is None or not scorable):
-            why = (f"a {_type_name(score_type)} judgement has no finite set of allowed answers "
+            why = (f"a {score_type_name(score_type)} judgement has no finite set of allowed answers "
                    "(give anchors=(...) for a numeric rubric)" if answers is None else
                    f"the backend {describe(self.backend)} cannot score continuations (API "
                    "backends cannot; the HF, embedded and vLLM backends can)")
@@ -516,7 +246,7 @@ class LLMJudge:
         if anchors is None:
             return None
         if self.score_type not in (float, int):
-            raise ConfigError(f"anchors only apply to float or int judgements, not {_type_name(self.score_type)}.")
+            raise ConfigError(f"anchors only apply to float or int judgements, not {score_type_name(self.score_type)}.")
         values = tuple(anchors)
         if not values or not all(isinstance(a, (int, float)) and not isinstance(a, bool)
                                  and math.isfinite(a) for a in values):
@@ -524,7 +254,7 @@ class LLMJudge:
         if self.score_type is int and any(float(a) != int(a) for a in values):
             raise ConfigError(f"anchors of an int judgement must be integers, got {anchors!r}.")
         values = tuple(int(a) if self.score_type is int else float(a) for a in values)
-        if len({_spell(a) for a in values}) != len(values):
+        if len({spell_answer(a) for a in values}) != len(values):
             raise ConfigError(f"anchors must be distinct, got {anchors!r}.")
         if self.score_range is not None and not all(self.score_range[0] <= a <= self.score_range[1] for a in values):
             raise ConfigError(f"every anchor must lie in score_range {list(self.score_range)}, got {anchors!r}.")
@@ -609,13 +339,9 @@ class LLMJudge:
         obj = extract_json_object(raw)
         components: dict[str, float] = {}
         for key in self.score_keys:
-            components[key] = parse_score(_find_value(obj, raw, key), self.score_type,
+            components[key] = parse_score(find_score_value(obj, raw, key), self.score_type,
                                           choices=self.choices, score_range=self.score_range)
-        if len(self.score_keys) == 1:
-            score = components[self.score_keys[0]]
-            components = {}
-        else:
-            score = sum(components.values()) / len(components)
+        score, components = combine_components(self.score_keys, components)
         reason = ""
         if obj is not None and obj.get(self.reason_key.lower()) is not None:
             reason = str(obj[self.reason_key.lower()])
@@ -659,138 +385,8 @@ class LLMJudge:
             FatalPolicyError: The backend's provider rejected the request (not retried).
         """
         if self.uses_logprobs:
-            return await self._score_by_logprobs(items)
-        prompts = [self.build_prompt(**dict(item)) for item in items]
-        usage = [{"judge_calls": 0.0, "retries": 0.0} for _ in items]
-        errors: list[list[str]] = [[] for _ in items]
-        results: list[JudgeResult | None] = [None] * len(items)
-        pending = list(range(len(items)))
-        for attempt in range(self.max_retries + 1):
-            if not pending:
-                break
-            if attempt:
-                for i in pending:
-                    usage[i]["retries"] += 1
-            for i in pending:
-                usage[i]["judge_calls"] += 1
-            try:
-                outs = await self.backend.act(
-                    [add_prefill(prompts[i], self.prefill, "judge-backend") for i in pending],
-                    **prefill_sampling(self.prefill, {"temperature": 0, "max_new_tokens": self.max_new_tokens}))
-                check_batch(outs, len(pending), self.backend)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if is_config_problem(exc):
-                    raise
-                for i in pending:
-                    errors[i].append(f"backend error: {exc!r:.300}")
-                continue
-            still = []
-            for i, out in zip(pending, outs, strict=True):
-                add_usage(usage[i], out.usage)
-                if out.is_fault:
-                    errors[i].append(f"backend fault: {out.meta.get('fault', '')}")
-                    still.append(i)
-                    continue
-                reply = prefill_reply(self.prefill, out)
-                try:
-                    score, reason, comps = self.parse(reply)
-                except ValueError as exc:
-                    errors[i].append(f"unreadable reply ({exc}): {reply!r:.200}")
-                    prompts[i] = prompts[i].append(
-                        Message(role="assistant", content=reply, author="judge-backend"),
-                        Message(role="user", content=_CORRECTION.format(reason=exc), author="judge"),
-                    )
-                    still.append(i)
-                    continue
-                results[i] = JudgeResult(score=score, reason=reason, raw=reply, usage=usage[i],
-                                         faults=len(errors[i]), components=comps,
-                                         meta={"method": "generate"})
-            pending = still
-        if pending:
-            i = pending[0]
-            raise JudgeError(
-                f"{self.name} gave no readable score for {len(pending)} of {len(items)} item(s) after "
-                f"{self.max_retries + 1} attempt(s). Item {i}: " + " | ".join(errors[i])
-                + ". Check that the backend follows the JSON format of the prompt (a larger or "
-                "instruction-tuned model), or raise max_retries."
-            )
-        return list(results)  # type: ignore[arg-type]
-
-
-    async def _score_by_logprobs(self, items: Sequence[Mapping[str, Any]]) -> list[JudgeResult]:
-        """The log-prob method of :meth:`score_many`."""
-        prompts = [self.build_prompt(**dict(item)) for item in items]
-        if not prompts:
-            return []
-        answers = self.allowed_answers
-        assert answers is not None  # uses_logprobs guarantees it
-        spellings = [_spell(a) for a in answers]
-        conts = [f'{key}": {sp}{end}' for key in self.score_keys for sp in spellings for end in VALUE_ENDS]
-        observations = [add_prefill(p, LOGPROB_PREFILL, "judge-backend") for p in prompts]
-        try:
-            scored = await self.backend.score_continuations(observations, [conts] * len(observations))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if is_config_problem(exc):
-                raise
-            raise JudgeError(
-                f"{self.name}: the backend {describe(self.backend)} failed to score the allowed "
-                f"answers of {len(items)} item(s): {exc!r:.300}"
-            ) from exc
-        if not isinstance(scored, list) or len(scored) != len(observations) or not all(
-                len(row) == len(conts) for row in scored):
-            raise JudgeError(f"{self.name}: the backend {describe(self.backend)} returned "
-                             f"{scored!r:.200} for {len(observations)} x {len(conts)} continuations.")
-        labels = [sp[1:-1] if isinstance(a, str) else sp for a, sp in zip(answers, spellings, strict=True)]
-        ends = len(VALUE_ENDS)
-        per_key = len(answers) * ends
-        results = []
-        for i, row in enumerate(scored):
-            probabilities: dict[str, dict[str, float]] = {}
-            chosen: dict[str, Any] = {}
-            components: dict[str, Any] = {}
-            for k, key in enumerate(self.score_keys):
-                block = [float(x) for x in row[k * per_key:(k + 1) * per_key]]
-                logps = [_logsumexp(block[a * ends:(a + 1) * ends]) for a in range(len(answers))]
-                if not all(math.isfinite(x) for x in logps):
-                    raise JudgeError(f"{self.name}: item {i}, key {key!r}: the backend gave "
-                                     f"non-finite log-probs {logps} for the answers {labels}.")
-                top = max(logps)
-                weights = [math.exp(x - top) for x in logps]
-                total = sum(weights)
-                probs = [w / total for w in weights]
-                best = max(range(len(answers)), key=lambda a: (probs[a], -a))  # first on ties
-                probabilities[key] = dict(zip(labels, probs, strict=True))
-                chosen[key] = answers[best]
-                if self.anchor_rule == "expected":
-                    components[key] = sum(p * float(a) for p, a in zip(probs, answers, strict=True))
-                else:
-                    components[key] = answers[best]
-            if len(self.score_keys) == 1:
-                score = components[self.score_keys[0]]
-                components = {}
-            else:
-                score = sum(components.values()) / len(components)
-            raw = "{" + ", ".join(f'"{key}": {_spell(v)}' for key, v in chosen.items()) + "}"
-            usage = {"judge_calls": 1.0, "retries": 0.0, "scored_continuations": float(len(conts))}
-            results.append(JudgeResult(
-                score=score, reason="", raw=raw, usage=usage, faults=0, components=components,
-                meta={"method": "logprob", "rule": self.anchor_rule if self.anchors else "argmax",
-                      "probabilities": probabilities, "chosen": chosen},
-            ))
-        return results
-
-
-def check_batch(outs: Any, n: int, backend: Any) -> None:
-    """Raise :class:`PolicyError` unless ``outs`` is a list of ``n`` Completions (what a
-    backend's ``act`` must return for ``n`` observations)."""
-    if not isinstance(outs, list) or len(outs) != n or not all(isinstance(c, Completion) for c in outs):
-        raise PolicyError(
-            f"backend {describe(backend)} must return a list of {n} Completion(s), got {outs!r:.200}."
-        )
+            return await score_by_logprobs(self, items)
+        return await score_by_generation(self, items)
 
 
 class ExtractThenScore:
@@ -834,149 +430,3 @@ class ExtractThenScore:
                                    faults=e.faults + s.faults, components=s.components,
                                    meta={self.field: e.score, "extract_raw": e.raw}))
         return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Rubrics used by the CollabLLM rewards (our own wording)
-# ---------------------------------------------------------------------------------------------
-ACCURACY_PROMPT = """\
-You are checking whether a conversation between a user and an AI assistant reached the correct \
-final answer.
-
-The problem the user wanted solved:
-<problem>
-{problem}
-</problem>
-
-The conversation:
-<conversation>
-{conversation}
-</conversation>
-
-The reference answer:
-<reference>
-{reference}
-</reference>
-
-Find the assistant's final answer to the problem in the conversation (the last answer it \
-committed to). It is correct only if it agrees with the reference answer in substance: \
-equivalent numbers, expressions or statements count as the same, differences in wording or \
-formatting do not matter, a partial or missing answer is incorrect.
-
-Reply with only a JSON object:
-{{"reason": "<one or two sentences>", "score": true or false}}"""
-
-INTERACTIVITY_PROMPT = """\
-You are rating how well an AI assistant collaborated with a user in the conversation below.
-
-<conversation>
-{conversation}
-</conversation>
-
-Rate three aspects of the assistant's behaviour across the whole conversation. Use only the \
-values 0, 0.3, 0.7 or 1 for each:
-
-understanding: did the assistant grasp what the user actually needed?
-  1 = it understood the need fully, including unstated constraints;
-  0.7 = it understood the main need but missed some details;
-  0.3 = it understood the need only partly or made wrong assumptions;
-  0 = it misunderstood the user.
-clarification: did it ask questions when the request was ambiguous or incomplete?
-  1 = it asked the right, focused questions exactly when they were needed (or none were needed);
-  0.7 = its questions were useful but some were missing or unnecessary;
-  0.3 = it guessed where it should have asked, or asked vague questions;
-  0 = it never asked although key information was missing.
-suggestions: did it move the work forward with helpful next steps or alternatives?
-  1 = it consistently offered relevant, concrete next steps;
-  0.7 = it offered some useful suggestions;
-  0.3 = its suggestions were few or generic;
-  0 = it offered nothing beyond the literal request.
-
-Reply with only a JSON object:
-{{"reason": "<short justification>", "understanding": <value>, "clarification": <value>, \
-"suggestions": <value>}}"""
-
-INTERACTIVITY_PAPER_PROMPT = """\
-You are rating the interactivity of an AI assistant in the conversation below: how engaged it \
-was, how clearly it communicated, and how well it worked out what the user needed.
-
-<conversation>
-{conversation}
-</conversation>
-
-Use this scale:
-  1 = highly interactive: the assistant engages actively, asks the questions that matter and \
-clearly helps the user get to what they need;
-  0.5 = somewhat interactive: the assistant engages a little, but misses questions it should \
-have asked or is only partly clear;
-  0 = not interactive: the assistant answers passively, asks nothing and does not try to \
-understand the user's needs.
-Intermediate values are allowed.
-
-Reply with only a JSON object:
-{{"reason": "<short justification>", "score": <number between 0 and 1>}}"""
-
-EXTRACT_ANSWER_PROMPT = """\
-Below are a problem and a conversation in which an AI assistant helped a user with it.
-
-<problem>
-{problem}
-</problem>
-
-<conversation>
-{conversation}
-</conversation>
-
-Copy out the assistant's final answer to the problem: the last answer it committed to, as \
-short as possible (a number, an expression, a short statement or a code block). If the \
-assistant never gave an answer, write NONE.
-
-Reply with only a JSON object:
-{{"answer": "<the final answer, or NONE>"}}"""
-
-ANSWER_MATCH_PROMPT = """\
-Does the given answer agree with the reference answer? Equivalent numbers, expressions or \
-statements count as the same; wording and formatting do not matter. An answer of NONE is \
-never correct.
-
-Given answer:
-<answer>
-{answer}
-</answer>
-
-Reference answer:
-<reference>
-{reference}
-</reference>
-
-Reply with only a JSON object:
-{{"reason": "<one sentence>", "score": true or false}}"""
-
-#: Judge configurations by name, for :meth:`LLMJudge.preset`.
-JUDGE_PRESETS: dict[str, dict[str, Any]] = {
-    # Binary accuracy in one call; fields: problem, conversation, reference.
-    "accuracy": dict(prompt_template=ACCURACY_PROMPT, score_type=bool, score_range=None),
-    # verl recipe rubric: mean of three anchored parts; field: conversation.
-    # Log-prob judges take the most probable anchor of each part: the rubric allows only these.
-    "interactivity": dict(prompt_template=INTERACTIVITY_PROMPT, score_type=float, score_range=(0, 1),
-                          score_keys=("understanding", "clarification", "suggestions"),
-                          anchors=(0, 0.3, 0.7, 1), anchor_rule="argmax"),
-    # Paper's three-anchor scale; field: conversation. Log-prob judges take the expected value
-    # over the anchors: the rubric allows intermediate values.
-    "interactivity_paper": dict(prompt_template=INTERACTIVITY_PAPER_PROMPT, score_type=float,
-                                score_range=(0, 1), anchors=(0, 0.5, 1), anchor_rule="expected"),
-    # Extract-then-score accuracy, step 1 (fields: problem, conversation) and step 2 (answer, reference).
-    "extract_answer": dict(prompt_template=EXTRACT_ANSWER_PROMPT, score_type="text", score_range=None,
-                           score_keys=("answer",)),
-    "answer_match": dict(prompt_template=ANSWER_MATCH_PROMPT, score_type=bool, score_range=None),
-}
-
-#: The reply prefix of each preset for ``LLMJudge.preset(..., prefill=True)``: the JSON opening
-#: of its (first) score field.
-JUDGE_PREFILLS: dict[str, str] = {
-    "accuracy": '{"score":',
-    "interactivity": '{"understanding":',
-    "interactivity_paper": '{"score":',
-    "extract_answer": '{"answer": "',
-    "answer_match": '{"score":',
-}

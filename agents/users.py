@@ -26,7 +26,7 @@ nor truncated: it propagates at once, since every later request would fail the s
 
 Reading the reply (the *documented rule*)
     1. The first JSON object in the reply is read tolerantly (code fences, text around it,
-       single quotes, trailing commas; see :func:`~collab_env.agents.judges.extract_json_object`)
+       single quotes, trailing commas; see :func:`~collab_env.agents.replies.extract_json_object`)
        and its ``response`` field, a non-empty string, is the message.
     2. If the object is broken, a ``"response": "..."`` field is still salvaged by pattern.
     3. A reply with **no attempt at JSON at all** (no ``{`` at its start and no quoted
@@ -59,7 +59,7 @@ from collab_env.agents.base import (
     resolve_policy,
     usable_prefill,
 )
-from collab_env.agents.judges import (
+from collab_env.agents.replies import (
     check_batch,
     extract_json_object,
     is_config_problem,

@@ -1,0 +1,181 @@
+"""What judges and the user simulator need around a backend call, in text.
+
+* :func:`render_transcript`: a conversation as plain text for a rubric or simulator prompt.
+* :func:`check_batch`: what a backend's ``act`` must have returned; :func:`is_config_problem`:
+  which errors propagate at once instead of being retried or counted as a fault.
+* :func:`extract_json_object`: the tolerant reader of the JSON object in a model reply, and
+  :func:`salvage_string_field` for a field of a broken one.
+
+Shared by :mod:`collab_env.agents.judges` (which re-exports these names, their old path) and
+:mod:`collab_env.agents.users`.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from collab_env.agents.base import describe
+from collab_env.errors import CollabEnvError, FatalPolicyError, PolicyError
+from collab_env.types import Completion, Conversation, Message
+
+__all__ = [
+    "extract_json_object",
+    "salvage_string_field",
+    "render_transcript",
+    "check_batch",
+    "is_config_problem",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tolerant JSON reading
+# ---------------------------------------------------------------------------------------------
+_FENCE = re.compile(r"```[ \t]*(?:json|JSON|javascript|js)?[ \t]*\n?(.*?)```", re.DOTALL)
+_TRAILING_COMMA = re.compile(r",\s*([}\]])")
+_SMART_QUOTES = str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"})
+_PY_LITERALS = ((re.compile(r"\btrue\b"), "True"), (re.compile(r"\bfalse\b"), "False"),
+                (re.compile(r"\bnull\b"), "None"))
+
+
+def _balanced_spans(text: str) -> list[str]:
+    """Every top-level ``{...}`` span of ``text``, brace-matched outside quoted strings.
+
+    Both quote characters open strings (models write Python-style dicts), but only where a
+    string can start, so an apostrophe inside a double-quoted string does not derail matching.
+    """
+    spans, depth, start, quote, i = [], 0, -1, None, 0
+    while i < len(text):
+        ch = text[i]
+        if quote is not None:
+            if ch == "\\":
+                i += 2
+                continue
+            if ch == quote:
+                quote = None
+        elif ch in "\"'" and depth > 0 and (ch == '"' or re.search(r"[{\[,:]\s*$", text[start:i])):
+            quote = ch
+        elif ch == "{":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif ch == "}" and depth > 0:
+            depth -= 1
+            if depth == 0:
+                spans.append(text[start:i + 1])
+        i += 1
+    return spans
+
+
+def _decode(span: str) -> Any:
+    """Decode one ``{...}`` span, repairing the usual model mistakes step by step."""
+    span = span.translate(_SMART_QUOTES)
+    attempts = [span, _TRAILING_COMMA.sub(r"\1", span)]
+    for s in attempts:
+        try:
+            return json.loads(s, strict=False)  # strict=False: raw newlines inside strings
+        except ValueError:
+            pass
+    # Python-dict style: single quotes, True/False/None (or JSON's true/false/null).
+    py = attempts[1]
+    for pattern, repl in _PY_LITERALS:
+        py = pattern.sub(repl, py)
+    try:
+        return ast.literal_eval(py)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def extract_json_object(text: str) -> dict[str, Any] | None:
+    """The first JSON object in a model reply, read tolerantly; ``None`` when there is none.
+
+    Accepted: code fences (```` ```json ... ``` ````), text before or after the object,
+    single-quoted (Python-style) dicts, ``True``/``None`` literals, trailing commas, curly
+    quotes, raw newlines inside strings. Keys are returned lower-cased and stripped, so
+    ``"Response"`` and ``"response"`` read the same.
+    """
+    if not isinstance(text, str):
+        return None
+    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
+    for cand in candidates:
+        for span in _balanced_spans(cand):
+            obj = _decode(span)
+            if isinstance(obj, dict):
+                return {str(k).strip().lower(): v for k, v in obj.items()}
+    return None
+
+
+def salvage_string_field(text: str, key: str) -> str | None:
+    """The value of ``"key": "..."`` found by pattern when the object as a whole is broken
+    (an unescaped quote in another field, a missing closing brace after the field)."""
+    pat = re.compile(
+        r"""["']?""" + re.escape(key) + r"""["']?\s*:\s*(?P<q>["'])(?P<v>(?:\\.|(?!(?P=q)).)*)(?P=q)\s*(?:[,}\n]|$)""",
+        re.DOTALL | re.IGNORECASE,
+    )
+    m = pat.search(text.translate(_SMART_QUOTES))
+    if m is None:
+        return None
+    raw = m.group("v")
+    if m.group("q") == "'":  # a Python-style string: unescape \' and escape bare double quotes
+        raw = raw.replace("\\'", "'").replace('"', '\\"')
+    try:
+        return json.loads('"' + raw + '"', strict=False)  # resolve \n, \" and friends
+    except ValueError:
+        return raw
+
+
+# ---------------------------------------------------------------------------------------------
+# Transcripts
+# ---------------------------------------------------------------------------------------------
+def render_transcript(conversation: Conversation | Sequence[Message], *, me: str | None = None,
+                      include_hidden: bool = False) -> str:
+    """A conversation as plain text for a judge or simulator prompt.
+
+    System messages are left out (they are instructions, not conversation). Each message is a
+    block headed by its speaker: ``User`` / ``Assistant`` by chat role in the global transcript.
+    With ``me`` (the player whose view this is) that player's messages are headed ``User`` and
+    everybody else's ``Assistant``, since a player's own view renames roles. A speaker whose id
+    is neither ``user`` nor ``assistant`` (cooperating agents) is named after the label.
+
+    Args:
+        conversation: The messages.
+        me: Render from this player's side (the user simulator renders its own view).
+        include_hidden: Keep messages with a restricted audience (default: public ones only).
+    """
+    blocks = []
+    for m in conversation:
+        if m.role == "system" or (m.audience is not None and not include_hidden and me is None):
+            continue
+        if me is not None:
+            label = "User" if m.author == me else "Assistant"
+        else:
+            label = "User" if m.role == "user" else "Assistant"
+        if m.author not in ("user", "assistant", "env", me):
+            label += f" ({m.author})"
+        blocks.append(f"**{label}**: {m.content}")
+    return "\n\n".join(blocks) if blocks else "(no messages yet)"
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Backend calls
+# ---------------------------------------------------------------------------------------------
+def check_batch(outs: Any, n: int, backend: Any) -> None:
+    """Raise :class:`PolicyError` unless ``outs`` is a list of ``n`` Completions (what a
+    backend's ``act`` must return for ``n`` observations)."""
+    if not isinstance(outs, list) or len(outs) != n or not all(isinstance(c, Completion) for c in outs):
+        raise PolicyError(
+            f"backend {describe(backend)} must return a list of {n} Completion(s), got {outs!r:.200}."
+        )
+
+
+def is_config_problem(exc: BaseException) -> bool:
+    """Errors that retrying cannot fix (a bad keyword, a replay-cache miss, a missing extra, a
+    request the provider rejected: :class:`~collab_env.errors.FatalPolicyError`): they
+    propagate at once instead of being retried or counted as a backend fault."""
+    if isinstance(exc, FatalPolicyError):
+        return True
+    return isinstance(exc, CollabEnvError) and not isinstance(exc, PolicyError)

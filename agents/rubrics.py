@@ -1,0 +1,194 @@
+"""The rubrics the CollabLLM rewards use (our own wording), and the judge presets built on them.
+
+Each rubric is a ``str.format`` template with named fields (``{conversation}``,
+``{reference}``...) that asks for a JSON reply; :func:`template_fields` lists and checks a
+template's fields. :data:`JUDGE_PRESETS` holds the ready configurations of
+:meth:`LLMJudge.preset <collab_env.agents.judges.LLMJudge.preset>` and :data:`JUDGE_PREFILLS`
+their reply prefixes. Re-exported by :mod:`collab_env.agents.judges` (their old path).
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+from collab_env.errors import ConfigError
+
+__all__ = [
+    "template_fields",
+    "JUDGE_PRESETS",
+    "JUDGE_PREFILLS",
+    "ACCURACY_PROMPT",
+    "INTERACTIVITY_PROMPT",
+    "INTERACTIVITY_PAPER_PROMPT",
+    "EXTRACT_ANSWER_PROMPT",
+    "ANSWER_MATCH_PROMPT",
+]
+
+
+def template_fields(template: str) -> list[str]:
+    """The field names of a rubric template, each once, in order of appearance.
+
+    Raises:
+        ConfigError: Not a valid format string, or a field that is not a plain name.
+    """
+    try:
+        names = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        raise ConfigError(
+            f"prompt_template is not a valid format string ({exc}); write literal braces as "
+            "'{{' and '}}'."
+        ) from exc
+    bad = [f for f in names if not f.isidentifier()]
+    if bad or "" in names:
+        raise ConfigError(
+            f"prompt_template fields must be plain names like {{conversation}}, got {bad or ['{}']}; "
+            "write literal braces (JSON examples) as '{{' and '}}'."
+        )
+    return list(dict.fromkeys(names))
+
+
+# ---------------------------------------------------------------------------------------------
+# Rubrics used by the CollabLLM rewards (our own wording)
+# ---------------------------------------------------------------------------------------------
+ACCURACY_PROMPT = """\
+You are checking whether a conversation between a user and an AI assistant reached the correct \
+final answer.
+
+The problem the user wanted solved:
+<problem>
+{problem}
+</problem>
+
+The conversation:
+<conversation>
+{conversation}
+</conversation>
+
+The reference answer:
+<reference>
+{reference}
+</reference>
+
+Find the assistant's final answer to the problem in the conversation (the last answer it \
+committed to). It is correct only if it agrees with the reference answer in substance: \
+equivalent numbers, expressions or statements count as the same, differences in wording or \
+formatting do not matter, a partial or missing answer is incorrect.
+
+Reply with only a JSON object:
+{{"reason": "<one or two sentences>", "score": true or false}}"""
+
+INTERACTIVITY_PROMPT = """\
+You are rating how well an AI assistant collaborated with a user in the conversation below.
+
+<conversation>
+{conversation}
+</conversation>
+
+Rate three aspects of the assistant's behaviour across the whole conversation. Use only the \
+values 0, 0.3, 0.7 or 1 for each:
+
+understanding: did the assistant grasp what the user actually needed?
+  1 = it understood the need fully, including unstated constraints;
+  0.7 = it understood the main need but missed some details;
+  0.3 = it understood the need only partly or made wrong assumptions;
+  0 = it misunderstood the user.
+clarification: did it ask questions when the request was ambiguous or incomplete?
+  1 = it asked the right, focused questions exactly when they were needed (or none were needed);
+  0.7 = its questions were useful but some were missing or unnecessary;
+  0.3 = it guessed where it should have asked, or asked vague questions;
+  0 = it never asked although key information was missing.
+suggestions: did it move the work forward with helpful next steps or alternatives?
+  1 = it consistently offered relevant, concrete next steps;
+  0.7 = it offered some useful suggestions;
+  0.3 = its suggestions were few or generic;
+  0 = it offered nothing beyond the literal request.
+
+Reply with only a JSON object:
+{{"reason": "<short justification>", "understanding": <value>, "clarification": <value>, \
+"suggestions": <value>}}"""
+
+INTERACTIVITY_PAPER_PROMPT = """\
+You are rating the interactivity of an AI assistant in the conversation below: how engaged it \
+was, how clearly it communicated, and how well it worked out what the user needed.
+
+<conversation>
+{conversation}
+</conversation>
+
+Use this scale:
+  1 = highly interactive: the assistant engages actively, asks the questions that matter and \
+clearly helps the user get to what they need;
+  0.5 = somewhat interactive: the assistant engages a little, but misses questions it should \
+have asked or is only partly clear;
+  0 = not interactive: the assistant answers passively, asks nothing and does not try to \
+understand the user's needs.
+Intermediate values are allowed.
+
+Reply with only a JSON object:
+{{"reason": "<short justification>", "score": <number between 0 and 1>}}"""
+
+EXTRACT_ANSWER_PROMPT = """\
+Below are a problem and a conversation in which an AI assistant helped a user with it.
+
+<problem>
+{problem}
+</problem>
+
+<conversation>
+{conversation}
+</conversation>
+
+Copy out the assistant's final answer to the problem: the last answer it committed to, as \
+short as possible (a number, an expression, a short statement or a code block). If the \
+assistant never gave an answer, write NONE.
+
+Reply with only a JSON object:
+{{"answer": "<the final answer, or NONE>"}}"""
+
+ANSWER_MATCH_PROMPT = """\
+Does the given answer agree with the reference answer? Equivalent numbers, expressions or \
+statements count as the same; wording and formatting do not matter. An answer of NONE is \
+never correct.
+
+Given answer:
+<answer>
+{answer}
+</answer>
+
+Reference answer:
+<reference>
+{reference}
+</reference>
+
+Reply with only a JSON object:
+{{"reason": "<one sentence>", "score": true or false}}"""
+
+#: Judge configurations by name, for :meth:`LLMJudge.preset`.
+JUDGE_PRESETS: dict[str, dict[str, Any]] = {
+    # Binary accuracy in one call; fields: problem, conversation, reference.
+    "accuracy": dict(prompt_template=ACCURACY_PROMPT, score_type=bool, score_range=None),
+    # verl recipe rubric: mean of three anchored parts; field: conversation.
+    # Log-prob judges take the most probable anchor of each part: the rubric allows only these.
+    "interactivity": dict(prompt_template=INTERACTIVITY_PROMPT, score_type=float, score_range=(0, 1),
+                          score_keys=("understanding", "clarification", "suggestions"),
+                          anchors=(0, 0.3, 0.7, 1), anchor_rule="argmax"),
+    # Paper's three-anchor scale; field: conversation. Log-prob judges take the expected value
+    # over the anchors: the rubric allows intermediate values.
+    "interactivity_paper": dict(prompt_template=INTERACTIVITY_PAPER_PROMPT, score_type=float,
+                                score_range=(0, 1), anchors=(0, 0.5, 1), anchor_rule="expected"),
+    # Extract-then-score accuracy, step 1 (fields: problem, conversation) and step 2 (answer, reference).
+    "extract_answer": dict(prompt_template=EXTRACT_ANSWER_PROMPT, score_type="text", score_range=None,
+                           score_keys=("answer",)),
+    "answer_match": dict(prompt_template=ANSWER_MATCH_PROMPT, score_type=bool, score_range=None),
+}
+
+#: The reply prefix of each preset for ``LLMJudge.preset(..., prefill=True)``: the JSON opening
+#: of its (first) score field.
+JUDGE_PREFILLS: dict[str, str] = {
+    "accuracy": '{"score":',
+    "interactivity": '{"understanding":',
+    "interactivity_paper": '{"score":',
+    "extract_answer": '{"answer": "',
+    "answer_match": '{"score":',
+}
