@@ -10,6 +10,10 @@ attempt with the provider's message, whatever ``fault_policy`` says. When the re
 :data:`~collab_env.types.FAULT` completion (``fault_policy``), which the rollout turns into a
 counted truncation. It never returns empty text as if it were a reply.
 
+The concurrency limit is :mod:`collab_env.agents.limiter` and the retry policy (which failures
+are retried, which are fatal, the backoff) :mod:`collab_env.agents.retries`; this module
+re-exports :class:`ConcurrencyLimiter` and :func:`shared_limiter` (their old path).
+
 litellm is imported on first use, not when this module is imported (``import litellm`` takes
 seconds). Install it with ``pip install 'collab_env[api]'``.
 
@@ -23,8 +27,6 @@ Example, a local vLLM or other OpenAI-compatible server::
 from __future__ import annotations
 
 import asyncio
-import collections
-import email.utils
 import os
 import random
 import sys
@@ -35,6 +37,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from collab_env.agents.base import SamplingParams
+from collab_env.agents.limiter import ConcurrencyLimiter, shared_limiter
+from collab_env.agents.retries import GiveUp, Retry, backoff_delay, classify_error
 from collab_env.errors import ConfigError, FatalPolicyError, PolicyError, require
 from collab_env.types import FAULT, Completion, Conversation
 
@@ -67,125 +71,6 @@ def _litellm():
 
 
 # ------------------------------------------------------------------------------------------
-# Concurrency limit
-# ------------------------------------------------------------------------------------------
-class ConcurrencyLimiter:
-    """At most ``max_concurrency`` requests in flight among every policy that shares it.
-
-    Unlike :class:`asyncio.Semaphore`, one limiter works across event loops and threads (a
-    sync facade may run a rollout on a fresh loop in a worker thread while another loop is
-    busy): the count is guarded by a lock and a freed slot is handed to the longest waiter on
-    whatever loop it waits. Waiters are served first come, first served.
-
-    Args:
-        max_concurrency: Largest number of requests in flight at once (>= 1).
-    """
-
-    def __init__(self, max_concurrency: int) -> None:
-        if not isinstance(max_concurrency, int) or max_concurrency < 1:
-            raise ConfigError(f"max_concurrency must be an int >= 1, got {max_concurrency!r}.")
-        self.max_concurrency = max_concurrency
-        #: Requests holding a slot now, and the most there have ever been at once.
-        self.in_flight = 0
-        self.peak = 0
-        self._shared_key: tuple[str, str | None] | None = None  # set by shared_limiter()
-        self._lock = threading.Lock()
-        self._waiters: collections.deque[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = collections.deque()
-
-    async def acquire(self) -> None:
-        """Wait for a free slot and take it."""
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            if self.in_flight < self.max_concurrency and not self._waiters:
-                self._take()
-                return
-            fut = loop.create_future()
-            self._waiters.append((loop, fut))
-        try:
-            await fut
-        except asyncio.CancelledError:
-            with self._lock:
-                try:
-                    self._waiters.remove((loop, fut))
-                    granted = False
-                except ValueError:
-                    # Already handed a slot: either it arrived (we hold it and give it back) or
-                    # its hand-over is still queued on the loop and will find the future
-                    # cancelled and release it (see _grant).
-                    granted = fut.done() and not fut.cancelled()
-            if granted:
-                self.release()
-            raise
-
-    def release(self) -> None:
-        """Give a slot back (to the longest waiter, if any)."""
-        with self._lock:
-            while self._waiters:
-                loop, fut = self._waiters.popleft()
-                if loop.is_closed() or fut.done():
-                    continue
-                # The slot moves to the waiter without ever being free, so nobody can jump
-                # the queue between this release and the waiter waking up.
-                loop.call_soon_threadsafe(self._grant, fut)
-                return
-            self.in_flight -= 1
-
-    def _take(self) -> None:
-        self.in_flight += 1
-        self.peak = max(self.peak, self.in_flight)
-
-    def _grant(self, fut: asyncio.Future) -> None:
-        if fut.done():  # the waiter was cancelled after the hand-over was queued
-            self.release()
-        else:
-            fut.set_result(None)
-
-    async def __aenter__(self) -> ConcurrencyLimiter:
-        await self.acquire()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.release()
-
-    def __reduce__(self):
-        # A lock does not pickle. A copy sent to another process limits that process only; a
-        # shared limiter becomes that process's shared limiter for the same server and model.
-        if self._shared_key is not None:
-            return (shared_limiter, (*self._shared_key, self.max_concurrency))
-        return (type(self), (self.max_concurrency,))
-
-    def __repr__(self) -> str:
-        return f"ConcurrencyLimiter(max_concurrency={self.max_concurrency}, in_flight={self.in_flight})"
-
-
-_SHARED: dict[tuple[str | None, str], ConcurrencyLimiter] = {}
-_SHARED_LOCK = threading.Lock()
-
-
-def shared_limiter(model: str, api_base: str | None, max_concurrency: int) -> ConcurrencyLimiter:
-    """The process-wide limiter for ``(api_base, model)``, created on first use.
-
-    Every :class:`LiteLLMPolicy` built without ``limiter=`` uses it, so two policies on the same
-    server and model (an assistant and a user simulator, say) share one limit. Asking for a
-    different ``max_concurrency`` than the existing limiter has is an error: pass an explicit
-    ``limiter=ConcurrencyLimiter(n)`` to give a policy a limit of its own.
-    """
-    key = (api_base.rstrip("/") if api_base else None, model)
-    with _SHARED_LOCK:
-        lim = _SHARED.get(key)
-        if lim is None:
-            lim = _SHARED[key] = ConcurrencyLimiter(max_concurrency)
-            lim._shared_key = (model, api_base)
-        elif lim.max_concurrency != max_concurrency:
-            raise ConfigError(
-                f"model {model!r} at {api_base or 'its default endpoint'} already has a shared "
-                f"concurrency limit of {lim.max_concurrency}; got max_concurrency={max_concurrency}. "
-                "Use the same value, or pass limiter=ConcurrencyLimiter(n) for a separate limit."
-            )
-        return lim
-
-
-# ------------------------------------------------------------------------------------------
 # Accounting
 # ------------------------------------------------------------------------------------------
 @dataclass
@@ -213,35 +98,6 @@ class LiteLLMStats:
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
-
-
-class _Retry(Exception):
-    """An attempt failed in a way that another attempt may fix."""
-
-    def __init__(self, reason: str, retry_after: float | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.retry_after = retry_after
-
-
-class _GiveUp(Exception):
-    """An attempt failed in a way no retry fixes; ``fatal`` ones raise :class:`FatalPolicyError`
-    whatever the fault policy (``rejected``: the provider refused the request, as opposed to a
-    local misuse)."""
-
-    def __init__(self, reason: str, *, fatal: bool, rejected: bool = True) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.fatal = fatal
-        self.rejected = rejected
-
-
-#: litellm's exception classes for requests the provider refused (4xx answers that no retry
-#: fixes). ContextWindowExceededError is a BadRequestError but is handled before these.
-_REJECTIONS = ("AuthenticationError", "PermissionDeniedError", "NotFoundError", "BadRequestError",
-               "UnprocessableEntityError", "UnsupportedParamsError", "InvalidRequestError")
-#: 4xx statuses that are transient: timeout, conflict, too early, rate limit.
-_RETRYABLE_4XX = (408, 409, 425, 429)
 
 
 # ------------------------------------------------------------------------------------------
@@ -429,14 +285,14 @@ class LiteLLMPolicy:
             try:
                 async with self.limiter:
                     text, finish_reason, logprobs = await self._attempt(messages, request, usage)
-            except _Retry as exc:
+            except Retry as exc:
                 if attempt > self.max_retries:
                     return self._give_up(index, attempt, exc.reason, usage, start, fatal=False)
                 usage["retries"] += 1
                 self._count(retries=1)
                 await asyncio.sleep(self._delay(attempt, exc.retry_after))
                 continue
-            except _GiveUp as exc:
+            except GiveUp as exc:
                 return self._give_up(index, attempt, exc.reason, usage, start, fatal=exc.fatal,
                                      rejected=exc.rejected)
             self._count(completions=1)
@@ -451,7 +307,7 @@ class LiteLLMPolicy:
     async def _attempt(
         self, messages: list[dict[str, str]], request: dict[str, Any], usage: dict[str, Any]
     ) -> tuple[str, str | None, tuple[float, ...] | None]:
-        """One request; returns (text, finish_reason, logprobs) or raises _Retry / _GiveUp."""
+        """One request; returns (text, finish_reason, logprobs) or raises Retry / GiveUp."""
         litellm = _litellm()
         try:
             # litellm's own timeout covers the HTTP exchange; wait_for also bounds everything
@@ -460,20 +316,20 @@ class LiteLLMPolicy:
                 litellm.acompletion(messages=messages, **request), self.timeout
             )
         except asyncio.TimeoutError:
-            raise _Retry(f"timeout: no answer within {self.timeout:g} s") from None
+            raise Retry(f"timeout: no answer within {self.timeout:g} s") from None
         except Exception as exc:
-            raise self._classify(exc) from exc
+            raise classify_error(exc) from exc
 
         self._add_usage(response, usage)
         choices = getattr(response, "choices", None)
         if not choices:
-            raise _Retry("malformed response: no choices")
+            raise Retry("malformed response: no choices")
         choice = choices[0]
         message = getattr(choice, "message", None)
         text = getattr(message, "content", None)
         if not isinstance(text, str) or not text.strip():
             # An empty reply is a fault, never a move: retry it, and report it if it persists.
-            raise _Retry(f"empty content (finish_reason={getattr(choice, 'finish_reason', None)!r})")
+            raise Retry(f"empty content (finish_reason={getattr(choice, 'finish_reason', None)!r})")
         return text, getattr(choice, "finish_reason", None), self._logprobs(choice)
 
     def _give_up(
@@ -553,37 +409,9 @@ class LiteLLMPolicy:
             kw["api_key"] = api_key
         return kw
 
-    def _classify(self, exc: Exception) -> _Retry | _GiveUp:
-        """Sort an exception from litellm into retry / give up."""
-        message = str(exc).strip() or repr(exc)
-        litellm = sys.modules.get("litellm")
-        if litellm is not None and isinstance(exc, litellm.ContextWindowExceededError):
-            return _GiveUp(f"context window exceeded: {message}", fatal=False)
-        if "Missing credentials" in message:  # litellm reports a missing OpenAI key as a 500
-            return _GiveUp(f"no API key: {message}", fatal=True)
-        status = getattr(exc, "status_code", None)
-        if isinstance(status, int):
-            if status >= 500 or status in _RETRYABLE_4XX:
-                return _Retry(f"{status} {type(exc).__name__}: {message}", _retry_after(exc))
-            if 400 <= status < 500:
-                return _GiveUp(f"{status} {type(exc).__name__}: {message}", fatal=True)
-        if litellm is not None and isinstance(exc, tuple(getattr(litellm, n) for n in _REJECTIONS
-                                                           if hasattr(litellm, n))):
-            # A rejection class without a usable status code (some providers' adapters).
-            return _GiveUp(f"{type(exc).__name__}: {message}", fatal=True)
-        if litellm is not None and isinstance(exc, (litellm.Timeout, litellm.APIConnectionError)):
-            return _Retry(f"{type(exc).__name__}: {message}")
-        if isinstance(exc, (ConnectionError, TimeoutError, OSError)):
-            return _Retry(f"{type(exc).__name__}: {message}")
-        # Anything else is a bug or a misuse (a bad keyword in completion_kwargs...): retrying
-        # would only hide it.
-        return _GiveUp(f"unexpected {type(exc).__name__}: {message}", fatal=True, rejected=False)
-
     def _delay(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return min(max(retry_after, 0.0), self.backoff_max)
-        cap = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1))
-        return cap * self._rng.uniform(0.5, 1.0)
+        return backoff_delay(attempt, retry_after, base=self.backoff_base, cap=self.backoff_max,
+                             rng=self._rng)
 
     def _add_usage(self, response: Any, usage: dict[str, Any]) -> None:
         u = getattr(response, "usage", None)
@@ -619,27 +447,3 @@ class LiteLLMPolicy:
         with self._stats_lock:
             for k, v in deltas.items():
                 setattr(self.stats, k, getattr(self.stats, k) + v)
-
-
-def _retry_after(exc: Exception) -> float | None:
-    """Seconds the server asked us to wait (``retry-after-ms`` or ``Retry-After``), if any."""
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None) or getattr(exc, "headers", None) or {}
-    try:
-        ms = headers.get("retry-after-ms")
-        if ms is not None:
-            return float(ms) / 1000.0
-        value = headers.get("retry-after")
-    except (AttributeError, TypeError, ValueError):
-        return None
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    try:  # an HTTP date
-        when = email.utils.parsedate_to_datetime(value)
-        return max(0.0, when.timestamp() - time.time())
-    except (TypeError, ValueError, IndexError):
-        return None
