@@ -44,11 +44,9 @@ evaluation item (averaged over items, prefixed ``eval/``).
 
 from __future__ import annotations
 
-import copy
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from collab_env.adapters.common.config import (
@@ -59,10 +57,15 @@ from collab_env.adapters.common.config import (
     check_float,
     check_int,
 )
-from collab_env.adapters.common.learner import TaskLearner, build_models
-from collab_env.adapters.common.loop import RunState, Schedule, mean
-from collab_env.adapters.common.task import ENV_METHODS, TaskSource, turn_metrics
-from collab_env.errors import ConfigError, TaskFunctionError
+from collab_env.adapters.common.critic_learner import (
+    CriticInput,
+    CriticLearner,
+    RolloutSample,
+    Transition,
+)
+from collab_env.adapters.common.loop import mean
+from collab_env.adapters.common.task import turn_metrics
+from collab_env.errors import ConfigError
 
 __all__ = [
     "ActorCriticConfig",
@@ -263,235 +266,24 @@ class MAACConfig(ActorCriticConfig):
 
 
 # ---------------------------------------------------------------------------------------------
-# Rollout records
+# The algorithm (the rest of the trainer, shared with any actor-critic learner, is
+# collab_env.adapters.common.critic_learner.CriticLearner)
 # ---------------------------------------------------------------------------------------------
-@dataclass
-class RolloutSample:
-    """What ``metrics_callback(rollouts)`` receives: one completion of one agent."""
+class _ActorCriticTrainer(CriticLearner):
+    """IAC and MAAC's algorithm (``centralised`` differs): what each critic reads, the
+    advantages and targets, and the update of actors and critics."""
 
-    agent_idx: int
-    """Index of the agent (its position in ``formatters`` / the trained players)."""
-    prompt: str
-    """The latest message addressed to the agent (the turn's prompt)."""
-    completion: str
-    """The agent's completion text."""
-    metadata: dict[str, Any] = field(default_factory=dict)
-    """``turn`` (1-based), ``reward`` (the agent's reward for this turn), ``player``,
-    ``item_index`` (position in the split) and ``item`` (the task item)."""
-
-
-@dataclass
-class Transition:
-    """One agent's turn, as the learner uses it."""
-
-    root: int
-    """Index of the episode in the batch."""
-    turn: int
-    """0-based turn (depth of the rollout tree)."""
-    agent: int
-    """Agent index."""
-    prompt_ids: list[int]
-    """The actor's prompt token ids."""
-    completion_ids: tuple[int, ...]
-    """The sampled completion token ids."""
-    reward: float
-    """The agent's reward for this turn (plus rewards earned until its next turn)."""
-    critic_key: tuple[int, ...]
-    """Transitions with the same key share one critic input (MAAC: every agent of a node)."""
-    critic_prefix: list[int]
-    """Critic token ids of the state (IAC: the agent's prompt; MAAC: ``env.state()``)."""
-    critic_suffix: list[int]
-    """Critic token ids of the action (IAC: the completion; MAAC: the joint action)."""
-    sample: RolloutSample
-    """The record handed to ``metrics_callback``."""
-
-
-# ---------------------------------------------------------------------------------------------
-# The trainer
-# ---------------------------------------------------------------------------------------------
-class _ActorCriticTrainer(TaskLearner):
-    """Shared body of :class:`IACTrainer` and :class:`MAACTrainer` (``centralised`` differs)."""
-
-    centralised: bool = False
     config_class: type = ActorCriticConfig
-    name: str = "AC"
 
-    def __init__(
-        self,
-        agent_model: Any = None,
-        num_agents: int | None = None,
-        formatters: Sequence[Callable[..., str]] | Callable[..., str] | None = None,
-        reward_func: Callable[..., Any] | None = None,
-        reward_processor: Callable[[float], float] | None = None,
-        train_dataset: Any = None,
-        eval_dataset: Any = None,
-        args: ActorCriticConfig | None = None,
-        wandb_config: Mapping[str, Any] | None = None,
-        metrics_callback: Callable[[list[RolloutSample]], Mapping[str, float]] | None = None,
-        *,
-        external_transition: Callable[..., Any] | None = None,
-        tokenizer: Any = None,
-        critic_model: Any = None,
-        critic_tokenizer: Any = None,
-        env: Any = None,
-        eval_env: Any = None,
-        env_kwargs: Mapping[str, Any] | None = None,
-        policies: Mapping[str, Any] | None = None,
-        trained_players: Sequence[str] | None = None,
-    ) -> None:
-        import torch
-
-        from collab_env.adapters.common.logging import MetricsLogger
-        from collab_env.adapters.common.models import make_scheduler
-
-        args = self.config_class() if args is None else args
-        if not isinstance(args, self.config_class):
-            raise ConfigError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}.")
-        if agent_model is None:
-            raise ConfigError("agent_model is required: a model folder, a hub id, 'embedded' or a loaded model.")
-        if metrics_callback is not None and not callable(metrics_callback):
-            raise ConfigError(f"metrics_callback must be callable or None, got {type(metrics_callback).__name__}.")
-        if num_agents is not None and num_agents != args.num_agents:
-            raise ConfigError(f"num_agents={num_agents} but args.num_agents={args.num_agents}: set both to the same value.")
-        if args.critic_placement == "head" and critic_model is not None:
-            raise ConfigError("critic_model= gives the critic its own model; it contradicts critic_placement='head' "
-                              "(use_separate_critic=False).")
-        self.task = TaskSource.build(
-            args, num_agents=num_agents, formatters=formatters, reward_func=reward_func,
-            reward_processor=reward_processor, external_transition=external_transition,
-            train_dataset=train_dataset, eval_dataset=eval_dataset, env=env, eval_env=eval_env,
-            env_kwargs=env_kwargs, policies=policies, trained_players=trained_players,
-            env_methods=(*ENV_METHODS, "state"))
-        if env is not None and num_agents is None:
-            args = replace(args, num_agents=len(self.players))
-        if len(self.players) != args.num_agents:
-            raise ConfigError(
-                f"the environment trains {len(self.players)} player(s) {list(self.players)} but "
-                f"args.num_agents={args.num_agents}; set num_agents={len(self.players)}."
-            )
-        self.args = args
-        self.metrics_callback = metrics_callback
-        torch.manual_seed(args.seed)
-        steps = self._planned_optimizer_steps()
-        self.models, self._unique = build_models(agent_model, tokenizer, args.num_agents, args,
-                                                 need_reference=args.reference_kl_enabled, steps=steps)
-        # Rewards that roll futures (the multiturn-aware reward) play the trained players' future
-        # turns with the policy being trained, sampling as the learner does.
-        self.task.bind_learner(self.models, self.sampling(False))
-        self.critics = self._build_critics(critic_model, critic_tokenizer)
-        critic_lr = args.critic_learning_rate if args.critic_learning_rate is not None else args.learning_rate
-        for c in self.critics:
-            c.optimizer = torch.optim.AdamW(c.parameters(), lr=critic_lr, weight_decay=args.weight_decay,
-                                            betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
-            c.scheduler = make_scheduler(c.optimizer, args, steps)
-        self.state = RunState()
-        config = {**args.to_dict(), "algorithm": self.name, **self.task.config_record()}
-        self.logger = MetricsLogger(args.output_dir, config, wandb_config)
-
-    def _build_critics(self, critic_model: Any, critic_tokenizer: Any) -> list[Any]:
-        """IAC: one critic per agent; MAAC: one critic with an output per agent."""
-        from collab_env.adapters.common.critics import ValueCritic
-
-        a = self.args
-        n_critics = 1 if self.centralised else a.num_agents
-        outputs = a.num_agents if self.centralised else 1
-        critics = []
-        for k in range(n_critics):
-            actor = self.models[k]
-            if a.critic_placement == "head":
-                critics.append(ValueCritic(actor.model, actor.tokenizer, outputs, shares_actor=True, seed=a.seed + k))
-                continue
-            if critic_model is None:  # a copy of the agent's initial model
-                backbone, tok = copy.deepcopy(actor.model), actor.tokenizer
-            else:
-                backbone, tok = _load_critic_model(critic_model, critic_tokenizer, actor.device)
-                if k > 0:
-                    backbone = copy.deepcopy(backbone)
-            critics.append(ValueCritic(backbone, tok, outputs, seed=a.seed + k))
-        return critics
-
-    def _planned_optimizer_steps(self) -> int:
-        items = self.task.planned_items(self.args.num_train_epochs, self.args.max_steps)
-        return max(1, math.ceil(items / self.args.per_device_train_batch_size) * self.args.num_iterations)
-
-    def schedule(self) -> Schedule:
-        """Training items in batches of ``per_device_train_batch_size``, CoMLRL's evaluation
-        schedule, logs every ``logging_steps`` reward evaluations, checkpoints every
-        ``save_steps`` items."""
-        return self.item_schedule(self.args.per_device_train_batch_size, self.name)
-
-    # -- rollouts -------------------------------------------------------------------------------
-    def collect(self, indices: Sequence[int], *, evaluation: bool = False,
-                seeds: Callable[[int], list[int]] | None = None):
-        """Roll out one episode per item index of the training (or evaluation) split.
-
-        Returns:
-            ``(transitions, levels)``: every agent turn as a :class:`Transition` (ordered by
-            episode, turn, agent), and the rollout tree's nodes per depth.
-        """
-        from collab_env.adapters.common.rollout import episode_item
-
-        a = self.args
-        env = self.eval_env if evaluation else self.train_env
-        roots, levels = self.task.rollout(
-            env, indices, self.models, branching=lambda d: 1, max_depth=a.num_turns,
-            sampling=self.sampling(evaluation), seeds=seeds or self.task.seeds, prompt_format=a.prompt_format,
-            stop_above=None if evaluation else a.early_termination_threshold,  # CoMLRL: training only
-            discount=a.discount)
-        out: list[Transition] = []
-        for root in roots:
-            item = dict(episode_item(root.env))
-            latest: dict[int, Transition] = {}  # the agent's last turn: where its later rewards go
-            node = root
-            while node is not None and node.joint:
-                ja = node.joint[0]
-                state = node.env.state() if self.centralised else None
-                joint_ids = self._joint_ids(node, ja, state) if self.centralised else None
-                for agent in node.acting:
-                    comp = node.completions[agent][ja.choice[agent]]
-                    prefix, suffix = (joint_ids if self.centralised
-                                      else self._own_view_ids(node, agent, comp))
-                    key = (root.root, node.depth) if self.centralised else (root.root, node.depth, agent)
-                    sample = RolloutSample(agent_idx=agent, prompt=node.prompts.get(agent, ""), completion=comp.text,
-                                           metadata={"turn": node.depth + 1, "reward": 0.0,
-                                                     "player": self.players[agent],
-                                                     "item_index": int(indices[root.root]), "item": item})
-                    tr = Transition(root=root.root, turn=node.depth, agent=agent, prompt_ids=list(node.prompt_ids[agent]),
-                                    completion_ids=tuple(comp.token_ids or ()), reward=0.0, critic_key=key,
-                                    critic_prefix=prefix, critic_suffix=suffix, sample=sample)
-                    out.append(tr)
-                    latest[agent] = tr
-                for agent, tr in latest.items():
-                    tr.reward += float(ja.rewards[agent])
-                    tr.sample.metadata["reward"] = tr.reward
-                node = ja.child
-        return out, levels
-
-    def _shape_with_reference_kl(self, transitions: Sequence[Transition], metrics: dict[str, float]) -> None:
-        """CoMLRL's reference KL: each transition's reward minus ``reference_kl_coef`` times its
-        completion's k3 KL to the initial policy, summed over tokens (raw logits, no gradient)."""
-        import torch
-
-        from collab_env.adapters.common.losses import kl_k3, pack_sequences, token_logprobs
-
-        a = self.args
-        by_turn: dict[int, list[float]] = {}
-        for tr in transitions:
-            pm = self.models[tr.agent]
-            batch = pack_sequences([tr.prompt_ids], [tr.completion_ids], pm.pad_id).to(pm.device)
-            pm.model.eval()
-            with torch.no_grad():
-                logp = token_logprobs(pm.model, batch, 1.0)
-                with pm.as_reference() as reference:
-                    reference.eval()
-                    ref = token_logprobs(reference, batch, 1.0)
-            kl = float(kl_k3(logp, ref, batch.completion_mask).sum())
-            tr.reward -= a.reference_kl_coef * kl
-            tr.sample.metadata.update(reward=tr.reward, reference_kl=kl, reference_kl_penalty=a.reference_kl_coef * kl)
-            by_turn.setdefault(tr.turn, []).append(kl)
-        for d, kls in by_turn.items():
-            metrics[f"turn_{d + 1}/reference_kl_mean"] = mean(kls)
-            metrics[f"turn_{d + 1}/reference_kl_penalty_mean"] = a.reference_kl_coef * mean(kls)
+    def critic_inputs(self, node: Any, ja: Any) -> dict[int, CriticInput]:
+        """What each critic reads (step 2 of the module docstring): IAC, each agent its own view
+        (:meth:`_own_view_ids`); MAAC, one input per node for every agent (:meth:`_joint_ids`)."""
+        if not self.centralised:
+            return {agent: ((node.root, node.depth, agent),
+                            *self._own_view_ids(node, agent, node.completions[agent][ja.choice[agent]]))
+                    for agent in node.acting}
+        joint = self._joint_ids(node, ja, node.env.state())
+        return {agent: ((node.root, node.depth), *joint) for agent in node.acting}
 
     def _own_view_ids(self, node: Any, agent: int, comp: Any) -> tuple[list[int], list[int]]:
         """IAC critic input: the agent's own prompt and completion (its view only)."""
@@ -514,42 +306,7 @@ class _ActorCriticTrainer(TaskLearner):
         after = state.append(*moves).render()
         return _encode(tok, before), _encode(tok, after[len(before):])
 
-    def critic_text(self, transition: Transition) -> str:
-        """The text the critic reads for ``transition`` (state, then action), decoded."""
-        tok = self.critics[0 if self.centralised else transition.agent].tokenizer
-        return tok.decode(list(transition.critic_prefix) + list(transition.critic_suffix))
-
     # -- advantages ------------------------------------------------------------------------------
-    def _critic_values(self, transitions: Sequence[Transition], *, grad: bool):
-        """Per transition, ``(V, Q)`` tensors ``[len]`` (Q is None for ``critic_type="v"``),
-        one critic forward per distinct critic input, in micro-batches."""
-        import torch
-
-        a = self.args
-        want_q = a.critic_type == "q"
-        v_out: list[Any] = [None] * len(transitions)
-        q_out: list[Any] = [None] * len(transitions)
-        by_critic: dict[int, dict[tuple[int, ...], list[int]]] = {}
-        for i, tr in enumerate(transitions):
-            c = 0 if self.centralised else tr.agent
-            by_critic.setdefault(c, {}).setdefault(tr.critic_key, []).append(i)
-        ctx = torch.enable_grad() if grad else torch.no_grad()
-        with ctx:
-            for c, groups in by_critic.items():
-                critic = self.critics[c]
-                keys = list(groups)
-                for s in range(0, len(keys), a.train_micro_batch_size):
-                    chunk = keys[s:s + a.train_micro_batch_size]
-                    first = [transitions[groups[k][0]] for k in chunk]
-                    suffixes = [t.critic_suffix if want_q else [] for t in first]
-                    v, q = critic.values([t.critic_prefix for t in first], suffixes)
-                    for row, k in enumerate(chunk):
-                        for i in groups[k]:
-                            col = transitions[i].agent if self.centralised else 0
-                            v_out[i] = v[row, col]
-                            q_out[i] = q[row, col] if want_q else None
-        return v_out, q_out
-
     def _advantages(self, transitions: Sequence[Transition], v_old: Sequence[float],
                     q_old: Sequence[float] | None) -> tuple[list[float], list[float], list[float] | None]:
         """Per transition: advantage, V target and (``"q"``) Q target, trajectory by trajectory."""
@@ -579,32 +336,6 @@ class _ActorCriticTrainer(TaskLearner):
         return adv, v_tgt, q_tgt
 
     # -- training ---------------------------------------------------------------------------------
-    def train(self) -> dict[str, Any]:
-        """Train for ``num_train_epochs`` (or ``max_steps`` items), evaluating on the guide's
-        schedule. Returns the last logged training metrics."""
-        from collab_env.adapters.common.loop import run
-
-        if self.train_env is None:
-            raise ConfigError("train() needs train_dataset= (or env=).")
-        return run(self)
-
-    def end_epoch(self) -> dict[str, float]:
-        """Nothing is buffered across batches: ``{}``."""
-        return {}
-
-    def _callback(self, samples: list[RolloutSample]) -> dict[str, float]:
-        if self.metrics_callback is None:
-            return {}
-        out = self.metrics_callback(samples)
-        if out is None:
-            return {}
-        if not isinstance(out, Mapping):
-            raise TaskFunctionError(f"metrics_callback must return a dict of numbers, got {type(out).__name__}.")
-        try:
-            return {str(k): float(v) for k, v in out.items()}
-        except (TypeError, ValueError) as exc:
-            raise TaskFunctionError(f"metrics_callback must return numeric values: {exc}") from exc
-
     def train_step(self, indices: Sequence[int]) -> dict[str, float]:
         """Roll out ``indices``, compute advantages and targets, update actors and critics."""
         import torch
@@ -613,7 +344,6 @@ class _ActorCriticTrainer(TaskLearner):
         from collab_env.adapters.common.losses import (
             clipped_surrogate,
             masked_aggregate,
-            pack_sequences,
             token_logprobs,
         )
 
@@ -623,8 +353,8 @@ class _ActorCriticTrainer(TaskLearner):
         metrics = turn_metrics(levels, "")
         metrics["env_steps"] = float(sum(len(n.joint) for nodes in levels for n in nodes))
         if a.reference_kl_enabled:
-            self._shape_with_reference_kl(transitions, metrics)
-        custom = self._callback([t.sample for t in transitions])
+            self.shape_with_reference_kl(transitions, metrics)
+        custom = self.callback_metrics([t.sample for t in transitions])
         if custom:  # logged at rollout time, outside the logging_steps gate
             self.logger.log(custom, env_step=self.state.env_step + int(metrics["env_steps"]),
                             epoch=self.state.epoch, item=self.state.items_done)
@@ -632,23 +362,12 @@ class _ActorCriticTrainer(TaskLearner):
             return metrics
         for c in self.critics:
             c.eval()
-        v0, q0 = self._critic_values(transitions, grad=False)
+        v0, q0 = self.critic_values(transitions, grad=False)
         v_old = [float(v) for v in v0]
         q_old = [float(q) for q in q0] if a.critic_type == "q" else None
         adv, v_tgt, q_tgt = self._advantages(transitions, v_old, q_old)
 
-        # Actor micro-batches per distinct model.
-        owners: dict[int, list[int]] = {}
-        for i, tr in enumerate(transitions):
-            owner = next(k for k, u in enumerate(self._unique) if u is self.models[tr.agent])
-            owners.setdefault(owner, []).append(i)
-        packed: dict[int, list[tuple[list[int], Any]]] = {}
-        for owner, idx in owners.items():
-            pm = self._unique[owner]
-            chunks = [idx[s:s + a.train_micro_batch_size] for s in range(0, len(idx), a.train_micro_batch_size)]
-            packed[owner] = [(ch, pack_sequences([transitions[i].prompt_ids for i in ch],
-                                                 [transitions[i].completion_ids for i in ch], pm.pad_id).to(pm.device))
-                             for ch in chunks]
+        owners, packed = self.actor_batches(transitions)  # micro-batches per distinct model
         old_logp: dict[tuple[int, int], Any] = {}
         if a.num_iterations > 1:
             with torch.no_grad():
@@ -687,7 +406,7 @@ class _ActorCriticTrainer(TaskLearner):
                     loss.backward()
                     pg_total += float(loss.detach())
             # Critic: the clipped value loss, a mean over the batch's transitions.
-            v_new, q_new = self._critic_values(transitions, grad=True)
+            v_new, q_new = self.critic_values(transitions, grad=True)
             n = len(transitions)
             dev = v_new[0].device
             vl, v_clipped = clipped_value_loss(torch.stack(v_new), v_old_t.to(dev), v_tgt_t.to(dev), a.value_clip_range)
@@ -731,103 +450,6 @@ class _ActorCriticTrainer(TaskLearner):
         metrics["completion_length"] = mean([len(t.completion_ids) for t in transitions])
         metrics["learning_rate"] = float(self._unique[0].scheduler.get_last_lr()[0])
         return metrics
-
-    # -- evaluation -------------------------------------------------------------------------------
-    def evaluate(self) -> dict[str, float]:
-        """Evaluate on the first ``args.eval_num_samples`` evaluation items, one joint response
-        per turn, without updating weights. Logs and returns ``eval/turn_k/reward_mean``,
-        ``eval/turn_k/expected_return`` and the ``metrics_callback`` values averaged over the
-        items (prefixed ``eval/``); ``{}`` without an evaluation split."""
-        a = self.args
-        n, seeds = self.task.begin_evaluation(a.eval_num_samples, self.state)
-        if n == 0:
-            return {}
-        all_levels: list[list[Any]] = [[] for _ in range(a.num_turns)]
-        per_item: list[dict[str, float]] = []
-        for start in range(0, n, a.eval_batch_size):
-            indices = list(range(start, min(n, start + a.eval_batch_size)))
-            transitions, levels = self.collect(indices, evaluation=True, seeds=seeds)
-            for d, nodes in enumerate(levels):
-                all_levels[d].extend(nodes)
-            if self.metrics_callback is not None:
-                for root in sorted({t.root for t in transitions}):
-                    per_item.append(self._callback([t.sample for t in transitions if t.root == root]))
-        metrics = turn_metrics([lv for lv in all_levels if lv], "eval/")
-        for key in sorted({k for row in per_item for k in row}):
-            metrics[f"eval/{key}"] = mean([row[key] for row in per_item if key in row])
-        self.logger.log(metrics, env_step=self.state.env_step, epoch=self.state.epoch, item=self.state.items_done)
-        if a.plot:
-            self.logger.plot()
-        return metrics
-
-    # -- saving -----------------------------------------------------------------------------------
-    def save_checkpoint(self, path: str | Path | None = None) -> Path:
-        """Save the actors (``model_<k>/`` and the trainer state, as the shared checkpoint format
-        writes them) and the critics (``critic_<k>.json`` + ``critic_<k>.safetensors``: head,
-        optimiser and scheduler states and, for a separate critic, trainable backbone weights).
-        Default folder: ``<output_dir>/checkpoint-<items done>``; continue the run with
-        :meth:`load_checkpoint` then :meth:`train`."""
-        from collab_env.adapters.common.checkpoint import save_checkpoint, save_safe
-
-        path = Path(path) if path is not None else Path(self.args.output_dir) / f"checkpoint-{self.state.items_done}"
-        save_checkpoint(path, self._unique, asdict(self.state), self._rng)
-        for k, c in enumerate(self.critics):
-            save_safe(path, f"critic_{k}", {
-                "head": dict(c.head.state_dict()), "shares_actor": c.shares_actor,
-                "backbone": None if c.shares_actor else
-                {n: p.detach() for n, p in c.backbone.named_parameters() if p.requires_grad},
-                "optimizer": c.optimizer.state_dict() if c.optimizer is not None else None,
-                "scheduler": c.scheduler.state_dict() if c.scheduler is not None else None,
-            })
-        return path
-
-    def load_checkpoint(self, path: str | Path) -> None:
-        """Restore what :meth:`save_checkpoint` wrote (actors, critics, optimisers, schedulers,
-        RNG states, position) into this trainer, built with the same models and config;
-        :meth:`train` then continues the run. Only safetensors and JSON are read: an old pickle
-        (``critic_<k>.pt``) is refused with how to convert it.
-
-        Raises:
-            ConfigError: Not a checkpoint of this trainer's shape (critics, parameters).
-        """
-        import torch
-
-        from collab_env.adapters.common.checkpoint import load_checkpoint, load_safe, refuse_legacy
-
-        path = Path(path)
-        blobs = []
-        for k, c in enumerate(self.critics):  # every critic checked before anything is changed
-            if not (path / f"critic_{k}.json").is_file():
-                refuse_legacy(path / f"critic_{k}.pt")
-                raise ConfigError(f"{path} holds no critic_{k}.json: pass a folder this trainer's save_checkpoint() "
-                                  f"wrote (it saves {len(self.critics)} critic(s)).")
-            blob = load_safe(path, f"critic_{k}")
-            own = {n for n, p in c.backbone.named_parameters() if p.requires_grad} if not c.shares_actor else None
-            if (not isinstance(blob, dict) or blob.get("shares_actor") != c.shares_actor
-                    or (own is not None and set(blob.get("backbone") or {}) != own)):
-                raise ConfigError(f"{path / f'critic_{k}.json'} does not fit critic {k} (another critic_type, "
-                                  "critic model or LoRA setting?); build the trainer as the saving run did.")
-            blobs.append(blob)
-        if (path / f"critic_{len(self.critics)}.json").exists():
-            raise ConfigError(f"{path} holds more critics than this trainer's {len(self.critics)}; build the "
-                              "trainer with the same agents and critic setting as the saving run.")
-        self.state = RunState.from_dict(load_checkpoint(path, self._unique, self._rng))
-        for c, blob in zip(self.critics, blobs, strict=True):
-            c.head.load_state_dict(blob["head"])
-            if blob["backbone"] is not None:
-                with torch.no_grad():
-                    for n, p in c.backbone.named_parameters():
-                        if p.requires_grad:
-                            p.copy_(blob["backbone"][n].to(p.device, p.dtype))
-            if blob["optimizer"] is not None:
-                c.optimizer.load_state_dict(blob["optimizer"])
-            if blob["scheduler"] is not None:
-                c.scheduler.load_state_dict(blob["scheduler"])
-        self.logger.resume()
-
-    def close(self) -> None:
-        """Finish logging (closes the Weights & Biases run)."""
-        self.logger.close()
 
 
 class IACTrainer(_ActorCriticTrainer):
@@ -893,18 +515,3 @@ def _chat_text(tokenizer: Any, observation: Any) -> str:
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(observation.to_chat(), tokenize=False, add_generation_prompt=True)
     return observation.render()
-
-
-def _load_critic_model(spec: Any, tokenizer: Any, device: Any) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` of a separate critic from a folder, hub id, ``"embedded"`` or a
-    loaded model, in float32 on ``device``: the agents' loader
-    (:func:`~collab_env.adapters.common.models.load_model_and_tokenizer`), with the critic named
-    in its errors."""
-    import torch
-
-    from collab_env.adapters.common.models import load_model_and_tokenizer
-
-    try:
-        return load_model_and_tokenizer(spec, tokenizer, str(device), torch.float32)
-    except ConfigError as exc:
-        raise ConfigError(f"critic_model: {exc} (critic_tokenizer= names the critic's tokenizer).") from exc

@@ -319,3 +319,30 @@ def test_separate_critic_model_loads_through_the_agents_loader(tiny_dir, tmp_pat
         IACTrainer(agent_model=model, tokenizer=tok, num_agents=2, formatters=formatters, reward_func=reward_func,
                    train_dataset=length_ratio_rows("train")[:1], critic_model=str(tmp_path / "no-model"),
                    args=_cfg(IACConfig, tmp_path))
+
+
+# -- the scaffolding (collab_env.adapters.common.critic_learner) ---------------------------------
+
+
+@pytest.mark.parametrize("share_model", [False, True])
+def test_actor_batches_pack_each_models_transitions_in_micro_batches(tiny_dir, tmp_path, share_model):
+    """CriticLearner.actor_batches: transitions grouped by distinct model (one per agent, or one
+    shared), chunked by train_micro_batch_size, each row the transition's prompt then completion."""
+    from collab_env.adapters.common.critic_learner import CriticLearner
+
+    trainer = _trainer(IACTrainer, IACConfig, tiny_dir, tmp_path, train=2, num_turns=2, share_model=share_model,
+                       train_micro_batch_size=3)
+    assert isinstance(trainer, CriticLearner)
+    transitions, _ = trainer.collect([0, 1])
+    owners, packed = trainer.actor_batches(transitions)
+    by_agent = {a: [i for i, t in enumerate(transitions) if t.agent == a] for a in (0, 1)}
+    expected = {0: by_agent[0] + by_agent[1]} if share_model else by_agent
+    assert {k: sorted(v) for k, v in owners.items()} == {k: sorted(v) for k, v in expected.items()}
+    for owner, chunks in packed.items():
+        assert [i for ch, _ in chunks for i in ch] == owners[owner]
+        assert [len(ch) for ch, _ in chunks] == [len(owners[owner][s:s + 3]) for s in range(0, len(owners[owner]), 3)]
+        for ch, batch in chunks:
+            for row, i in enumerate(ch):
+                t = transitions[i]
+                ids = batch.input_ids[row][batch.attention_mask[row].bool()].tolist()
+                assert ids == list(t.prompt_ids) + list(t.completion_ids)

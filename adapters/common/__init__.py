@@ -24,6 +24,8 @@ algorithm file reads top to bottom:
   optimisers, views of the task source, the item schedule, the epoch order).
 * :mod:`~collab_env.adapters.common.update`: the policy-gradient update with the loss as a hook.
 * :mod:`~collab_env.adapters.common.tree_learner`: the scaffolding of MAGRPO, REINFORCE and MADPO.
+* :mod:`~collab_env.adapters.common.critic_learner`: the scaffolding of IAC and MAAC (critics
+  built, run and saved; one-path episodes as per-agent transitions).
 * :mod:`~collab_env.adapters.common.chat`: chat-template token spans (SFT, DPO).
 * :mod:`~collab_env.adapters.common.logging`: JSONL log, PNG curves, optional Weights & Biases.
 * :mod:`~collab_env.adapters.common.checkpoint`: saving and resuming (weights, optimizers,
