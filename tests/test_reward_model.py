@@ -117,6 +117,28 @@ def test_config_and_data_errors(tiny_dir, tmp_path):
         RewardModelTrainer(None, keyword_pairs(2, 0), args=_cfg(tmp_path))
 
 
+def test_joint_pairs_are_read_by_the_toolkit_and_the_old_names_stay():
+    """common.pairs.read_joint_pairs: a string is one agent's completion, num_agents=None takes the
+    first row's count per row, a list prompt stays per agent; the model's names still import
+    from collab_env.adapters.reward_model (the same objects as common.joint_reward's)."""
+    import collab_env.adapters.reward_model as rm_mod
+    from collab_env.adapters.common import joint_reward
+    from collab_env.adapters.common.pairs import read_joint_pairs
+
+    rows = [{"prompt": "p", "chosen": "good", "rejected": "bad"},
+            {"prompt": ["p1", "p2"], "chosen": ["a", "b"], "rejected": ["c", "d"], "extra": 1}]
+    assert read_joint_pairs(rows, "rows", None) == [("p", ["good"], ["bad"]), (["p1", "p2"], ["a", "b"], ["c", "d"])]
+    assert read_joint_pairs(None, "rows", 2) == []
+    with pytest.raises(DataSchemaError, match="expected 2"):
+        read_joint_pairs(rows, "rows", 2)
+    with pytest.raises(ConfigError, match="list of rows"):
+        read_joint_pairs({"prompt": "p"}, "rows", None)
+    with pytest.raises(DataSchemaError, match="rows row 0: prompt"):
+        read_joint_pairs([{"prompt": 3, "chosen": "a", "rejected": "b"}], "rows", None)
+    for name in ("JointTemplate", "JointRewardModel", "HEAD_FILE", "META_FILE"):
+        assert getattr(rm_mod, name) is getattr(joint_reward, name)
+
+
 # -- training ------------------------------------------------------------------------------------
 
 

@@ -27,6 +27,10 @@ algorithm file reads top to bottom:
 * :mod:`~collab_env.adapters.common.critic_learner`: the scaffolding of IAC and MAAC (critics
   built, run and saved; one-path episodes as per-agent transitions).
 * :mod:`~collab_env.adapters.common.chat`: chat-template token spans (SFT, DPO).
+* :mod:`~collab_env.adapters.common.pairs`: preference-pair datasets (joint pairs of a reward
+  model, chat pairs of DPO split by agent), their encoding and the log-probs of a pair batch.
+* :mod:`~collab_env.adapters.common.joint_reward`: the joint reward model (template, LM + head,
+  scoring, saving, as a ``reward_func``) that the reward-model learner trains.
 * :mod:`~collab_env.adapters.common.logging`: JSONL log, PNG curves, optional Weights & Biases.
 * :mod:`~collab_env.adapters.common.checkpoint`: saving and resuming (weights, optimizers,
   schedulers, data position, RNG states).
