@@ -8,13 +8,12 @@ when the retries run out it raises :class:`~collab_env.errors.JudgeError`, never
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from collab_env.agents.base import add_prefill, add_usage, prefill_reply, prefill_sampling
+from collab_env.agents.base import add_prefill, prefill_reply, prefill_sampling
 from collab_env.agents.judge_scores import JudgeResult
-from collab_env.agents.replies import check_batch, is_config_problem
+from collab_env.agents.replies import attempt_pending
 from collab_env.errors import JudgeError
 from collab_env.types import Message
 
@@ -53,26 +52,11 @@ async def score_by_generation(judge: LLMJudge, items: Sequence[Mapping[str, Any]
                 usage[i]["retries"] += 1
         for i in pending:
             usage[i]["judge_calls"] += 1
-        try:
-            outs = await judge.backend.act(
-                [add_prefill(prompts[i], judge.prefill, "judge-backend") for i in pending],
-                **prefill_sampling(judge.prefill, {"temperature": 0, "max_new_tokens": judge.max_new_tokens}))
-            check_batch(outs, len(pending), judge.backend)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if is_config_problem(exc):
-                raise
-            for i in pending:
-                errors[i].append(f"backend error: {exc!r:.300}")
-            continue
-        still = []
-        for i, out in zip(pending, outs, strict=True):
-            add_usage(usage[i], out.usage)
-            if out.is_fault:
-                errors[i].append(f"backend fault: {out.meta.get('fault', '')}")
-                still.append(i)
-                continue
+        replies, again = await attempt_pending(
+            judge.backend, pending, [add_prefill(prompts[i], judge.prefill, "judge-backend") for i in pending],
+            prefill_sampling(judge.prefill, {"temperature": 0, "max_new_tokens": judge.max_new_tokens}),
+            usage=usage, errors=errors)
+        for i, out in replies:
             reply = prefill_reply(judge.prefill, out)
             try:
                 score, reason, comps = judge.parse(reply)
@@ -82,12 +66,12 @@ async def score_by_generation(judge: LLMJudge, items: Sequence[Mapping[str, Any]
                     Message(role="assistant", content=reply, author="judge-backend"),
                     Message(role="user", content=CORRECTION.format(reason=exc), author="judge"),
                 )
-                still.append(i)
+                again.append(i)
                 continue
             results[i] = JudgeResult(score=score, reason=reason, raw=reply, usage=usage[i],
                                      faults=len(errors[i]), components=comps,
                                      meta={"method": "generate"})
-        pending = still
+        pending = sorted(again)  # in item order, as the items were first sent
     if pending:
         i = pending[0]
         raise JudgeError(

@@ -2,7 +2,8 @@
 
 * :func:`render_transcript`: a conversation as plain text for a rubric or simulator prompt.
 * :func:`check_batch`: what a backend's ``act`` must have returned; :func:`is_config_problem`:
-  which errors propagate at once instead of being retried or counted as a fault.
+  which errors propagate at once instead of being retried or counted as a fault;
+  :func:`attempt_pending`: one attempt of a judge's or simulator's retry loop, built on both.
 * :func:`extract_json_object`: the tolerant reader of the JSON object in a model reply, and
   :func:`salvage_string_field` for a field of a broken one.
 
@@ -13,12 +14,13 @@ Shared by :mod:`collab_env.agents.judges` (which re-exports these names, their o
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from collab_env.agents.base import describe
+from collab_env.agents.base import add_usage, describe
 from collab_env.errors import CollabEnvError, FatalPolicyError, PolicyError
 from collab_env.types import Completion, Conversation, Message
 
@@ -28,6 +30,7 @@ __all__ = [
     "render_transcript",
     "check_batch",
     "is_config_problem",
+    "attempt_pending",
 ]
 
 
@@ -179,3 +182,40 @@ def is_config_problem(exc: BaseException) -> bool:
     if isinstance(exc, FatalPolicyError):
         return True
     return isinstance(exc, CollabEnvError) and not isinstance(exc, PolicyError)
+
+
+async def attempt_pending(
+    backend: Any, pending: Sequence[int], observations: Sequence[Conversation],
+    sampling: Mapping[str, Any], *, usage: Sequence[dict[str, float]], errors: Sequence[list[str]],
+) -> tuple[list[tuple[int, Completion]], list[int]]:
+    """One attempt of a retry loop over items: one ``backend.act(observations, **sampling)``
+    call for the ``pending`` items (indices into ``usage`` and ``errors``, one observation each).
+
+    Returns ``(replies, again)``: the items that got a reply to read, each with its completion,
+    and the items to try again. A call that failed puts every pending item in ``again``, with
+    ``"backend error: ..."`` added to its errors; a FAULT completion puts its item there with
+    ``"backend fault: ..."``. Every completion's usage is added to its item's ``usage``.
+
+    Raises:
+        Exception: A configuration problem (:func:`is_config_problem`): it propagates at once.
+    """
+    try:
+        outs = await backend.act(list(observations), **sampling)
+        check_batch(outs, len(pending), backend)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        if is_config_problem(exc):
+            raise
+        for i in pending:
+            errors[i].append(f"backend error: {exc!r:.300}")
+        return [], list(pending)
+    replies, again = [], []
+    for i, out in zip(pending, outs, strict=True):
+        add_usage(usage[i], out.usage)
+        if out.is_fault:
+            errors[i].append(f"backend fault: {out.meta.get('fault', '')}")
+            again.append(i)
+        else:
+            replies.append((i, out))
+    return replies, again

@@ -41,7 +41,6 @@ Reading the reply (the *documented rule*)
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,7 +50,6 @@ from collab_env.agents.base import (
     Policy,
     SamplingParams,
     add_prefill,
-    add_usage,
     check_prefix,
     describe,
     prefill_reply,
@@ -60,9 +58,8 @@ from collab_env.agents.base import (
     usable_prefill,
 )
 from collab_env.agents.replies import (
-    check_batch,
+    attempt_pending,
     extract_json_object,
-    is_config_problem,
     render_transcript,
     salvage_string_field,
 )
@@ -392,29 +389,14 @@ class LLMUserSimulator:
             if attempt:
                 for i in pending:
                     usage[i]["retries"] += 1
-            try:
-                prefix = usable_prefill(self.backend, self.response_prefix)
-                call_kw = prefill_sampling(prefix, kw)
-                if self.reply_format == "plain":
-                    call_kw["stop"] = [*call_kw.get("stop", ()), "\n\n"]
-                outs = await self.backend.act([add_prefill(prompts[i], prefix, "simulator-backend")
-                                               for i in pending], **call_kw)
-                check_batch(outs, len(pending), self.backend)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if is_config_problem(exc):
-                    raise
-                for i in pending:
-                    errors[i].append(f"backend error: {exc!r:.300}")
-                continue
-            still = []
-            for i, out in zip(pending, outs, strict=True):
-                add_usage(usage[i], out.usage)
-                if out.is_fault:
-                    errors[i].append(f"backend fault: {out.meta.get('fault', '')}")
-                    still.append(i)
-                    continue
+            prefix = usable_prefill(self.backend, self.response_prefix)
+            call_kw = prefill_sampling(prefix, kw)
+            if self.reply_format == "plain":
+                call_kw["stop"] = [*call_kw.get("stop", ()), "\n\n"]
+            replies, again = await attempt_pending(
+                self.backend, pending, [add_prefill(prompts[i], prefix, "simulator-backend") for i in pending],
+                call_kw, usage=usage, errors=errors)
+            for i, out in replies:
                 raw = prefill_reply(prefix, out)
                 try:
                     reply = parse_user_reply(raw)
@@ -434,10 +416,10 @@ class LLMUserSimulator:
                             + ("the JSON object with the keys current_answer, thought and response."
                                if self.reply_format == "json" else "the message you send to the assistant."))),
                     )
-                    still.append(i)
+                    again.append(i)
                     continue
                 results[i] = self._completion(observations[i], goals[i], reply, out, raw, usage[i], errors[i])
-            pending = still
+            pending = sorted(again)  # in item order, as the items were first sent
         for i in pending:
             results[i] = self._fault(i, usage[i], errors[i])
         return list(results)  # type: ignore[arg-type]
