@@ -49,9 +49,18 @@ from typing import Any
 from collab_env.adapters.common.config import TrainerConfig, check_float, check_int
 from collab_env.adapters.common.learner import TaskLearner, build_models, epoch_order
 from collab_env.adapters.common.loop import RunState, Schedule, mean, merge_metrics
+from collab_env.adapters.common.pairs import (
+    Pair,
+    encode_pair,
+    encode_pair_rows,
+    pair_logps,
+    split_by_agent,
+)
 from collab_env.adapters.common.task import TaskSource
 from collab_env.errors import ConfigError, DataSchemaError
 
+# encode_pair (and the rest of the pair-dataset handling) lives in the toolkit
+# (collab_env.adapters.common.pairs); it stays importable from here.
 __all__ = ["DPOConfig", "DPOTrainer", "OnlineDPOConfig", "OnlineDPOTrainer", "DPOState", "encode_pair"]
 
 
@@ -93,98 +102,9 @@ class DPOConfig(TrainerConfig):
 DPOState = RunState
 
 
-#: One encoded pair: (prompt ids, chosen ids, rejected ids).
-Pair = tuple[list[int], list[int], list[int]]
-
-
-# ---------------------------------------------------------------------------------------------
-# Encoding pairs
-# ---------------------------------------------------------------------------------------------
-def _as_messages(value: Any, role: str, where: str) -> list[dict[str, str]]:
-    if isinstance(value, str):
-        return [{"role": role, "content": value}]
-    if isinstance(value, Sequence) and value and all(
-            isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in value):
-        return [{"role": m["role"], "content": m["content"]} for m in value]
-    raise DataSchemaError(f"{where} must be a string or a non-empty list of {{'role', 'content'}} dicts, got {value!r}.")
-
-
-def encode_pair(tokenizer: Any, prompt: Any, chosen: Any, rejected: Any, *, max_length: int | None = None,
-                where: str = "pair") -> Pair | None:
-    """``(prompt_ids, chosen_ids, rejected_ids)`` of one preference pair, or ``None`` when the
-    prompt alone does not fit in ``max_length``.
-
-    The prompt is rendered with the chat template and its generation prompt; a completion's ids
-    are the tokens the template adds after that prefix for the completion's messages, cut after
-    the end-of-turn token (what generation produces). A string prompt is one user message; a
-    string completion one assistant message.
-
-    Raises:
-        DataSchemaError: Malformed fields; ConfigError: a template that is not prefix-stable.
-    """
-    from collab_env.adapters.common.chat import chat_ids, check_token_prefix, cut_at_end_of_turn
-
-    p_msgs = _as_messages(prompt, "user", f"{where}: prompt")
-    p_ids = chat_ids(tokenizer, p_msgs, generation_prompt=True)
-    out: list[list[int]] = []
-    for name, value in (("chosen", chosen), ("rejected", rejected)):
-        c_msgs = _as_messages(value, "assistant", f"{where}: {name}")
-        if c_msgs[0]["role"] != "assistant":
-            raise DataSchemaError(f"{where}: {name} must start with an assistant message, got {c_msgs[0]['role']!r}.")
-        full = chat_ids(tokenizer, p_msgs + c_msgs)
-        check_token_prefix(full, p_ids, where)
-        end = cut_at_end_of_turn(tokenizer, full, len(p_ids), len(full)) if len(c_msgs) == 1 else len(full)
-        out.append(full[len(p_ids):end])
-    if max_length is not None:
-        room = max_length - len(p_ids)
-        if room < 1:
-            return None
-        out = [c[:room] for c in out]
-    return p_ids, out[0], out[1]
-
-
-def _split_by_agent(data: Any, num_agents: int, what: str) -> list[list[Mapping[str, Any]]]:
-    """Rows per agent: a list of datasets (one per agent), or rows with an ``agent`` column."""
-    if data is None:
-        return [[] for _ in range(num_agents)]
-    if isinstance(data, (str, bytes, Mapping)):
-        raise ConfigError(f"{what} must be a datasets.Dataset, a list of rows, or a list of those (one per agent).")
-    items = list(data) if isinstance(data, (list, tuple)) else None
-    if items and all(not isinstance(x, Mapping) for x in items):
-        if len(items) != num_agents:
-            raise ConfigError(f"{what} lists {len(items)} datasets for {num_agents} agents: pass one per agent.")
-        return [list(x) for x in items]
-    rows = list(data)
-    per: list[list[Mapping[str, Any]]] = [[] for _ in range(num_agents)]
-    for i, row in enumerate(rows):
-        if not isinstance(row, Mapping):
-            raise DataSchemaError(f"{what} row {i} must be a dict, got {type(row).__name__}.")
-        agent = row.get("agent", 0 if num_agents == 1 else None)
-        if isinstance(agent, bool) or not isinstance(agent, int) or not 0 <= agent < num_agents:
-            raise DataSchemaError(
-                f"{what} row {i}: agent must be an int in [0, {num_agents}) with num_agents={num_agents}, got "
-                f"{agent!r}; add an 'agent' column or pass one dataset per agent."
-            )
-        per[agent].append(row)
-    return per
-
-
 # ---------------------------------------------------------------------------------------------
 # The shared update
 # ---------------------------------------------------------------------------------------------
-def _pair_logps(model: Any, pairs: Sequence[Pair], pad_id: int, device: Any):
-    """``([B] chosen, [B] rejected)`` summed completion log-probs, in one forward pass."""
-    from collab_env.adapters.common.losses import pack_sequences, token_logprobs
-    from collab_env.adapters.common.preference import sequence_logprobs
-
-    prompts = [p for p, _, _ in pairs] * 2
-    comps = [c for _, c, _ in pairs] + [r for _, _, r in pairs]
-    batch = pack_sequences(prompts, comps, pad_id).to(device)
-    seq = sequence_logprobs(token_logprobs(model, batch), batch.completion_mask)
-    return seq[:len(pairs)], seq[len(pairs):]
-
-
 def _dpo_step(pm: Any, pairs: Sequence[Pair], args: DPOConfig, micro: int) -> dict[str, float]:
     """One optimiser step of ``pm`` on ``pairs`` (micro-batches of ``micro`` pairs; the loss is
     the mean over all pairs, so accumulation is exact). Returns the step's metrics."""
@@ -203,9 +123,9 @@ def _dpo_step(pm: Any, pairs: Sequence[Pair], args: DPOConfig, micro: int) -> di
         if not args.reference_free:
             with torch.no_grad(), pm.as_reference() as reference:
                 reference.eval()
-                ref_c, ref_r = _pair_logps(reference, chunk, pm.pad_id, pm.device)
+                ref_c, ref_r = pair_logps(reference, chunk, pm.pad_id, pm.device)
         pm.model.train()
-        pi_c, pi_r = _pair_logps(pm.model, chunk, pm.pad_id, pm.device)
+        pi_c, pi_r = pair_logps(pm.model, chunk, pm.pad_id, pm.device)
         losses, rc, rr = dpo_loss(pi_c, pi_r, ref_c, ref_r, beta=args.beta)
         (losses.sum() / n).backward()
         _accumulate(sums, losses, rc, rr, pi_c, pi_r)
@@ -305,8 +225,8 @@ class DPOTrainer(_Base):
         if train_dataset is None and eval_dataset is None:
             raise ConfigError("pass train_dataset= (and optionally eval_dataset=).")
         self.args = args
-        self._train_raw = _split_by_agent(train_dataset, args.num_agents, "train_dataset")
-        self._eval_raw = _split_by_agent(eval_dataset, args.num_agents, "eval_dataset")
+        self._train_raw = split_by_agent(train_dataset, args.num_agents, "train_dataset")
+        self._eval_raw = split_by_agent(eval_dataset, args.num_agents, "eval_dataset")
         self._unique = []
         # the step count decides the LR schedule, so pairs are counted before loading models
         per_model_rows = [len(r) for r in self._train_raw]
@@ -327,17 +247,10 @@ class DPOTrainer(_Base):
         """Encoded pairs per distinct model (its agents' pairs, in agent order)."""
         out: list[list[Pair]] = [[] for _ in self._unique]
         for agent, rows in enumerate(per_agent):
-            pm = self.models[agent]
-            for i, row in enumerate(rows):
-                for col in ("prompt", "chosen", "rejected"):
-                    if col not in row:
-                        raise DataSchemaError(f"{what} (agent {agent}) row {i} has no {col!r} column (it has {sorted(row)}).")
-                pair = encode_pair(pm.tokenizer, row["prompt"], row["chosen"], row["rejected"],
-                                   max_length=self.args.max_length, where=f"{what} (agent {agent}) row {i}")
-                if pair is None:
-                    self.skipped += 1
-                    continue
-                out[self._model_index(agent)].append(pair)
+            pairs, skipped = encode_pair_rows(self.models[agent].tokenizer, rows, max_length=self.args.max_length,
+                                              what=f"{what} (agent {agent})")
+            self.skipped += skipped
+            out[self._model_index(agent)].extend(pairs)
         return out
 
     def _steps_per_epoch(self) -> int:
@@ -396,11 +309,11 @@ class DPOTrainer(_Base):
                 chunk = pairs[j:j + self.args.eval_batch_size]
                 with torch.no_grad():
                     pm.model.eval()
-                    pi_c, pi_r = _pair_logps(pm.model, chunk, pm.pad_id, pm.device)
+                    pi_c, pi_r = pair_logps(pm.model, chunk, pm.pad_id, pm.device)
                     ref_c = ref_r = None
                     if not self.args.reference_free:
                         with pm.as_reference() as reference:
-                            ref_c, ref_r = _pair_logps(reference, chunk, pm.pad_id, pm.device)
+                            ref_c, ref_r = pair_logps(reference, chunk, pm.pad_id, pm.device)
                     losses, rc, rr = dpo_loss(pi_c, pi_r, ref_c, ref_r, beta=self.args.beta)
                 s = dict.fromkeys(("loss", "reward_accuracy", "margin", "chosen_reward", "rejected_reward",
                                    "chosen_logp", "rejected_logp"), 0.0)

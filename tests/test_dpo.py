@@ -10,13 +10,13 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import collab_env  # noqa: E402
+from collab_env.adapters.common.pairs import pair_logps  # noqa: E402
 from collab_env.adapters.common.preference import dpo_loss, select_pair  # noqa: E402
 from collab_env.adapters.dpo import (  # noqa: E402
     DPOConfig,
     DPOTrainer,
     OnlineDPOConfig,
     OnlineDPOTrainer,
-    _pair_logps,
     encode_pair,
 )
 from collab_env.adapters.sft import chat_ids  # noqa: E402
@@ -111,7 +111,7 @@ def test_encode_pair_and_sequence_logprobs_are_exact(tiny_dir):
     assert encode_pair(tok, PROMPT, "a", "b", max_length=len(p)) is None  # no room for a reply
     pairs = [(p, c, r), (sp, sc, sc[:1])]
     with torch.no_grad():
-        got_c, got_r = _pair_logps(model, pairs, tok.pad_token_id, "cpu")
+        got_c, got_r = pair_logps(model, pairs, tok.pad_token_id, "cpu")
     for k, (pp, cc, rr) in enumerate(pairs):
         for comp, got in ((cc, got_c[k]), (rr, got_r[k])):
             ids = torch.tensor([pp + comp])
@@ -122,6 +122,29 @@ def test_encode_pair_and_sequence_logprobs_are_exact(tiny_dir):
             assert float(got) == pytest.approx(want, rel=1e-5, abs=1e-4)
     with pytest.raises(DataSchemaError, match="assistant"):
         encode_pair(tok, PROMPT, [{"role": "user", "content": "x"}], "y")
+
+
+def test_pair_rows_are_encoded_and_split_by_the_toolkit(tiny_dir):
+    """common.pairs: encode_pair_rows keeps the rows' order, counts the rows whose prompt alone
+    reaches max_length, and names a row without a column; split_by_agent takes an agent column
+    or one dataset per agent."""
+    from collab_env.adapters.common.pairs import encode_pair_rows, split_by_agent
+
+    _, tok = _tiny(tiny_dir)
+    long_prompt = "word " * 200
+    rows = [{"prompt": "France?", "chosen": "Paris.", "rejected": "Rome."},
+            {"prompt": long_prompt, "chosen": "a", "rejected": "b"},
+            {"prompt": PROMPT, "chosen": "Paris.", "rejected": "Rome."}]
+    pairs, skipped = encode_pair_rows(tok, rows, max_length=64, what="data")
+    assert skipped == 1
+    assert pairs == [encode_pair(tok, r["prompt"], r["chosen"], r["rejected"], max_length=64) for r in (rows[0], rows[2])]
+    with pytest.raises(DataSchemaError, match="data row 1 has no 'rejected' column"):
+        encode_pair_rows(tok, [rows[0], {"prompt": "p", "chosen": "c"}], max_length=None, what="data")
+    tagged = [dict(rows[0], agent=1), dict(rows[2], agent=0)]
+    assert split_by_agent(tagged, 2, "data") == [[tagged[1]], [tagged[0]]]
+    assert split_by_agent([[rows[0]], [rows[2]]], 2, "data") == [[rows[0]], [rows[2]]]
+    with pytest.raises(DataSchemaError, match="agent must be an int"):
+        split_by_agent(rows, 2, "data")
 
 
 # -- offline DPO ------------------------------------------------------------------------------------
@@ -161,7 +184,7 @@ def test_reference_free_builds_no_reference_and_uses_the_policy_margin(tiny_dir,
                          args=_cfg(tmp_path, reference_free=True, beta=0.5))
     assert trainer.models[0].reference is None
     with torch.no_grad():
-        pi_c, pi_r = _pair_logps(model, trainer.eval_pairs[0][:1], tok.pad_token_id, "cpu")
+        pi_c, pi_r = pair_logps(model, trainer.eval_pairs[0][:1], tok.pad_token_id, "cpu")
     want = -torch.nn.functional.logsigmoid(0.5 * (pi_c - pi_r)).item()
     assert trainer.evaluate()["eval/loss"] == pytest.approx(want, abs=1e-5)
     trainer.train()
@@ -186,8 +209,8 @@ def test_one_dpo_per_agent_on_its_own_pairs(tiny_dir, tmp_path):
     margins = []
     for pm in listed.models:
         with torch.no_grad(), pm.as_reference() as ref:
-            pi_c, pi_r = _pair_logps(pm.model, probe, tok.pad_token_id, "cpu")
-            ref_c, ref_r = _pair_logps(ref, probe, tok.pad_token_id, "cpu")
+            pi_c, pi_r = pair_logps(pm.model, probe, tok.pad_token_id, "cpu")
+            ref_c, ref_r = pair_logps(ref, probe, tok.pad_token_id, "cpu")
         margins.append(float((pi_c - ref_c) - (pi_r - ref_r)))
     assert margins[0] > 0 > margins[1]
     with pytest.raises(DataSchemaError, match="agent"):

@@ -8,7 +8,8 @@ from preferences (DPO, the joint reward model, and any other).
 * **Chat pairs** (DPO): rows with ``prompt`` (chat messages, or a string taken as one user
   message) and ``chosen`` / ``rejected`` (assistant messages, or a string), one dataset per
   agent or an ``agent`` column (:func:`split_by_agent`); :func:`encode_pair` turns one into token
-  ids through the chat template, and :func:`pair_logps` scores a batch of encoded pairs.
+  ids through the chat template (:func:`encode_pair_rows`: a dataset's rows), and
+  :func:`pair_logps` scores a batch of encoded pairs.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from collab_env.errors import ConfigError, DataSchemaError
 
 __all__ = ["JointPair", "Pair", "as_completions", "as_prompt", "read_joint_pairs", "as_messages", "encode_pair",
-           "split_by_agent", "pair_logps"]
+           "encode_pair_rows", "split_by_agent", "pair_logps"]
 
 #: One preference pair: (prompt, chosen completions, rejected completions).
 JointPair = tuple[Any, list[str], list[str]]
@@ -143,6 +144,30 @@ def encode_pair(tokenizer: Any, prompt: Any, chosen: Any, rejected: Any, *, max_
             return None
         out = [c[:room] for c in out]
     return p_ids, out[0], out[1]
+
+
+def encode_pair_rows(tokenizer: Any, rows: Sequence[Mapping[str, Any]], *, max_length: int | None,
+                     what: str) -> tuple[list[Pair], int]:
+    """``(pairs, skipped)``: the chat-pair ``rows`` encoded by :func:`encode_pair`, in order, and
+    how many were skipped because the prompt alone reaches ``max_length``.
+
+    Raises:
+        DataSchemaError: A row without ``prompt``, ``chosen`` or ``rejected`` (``what`` names
+            the dataset), or a malformed field.
+    """
+    out: list[Pair] = []
+    skipped = 0
+    for i, row in enumerate(rows):
+        for col in ("prompt", "chosen", "rejected"):
+            if col not in row:
+                raise DataSchemaError(f"{what} row {i} has no {col!r} column (it has {sorted(row)}).")
+        pair = encode_pair(tokenizer, row["prompt"], row["chosen"], row["rejected"], max_length=max_length,
+                           where=f"{what} row {i}")
+        if pair is None:
+            skipped += 1
+            continue
+        out.append(pair)
+    return out, skipped
 
 
 def split_by_agent(data: Any, num_agents: int, what: str) -> list[list[Mapping[str, Any]]]:
