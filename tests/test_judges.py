@@ -19,7 +19,7 @@ from collab_env.agents.judges import (
     render_transcript,
 )
 from collab_env.errors import CollabEnvError, ConfigError
-from collab_env.types import Completion, Conversation, Message
+from collab_env.types import FAULT, Completion, Conversation, Message
 
 
 class FakeJudgeLLM:
@@ -470,3 +470,64 @@ def test_logprob_judge_on_the_tiny_model_equals_a_direct_computation(tiny_dir):
     # float32 log-probs summed over ~6 tokens, then exponentiated: relative error ~1e-5.
     assert r.meta["probabilities"]["score"]["true"] == pytest.approx(p_true, rel=1e-4, abs=1e-6)
     assert r.score is (p_true > 0.5)
+
+
+# ---------------------------------------------------------------------------------------------
+# The modules the judge is split into
+# ---------------------------------------------------------------------------------------------
+def test_every_old_name_still_imports_from_judges_and_is_the_moved_object():
+    from collab_env.agents import (
+        judge_generate,
+        judge_logprob,
+        judge_scores,
+        judges,
+        replies,
+        rubrics,
+    )
+
+    moved = {
+        replies: ["extract_json_object", "salvage_string_field", "render_transcript", "check_batch",
+                  "is_config_problem"],
+        judge_scores: ["JudgeResult", "parse_score", "SCORE_TYPES"],
+        judge_logprob: ["VALUE_ENDS", "LOGPROB_PREFILL"],
+        rubrics: ["JUDGE_PRESETS", "JUDGE_PREFILLS", "ACCURACY_PROMPT", "INTERACTIVITY_PROMPT",
+                  "INTERACTIVITY_PAPER_PROMPT", "EXTRACT_ANSWER_PROMPT", "ANSWER_MATCH_PROMPT"],
+    }
+    for module, names in moved.items():
+        for name in names:
+            assert getattr(judges, name) is getattr(module, name), name
+    assert all(hasattr(judges, name) for name in judges.__all__)
+    assert judge_generate.CORRECTION.format(reason="x").startswith("Your previous reply could not be read (x).")
+
+
+class ScriptedCompletions:
+    """Answers call k with the k-th list of (finish_reason, text), one per observation; records
+    the text of every observation it was sent."""
+
+    def __init__(self, calls):
+        self.script = list(calls)
+        self.sent: list[list[str]] = []
+
+    async def act(self, observations, **sampling):
+        self.sent.append(["\n".join(m.content for m in o) for o in observations])
+        return [Completion(text=text, finish_reason=reason, usage={"model_calls": 1},
+                           meta={"fault": "injected"} if reason == FAULT else {})
+                for reason, text in self.script.pop(0)]
+
+
+def test_faulted_and_unreadable_items_are_retried_together_in_item_order():
+    # Item 0's reply is unreadable, item 1's completion is a FAULT, item 2 is read. The retry
+    # sends items 0 and 1 in item order (0 first, with its correction appended), whatever
+    # order the two kinds of failure were found in.
+    backend = ScriptedCompletions([
+        [("stop", "no json here"), (FAULT, ""), ("stop", '{"score": 0.3}')],
+        [("stop", '{"score": 0.1}'), ("stop", '{"score": 0.2}')],
+    ])
+    rs = run(simple_judge(backend).score_many([{"text": "zero"}, {"text": "one"}, {"text": "two"}]))
+    assert [r.score for r in rs] == [0.1, 0.2, 0.3]
+    assert [r.faults for r in rs] == [1, 1, 0]
+    assert [r.usage["judge_calls"] for r in rs] == [2.0, 2.0, 1.0]
+    assert [r.usage["model_calls"] for r in rs] == [2, 2, 1]
+    second = backend.sent[1]
+    assert len(second) == 2 and "zero" in second[0] and "could not be read" in second[0]
+    assert "one" in second[1] and "could not be read" not in second[1]

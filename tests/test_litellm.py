@@ -23,8 +23,8 @@ from collab_env.agents.litellm import ConcurrencyLimiter, LiteLLMPolicy, shared_
 from collab_env.errors import ConfigError, FatalPolicyError, PolicyError  # noqa: E402
 from collab_env.rollout import run_episode  # noqa: E402
 from collab_env.tasks.hidden_facts import AskThenAnswer  # noqa: E402
-from collab_env.types import FAULT, Conversation, Message  # noqa: E402
 from collab_env.testing.openai_server import FakeOpenAIServer, free_port  # noqa: E402
+from collab_env.types import FAULT, Conversation, Message  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -450,3 +450,51 @@ def test_module_import_does_not_import_litellm():
     code = "import sys, collab_env.agents.litellm; print('litellm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# -- the retry policy and the limiter, as modules of their own --------------------------------
+def test_the_limiter_keeps_its_old_import_path():
+    from collab_env.agents import limiter, litellm
+
+    assert litellm.ConcurrencyLimiter is limiter.ConcurrencyLimiter
+    assert litellm.shared_limiter is limiter.shared_limiter
+
+
+class _StatusError(Exception):
+    def __init__(self, status, message="boom", headers=None):
+        super().__init__(message)
+        self.status_code = status
+        self.headers = headers or {}
+
+
+@pytest.mark.parametrize(("exc", "kind", "fatal", "rejected", "wait"), [
+    (_StatusError(429, headers={"retry-after": "2"}), "retry", None, None, 2.0),
+    (_StatusError(503, headers={"retry-after-ms": "1500"}), "retry", None, None, 1.5),
+    (_StatusError(500), "retry", None, None, None),
+    (_StatusError(408), "retry", None, None, None),
+    (_StatusError(401), "give up", True, True, None),
+    (_StatusError(422), "give up", True, True, None),
+    (_StatusError(500, "Missing credentials: set OPENAI_API_KEY"), "give up", True, True, None),
+    (ConnectionResetError("reset"), "retry", None, None, None),
+    (KeyError("bad keyword"), "give up", True, False, None),
+])
+def test_errors_are_sorted_into_retry_or_give_up(exc, kind, fatal, rejected, wait):
+    from collab_env.agents.retries import GiveUp, Retry, classify_error
+
+    out = classify_error(exc)
+    if kind == "retry":
+        assert isinstance(out, Retry) and out.retry_after == wait
+    else:
+        assert isinstance(out, GiveUp) and (out.fatal, out.rejected) == (fatal, rejected)
+
+
+def test_backoff_delay_by_hand():
+    import random
+
+    from collab_env.agents.retries import backoff_delay
+
+    # Attempt 3 with base 0.1: 0.4, capped at 0.3, times a uniform draw from [0.5, 1).
+    u = random.Random(7).uniform(0.5, 1.0)
+    assert backoff_delay(3, None, base=0.1, cap=0.3, rng=random.Random(7)) == 0.3 * u
+    assert backoff_delay(1, -5.0, base=0.1, cap=0.3, rng=random.Random(7)) == 0.0
+    assert backoff_delay(1, 0.25, base=0.1, cap=0.3, rng=random.Random(7)) == 0.25

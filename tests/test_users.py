@@ -15,8 +15,8 @@ from collab_env.agents.users import LLMUserSimulator, parse_user_reply, read_goa
 from collab_env.errors import ConfigError, FatalPolicyError, PolicyError
 from collab_env.rollout import run_episode
 from collab_env.tasks.hidden_facts import AskThenAnswer
-from collab_env.types import FAULT, Completion, Conversation, Message
 from collab_env.testing.collabllm_fixtures import write_collabllm_fixture
+from collab_env.types import FAULT, Completion, Conversation, Message
 
 SIGNAL = "[[TERMINATE CHAT]]"
 
@@ -297,6 +297,31 @@ def test_backend_fault_completion_counts_as_failed_attempt():
     [c] = act(LLMUserSimulator(FaultThenOk([])), [user_view()])
     assert c.text == "ok" and c.usage["retries"] == 1 and "rate limited" in c.meta["errors"][0]
 
+
+def test_faulted_and_unreadable_observations_are_retried_together_in_order():
+    # Observation A's reply is unreadable, B's completion is a FAULT, C's is read. The retry
+    # sends A then B (the order of the observations), A with its correction appended.
+    class Scripted(FakeLLM):
+        async def act(self, observations, **sampling):
+            texts = [o[-1].content for o in observations]
+            self.calls.append((texts, dict(sampling)))
+            if len(self.calls) == 1:
+                return [Completion(text="{broken", finish_reason="stop", usage={"model_calls": 1}),
+                        Completion(text="", finish_reason=FAULT, usage={"model_calls": 1},
+                                   meta={"fault": "rate limited"}),
+                        Completion(text=reply_json("C"), finish_reason="stop", usage={"model_calls": 1})]
+            return [Completion(text=reply_json(r), finish_reason="stop", usage={"model_calls": 1})
+                    for r in ("A", "B")]
+
+    backend = Scripted([])
+    views = [user_view(goal=collab_goal(f"GOAL-{x}")) for x in "ABC"]
+    out = act(LLMUserSimulator(backend), views)
+    assert [c.text for c in out] == ["A", "B", "C"]
+    assert [c.usage["retries"] for c in out] == [1, 1, 0]
+    assert [c.usage["model_calls"] for c in out] == [2, 2, 1]
+    first, second = backend.calls[1][0]
+    assert "could not be read" in first and "could not be read" not in second
+    assert "rate limited" in out[1].meta["errors"][0]
 
 def test_plain_text_can_be_refused():
     [c] = act(LLMUserSimulator(FakeLLM(lambda p: "just words"), accept_plain_text=False, max_retries=0),
