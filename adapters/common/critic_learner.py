@@ -22,14 +22,14 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from collab_env.adapters.common.config import TrainerConfig
-from collab_env.adapters.common.learner import TaskLearner, build_models
+from collab_env.adapters.common.learner import TaskLearner
 from collab_env.adapters.common.loop import RunState, Schedule, mean
-from collab_env.adapters.common.task import ENV_METHODS, TaskSource, turn_metrics
+from collab_env.adapters.common.task import ENV_METHODS, turn_metrics
 from collab_env.errors import ConfigError, TaskFunctionError
 
 __all__ = ["RolloutSample", "Transition", "CriticInput", "CriticLearner", "load_critic_model"]
@@ -128,37 +128,20 @@ class CriticLearner(TaskLearner):
         args = self.config_class() if args is None else args
         if not isinstance(args, self.config_class):
             raise ConfigError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}.")
-        if agent_model is None:
-            raise ConfigError("agent_model is required: a model folder, a hub id, 'embedded' or a loaded model.")
         if metrics_callback is not None and not callable(metrics_callback):
             raise ConfigError(f"metrics_callback must be callable or None, got {type(metrics_callback).__name__}.")
-        if num_agents is not None and num_agents != args.num_agents:
-            raise ConfigError(f"num_agents={num_agents} but args.num_agents={args.num_agents}: set both to the same value.")
         if args.critic_placement == "head" and critic_model is not None:
             raise ConfigError("critic_model= gives the critic its own model; it contradicts critic_placement='head' "
                               "(use_separate_critic=False).")
-        self.task = TaskSource.build(
-            args, num_agents=num_agents, formatters=formatters, reward_func=reward_func,
-            reward_processor=reward_processor, external_transition=external_transition,
-            train_dataset=train_dataset, eval_dataset=eval_dataset, env=env, eval_env=eval_env,
-            env_kwargs=env_kwargs, policies=policies, trained_players=trained_players,
-            env_methods=(*ENV_METHODS, "state"))
-        if env is not None and num_agents is None:
-            args = replace(args, num_agents=len(self.players))
-        if len(self.players) != args.num_agents:
-            raise ConfigError(
-                f"the environment trains {len(self.players)} player(s) {list(self.players)} but "
-                f"args.num_agents={args.num_agents}; set num_agents={len(self.players)}."
-            )
-        self.args = args
         self.metrics_callback = metrics_callback
-        torch.manual_seed(args.seed)
+        args = self.setup_task(
+            args, agent_model=agent_model, tokenizer=tokenizer, num_agents=num_agents,
+            need_reference=lambda a: a.reference_kl_enabled,
+            formatters=formatters, reward_func=reward_func, reward_processor=reward_processor,
+            external_transition=external_transition, train_dataset=train_dataset, eval_dataset=eval_dataset,
+            env=env, eval_env=eval_env, env_kwargs=env_kwargs, policies=policies, trained_players=trained_players,
+            env_methods=(*ENV_METHODS, "state"))
         steps = self.planned_optimizer_steps()
-        self.models, self._unique = build_models(agent_model, tokenizer, args.num_agents, args,
-                                                 need_reference=args.reference_kl_enabled, steps=steps)
-        # Rewards that roll futures (the multiturn-aware reward) play the trained players' future
-        # turns with the policy being trained, sampling as the learner does.
-        self.task.bind_learner(self.models, self.sampling(False))
         self.critics = self._build_critics(critic_model, critic_tokenizer)
         critic_lr = args.critic_learning_rate if args.critic_learning_rate is not None else args.learning_rate
         for c in self.critics:

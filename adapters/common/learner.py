@@ -11,10 +11,13 @@ source, the item schedule, and the shuffled order of an epoch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from collab_env.adapters.common.loop import Schedule
-from collab_env.adapters.common.task import learner_sampling
+from collab_env.adapters.common.task import TaskSource, learner_sampling
+from collab_env.errors import ConfigError
 
 __all__ = ["build_models", "TaskLearner", "epoch_order"]
 
@@ -78,6 +81,45 @@ class TaskLearner:
     @property
     def _rng(self) -> Any:
         return self.task.rng
+
+    def setup_task(self, args: Any, *, agent_model: Any, tokenizer: Any, num_agents: int | None,
+                   need_reference: Callable[[Any], bool], **task: Any) -> Any:
+        """The set-up every environment-playing learner shares, in order: check ``agent_model``
+        and ``num_agents``; build the task source (``task``: the keywords of
+        :meth:`TaskSource.build <collab_env.adapters.common.task.TaskSource.build>`); take the
+        number of agents from an env's trained players; seed torch; build the models (with a
+        reference model when ``need_reference(args)``) scheduled over
+        ``self.planned_optimizer_steps()``; bind the policies being trained into rewards that
+        roll futures (the multiturn-aware reward), sampling as the learner does. Sets
+        ``self.task``, ``self.args``, ``self.models``; returns the final ``args``.
+
+        Raises:
+            ConfigError: No ``agent_model``; ``num_agents`` disagrees with ``args`` or with the
+                env's trained players.
+        """
+        import torch
+
+        if agent_model is None:
+            raise ConfigError("agent_model is required: a model folder, a hub id, 'embedded' or a loaded model.")
+        if num_agents is not None and num_agents != args.num_agents:
+            raise ConfigError(
+                f"num_agents={num_agents} but args.num_agents={args.num_agents}: set both to the same value."
+            )
+        self.task = TaskSource.build(args, num_agents=num_agents, **task)
+        if task.get("env") is not None and num_agents is None:
+            args = replace(args, num_agents=len(self.players))
+        if len(self.players) != args.num_agents:
+            raise ConfigError(
+                f"the environment trains {len(self.players)} player(s) {list(self.players)} but "
+                f"args.num_agents={args.num_agents}; set num_agents={len(self.players)}."
+            )
+        self.args = args
+        torch.manual_seed(args.seed)
+        self.models, self._unique = build_models(agent_model, tokenizer, args.num_agents, args,
+                                                 need_reference=need_reference(args),
+                                                 steps=self.planned_optimizer_steps())
+        self.task.bind_learner(self.models, self.sampling(False))
+        return args
 
     def sampling(self, evaluation: bool = False) -> dict[str, Any]:
         """The rollouts' sampling keywords (:func:`~collab_env.adapters.common.task.learner_sampling`)."""

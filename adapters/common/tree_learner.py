@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from collab_env.adapters.common.config import TrainerConfig
-from collab_env.adapters.common.learner import TaskLearner, build_models
+from collab_env.adapters.common.learner import TaskLearner
 from collab_env.adapters.common.loop import RunState, Schedule, mean
-from collab_env.adapters.common.task import TaskSource, turn_metrics
+from collab_env.adapters.common.task import turn_metrics
 from collab_env.adapters.common.update import Sample, policy_update
 from collab_env.errors import ConfigError, TaskFunctionError
 
@@ -59,44 +59,23 @@ class TreeLearner(TaskLearner):
         policies: Mapping[str, Any] | None = None,
         trained_players: Sequence[str] | None = None,
     ) -> None:
-        import torch
 
         from collab_env.adapters.common.logging import MetricsLogger
 
         args = self.config_class() if args is None else args
         if not isinstance(args, self.config_class):
             raise ConfigError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}.")
-        if agent_model is None:
-            raise ConfigError("agent_model is required: a model folder, a hub id, 'embedded' or a loaded model.")
         for name, fn in (("eval_logger", eval_logger), ("eval_aggregator", eval_aggregator)):
             if fn is not None and not callable(fn):
                 raise ConfigError(f"{name} must be callable or None, got {type(fn).__name__}.")
-        if num_agents is not None and num_agents != args.num_agents:
-            raise ConfigError(
-                f"num_agents={num_agents} but args.num_agents={args.num_agents}: set both to the same value."
-            )
-        self.task = TaskSource.build(
-            args, num_agents=num_agents, formatters=formatters, reward_func=reward_func,
-            reward_processor=reward_processor, external_transition=external_transition,
-            train_dataset=train_dataset, eval_dataset=eval_dataset, env=env, eval_env=eval_env,
-            env_kwargs=env_kwargs, policies=policies, trained_players=trained_players)
-        if env is not None and num_agents is None:
-            args = replace(args, num_agents=len(self.players))
-        if len(self.players) != args.num_agents:
-            raise ConfigError(
-                f"the environment trains {len(self.players)} player(s) {list(self.players)} but "
-                f"args.num_agents={args.num_agents}; set num_agents={len(self.players)}."
-            )
-        self.args = args
         self.eval_logger = eval_logger
         self.eval_aggregator = eval_aggregator
-        torch.manual_seed(args.seed)
-        self.models, self._unique = build_models(
-            agent_model, tokenizer, args.num_agents, args, need_reference=args.beta > 0 or args.reference_kl_enabled,
-            steps=self.planned_optimizer_steps())
-        # Rewards that roll futures (the multiturn-aware reward) play the trained players' future
-        # turns with the policy being trained, sampling as the learner does.
-        self.task.bind_learner(self.models, self.sampling(False))
+        args = self.setup_task(
+            args, agent_model=agent_model, tokenizer=tokenizer, num_agents=num_agents,
+            need_reference=lambda a: a.beta > 0 or a.reference_kl_enabled,
+            formatters=formatters, reward_func=reward_func, reward_processor=reward_processor,
+            external_transition=external_transition, train_dataset=train_dataset, eval_dataset=eval_dataset,
+            env=env, eval_env=eval_env, env_kwargs=env_kwargs, policies=policies, trained_players=trained_players)
         self.state = RunState()
         self._buffers: list[list[list[Sample]]] = [[] for _ in range(args.num_agents)]
         self.wandb_config = wandb_config
