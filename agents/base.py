@@ -170,12 +170,20 @@ def _opens_string(prefix: str | None) -> bool:
     return prefix is not None and (prefix.count('"') - prefix.count('\\"')) % 2 == 1
 
 
+def stop_list(stop: Any) -> list[str]:
+    """A ``stop`` sampling value as a list of strings (one string is one stop string, not its
+    characters; ``None`` is none)."""
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
+
+
 def prefill_sampling(prefix: str | None, sampling: Mapping[str, Any]) -> dict[str, Any]:
     """Sampling keywords for a prefilled call: a prefix that opens a JSON string (e.g.
     ``'{"response": "'``) stops at the string's closing quote."""
     if not _opens_string(prefix):
         return dict(sampling)
-    return {**sampling, "stop": [*sampling.get("stop", ()), '"']}
+    return {**sampling, "stop": [*stop_list(sampling.get("stop")), '"']}
 
 
 def prefill_reply(prefix: str | None, completion: Any) -> str:

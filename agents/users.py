@@ -55,6 +55,7 @@ from collab_env.agents.base import (
     prefill_reply,
     prefill_sampling,
     resolve_policy,
+    stop_list,
     usable_prefill,
 )
 from collab_env.agents.replies import (
@@ -392,7 +393,7 @@ class LLMUserSimulator:
             prefix = usable_prefill(self.backend, self.response_prefix)
             call_kw = prefill_sampling(prefix, kw)
             if self.reply_format == "plain":
-                call_kw["stop"] = [*call_kw.get("stop", ()), "\n\n"]
+                call_kw["stop"] = [*stop_list(call_kw.get("stop")), "\n\n"]
             replies, again = await attempt_pending(
                 self.backend, pending, [add_prefill(prompts[i], prefix, "simulator-backend") for i in pending],
                 call_kw, usage=usage, errors=errors)

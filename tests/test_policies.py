@@ -43,3 +43,12 @@ def test_errors_are_clear():
         resolve_policy("collab_env.tasks.hidden_facts:generate_item")
     with pytest.raises(ConfigError, match="constructor arguments"):
         resolve_policy(FixedTextPolicy("x"), text="y")
+
+
+def test_a_stop_string_is_one_stop_string_when_a_reply_is_prefilled():
+    from collab_env.agents.base import prefill_sampling, stop_list
+
+    assert stop_list("abc") == ["abc"] and stop_list(None) == [] and stop_list(("a", "b")) == ["a", "b"]
+    # A prefix that opens a JSON string adds its closing quote to the caller's stop strings.
+    assert prefill_sampling('{"response": "', {"stop": "abc"})["stop"] == ["abc", '"']
+    assert prefill_sampling('{"response": "', {"stop": ["x", "y"]})["stop"] == ["x", "y", '"']
