@@ -162,8 +162,10 @@ async def expand_tree(
     Args:
         roots: From :func:`start_roots`.
         players: Trained player ids; agent ``i`` is ``players[i]``.
-        models: Per agent, a :class:`~collab_env.adapters.common.models.PolicyModel` (the same
-            object for agents sharing a model: their requests then share generate calls).
+        models: Per agent, a :class:`~collab_env.adapters.common.models.PolicyModel` or any
+            :class:`~collab_env.agents.hf.TokenGenerator` with ``prompt_ids`` /
+            ``raw_prompt_ids`` (the same object for agents sharing a model: their requests then
+            share generate calls).
         others: Policies of the untrained players.
         branching: Completions per acting agent at a depth (``G``).
         max_depth: Turns per tree.
