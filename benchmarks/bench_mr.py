@@ -67,7 +67,7 @@ async def run(args) -> None:
                             sampling={"temperature": 0.0, "max_new_tokens": args.max_new_tokens})
     sampling = {"assistant": {"temperature": 1.0, "max_new_tokens": args.max_new_tokens}}
     base = collab_env.make("collabllm-math-hard", data_files=str(tmp / "rows.jsonl"))
-    # As in tests/test_mr_embedded.py: math accuracy by rule (the 135M model copies the accuracy
+    # As in tests/rewards/test_mr_embedded.py: math accuracy by rule (the 135M model copies the accuracy
     # judge's template), interactivity by the judge (paper rubric, prefilled reply).
     env = default_reward(base, judge=model, user=user, policy=model, num_rollouts=args.rollouts,
                          weights={"accuracy_rule": 1.0, "interactivity": 1.0, "token_amount": -1e-4},

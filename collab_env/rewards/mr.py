@@ -80,7 +80,7 @@ here, by default               drop the future and count it    drop and count   
 =============================  ==============================  ======================  ==================
 
 Choices made where the implementations disagree or leave a gap (stated here, tested in
-``tests/test_mr.py``):
+``tests/rewards/test_mr.py``):
 
 * **The window counts turns per side, and the candidate reply counts**, as in the verl agent
   loop: a future continues while the user has written fewer than ``max_user_turns`` messages

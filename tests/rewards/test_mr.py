@@ -1,7 +1,7 @@
 """MultiturnAwareReward, ConversationReward, aggregation rules and the CollabLLM default rewards.
 
 Expected values are computed by hand in the comments. Policies are scripted (no model) except
-in tests/test_mr_embedded.py.
+in tests/rewards/test_mr_embedded.py.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -152,7 +153,7 @@ def test_cannot_write_outside_its_directory(tmp_path_factory, namespaces):
     os.chmod(sentinel_dir, 0o755)
     sentinel = sentinel_dir / "keep.txt"
     sentinel.write_text("original")
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = str(Path(__file__).resolve().parents[2])  # the repository (tests/rewards/ is two below)
     home = os.path.expanduser("~")
     targets = [str(sentinel), str(sentinel_dir / "new.txt"), os.path.join(repo, "pwned.txt"),
                os.path.join(home, "pwned.txt"), "/tmp/pwned_sandbox.txt"]
