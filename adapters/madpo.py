@@ -405,17 +405,15 @@ class MADPOTrainer(TreeLearner):
         return run_sync(go())
 
     async def _step_parts(self, node: Any, ja: Any, parts: Sequence[str], seeds) -> None:
-        from collab_env.rollout import act_for
+        """One round on a clone of the node's env: the parsed parts as the trained players'
+        moves, the untrained players on turn through their policies (the episode driver)."""
+        from collab_env.rollout import advance
 
-        env = node.env.clone()
-        actions = dict(zip(self.players, parts, strict=True))
-        on_turn = [p for p in env.possible_agents if p not in self.players and node.infos.get(p, {}).get("on_turn")]
-        if on_turn:
-            done = await act_for(on_turn, node.obs, self.others, seed=seeds(1)[0])
-            actions.update({p: c.text for p, c in done.items()})
-        _, rew, _, _, _ = await env.astep(actions)
+        run = await advance(node.env.clone(), self.others, obs=node.obs, infos=node.infos,
+                            actions=dict(zip(self.players, parts, strict=True)), max_steps=1,
+                            seed=lambda k: seeds(1)[0])
         for i, p in enumerate(self.players):
-            ja.rewards[i] += float(rew.get(p, 0.0))
+            ja.rewards[i] += run.reward(p)
 
     # -- training ---------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:  # type: ignore[override]
