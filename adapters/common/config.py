@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar, Literal
 
@@ -238,12 +238,27 @@ class TrainerConfig(metaclass=ConfigMeta):
     plot: bool = True
     """Write the curves as ``<output_dir>/curves.png`` (needs matplotlib; skipped with a warning
     when it is missing)."""
+    untrained_sampling: Any = None
+    """Sampling of the untrained players' policies (a user simulator, a partner) in the env
+    path's rollouts: ``None`` keeps each policy's own settings; ``"learner"`` gives them the
+    learner's sampling (``temperature``, ``top_p``, ``top_k``, ``max_new_tokens`` of this
+    config: one source for the tree, the multiturn-aware futures and the other players); or
+    player -> sampling keywords. Keywords passed this way override a policy's own defaults."""
 
     def __post_init__(self) -> None:
         if self.preset is not None:
             check_choice("preset", self.preset, PRESETS)
         check_int("num_train_epochs", self.num_train_epochs, 1)
         check_int("max_steps", self.max_steps, -1)
+        u = self.untrained_sampling
+        if u is not None and u != "learner":
+            if not isinstance(u, Mapping) or not all(isinstance(v, Mapping) for v in u.values()):
+                raise ConfigError("untrained_sampling must be None, 'learner' or player -> {keyword: value}, "
+                                  f"got {u!r:.100}.")
+            from collab_env.policy import SamplingParams
+
+            for v in u.values():
+                SamplingParams.from_kwargs(**v)  # an unknown or invalid keyword is an error now
         if self.max_steps == 0:
             raise ConfigError("max_steps must be -1 (no limit) or >= 1, got 0.")
         check_int("per_device_train_batch_size", self.per_device_train_batch_size, 1)

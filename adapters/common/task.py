@@ -110,6 +110,27 @@ def learner_sampling(args: Any, evaluation: bool = False) -> dict[str, Any]:
     return {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "max_new_tokens": tokens}
 
 
+def untrained_sampling(args: Any, others: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The sampling keywords of the untrained players ``others`` from ``args.untrained_sampling``
+    (:class:`~collab_env.adapters.common.config.TrainerConfig`): none, the learner's own
+    (``"learner"``, :func:`learner_sampling`) for each of them, or the mapping given.
+
+    Raises:
+        ConfigError: The mapping names a player that is not an untrained player.
+    """
+    choice = getattr(args, "untrained_sampling", None)
+    if choice is None:
+        return {}
+    if choice == "learner":
+        own = {k: v for k, v in learner_sampling(args).items() if v is not None}
+        return {p: dict(own) for p in others}
+    unknown = [p for p in choice if p not in others]
+    if unknown:
+        raise ConfigError(f"untrained_sampling names {unknown}, which are not untrained players of the env "
+                          f"(untrained: {sorted(others)}).")
+    return {p: dict(v) for p, v in choice.items()}
+
+
 def bind_learner(envs: Sequence[Any], players: Sequence[str], models: Sequence[Any],
                  sampling: Mapping[str, Any] | None = None) -> int:
     """Bind the policies being trained into every environment of ``envs`` whose reward rolls
@@ -282,7 +303,7 @@ class TaskSource:
             raise ConfigError("this env generates unlimited items: set args.max_steps to the number of training items.")
         return cls(train_env=train, eval_env=evaluation, players=tuple(players), others=others,
                    train_items=train_items, eval_items=num_items(evaluation) if evaluation is not None else 0,
-                   seed=args.seed)
+                   seed=args.seed, others_sampling=untrained_sampling(args, others))
 
     # -- counts and seeds -------------------------------------------------------------------------
     def items_per_epoch(self, max_steps: int) -> int:

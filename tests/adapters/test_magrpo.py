@@ -309,3 +309,31 @@ def test_untrained_players_get_the_task_sources_sampling(tiny_dir, tmp_path):
     trainer.task.others_sampling = {"user": {"temperature": 0.3, "max_new_tokens": 5}}
     trainer.train()
     assert seen and all(s == {"temperature": 0.3, "max_new_tokens": 5} for s in seen)
+
+
+def test_untrained_sampling_learner_gives_the_other_players_the_learners_sampling(tiny_dir, tmp_path):
+    """``untrained_sampling="learner"``: one source of sampling for the tree and the untrained
+    players (the user of hidden-facts); a mapping names players; bad values are errors."""
+    from collab_env.errors import ConfigError
+    from collab_env.types import Completion
+
+    seen = []
+
+    class RecordingUser:
+        async def act(self, observations, **sampling):
+            seen.append({k: v for k, v in sampling.items() if k != "seed"})
+            return [Completion(text="I don't know.") for _ in observations]
+
+    model, tok = _tiny(tiny_dir)
+    trainer = MAGRPOTrainer(agent_model=model, tokenizer=tok, env="hidden-facts", policies={"user": RecordingUser()},
+                            args=_cfg(tmp_path, num_agents=1, num_turns=2, max_steps=1, temperature=0.7,
+                                      top_p=0.9, max_new_tokens=5, untrained_sampling="learner"))
+    trainer.train()
+    assert seen and all(s == {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 5} for s in seen)
+    with pytest.raises(ConfigError, match="untrained_sampling names"):
+        MAGRPOTrainer(agent_model=model, tokenizer=tok, env="hidden-facts",
+                      args=_cfg(tmp_path, num_agents=1, max_steps=1, untrained_sampling={"assistant": {"temperature": 0.1}}))
+    with pytest.raises(ConfigError, match="unknown sampling parameter"):
+        _cfg(tmp_path, untrained_sampling={"user": {"temprature": 0.1}})
+    with pytest.raises(ConfigError, match="untrained_sampling must be"):
+        _cfg(tmp_path, untrained_sampling="greedy")
