@@ -189,27 +189,23 @@ def test_checkpoint_resume_is_bit_for_bit(tiny_dir, tmp_path):
 # -- evaluation ----------------------------------------------------------------------------------
 
 
-def eval_logger(*, agent_completions_turns, batch_items, prompts):
-    return [
-        {
-            f"turn_{turn + 1}/response_chars": sum(
-                len(agent[row][turn]) for agent in agent_completions_turns
-            ) / len(agent_completions_turns)
-            for turn in range(len(agent_completions_turns[0][row]))
-        }
-        for row in range(len(batch_items))
-    ]
+def _guide_example():
+    """examples/length_ratio_magrpo.py (the CoMLRL guide's example) as a module: its
+    ``eval_logger`` and ``eval_aggregator`` are what this test runs (its training is under
+    ``__main__`` and does not run on import)."""
+    import importlib.util
+    from pathlib import Path
 
-
-def eval_aggregator(rows, *, num_turns):
-    return {
-        key: sum(row[key] for row in rows) / len(rows)
-        for turn in range(num_turns)
-        for key in [f"turn_{turn + 1}/response_chars"]
-    } if rows else {}
+    path = Path(__file__).resolve().parents[2] / "examples" / "length_ratio_magrpo.py"
+    spec = importlib.util.spec_from_file_location("length_ratio_magrpo", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_eval_logger_and_aggregator_contract(tiny_dir, tmp_path):
+    guide = _guide_example()
+    eval_logger, eval_aggregator = guide.eval_logger, guide.eval_aggregator
     model, tok = _tiny(tiny_dir)
     seen = {}
 
