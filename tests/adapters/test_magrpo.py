@@ -287,20 +287,28 @@ def test_collabllm_style_training_with_the_multiturn_aware_reward(tiny_dir, tmp_
     assert bound.stats.batched_requests > 0
 
 
+class RecordingUser:
+    """A user that answers "I don't know." and records the sampling keywords (seed aside) of
+    each call."""
+
+    def __init__(self):
+        self.seen = []
+
+    async def act(self, observations, **sampling):
+        from collab_env.types import Completion
+
+        self.seen.append({k: v for k, v in sampling.items() if k != "seed"})
+        return [Completion(text="I don't know.") for _ in observations]
+
+
 def test_untrained_players_get_the_task_sources_sampling(tiny_dir, tmp_path):
     """The task source's ``others_sampling`` reaches the untrained players' policies in the tree
     (here the user of hidden-facts, on turn after every assistant reply)."""
-    from collab_env.types import Completion
-
-    seen = []
-
-    class RecordingUser:
-        async def act(self, observations, **sampling):
-            seen.append({k: v for k, v in sampling.items() if k != "seed"})
-            return [Completion(text="I don't know.") for _ in observations]
+    user = RecordingUser()
+    seen = user.seen
 
     model, tok = _tiny(tiny_dir)
-    trainer = MAGRPOTrainer(agent_model=model, tokenizer=tok, env="hidden-facts", policies={"user": RecordingUser()},
+    trainer = MAGRPOTrainer(agent_model=model, tokenizer=tok, env="hidden-facts", policies={"user": user},
                             args=_cfg(tmp_path, num_agents=1, num_turns=2, max_steps=1))
     trainer.task.others_sampling = {"user": {"temperature": 0.3, "max_new_tokens": 5}}
     trainer.train()
@@ -311,17 +319,11 @@ def test_untrained_sampling_learner_gives_the_other_players_the_learners_samplin
     """``untrained_sampling="learner"``: one source of sampling for the tree and the untrained
     players (the user of hidden-facts); a mapping names players; bad values are errors."""
     from collab_env.errors import ConfigError
-    from collab_env.types import Completion
-
-    seen = []
-
-    class RecordingUser:
-        async def act(self, observations, **sampling):
-            seen.append({k: v for k, v in sampling.items() if k != "seed"})
-            return [Completion(text="I don't know.") for _ in observations]
+    user = RecordingUser()
+    seen = user.seen
 
     model, tok = _tiny(tiny_dir)
-    trainer = MAGRPOTrainer(agent_model=model, tokenizer=tok, env="hidden-facts", policies={"user": RecordingUser()},
+    trainer = MAGRPOTrainer(agent_model=model, tokenizer=tok, env="hidden-facts", policies={"user": user},
                             args=_cfg(tmp_path, num_agents=1, num_turns=2, max_steps=1, temperature=0.7,
                                       top_p=0.9, max_new_tokens=5, untrained_sampling="learner"))
     trainer.train()
