@@ -21,8 +21,8 @@ pytest.importorskip("transformers")
 from collab_env._async import run_sync  # noqa: E402
 from collab_env.agents.hf import HFPolicy  # noqa: E402
 from collab_env.errors import ConfigError, MissingDependencyError, PolicyError  # noqa: E402
-from collab_env.types import Conversation  # noqa: E402
 from collab_env.testing.tiny_model import build_tiny_chat_model, load_tiny_chat_model  # noqa: E402
+from collab_env.types import Conversation  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ def test_64_concurrent_calls_make_at_most_4_generate_calls_and_reach_their_calle
     assert len(sizes) <= math.ceil(64 / 16) and sum(sizes) == 64
     assert policy.stats.generate_calls == len(sizes)
     assert policy.stats.batched_requests == 64 and policy.stats.largest_batch == 16
-    for obs, out in zip(observations, results):
+    for obs, out in zip(observations, results, strict=True):
         assert len(out) == 1
         assert list(out[0].prompt_token_ids) == template_ids(tok, obs)
         assert out[0].usage["prompt_tokens"] == len(out[0].prompt_token_ids)
@@ -218,7 +218,7 @@ def test_left_padding_gives_each_prompt_its_solo_greedy_output(tiny):
     assert policy.stats.generate_calls == 1
     lengths = {len(c.prompt_token_ids) for c in together}
     assert len(lengths) == 3  # really different lengths, so really padded
-    for obs, batched in zip(observations, together):
+    for obs, batched in zip(observations, together, strict=True):
         alone = asyncio.run(policy.act([obs]))[0]
         # Exact greedy ids: on these paths the top two logits are >= 0.13 apart (measured), far
         # above the float32 differences between a padded batch and a single row on any CPU.
@@ -326,7 +326,7 @@ def test_the_models_own_generation_defaults_do_not_leak_in(tiny):
     gc.do_sample, gc.temperature, gc.top_p, gc.top_k = True, 0.6, 0.9, 20
     gc.repetition_penalty, gc.no_repeat_ngram_size = 1.3, 2
     after = [asyncio.run(policy.act(obs, temperature=t, seed=1))[0] for t in (0, 1.0)]
-    for b, a in zip(before, after):
+    for b, a in zip(before, after, strict=True):
         assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
 
 
@@ -394,6 +394,40 @@ def test_importing_the_backends_does_not_import_torch():
             "print(','.join(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_the_split_backends_keep_their_old_import_paths():
+    """hf.py and vllm.py are split by job; every name they exported is still importable from them
+    (the same objects), and importing the vLLM backend does not import vllm or torch."""
+    from collab_env.agents import hf, hf_batching, hf_generator, tokens
+
+    assert (hf.TokenGenerator, hf.sampling_params) == (tokens.TokenGenerator, tokens.sampling_params)
+    assert (hf.GenerationStats, hf.FLUSH_MODES) == (hf_generator.GenerationStats, hf_batching.FLUSH_MODES)
+    assert issubclass(hf.HFPolicy, hf_generator.HFGenerator)
+    for name in hf.__all__:
+        assert getattr(hf, name) is not None
+    code = ("import sys; from collab_env.agents.vllm import VLLMPolicy, AsyncVLLMPolicy, VLLMStats, "
+            "EMBEDDED_NAMES, to_vllm_sampling; from collab_env.agents import vllm_offline, vllm_async; "
+            "assert VLLMPolicy is vllm_offline.VLLMPolicy and AsyncVLLMPolicy is vllm_async.AsyncVLLMPolicy; "
+            "print(','.join(m for m in ('torch', 'transformers', 'vllm') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_a_seeded_act_gives_each_row_the_shared_row_seed(tiny):
+    """Observation i of act(..., seed=s) is sampled with tokens.row_seed(s, i), the seed the vLLM
+    backend gives it too: generate_tokens with those seeds draws the same tokens."""
+    from collab_env.agents.tokens import row_seed
+
+    model, tok = tiny
+    policy = HFPolicy(model, tok, device="cpu", max_batch_size=4)
+    obs = [chat("seeds"), chat("seeds"), chat("other")]
+    got = run_sync(policy.act(obs, seed=17, temperature=1.0, max_new_tokens=5))
+    assert [c.meta["seed"] for c in got] == [row_seed(17, i) for i in range(3)]
+    assert len({row_seed(17, i) for i in range(3)}) == 3 and all(0 <= row_seed(17, i) < 2**63 for i in range(3))
+    again = policy.generate_tokens([list(c.prompt_token_ids) for c in got], {"temperature": 1.0, "max_new_tokens": 5},
+                                   [row_seed(17, i) for i in range(3)])
+    assert [c.token_ids for c in again] == [c.token_ids for c in got]
 
 
 def test_a_prefilled_reply_is_continued_not_reopened(tiny):
