@@ -7,8 +7,8 @@ import json
 import math
 
 import pytest
-from collab_env.agents.base import SamplingParams
 
+from collab_env.agents.base import SamplingParams
 from collab_env.errors import ConfigError, PolicyError
 from collab_env.types import Conversation
 

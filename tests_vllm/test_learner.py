@@ -30,8 +30,8 @@ def forward_logprobs(model, prompt, completion, pad_id):
 
 def test_magrpo_step_with_vllm_generation_syncs_the_trained_weights(tmp_path):
     from collab_env.adapters.magrpo import MAGRPOConfig, MAGRPOTrainer
-    from collab_env.types import Conversation
     from collab_env.testing.tiny_model import build_tiny_chat_model, load_tiny_chat_model
+    from collab_env.types import Conversation
 
     folder = build_tiny_chat_model(tmp_path / "tiny")
     model, tok = load_tiny_chat_model(folder)
@@ -56,6 +56,10 @@ def test_magrpo_step_with_vllm_generation_syncs_the_trained_weights(tmp_path):
     prompt = pm.prompt_ids(Conversation.from_chat([{"role": "user", "content": "Describe a city in the clouds."}]))
     [c] = pm.generate([prompt], [0], temperature=0.0, max_new_tokens=6)
     assert pm.engine.version == pm.version  # synced before generating
+    # The engine is a TokenGenerator that pads like the learner's tokenizer.
+    from collab_env.agents.tokens import TokenGenerator
+
+    assert isinstance(pm.engine, TokenGenerator) and pm.engine.pad_token_id == pm.pad_id
     assert len(c.token_ids) >= 1 and c.prompt_token_ids == tuple(prompt)
     trained = forward_logprobs(pm.model, prompt, list(c.token_ids), pm.pad_id)
     before = forward_logprobs(initial, prompt, list(c.token_ids), pm.pad_id)
