@@ -66,13 +66,18 @@ from typing import Any
 from collab_env.agents.base import (
     EMBEDDED_NAMES,
     SamplingParams,
-    chat_template_mode,
     continuation_jobs,
 )
 from collab_env.agents.hf_batching import FLUSH_MODES, Batcher, LoopBatchers
 from collab_env.agents.hf_generator import GenerationStats, HFGenerator
 from collab_env.agents.hf_loading import check_device_and_dtype
-from collab_env.agents.tokens import TokenGenerator, row_seed, sampling_params
+from collab_env.agents.tokens import (
+    TokenGenerator,
+    chat_prompt_text,
+    rendered_prompt_ids,
+    row_seed,
+    sampling_params,
+)
 from collab_env.errors import ConfigError, PolicyError
 from collab_env.types import Completion, Conversation
 
@@ -160,16 +165,12 @@ class HFPolicy(HFGenerator):
     def prompt_text(self, observation: Conversation) -> str:
         """The prompt of one observation as text: its chat template rendering, generation prompt
         included (or the prefilled reply to continue, left open)."""
-        chat = observation.to_chat()
-        if self.system_prompt is not None and not any(m["role"] == "system" for m in chat):
-            chat = [{"role": "system", "content": self.system_prompt}, *chat]
-        return self.tokenizer.apply_chat_template(chat, tokenize=False, **chat_template_mode(observation))
+        return chat_prompt_text(self.tokenizer, observation, self.system_prompt)
 
     def prompt_ids(self, observation: Conversation) -> list[int]:
         """The prompt token ids of one observation: its chat template encoding, generation
         prompt included (exactly what ``Completion.prompt_token_ids`` holds)."""
-        # The template already writes any BOS token, so the tokenizer must not add another.
-        return list(self.tokenizer(self.prompt_text(observation), add_special_tokens=False)["input_ids"])
+        return rendered_prompt_ids(self.tokenizer, self.prompt_text(observation))
 
     # -- scoring given continuations ----------------------------------------------------------
     async def score_continuations(

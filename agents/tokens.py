@@ -4,6 +4,8 @@ A learner samples its own rollouts from token ids (its own tokenisation, so the 
 exactly those its loss reads), one seed per row, and needs the generated ids and their log-probs
 back. :class:`TokenGenerator` is that interface; :func:`sampling_params` reads its sampling
 argument and :func:`row_seed` derives the seed of each observation of a seeded ``act`` call.
+:func:`chat_prompt_text` and :func:`rendered_prompt_ids` are how both backends turn an
+observation into the prompt ids they generate from (the tokenizer's chat template).
 
 Implemented by :class:`~collab_env.agents.hf.HFPolicy`, :class:`~collab_env.agents.vllm.VLLMPolicy`,
 the learners' vLLM engine (:class:`~collab_env.adapters.common.vllm_engine.VLLMGenerator`) and
@@ -16,11 +18,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from collab_env.agents.base import SamplingParams
+from collab_env.agents.base import SamplingParams, chat_template_mode
 from collab_env.errors import ConfigError
-from collab_env.types import Completion
+from collab_env.types import Completion, Conversation
 
-__all__ = ["TokenGenerator", "sampling_params", "row_seed"]
+__all__ = ["TokenGenerator", "sampling_params", "row_seed", "chat_prompt_text", "rendered_prompt_ids"]
 
 
 @runtime_checkable
@@ -71,3 +73,20 @@ def row_seed(seed: int, index: int) -> int:
 
     state = np.random.SeedSequence([int(seed) & 0xFFFFFFFFFFFFFFFF, index]).generate_state(1, np.uint64)
     return int(state[0] >> 1)
+
+
+def chat_prompt_text(tokenizer: Any, observation: Conversation, system_prompt: str | None = None) -> str:
+    """The prompt of one observation as text: the tokenizer's chat template rendering with the
+    generation prompt (or the prefilled reply to continue, left open); ``system_prompt`` is put
+    first when the observation has no system message."""
+    chat = observation.to_chat()
+    if system_prompt is not None and not any(m["role"] == "system" for m in chat):
+        chat = [{"role": "system", "content": system_prompt}, *chat]
+    return tokenizer.apply_chat_template(chat, tokenize=False, **chat_template_mode(observation))
+
+
+def rendered_prompt_ids(tokenizer: Any, text: str) -> list[int]:
+    """The token ids of a prompt rendered by :func:`chat_prompt_text` (exactly what
+    ``Completion.prompt_token_ids`` holds)."""
+    # The template already writes any BOS token, so the tokenizer must not add another.
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -22,11 +22,15 @@ from typing import Any
 from collab_env.agents.base import (
     EMBEDDED_NAMES,
     SamplingParams,
-    chat_template_mode,
     check_continuations,
     continuation_jobs,
 )
-from collab_env.agents.tokens import row_seed, sampling_params
+from collab_env.agents.tokens import (
+    chat_prompt_text,
+    rendered_prompt_ids,
+    row_seed,
+    sampling_params,
+)
 from collab_env.errors import ConfigError, MissingDependencyError, PolicyError
 from collab_env.types import Completion, Conversation
 
@@ -163,16 +167,12 @@ class VLLMBase:
     def prompt_text(self, observation: Conversation) -> str:
         """The prompt of one observation as text: its chat template rendering with the
         generation prompt (or the prefilled reply to continue, left open)."""
-        chat = observation.to_chat()
-        if self.system_prompt is not None and not any(m["role"] == "system" for m in chat):
-            chat = [{"role": "system", "content": self.system_prompt}, *chat]
-        return self.tokenizer.apply_chat_template(chat, tokenize=False, **chat_template_mode(observation))
+        return chat_prompt_text(self.tokenizer, observation, self.system_prompt)
 
     def prompt_ids(self, observation: Conversation) -> list[int]:
         """The prompt token ids of one observation: its chat template encoding with the
         generation prompt (exactly what ``Completion.prompt_token_ids`` holds)."""
-        # The template already writes any BOS token, so the tokenizer must not add another.
-        return list(self.tokenizer(self.prompt_text(observation), add_special_tokens=False)["input_ids"])
+        return rendered_prompt_ids(self.tokenizer, self.prompt_text(observation))
 
     @property
     def pad_token_id(self) -> int:
