@@ -18,8 +18,8 @@ from typing import Any
 from collab_env.agents.base import EMBEDDED_NAMES
 from collab_env.errors import ConfigError, require
 
-__all__ = ["DEVICES", "DTYPES", "load_causal_lm", "eos_token_ids", "check_device_and_dtype", "forward_accepts",
-           "cache_keyword"]
+__all__ = ["DEVICES", "DTYPES", "load_causal_lm", "load_weights", "load_tokenizer", "eos_token_ids",
+           "check_device_and_dtype", "forward_accepts", "cache_keyword"]
 
 #: Accepted ``device`` values.
 DEVICES = ("auto", "cpu", "cuda")
@@ -60,12 +60,6 @@ def load_causal_lm(model: Any, tokenizer: Any, *, device: str, dtype: str, adapt
     check_device_and_dtype(device, dtype)
     torch = require("torch", "hf", "HFPolicy")
     require("transformers", "hf", "HFPolicy")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if isinstance(model, str) and model in EMBEDDED_NAMES:
-        from collab_env.agents.embedded import embedded_model_dir
-
-        model = embedded_model_dir()
     target_device = device
     if device == "auto":
         target_device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -78,31 +72,12 @@ def load_causal_lm(model: Any, tokenizer: Any, *, device: str, dtype: str, adapt
     else:
         torch_dtype = torch.float32  # bf16 matmuls on CPU are slow and coarse
 
-    if isinstance(model, (str, Path)):
-        source = str(model)
-        label = Path(source).name or source
-        try:
-            loaded = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
-        except OSError as exc:
-            raise ConfigError(
-                f"could not load a causal LM from {source!r}: {exc}. Pass a local model folder "
-                "(the hub is not reachable offline), a loaded model, or 'embedded'."
-            ) from exc
+    # A model the caller loaded keeps its dtype and device unless asked otherwise.
+    loaded, source, label = load_weights(
+        model, torch_dtype, cast_loaded=dtype != "auto",
+        invalid=f"model must be a folder, a hub id, a loaded transformers model or one of {EMBEDDED_NAMES}")
+    if isinstance(model, (str, Path)) or device != "auto":
         loaded.to(target_device)
-    elif hasattr(model, "generate") and hasattr(model, "config"):
-        loaded = model
-        source = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "")
-        label = Path(source).name if source else type(model).__name__
-        # A model the caller loaded stays as it is unless asked otherwise.
-        if device != "auto":
-            loaded.to(target_device)
-        if dtype != "auto":
-            loaded.to(torch_dtype)
-    else:
-        raise ConfigError(
-            f"model must be a folder, a hub id, a loaded transformers model or one of "
-            f"{EMBEDDED_NAMES}, got {type(model).__name__}."
-        )
 
     if adapter is not None:
         peft = require("peft", "hf", "Loading a LoRA adapter (adapter=...)")
@@ -116,16 +91,63 @@ def load_causal_lm(model: Any, tokenizer: Any, *, device: str, dtype: str, adapt
                 f"adapter must be a PEFT adapter folder or a PeftModel, got {type(adapter).__name__}."
             )
 
+    return loaded, load_tokenizer(tokenizer, source, "pass tokenizer=..."), label
+
+
+def load_weights(model: Any, torch_dtype: Any, *, cast_loaded: bool, invalid: str) -> tuple[Any, str, str]:
+    """``(model, source, label)``: the causal LM of ``model`` (a folder or hub id, one of
+    :data:`~collab_env.agents.base.EMBEDDED_NAMES`, or a loaded model, cast to ``torch_dtype``
+    when ``cast_loaded``), where it was loaded from (``""`` when unknown) and its label (the
+    folder's name, else the class name). The one loader of the HF backend and the learners.
+
+    Raises:
+        ConfigError: The folder holds no causal LM, or ``model`` is none of these (``invalid``
+            says what was expected).
+    """
+    from transformers import AutoModelForCausalLM
+
+    if isinstance(model, str) and model in EMBEDDED_NAMES:
+        from collab_env.agents.embedded import embedded_model_dir
+
+        model = embedded_model_dir()
+    if isinstance(model, (str, Path)):
+        source = str(model)
+        try:
+            loaded = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
+        except OSError as exc:
+            raise ConfigError(
+                f"could not load a causal LM from {source!r}: {exc}. Pass a local model folder "
+                "(the hub is not reachable offline), a loaded model, or 'embedded'."
+            ) from exc
+        return loaded, source, Path(source).name or source
+    if hasattr(model, "generate") and hasattr(model, "config"):
+        source = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "")
+        if cast_loaded:
+            model.to(dtype=torch_dtype)
+        return model, source, Path(source).name if source else type(model).__name__
+    raise ConfigError(f"{invalid}, got {type(model).__name__}.")
+
+
+def load_tokenizer(tokenizer: Any, source: str, hint: str) -> Any:
+    """The tokenizer: ``tokenizer`` itself, loaded from it (a folder or hub id), or from the
+    model's ``source`` when ``None``.
+
+    Raises:
+        ConfigError: It cannot be loaded, or it is ``None`` and the model's source is unknown
+            (``hint`` says how to pass one).
+    """
+    from transformers import AutoTokenizer
+
     if tokenizer is None:
         if not source:
-            raise ConfigError("cannot tell where this model was loaded from; pass tokenizer=...")
+            raise ConfigError(f"cannot tell where this model was loaded from; {hint}")
         tokenizer = source
     if isinstance(tokenizer, (str, Path)):
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
         except OSError as exc:
             raise ConfigError(f"could not load a tokenizer from {str(tokenizer)!r}: {exc}") from exc
-    return loaded, tokenizer, label
+    return tokenizer
 
 
 def eos_token_ids(tokenizer: Any, model: Any) -> list[int]:

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collab_env.agents.base import EMBEDDED_NAMES
 from collab_env.errors import ConfigError, require
 
 __all__ = [
@@ -156,7 +155,7 @@ class PolicyModel:
             params: :class:`~collab_env.policy.SamplingParams` (or a mapping of its fields).
             seeds: One generator seed per row.
         """
-        from collab_env.agents.hf import sampling_params
+        from collab_env.agents.tokens import sampling_params
 
         params = sampling_params(params)
         self.model.eval()
@@ -169,7 +168,7 @@ class PolicyModel:
                  max_batch_size: int | None = None, **sampling: Any) -> list[Any]:
         """:meth:`generate_tokens` with sampling keywords (``temperature``, ``max_new_tokens``...);
         ``max_batch_size`` lowers the rows per call for this request."""
-        from collab_env.agents.hf import sampling_params
+        from collab_env.agents.tokens import sampling_params
 
         params = sampling_params(sampling)
         step = len(prompts) if self.engine is not None or not max_batch_size else int(max_batch_size)
@@ -191,42 +190,16 @@ class PolicyModel:
 
 
 def load_model_and_tokenizer(spec: Any, tokenizer: Any, device: str, dtype: Any) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` from one ``agent_model`` entry, on ``device`` in ``dtype``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """``(model, tokenizer)`` from one ``agent_model`` entry, on ``device`` in ``dtype`` (a torch
+    dtype): the HF backend's loader (:func:`collab_env.agents.hf_loading.load_weights`), the one
+    loader of the backends, the learners and their critics."""
+    from collab_env.agents.hf_loading import load_tokenizer, load_weights
 
-    if isinstance(spec, str) and spec in EMBEDDED_NAMES:
-        from collab_env.agents.embedded import embedded_model_dir
-
-        spec = embedded_model_dir()
-    if isinstance(spec, (str, Path)):
-        source = str(spec)
-        try:
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
-        except OSError as exc:
-            raise ConfigError(
-                f"could not load a causal LM from {source!r}: {exc}. Pass a local model folder "
-                "(the hub is not reachable offline), a loaded model, or 'embedded'."
-            ) from exc
-        if tokenizer is None:
-            tokenizer = source
-    elif hasattr(spec, "generate") and hasattr(spec, "config"):
-        model = spec
-        model.to(dtype=dtype)
-        if tokenizer is None:
-            source = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "")
-            if not source:
-                raise ConfigError("cannot tell where this model was loaded from; pass tokenizer=... to the trainer.")
-            tokenizer = source
-    else:
-        raise ConfigError(
-            "agent_model must be a model folder, a hub id, 'embedded', a loaded transformers "
-            f"model, or a list of those (one per agent); got {type(spec).__name__}."
-        )
-    if isinstance(tokenizer, (str, Path)):
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
-        except OSError as exc:
-            raise ConfigError(f"could not load a tokenizer from {str(tokenizer)!r}: {exc}") from exc
+    model, source, _ = load_weights(
+        spec, dtype, cast_loaded=True,
+        invalid="agent_model must be a model folder, a hub id, 'embedded', a loaded transformers "
+                "model, or a list of those (one per agent)")
+    tokenizer = load_tokenizer(tokenizer, source, "pass tokenizer=... to the trainer.")
     model.to(device)
     return model, tokenizer
 
