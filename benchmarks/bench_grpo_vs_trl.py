@@ -6,10 +6,10 @@ optimisation pass, no gradient checkpointing, on CPU in float32, in the same pro
 ``--steps`` training steps (default 4) after a warm-up step. Generation lengths are random (the
 two trainers sample different completions), so the comparison is in **generated tokens per second
 of training step**: each trainer's mean completion length times the ``prompts x generations``
-completions of a step, over its seconds per step. The script prints both and the ratio ours / TRL of tokens per
-second (above 1: ours is faster): overall, of the median step and of the best step. On a machine
-other processes share, steps slow down when they run, never speed up: the best step is the least
-disturbed measurement.
+completions of a step, over its seconds per step. A shared machine drifts, so the pair is run
+``--rounds`` times (default 3) with fresh trainers, the order alternating (ours first, then TRL
+first...); the script prints each round's tokens/s and ratio ours / TRL (above 1: ours is faster)
+and the median ratio over the rounds, with its min and max.
 
     python benchmarks/bench_grpo_vs_trl.py                 # embedded SmolLM2-135M
     python benchmarks/bench_grpo_vs_trl.py --model tiny    # a tiny random Qwen2 (plumbing only)
@@ -119,6 +119,8 @@ def main() -> int:
     p.add_argument("--generations", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=3,
+                   help="pairs of runs (fresh trainers each), in alternating order: ours first, then TRL first...")
     args = p.parse_args()
 
     import torch
@@ -145,19 +147,31 @@ def main() -> int:
         print("this benchmark compares with TRL: pip install trl (not a dependency of collab_env)")
         return 2
     n = args.prompts * args.generations  # completions per step
-    results = {"ours": ours(model_dir, tokenizer, args, tmp), "trl ": trl_step(model_dir, tokenizer, args, tmp)}
+    runners = {"ours": ours, "trl ": trl_step}
     print(f"model={args.model} prompts={args.prompts} generations={args.generations} "
-          f"max_new_tokens={args.max_new_tokens} steps={args.steps} threads={torch.get_num_threads()}")
-    rates = {}
-    for name, steps in results.items():
-        per_step = [length * n / seconds for seconds, length in steps]
+          f"max_new_tokens={args.max_new_tokens} steps={args.steps} rounds={args.rounds} "
+          f"threads={torch.get_num_threads()}")
+    # A shared machine drifts: each round runs both (fresh trainers), the order alternating, and
+    # the verdict is the median of the rounds' paired ratios.
+    pooled: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}
+    round_ratios = []
+    for r in range(args.rounds):
+        order = list(runners) if r % 2 == 0 else list(reversed(runners))
+        rate = {}
+        for name in order:
+            steps = runners[name](model_dir, tokenizer, args, tmp / f"round{r}")
+            pooled[name] += steps
+            rate[name] = sum(length * n for _, length in steps) / sum(sec for sec, _ in steps)
+        round_ratios.append(rate["ours"] / rate["trl "])
+        print(f"round {r + 1} ({' then '.join(x.strip() for x in order)}): ours {rate['ours']:.1f} tokens/s, "
+              f"trl {rate['trl ']:.1f} tokens/s, ratio {round_ratios[-1]:.2f}x")
+    for name, steps in pooled.items():
         seconds = sum(s for s, _ in steps) / len(steps)
         length = sum(x for _, x in steps) / len(steps)
-        rates[name] = (length * n / seconds, statistics.median(per_step), max(per_step))
-        print(f"{name}: {seconds:.2f} s/step, mean completion {length:.1f} tokens; tokens/s: "
-              f"{rates[name][0]:.1f} overall, {rates[name][1]:.1f} median step, {rates[name][2]:.1f} best step")
-    ratios = [a / b for a, b in zip(rates["ours"], rates["trl "], strict=True)]
-    print(f"tokens/s ours/trl: {ratios[0]:.2f}x overall, {ratios[1]:.2f}x median step, {ratios[2]:.2f}x best step")
+        print(f"{name}: {seconds:.2f} s/step, mean completion {length:.1f} tokens; tokens/s "
+              f"{length * n / seconds:.1f} over {len(steps)} steps")
+    print(f"tokens/s ours/trl: median {statistics.median(round_ratios):.2f}x over {args.rounds} rounds "
+          f"(min {min(round_ratios):.2f}x, max {max(round_ratios):.2f}x)")
     return 0
 
 
