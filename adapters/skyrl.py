@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -64,7 +65,7 @@ def _episode_keys(extras: Mapping[str, Any]) -> tuple[int | None, int | None]:
     for key in ("seed", "index"):
         v = info.get(key, extras.get(key))
         if v is not None:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or int(v) != v:  # numpy ints from parquet too
                 raise ConfigError(f"extra_info[{key!r}] must be an int, got {v!r}.")
             v = int(v)
         out.append(v)
