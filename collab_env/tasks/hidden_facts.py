@@ -56,6 +56,7 @@ __all__ = [
     "AnswerAtOnce",
     "make_env",
     "extract_boxed",
+    "visible_facts",
     "TERMINATION_SIGNAL",
 ]
 
@@ -517,6 +518,28 @@ _ASK = {
     "shipping": {"count": "How many boxes of {many} do you have?",
                  "unit": "How much does each box of {many} weigh?"},
 }
+
+
+def visible_facts(observation: Conversation) -> dict[str, Any] | None:
+    """What the assistant has been told so far, read from its visible chat only (never from
+    hidden data), as the reference assistants read it.
+
+    Returns:
+        ``None`` when the chat holds no hidden-facts question; else a dict with ``scenario``,
+        ``objects`` (the plurals named so far), ``known`` (``(object, kind) -> value``),
+        ``missing`` (``(object, kind, question)`` for every quantity of a named object not told
+        yet, in problem order; the question is the one :class:`AskThenAnswer` asks) and
+        ``total`` (the answer from what is known, taking 1 for every missing quantity, as
+        :class:`AnswerAtOnce` does).
+    """
+    sc, objs, known, _ = _ReadsFacts()._state(observation)
+    if sc is None:
+        return None
+    missing = [(one, kind, _ASK[sc.name][kind].format(one=one, many=many))
+               for one, many in objs for kind in ("count", "unit") if (one, kind) not in known]
+    total = sum(known.get((one, "count"), 1) * known.get((one, "unit"), 1) for one, _ in objs)
+    return {"scenario": sc.name, "objects": [many for _, many in objs], "known": dict(known),
+            "missing": missing, "total": total}
 
 
 class AnswerAtOnce(_ReadsFacts):
