@@ -4,6 +4,7 @@ import pytest
 
 import collab_env
 from collab_env.errors import ConfigError
+from collab_env.policy import FixedTextPolicy
 from collab_env.rollout import run_episode
 from collab_env.tasks.hidden_facts import (
     AnswerAtOnce,
@@ -93,7 +94,7 @@ def test_user_reveals_only_what_is_asked():
 
 def test_user_gives_up_after_patience():
     env = collab_env.make("hidden-facts")
-    ep = run_episode(env, {"assistant": collab_env.agents.FixedTextPolicy("Hmm."),
+    ep = run_episode(env, {"assistant": FixedTextPolicy("Hmm."),
                            "user": HiddenFactsUser(patience=2)}, seed=1)
     assert ep.end_reason == "user_terminated" and ep.returns["assistant"] == 0.0
     assert ep.num_steps == 4
