@@ -58,3 +58,27 @@ $(STAMP_VLLM): setup.cfg pyproject.toml constraints.txt
 
 test-vllm: $(STAMP_VLLM)
 	$(OFFLINE) $(PY_VLLM) -m pytest tests_vllm -q
+
+# `make test-verl`: the verl agent loop (adapters/verl) against verl 0.9.1 in its own venv: verl
+# pins transformers < 5.11 (clashes with .venv) and imports cachetools, fastapi and uvicorn in its
+# agent loop without declaring them. The tests serve a real tiny model's tokens through a fake
+# server_manager on CPU; a real GRPO step needs a GPU (vLLM/SGLang) and is not part of CI.
+VENV_VERL := .venv-verl
+PY_VERL := $(VENV_VERL)/bin/python
+STAMP_VERL := $(VENV_VERL)/.installed
+PIP_VERL := $(PY_VERL) -m pip install --quiet --disable-pip-version-check --no-compile
+
+.PHONY: test-verl
+
+$(STAMP_VERL): setup.cfg pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV_VERL)
+	$(PIP_VERL) -c constraints.txt verl==0.9.1 torch==2.13.0 'transformers<5.11' \
+		cachetools fastapi uvicorn \
+		'gymnasium>=1.0' 'pettingzoo>=1.24' 'numpy>=1.24' 'datasets>=2.19' 'tqdm>=4.60' \
+		'pytest>=8' 'pytest-timeout>=2.3' 'safetensors>=0.4'
+	$(PIP_VERL) --no-deps -e .
+	$(PY_VERL) -c "import torch, transformers, verl; from verl.experimental.agent_loop import AgentLoopBase; print('verl', verl.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+	touch $(STAMP_VERL)
+
+test-verl: $(STAMP_VERL)
+	$(OFFLINE) $(PY_VERL) -m pytest tests_verl -q
