@@ -82,3 +82,27 @@ $(STAMP_VERL): setup.cfg pyproject.toml constraints.txt
 
 test-verl: $(STAMP_VERL)
 	$(OFFLINE) $(PY_VERL) -m pytest tests_verl -q
+
+# `make test-verifiers`: the verifiers v1 export (prime-rl's environments) end to end against
+# the fake OpenAI server, in its own venv: verifiers 0.4.0 pins openai<3 and numpy>=2.1, which
+# clash with .venv. collab_env goes in with --no-deps plus its runtime deps (no torch needed).
+# uv: verifiers' chat harness runs as a uv script (its deps are fetched from the package index
+# into ~/.cache once); setuptools + wheel: the tests pip-install a generated package offline.
+VENV_VF := .venv-verifiers
+PY_VF := $(VENV_VF)/bin/python
+STAMP_VF := $(VENV_VF)/.installed
+PIP_VF := $(PY_VF) -m pip install --quiet --disable-pip-version-check --no-compile
+
+.PHONY: test-verifiers
+
+$(STAMP_VF): setup.cfg pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV_VF)
+	$(PIP_VF) -c constraints.txt verifiers==0.4.0 uv==0.13.8 'setuptools>=61' wheel \
+		'gymnasium>=1.0' 'pettingzoo>=1.24' 'numpy>=2.1' 'datasets>=2.19' 'tqdm>=4.60' \
+		'pytest>=8' 'pytest-timeout>=2.3' 'aiohttp>=3.9'
+	$(PIP_VF) --no-deps -e .
+	$(PY_VF) -c "import verifiers, verifiers.v1 as vf, collab_env; print('verifiers', verifiers.__version__)"
+	touch $(STAMP_VF)
+
+test-verifiers: $(STAMP_VF)
+	$(OFFLINE) $(PY_VF) -m pytest tests_verifiers -q

@@ -31,6 +31,11 @@ Authentication: a server built with ``api_key="sk-..."`` answers every request w
 an API key..."`` when the header is missing, ``"Incorrect API key provided: ..."`` when the key
 is wrong), before any queued fault. Without ``api_key`` any key is accepted, as local servers do.
 
+Streaming: a request with ``"stream": true`` gets the same reply as server-sent events
+(``chat.completion.chunk`` objects, one per word, then ``data: [DONE]``; a usage chunk when
+``stream_options.include_usage`` is set), as clients that stream (verifiers' harnesses) need.
+Faults answer as they do without streaming.
+
 Every request is recorded (:attr:`requests`, the JSON bodies; rejected ones included) with the peak number of requests
 in flight (:attr:`max_in_flight`), which is how tests check a concurrency limit.
 
@@ -46,6 +51,7 @@ import asyncio
 import collections
 import json
 import random
+import re
 import socket
 import sys
 import threading
@@ -281,7 +287,36 @@ class FakeOpenAIServer:
             return web.Response(status=500)  # never reaches the client
 
         text = "" if fault == "empty" else self._reply_text(body)
-        return web.json_response(self._completion(body, text))
+        completion = self._completion(body, text)
+        if body.get("stream"):
+            return await self._stream(request, body, completion)
+        return web.json_response(completion)
+
+    @staticmethod
+    async def _stream(request: web.Request, body: dict[str, Any], completion: dict[str, Any]) -> web.StreamResponse:
+        """Send ``completion`` as OpenAI's server-sent events (``stream: true``): a role chunk, one
+        chunk per word (with its leading space, so the pieces join to the exact text), a finish
+        chunk, a usage chunk when ``stream_options.include_usage`` asks for it, then ``[DONE]``."""
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
+                                                       "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        head = {k: completion[k] for k in ("id", "created", "model")}
+        choice = completion["choices"][0]
+        text = choice["message"]["content"]
+
+        async def send(choices: list[dict[str, Any]], **extra: Any) -> None:
+            chunk = {**head, "object": "chat.completion.chunk", "choices": choices, **extra}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+
+        await send([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        for piece in re.findall(r"\s*\S+|\s+$", text):
+            await send([{"index": 0, "delta": {"content": piece}, "finish_reason": None}])
+        await send([{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}])
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await send([], usage=completion["usage"])
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
 
     def _check_key(self, header: str | None) -> web.Response | None:
         """OpenAI's 401 for a missing or wrong key, or ``None`` when the key is accepted."""
