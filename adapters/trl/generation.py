@@ -1,0 +1,182 @@
+"""The trained model as a token generator, and the policies over it (:class:`TranscriptPolicy`: the
+trained player's exact token history)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from collab_env.errors import ConfigError, PolicyError
+from collab_env.policy import SamplingParams
+from collab_env.types import Completion, Conversation
+
+
+class VLLMGenerationGenerator:
+    """TRL's vLLM (``trainer.vllm_generation``) as a batched token generator: one
+    ``generate(prompts=ids, images=None, num_generations=1)`` call per batch, TRL's sampling
+    settings (``params`` other than the batch are not TRL's to change). The log-prob of each
+    token is vLLM's (top-1 entry, the sampled token)."""
+
+    flush = "idle"
+    idle_passes = 64
+
+    def __init__(self, vllm_generation: Any, tokenizer: Any, eos_token_ids: Sequence[int], *,
+                 max_batch_size: int = 256, max_wait_ms: float = 50.0) -> None:
+        self.vllm_generation = vllm_generation
+        self.tokenizer = tokenizer
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.max_batch_size = max_batch_size
+        self.max_wait_ms = max_wait_ms
+        self.name = "trl-vllm"
+
+    def generate_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                       seeds: Sequence[int]) -> list[Completion]:
+        """One completion per prompt from one vLLM call (blocking)."""
+        _, ids, logprobs, _ = self.vllm_generation.generate(
+            prompts=[list(p) for p in prompts], images=None, num_generations=1)
+        if len(ids) != len(prompts):
+            raise PolicyError(f"vLLM returned {len(ids)} completions for {len(prompts)} prompts.")
+        out = []
+        for p, c, lp in zip(prompts, ids, logprobs, strict=True):
+            c = [int(t) for t in c]
+            lps = [float("nan") if x is None else float(x[0] if isinstance(x, (list, tuple)) else x) for x in lp]
+            done = bool(c) and c[-1] in self.eos_token_ids
+            out.append(Completion(text=self.tokenizer.decode(c, skip_special_tokens=True), token_ids=c, logprobs=lps,
+                                  prompt_token_ids=list(p), finish_reason="stop" if done else "length",
+                                  usage={"model_calls": 1, "prompt_tokens": len(p), "completion_tokens": len(c)}))
+        return out
+
+
+class TrainerGenerator:
+    """The trainer's model as a token generator with a micro-batching queue: the concurrent
+    requests of every episode of a batch (and of the multiturn-aware reward's futures) are
+    merged into one model call per round.
+
+    Args:
+        backend: What generates: an :class:`~collab_env.agents.hf.HFPolicy` over the trainer's
+            model, or a :class:`VLLMGenerationGenerator`.
+        tokenizer: The trainer's tokenizer (its chat template renders the observations).
+        params: Sampling settings of the trained player's turns.
+    """
+
+    def __init__(self, backend: Any, tokenizer: Any, params: SamplingParams) -> None:
+        from collab_env.agents.hf_batching import LoopBatchers
+
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.params = params
+        self.eos_token_ids = tuple(backend.eos_token_ids)
+        self._queues = LoopBatchers(backend)
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> Completion:
+        """One completion of ``prompt_ids``; the row's seed comes from torch's global generator,
+        so ``transformers.set_seed`` (TRL's ``seed``) makes runs repeatable."""
+        import torch
+
+        seed = int(torch.randint(0, 2**62, (1,)).item())
+        return await self._queues.current().submit([int(t) for t in prompt_ids], params or self.params, seed)
+
+    def prompt_ids(self, chat: Sequence[Mapping[str, Any]], *, generation_prompt: bool = True) -> list[int]:
+        """The chat template's ids of ``chat`` (no special tokens added: the template writes them)."""
+        return render_ids(self.tokenizer, render_chat(self.tokenizer, chat, generation_prompt))
+
+
+def clean_chat(chat: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The messages of ``chat`` with only their ``role`` and ``content`` (what the chat template renders)."""
+    return [{"role": m["role"], "content": m["content"]} for m in chat]
+
+
+def render_chat(tokenizer: Any, chat: Sequence[Mapping[str, Any]], generation_prompt: bool) -> str:
+    """The chat template's text of ``chat`` (cleaned by :func:`clean_chat`), with the generation
+    prompt when ``generation_prompt``."""
+    return tokenizer.apply_chat_template(clean_chat(chat), tokenize=False, add_generation_prompt=generation_prompt)
+
+
+def render_ids(tokenizer: Any, text: str) -> list[int]:
+    """The token ids of ``text`` with no special tokens added (the template wrote them)."""
+    return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+
+class ChatPolicy:
+    """A stateless :class:`~collab_env.policy.Policy` over a :class:`TrainerGenerator`: each
+    observation rendered by the chat template (what the multiturn-aware reward's futures use
+    when their assistant is :data:`~collab_env.policy.LEARNER`)."""
+
+    def __init__(self, generator: TrainerGenerator) -> None:
+        self.generator = generator
+        self.name = f"trl-model({generator.backend.name})"
+
+    async def act(self, observations: Sequence[Conversation], **sampling: Any) -> list[Completion]:
+        sampling.pop("seed", None)  # the row seeds come from the trainer's generator
+        params = SamplingParams.from_kwargs(**{**params_dict(self.generator.params), **sampling})
+        return list(await asyncio.gather(*(self.generator.generate(self.generator.prompt_ids(o.to_chat()), params)
+                                           for o in observations)))
+
+
+def params_dict(p: SamplingParams) -> dict[str, Any]:
+    """The sampling keywords of ``p`` (``temperature``, ``top_p``, ``top_k``, ``max_new_tokens``, ``stop``)."""
+    return {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "max_new_tokens": p.max_new_tokens,
+            "stop": p.stop}
+
+
+_SENTINEL = "\x1fCOLLAB_ENV_END_OF_TURN\x1f"
+
+
+class TranscriptPolicy:
+    """The trained player of ONE episode: its prompts are its exact token history.
+
+    The first prompt is the chat template of the first observation. Each later prompt is the
+    previous prompt + the generated ids + the template's end-of-turn tokens (those after the
+    EOS the model wrote, all of them when it was cut at the token limit) + the chat template's
+    rendering of the messages that arrived since. So every prompt extends the previous prompt
+    and completion token for token, and :func:`~collab_env.rollout.token_transcript` of the
+    episode is exact.
+
+    Raises:
+        ConfigError: An observation does not extend the previous one by the player's reply and
+            new messages, or the chat template renders earlier turns differently once a later
+            one is added (e.g. a template that drops past reasoning).
+    """
+
+    def __init__(self, generator: TrainerGenerator, params: SamplingParams | None = None) -> None:
+        self.generator = generator
+        self.params = params or generator.params
+        self.name = f"trl-model({generator.backend.name})"
+        self._chat: list[dict[str, Any]] | None = None
+        self._ids: list[int] = []
+        self._last: Completion | None = None
+
+    async def act(self, observations: Sequence[Conversation], **sampling: Any) -> list[Completion]:
+        if len(observations) != 1:
+            raise ConfigError("TranscriptPolicy plays one episode: one observation per call.")
+        chat = clean_chat(observations[0].to_chat())
+        ids = self.generator.prompt_ids(chat) if self._chat is None else self._extend(chat)
+        completion = await self.generator.generate(ids, self.params)
+        if list(completion.prompt_token_ids or ids) != ids:
+            raise PolicyError("the generator changed the prompt ids it was given.")
+        self._chat, self._last = chat, completion
+        self._ids = ids + list(completion.token_ids or ())
+        return [completion]
+
+    def _extend(self, chat: list[dict[str, Any]]) -> list[int]:
+        prev, tok = self._chat, self.generator.tokenizer
+        n = len(prev)
+        if chat[:n] != prev or len(chat) <= n or chat[n]["role"] != "assistant":
+            raise ConfigError("the trained player's new observation does not extend its previous one by its reply "
+                              "(the env rewrote the conversation); this env cannot be trained as one sequence.")
+        with_reply = render_chat(tok, chat[: n + 1], False)
+        full = render_chat(tok, chat, True)
+        if not full.startswith(with_reply):
+            raise ConfigError("the chat template renders earlier turns differently once later ones are added; "
+                              "the episode cannot be one token sequence (train turn by turn instead).")
+        probe = render_chat(tok, [*prev, {"role": "assistant", "content": _SENTINEL}], False)
+        if _SENTINEL not in probe:
+            raise ConfigError("the chat template does not render the assistant's reply verbatim.")
+        end_of_turn = probe[probe.index(_SENTINEL) + len(_SENTINEL):]
+        generated = list(self._last.token_ids or ())
+        if generated and generated[-1] in self.generator.eos_token_ids:
+            eos_text = tok.decode([generated[-1]])
+            if end_of_turn.startswith(eos_text):
+                end_of_turn = end_of_turn[len(eos_text):]
+        return self._ids + render_ids(tok, end_of_turn + full[len(with_reply):])

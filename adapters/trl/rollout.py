@@ -1,0 +1,191 @@
+"""TRL's ``rollout_func``: whole episodes through the driver, and their conversion to TRL's output."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from collab_env.adapters.trl.data import item_of
+from collab_env.adapters.trl.envs import env_builder, other_policies, trained_player
+from collab_env.adapters.trl.generation import (
+    ChatPolicy,
+    TrainerGenerator,
+    TranscriptPolicy,
+    VLLMGenerationGenerator,
+    params_dict,
+)
+from collab_env.errors import ConfigError
+from collab_env.policy import SamplingParams, bind_learner
+from collab_env.rollout import arun_episode, token_transcript
+from collab_env.types import Episode
+from collab_env.wrappers.base import EnvWrapper
+
+
+class EpisodeRecorder(EnvWrapper):
+    """Keeps ``infos[player]["mr"]`` of every step where the multiturn-aware reward scored the
+    player (with its ``step``), for the reward functions; changes nothing else."""
+
+    def __init__(self, env: Any, player: str) -> None:
+        super().__init__(env)
+        self.player = player
+        self.mr: list[dict[str, Any]] = []
+
+    async def areset(self, seed: int | None = None, options: Mapping[str, Any] | None = None):
+        self.mr = []
+        return await self.env.areset(seed=seed, options=options)
+
+    async def astep(self, actions: Mapping[str, str]):
+        step = self.env.unwrapped.episode.step
+        out = await self.env.astep(actions)
+        mr = out[4].get(self.player, {}).get("mr")
+        if mr is not None:
+            self.mr.append({"step": step, **{k: v for k, v in mr.items() if k != "futures"}})
+        return out
+
+
+def episode_output(episodes: Sequence[Episode], player: str, mr: Sequence[list[dict[str, Any]]] | None = None
+                   ) -> dict[str, list[Any]]:
+    """TRL's ``rollout_func`` output for ``episodes``: ``prompt_ids``, ``completion_ids``,
+    ``logprobs`` and ``env_mask`` from :func:`~collab_env.rollout.token_transcript`, plus
+    ``episode_reward``, ``reward_components``, ``mr``, ``end_reason``, ``num_turns``, ``index``
+    and ``seed`` per episode."""
+    out: dict[str, list[Any]] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
+                                                "episode_reward", "reward_components", "mr", "end_reason",
+                                                "num_turns", "index", "seed")}
+    for i, ep in enumerate(episodes):
+        tt = token_transcript(ep, player)
+        out["prompt_ids"].append(tt.prompt_ids)
+        out["completion_ids"].append(tt.response_ids)
+        out["logprobs"].append(tt.logprobs)
+        out["env_mask"].append(tt.mask)
+        out["episode_reward"].append(float(ep.returns[player]))
+        out["reward_components"].append(dict(ep.components.get(player, {})))
+        out["mr"].append(list(mr[i]) if mr is not None else [])
+        out["end_reason"].append(ep.end_reason)
+        out["num_turns"].append(tt.turns)
+        out["index"].append(ep.index)
+        out["seed"].append(ep.seed)
+    return out
+
+
+@dataclass
+class RolloutFunc:
+    """The callable :func:`rollout_func` returns: ``(prompts, trainer) -> dict`` for TRL.
+
+    Attributes:
+        build_env: Builds a fresh env (one per concurrent episode; kept and reused).
+        player: The trained player.
+        policies: Player -> policy of the other players (as given; resolved per env).
+        max_turn_tokens: Most tokens per turn of the trained player (default: the trainer's
+            ``max_completion_length``).
+        max_batch_size: Most sequences in one generation call of the trained model.
+    """
+
+    build_env: Callable[[], Any]
+    player: str | None = None
+    policies: Mapping[str, Any] | None = None
+    max_turn_tokens: int | None = None
+    max_batch_size: int = 64
+    envs: list[Any] = field(default_factory=list, repr=False)
+    last_episodes: list[Episode] = field(default_factory=list, repr=False)
+    """The episodes of the latest call (for inspection)."""
+    _hf: Any = field(default=None, repr=False)
+
+    def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list[Any]]:
+        from collab_env._async import run_sync
+
+        items = [item_of(p) for p in prompts]
+        while len(self.envs) < len(prompts):
+            self.envs.append(self._new_env())
+        player = self.player
+        model = trainer.model
+        was_training = bool(getattr(model, "training", False))
+        try:
+            with self._generator(trainer) as generator:
+                episodes = run_sync(self._play(items, generator))
+        finally:
+            if was_training:
+                model.train()
+        self.last_episodes = episodes
+        return episode_output(episodes, player, [self.envs[i].mr for i in range(len(episodes))])
+
+    def _new_env(self) -> EpisodeRecorder:
+        env = self.build_env()
+        if self.player is None:
+            self.player = trained_player(env, None)
+        else:
+            trained_player(env, self.player)
+        return EpisodeRecorder(env, self.player)
+
+    @contextlib.contextmanager
+    def _generator(self, trainer: Any):
+        args = trainer.args
+        tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+        params = SamplingParams(temperature=float(args.temperature), top_p=float(args.top_p),
+                                top_k=(int(args.top_k) if args.top_k else None),
+                                max_new_tokens=int(self.max_turn_tokens or args.max_completion_length))
+        if getattr(trainer, "use_vllm", False):
+            backend = VLLMGenerationGenerator(trainer.vllm_generation, tokenizer, trainer.eos_token_ids,
+                                              max_batch_size=self.max_batch_size)
+            yield TrainerGenerator(backend, tokenizer, params)
+            return
+        from trl.models import unwrap_model_for_generation
+
+        from collab_env.agents.hf import HFPolicy
+
+        with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
+                                         gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs) as model:
+            if self._hf is None or self._hf.model is not model:
+                self._hf = HFPolicy(model, tokenizer, flush="idle", max_batch_size=self.max_batch_size,
+                                    name="trl-model")
+            self._hf.model.eval()
+            yield TrainerGenerator(self._hf, tokenizer, params)
+
+    async def _play(self, items: Sequence[tuple[int, int]], generator: TrainerGenerator) -> list[Episode]:
+        futures = ChatPolicy(generator)
+        sampling = {self.player: params_dict(generator.params)}
+
+        async def one(env: EpisodeRecorder, index: int, seed: int) -> Episode:
+            bind_learner(env, {self.player: futures}, sampling)  # MR futures played by the trained model
+            policies = {**other_policies(env, self.player, self.policies), self.player: TranscriptPolicy(generator)}
+            # policy_seeds=False: the copies of one prompt must differ (the model's rows draw their
+            # seeds from torch's generator); the env seed still fixes the item and its randomness.
+            return await arun_episode(env, policies, seed=seed, index=index, policy_seeds=False)
+
+        return list(await asyncio.gather(*(one(self.envs[i], idx, s) for i, (idx, s) in enumerate(items))))
+
+
+def rollout_func(env_id_or_factory: Any, *, player: str | None = None, policies: Mapping[str, Any] | None = None,
+                 split: str | None = None, env_kwargs: Mapping[str, Any] | None = None,
+                 max_turn_tokens: int | None = None, max_batch_size: int = 64) -> RolloutFunc:
+    """A TRL ``rollout_func`` that plays ``env_id_or_factory`` (see the module docstring).
+
+    Args:
+        env_id_or_factory: A registered env id, or a zero-argument function that builds an env
+            (e.g. ``lambda: collab_env.make("hidden-facts-easy", reward="mr", reward_kwargs=...)``).
+            A multiturn-aware reward whose assistant policy is ``"learner"`` rolls its futures
+            with the trainer's model.
+        player: The trained player (default: the env's only trainable player).
+        policies: Player -> policy of the other players (default: the spec's defaults).
+        split: The env's split (with an env id).
+        env_kwargs: Keywords of :func:`collab_env.make` (with an env id).
+        max_turn_tokens: Most tokens per turn of the trained player (default: the trainer's
+            ``max_completion_length``).
+        max_batch_size: Most sequences in one generation call.
+
+    Returns:
+        A :class:`RolloutFunc` (callable as ``(prompts, trainer) -> dict``).
+    """
+    if max_turn_tokens is not None and (isinstance(max_turn_tokens, bool) or not isinstance(max_turn_tokens, int)
+                                        or max_turn_tokens < 1):
+        raise ConfigError(f"max_turn_tokens must be an int >= 1 or None, got {max_turn_tokens!r}.")
+    if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+        raise ConfigError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}.")
+    build = env_builder(env_id_or_factory, split, env_kwargs)
+    fn = RolloutFunc(build, player=player, policies=policies, max_turn_tokens=max_turn_tokens,
+                     max_batch_size=max_batch_size)
+    fn.envs.append(fn._new_env())  # fail now on a bad env or player, not at the first step
+    return fn
