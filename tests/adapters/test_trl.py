@@ -2,6 +2,7 @@
 (the one driver plays every episode), with an exact env_mask; the MR details reach the reward
 functions; the vLLM route and the tool route (environment_factory)."""
 
+import functools
 import inspect
 import os
 
@@ -240,3 +241,81 @@ def test_environment_factory_plays_the_env_through_its_one_tool():
     assert env.reset(prompt=row["prompt"]) is None
     text = env.reset(index=0, seed=3)
     assert text == row["prompt"][-1]["content"]
+
+
+def test_grpo_trainer_trains_through_the_environment_factory(tiny_dir, tmp_path):
+    """GRPOTrainer(environment_factory=...) for 2 steps: TRL resets the pooled envs with the dataset rows
+    and its reward column of the env class is the envs' get_reward()."""
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    torch.manual_seed(0)
+    model, tok = _tiny(tiny_dir)
+    # TRL's tool route needs a template that renders tools and tool calls (supports_tool_calling) and
+    # a known response parser for <tool_call> blocks (add_response_schema matches templates by text).
+    # Qwen2.5's template, shipped with TRL, is ChatML like the tiny tokenizer's (<|im_start|>/<|im_end|>
+    # are its special tokens); TRL swaps in its prefix-preserving training variant itself.
+    tok.chat_template = qwen2_5_chat_template
+    base = ce_trl.environment_factory("hidden-facts")
+    resets, messages = [], {}
+
+    def factory():
+        # record what TRL does to each instance; TRL reads `reset` and the tools off the instance
+        env = base()
+        reset, send = env.reset, env.send_message
+
+        def recording_reset(**row):
+            resets.append(row)
+            messages[id(env)] = (row, [])
+            return reset(**row)
+
+        @functools.wraps(send)
+        def recording_send(message: str) -> str:
+            messages[id(env)][1].append(message)
+            return send(message)
+
+        env.reset, env.send_message = recording_reset, recording_send
+        return env
+
+    rewards_seen = []
+
+    def envs_reward(completions, environments, index, seed, **kwargs):
+        # no reward of its own (0): records what the envs hold when TRL scores the batch
+        rewards_seen.append([(e.get_reward(), i, s, messages[id(e)]) for e, i, s in zip(environments, index, seed,
+                                                                                           strict=True)])
+        return [0.0] * len(completions)
+
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, num_generations=2,
+                      max_completion_length=8, max_steps=2, logging_steps=1, report_to=[], use_cpu=True,
+                      save_strategy="no", learning_rate=1e-2, seed=0)
+    ds = ce_trl.dataset("hidden-facts", n=2)
+    trainer = GRPOTrainer(model=model, reward_funcs=[envs_reward], args=args, train_dataset=ds, processing_class=tok,
+                          environment_factory=factory)
+    assert trainer.reward_func_names == ["envs_reward", "CollabToolEnv"]
+    trainer.train()
+    assert trainer.state.global_step == 2 and len(rewards_seen) == 2
+    rows = {(r["index"], r["seed"]) for r in ds}
+    # one reset per rollout (2 steps x 2 generations), each with a dataset row's columns
+    assert len(resets) == 4 and all((r["index"], r["seed"]) in rows and r["prompt"] for r in resets)
+    logged = [h for h in trainer.state.log_history if "rewards/CollabToolEnv/mean" in h]
+    assert len(logged) == 2
+    for batch, log in zip(rewards_seen, logged, strict=True):
+        for reward, index, seed, (row, sent) in batch:
+            # the env was reset with the row TRL scores it under
+            assert (row["index"], row["seed"]) == (index, seed)
+            # its reward is the episode's as it stood: replay the same tool calls on a fresh instance
+            # (no call from the random model: the episode has not moved and the return is 0)
+            ref = base()
+            assert ref.reset(**row) is None
+            for m in sent:
+                try:
+                    ref.send_message(m)
+                except ValueError:  # a call after the end: TRL reports the error to the model
+                    pass
+            assert reward == ref.get_reward()
+            if not sent:
+                assert reward == 0.0
+        # TRL's own column of the env class is get_reward() (float32 mean of two values, hence the tolerance)
+        mean = sum(r for r, *_ in batch) / len(batch)
+        assert log["rewards/CollabToolEnv/mean"] == pytest.approx(mean, abs=1e-6)
+        assert log["reward"] == pytest.approx(mean, abs=1e-6)  # envs_reward adds 0
