@@ -150,8 +150,12 @@ def test_interrupted_eval_resumes_without_losing_or_repeating_episodes(tmp_path,
     cmd = [sys.executable, "-m", "collab_env.cli", "eval", "hidden-facts",
            "--policy", "assistant=tests._eval_helpers:SlowAskThenAnswer",
            "--episodes", str(n), "--concurrency", "2", "--out", str(out), "--no-progress"]
+    # The child gets Ctrl-C's default handling even when this test runs under a launcher that
+    # ignores SIGINT (a background job of a non-interactive shell does): ignored dispositions
+    # are inherited, and Python then installs no KeyboardInterrupt handler at all.
     proc = subprocess.Popen(cmd, cwd=REPO, env=subprocess_env(COLLAB_TEST_DELAY="0.1"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
