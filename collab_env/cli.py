@@ -149,6 +149,24 @@ def _cmd_info(args: argparse.Namespace, out: TextIO) -> int:
     width = max(len(k) for k, _ in fields)
     for k, v in fields:
         print(f"{k.ljust(width)}  {v}", file=out)
+    print(file=out)
+    if s.card is None:
+        print("card              none (register the spec with card=EnvCard(...))", file=out)
+        return 0
+    c = s.card
+    ranges = {k: c.format_range(b) for k, b in c.reward_range.items()}
+    print("card", file=out)
+    for heading, value in (("tests", c.tests), ("players", c.players), ("sees", c.sees),
+                           ("reward", c.reward), ("reward range", ranges), ("limits", c.limits),
+                           ("data", c.data), ("licence", c.licence), ("baselines", c.baselines)):
+        if isinstance(value, str):
+            print(textwrap.fill(value, width=88, initial_indent=f"  {heading.ljust(14)}",
+                                subsequent_indent=" " * 16), file=out)
+            continue
+        print(f"  {heading}", file=out)
+        for k, v in value.items():
+            print(textwrap.fill(f"{k}: {v}", width=88, initial_indent=" " * 4,
+                                subsequent_indent=" " * 6), file=out)
     return 0
 
 

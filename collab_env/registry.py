@@ -18,19 +18,161 @@ so the old path keeps working.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 from collab_env.errors import ConfigError, UnknownEnvError, did_you_mean
 from collab_env.policy import load_entry_point
 
-__all__ = ["EnvSpec", "register", "make", "make_base_env", "spec", "registry", "list_envs",
+__all__ = ["EnvCard", "EnvSpec", "register", "make", "make_base_env", "spec", "registry", "list_envs",
            "load_entry_point"]
 
 _ID_RE = re.compile(r"^(?P<name>[a-z0-9][a-z0-9_.\-]*?)(?:-v(?P<version>\d+))?$")
 GYM_NAMESPACE = "collab_env"
+
+
+#: The :attr:`EnvCard.reward_range` key of the env's own reward (``make(id)``); the other keys
+#: name reward options: ``"mr"`` and ``"conversation"`` (``make(id, reward=...)``), or a task's
+#: own modes (e.g. ``"joint"``, ``"per_agent"``, ``"difference"`` for ``JointReward``).
+DEFAULT_REWARD = "default"
+
+_CARD_TEXT_FIELDS = ("tests", "reward", "limits", "data", "licence")
+
+
+def _frozen_mapping(value: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"EnvCard.{what} must be a mapping, got {type(value).__name__}.")
+    return MappingProxyType(dict(value))
+
+
+@dataclass(frozen=True)
+class EnvCard:
+    """The env card: what an environment tests and how it scores, as data.
+
+    ``collab-env info ID`` prints it, ``EnvSpec.to_dict()`` includes it, the README catalogue
+    summarises it and each env's docstring carries it (:meth:`to_docstring`); tests keep the
+    three in step with the card in the registry, the one source of truth.
+
+    Args:
+        tests: What the environment tests (one or two sentences).
+        players: Player -> the role it plays (every player of the spec, no other).
+        sees: Player -> what it observes (every player of the spec, no other).
+        reward: The reward's formula in words, per reward option where they differ.
+        reward_range: Reward option -> ``(lo, hi)``, the bounds of one episode's return of a
+            trainable player; ``"default"`` (the env's own reward, equal to
+            ``EnvSpec.reward_range``) is required; ``"mr"``, ``"conversation"`` and a task's own
+            modes (e.g. ``JointReward``'s) are the others. Bounds may be infinite when no bound
+            exists (say why in ``reward``).
+        limits: Episode budgets and what ends an episode.
+        data: Where the items come from.
+        licence: The data's licence (or where to read it).
+        baselines: Reference policy (or policy set) -> its measured score with the number of
+            episodes, e.g. ``"success 1.000 (200 ep)"``; or why there is no measurement.
+    """
+
+    tests: str
+    players: Mapping[str, str]
+    sees: Mapping[str, str]
+    reward: str
+    reward_range: Mapping[str, tuple[float, float]]
+    limits: str
+    data: str
+    licence: str
+    baselines: Mapping[str, str]
+
+    def __post_init__(self) -> None:
+        for name in _CARD_TEXT_FIELDS:
+            v = getattr(self, name)
+            if not isinstance(v, str) or not v.strip():
+                raise ConfigError(f"EnvCard.{name} must be a non-empty string, got {v!r}.")
+        for name in ("players", "sees", "baselines"):
+            m = _frozen_mapping(getattr(self, name), name)
+            if not m:
+                raise ConfigError(f"EnvCard.{name} is empty: give one entry per "
+                                  + ("reference policy." if name == "baselines" else "player."))
+            for k, v in m.items():
+                if not isinstance(k, str) or not k or not isinstance(v, str) or not v.strip():
+                    raise ConfigError(f"EnvCard.{name}[{k!r}] must map a name to a non-empty "
+                                      f"string, got {v!r}.")
+            object.__setattr__(self, name, m)
+        ranges = _frozen_mapping(self.reward_range, "reward_range")
+        if DEFAULT_REWARD not in ranges:
+            raise ConfigError(f"EnvCard.reward_range needs a {DEFAULT_REWARD!r} entry (the env's "
+                              f"own reward); got options {sorted(ranges)}.")
+        checked = {}
+        for option, bounds in ranges.items():
+            try:
+                lo, hi = (float(b) for b in bounds)
+            except (TypeError, ValueError):
+                raise ConfigError(f"EnvCard.reward_range[{option!r}] must be a pair (lo, hi) of "
+                                  f"numbers, got {bounds!r}.") from None
+            if math.isnan(lo) or math.isnan(hi) or lo > hi:
+                raise ConfigError(f"EnvCard.reward_range[{option!r}] = ({lo}, {hi}) is not an "
+                                  "interval: give lo <= hi.")
+            checked[option] = (lo, hi)
+        object.__setattr__(self, "reward_range", MappingProxyType(checked))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (:meth:`from_dict` reads it back)."""
+        return {
+            "tests": self.tests,
+            "players": dict(self.players),
+            "sees": dict(self.sees),
+            "reward": self.reward,
+            "reward_range": {k: [lo, hi] for k, (lo, hi) in self.reward_range.items()},
+            "limits": self.limits,
+            "data": self.data,
+            "licence": self.licence,
+            "baselines": dict(self.baselines),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> EnvCard:
+        """The card of :meth:`to_dict`'s output; unknown or missing keys are an error."""
+        names = [f.name for f in cls.__dataclass_fields__.values()]
+        unknown, missing = sorted(set(d) - set(names)), sorted(set(names) - set(d))
+        if unknown or missing:
+            raise ConfigError(f"EnvCard.from_dict: unknown keys {unknown}, missing keys {missing}; "
+                              f"a card has {names}.")
+        fields = dict(d)
+        fields["reward_range"] = {k: tuple(v) for k, v in d["reward_range"].items()}
+        return cls(**fields)
+
+    @staticmethod
+    def format_range(bounds: tuple[float, float]) -> str:
+        """``[lo, hi]`` with ``-inf``/``inf`` for missing bounds (the README uses this form)."""
+        def num(x: float) -> str:
+            return ("inf" if x > 0 else "-inf") if math.isinf(x) else f"{x:g}"
+
+        return f"[{num(bounds[0])}, {num(bounds[1])}]"
+
+    def lines(self) -> list[tuple[str, str]]:
+        """The card as ``(heading, text)`` rows, in reading order (``collab-env info`` and
+        :meth:`to_docstring` print these)."""
+        def each(m: Mapping[str, str]) -> str:
+            return "; ".join(f"{k}: {v}" for k, v in m.items())
+
+        return [
+            ("tests", self.tests),
+            ("players", each(self.players)),
+            ("sees", each(self.sees)),
+            ("reward", self.reward),
+            ("reward range", "; ".join(f"{k} {self.format_range(b)}"
+                                       for k, b in self.reward_range.items())),
+            ("limits", self.limits),
+            ("data", self.data),
+            ("licence", self.licence),
+            ("baselines", each(self.baselines)),
+        ]
+
+    def to_docstring(self, env_id: str) -> str:
+        """The card as the text an env's docstring carries under ``Card of <env_id>:`` (tests
+        compare it with the docstring, whitespace-insensitively, so one wraps it freely)."""
+        return f"Card of {env_id}:\n" + "\n".join(f"    {k}: {v}" for k, v in self.lines())
 
 
 @dataclass(frozen=True)
@@ -53,6 +195,8 @@ class EnvSpec:
         suite: Task suite name (``"builtin"``, ``"collabllm"``, ``"comlrl"``...).
         needs_data: The env reads a dataset that may need a download (``data_files=`` works
             offline).
+        card: The env card (:class:`EnvCard`): what it tests, who sees what, the reward's range
+            under every reward option, data and licence, measured baselines.
     """
 
     id: str
@@ -68,6 +212,7 @@ class EnvSpec:
     description: str = ""
     suite: str = "custom"
     needs_data: bool = False
+    card: EnvCard | None = None
 
     def __post_init__(self) -> None:
         m = _ID_RE.match(self.id)
@@ -81,6 +226,26 @@ class EnvSpec:
         for p in self.default_policies:
             if p not in self.players:
                 raise ConfigError(f"{self.id}: default policy for unknown player {p!r}.")
+        if self.card is not None:
+            self._check_card(self.card)
+
+    def _check_card(self, card: EnvCard) -> None:
+        if not isinstance(card, EnvCard):
+            raise ConfigError(f"{self.id}: card must be an EnvCard, got {type(card).__name__}.")
+        for what in ("players", "sees"):
+            keys = set(getattr(card, what))
+            if keys != set(self.players):
+                raise ConfigError(
+                    f"{self.id}: the card's {what} must name every player {list(self.players)} "
+                    f"and no other; missing {sorted(set(self.players) - keys)}, "
+                    f"unknown {sorted(keys - set(self.players))}."
+                )
+        default = card.reward_range[DEFAULT_REWARD]
+        if tuple(map(float, self.reward_range)) != default:
+            raise ConfigError(
+                f"{self.id}: the card's default reward range {list(default)} differs from the "
+                f"spec's reward_range {list(self.reward_range)}; make them the same bounds."
+            )
 
     @property
     def name(self) -> str:
@@ -116,6 +281,7 @@ class EnvSpec:
             "suite": self.suite,
             "needs_data": self.needs_data,
             "description": self.description,
+            "card": None if self.card is None else self.card.to_dict(),
         }
 
 
