@@ -9,7 +9,7 @@ import argparse
 import os
 import time
 
-from collab_env.rewards.sandbox import SandboxJob, SandboxPool, run_python
+from collab_env.sandbox import SandboxJob, SandboxPool, run_python
 
 SOLUTION = "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
 TESTS = "assert fib(10) == 55\nassert fib(30) == 832040\n"

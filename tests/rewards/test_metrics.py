@@ -309,7 +309,7 @@ def test_pass_rate_passed_and_failed():
 
 
 def test_pass_rate_sandbox_error_propagates(monkeypatch):
-    from collab_env.rewards import sandbox
+    from collab_env import sandbox
 
     async def broken(*a, **k):
         raise SandboxError("cannot start")

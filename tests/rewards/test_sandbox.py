@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from collab_env.errors import ConfigError
-from collab_env.rewards.sandbox import (
+from collab_env.sandbox import (
     SandboxJob,
     SandboxLimits,
     SandboxError,

@@ -1,5 +1,5 @@
 """The ``pass_rate`` metric: the assistant's final Python code block against the item's tests,
-run in :mod:`collab_env.rewards.sandbox`."""
+run in :mod:`collab_env.sandbox`."""
 
 from __future__ import annotations
 
@@ -48,10 +48,10 @@ async def pass_rate(conversation: Conversation, item: Mapping[str, Any], *, star
 
     The code is the last fenced block of the last assistant message that has one (with
     :func:`extract_then`: of the extracted text, or the whole text). ctx: ``sandbox`` (a
-    :class:`~collab_env.rewards.sandbox.SandboxPool`, optional), ``sandbox_limits``.
+    :class:`~collab_env.sandbox.SandboxPool`, optional), ``sandbox_limits``.
     ``detail["status"]`` is the sandbox status; a broken sandbox raises ``SandboxError``.
     """
-    from collab_env.rewards.sandbox import SandboxLimits, arun_python
+    from collab_env.sandbox import SandboxLimits, arun_python
 
     tests = _tests_of(item)
     if ctx.get("extracted") is not None:

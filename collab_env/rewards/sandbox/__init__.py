@@ -1,79 +1,24 @@
-"""A sandbox for untrusted, model-generated Python (used by the ``pass_rate`` metric).
+"""The old path of :mod:`collab_env.sandbox` (the code sandbox moved below the tasks layer).
 
-``run_python(code, tests=...)`` runs a solution, then its unit tests, in a fresh ``python -I``
-process and says what happened as a :class:`SandboxResult`. :class:`SandboxPool` runs many at
-once with bounded concurrency (``await pool.run(...)`` or ``pool.map(jobs)``).
-
-How a run is contained (best effort, each layer reported in ``SandboxResult.isolation``):
-
-* **Process tree.** The parent starts ``python -I -B -c <bootstrap>`` in a new session. The
-  bootstrap (``P``) unshares namespaces and forks a *reaper* (``C``), which forks the process that
-  runs the untrusted code (``G``). With a PID namespace ``C`` is its init: when ``C`` exits or is
-  killed, the kernel kills and reaps everything the code started, including processes that left
-  the process group with ``setsid``. Without one, ``C`` is a child subreaper and the parent kills
-  the process group and then every process of the sandbox uid.
-* **User.** As root, ``G`` drops to a *fresh, random, unused uid/gid* (no supplementary groups,
-  ``no_new_privs``). A dedicated uid matters because ``RLIMIT_NPROC`` counts processes per real
-  uid and is not enforced for root: sharing ``nobody`` between concurrent runs would let one fork
-  bomb starve the others, and a different uid cannot signal the parent. Not as root, the code
-  runs as the caller's own uid: ``RLIMIT_NPROC`` is set to the user's current task count plus
-  ``max_processes`` and nothing stops the code from signalling or writing as that user. Run as
-  root (or in a container) for real isolation.
-* **Network.** As root, ``G`` lives in a new network namespace: only a loopback interface, and it
-  is down, so no connection can leave. In every mode an audit hook also refuses ``connect``,
-  ``bind``, ``sendto`` and ``sendmsg`` on internet sockets, which makes the attempt visible
-  (status ``"forbidden"``); without a namespace that hook is the only barrier (``ctypes`` can
-  bypass it).
-* **Filesystem.** As root, in a new mount namespace: ``/tmp`` is a private, size-limited tmpfs
-  holding the sandbox directory ``/tmp/sandbox`` (cwd, ``HOME`` and ``TMPDIR``), ``/dev/shm`` is
-  another private tmpfs, and every other mount is remounted read-only. Directories the sandbox
-  user could not traverse but needs (an interpreter installed under ``/root``, say) are made
-  reachable by bind-mounting just the interpreter's trees over an empty tmpfs, which also hides
-  the rest of that directory. Without a mount namespace the sandbox directory is a fresh
-  ``tempfile.mkdtemp`` directory and only file permissions protect the rest.
-* **Resources.** ``RLIMIT_CPU``, ``RLIMIT_AS``, ``RLIMIT_FSIZE``, ``RLIMIT_NPROC`` (which counts
-  threads too), ``RLIMIT_NOFILE`` and ``RLIMIT_CORE=0`` are set in ``G`` before any untrusted code
-  runs; the parent enforces the wall-clock limit and the output limit by killing the whole tree.
-
-How the status is decided, first match wins:
-
-1. ``"output_limit"``: stdout plus stderr passed ``max_output_bytes`` (the tree is killed).
-2. ``"timeout"``: ``wall_s`` passed, or the code was killed by ``SIGXCPU``/``SIGKILL`` after
-   spending its ``cpu_s``.
-3. ``"forbidden"``: the code tried a network operation (even if it caught the error), or it died
-   of ``BlockingIOError`` while trying to start a process beyond ``max_processes``.
-4. ``"out_of_memory"``: a ``MemoryError`` escaped, or the process died with an allocation failure
-   message on stderr.
-5. ``"crashed"``: killed by a signal (a segfault, ``os.kill``); without tests also any exception
-   or non-zero exit.
-6. With tests: ``"passed"`` when the solution and then the tests ran to their end, ``"failed"``
-   otherwise (an assertion, any exception, a syntax error, or an exit before the tests finished:
-   ``sys.exit(0)`` at the top of a solution does not pass). Without tests: ``"passed"`` on exit
-   status 0.
-
-The solution and the tests run in one ``__main__`` namespace (the tests see the solution's
-names); their tracebacks name them ``<solution>`` and ``<tests>``. Tests should signal failure by
-raising (plain ``assert``, or ``unittest`` with ``unittest.main(exit=False)`` plus an explicit
-check of the result): an exit from the test code counts as a failure.
-
-The bootstrap reports outcomes on a private pipe, signed with a per-run random nonce that the
-untrusted code never receives directly. Reading it back would take deliberate introspection of
-the bootstrap's frames, so a casual ``print("passed")`` or ``os._exit(0)`` cannot fake a pass.
-
-The package, one job a module: :mod:`~collab_env.rewards.sandbox.config` (limits, result, job),
-:mod:`~collab_env.rewards.sandbox.bootstrap` (the child side), :mod:`~collab_env.rewards.sandbox.processes`
-(uids and killing on the parent side), :mod:`~collab_env.rewards.sandbox.verdict` (the status),
-:mod:`~collab_env.rewards.sandbox.run` (one run) and :mod:`~collab_env.rewards.sandbox.pool` (many).
+A forwarding module, kept so that existing ``from collab_env.rewards.sandbox import ...`` imports
+keep working; it re-exports the public names of :mod:`collab_env.sandbox`. New code imports
+:mod:`collab_env.sandbox`. The old submodules (``collab_env.rewards.sandbox.run`` etc.) are not
+forwarded: import them from ``collab_env.sandbox``.
 """
 
 from __future__ import annotations
 
-from collab_env.errors import SandboxError
-from collab_env.rewards.sandbox.config import SandboxJob, SandboxLimits, SandboxResult
-from collab_env.rewards.sandbox.config import Status as Status
-from collab_env.rewards.sandbox.pool import SandboxPool
-from collab_env.rewards.sandbox.processes import live_processes_of_uid as live_processes_of_uid
-from collab_env.rewards.sandbox.run import arun_python, run_python
+from collab_env.sandbox import (
+    SandboxError,
+    SandboxJob,
+    SandboxLimits,
+    SandboxPool,
+    SandboxResult,
+    Status,
+    arun_python,
+    live_processes_of_uid,
+    run_python,
+)
 
 __all__ = [
     "SandboxError",
@@ -81,6 +26,8 @@ __all__ = [
     "SandboxResult",
     "SandboxJob",
     "SandboxPool",
+    "Status",
     "run_python",
     "arun_python",
+    "live_processes_of_uid",
 ]

@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from collab_env.errors import ConfigError
-from collab_env.rewards.sandbox.config import SandboxJob, SandboxLimits, SandboxResult
-from collab_env.rewards.sandbox.run import run_python
+from collab_env.sandbox.config import SandboxJob, SandboxLimits, SandboxResult
+from collab_env.sandbox.run import run_python
 
 __all__ = ["SandboxPool"]
 

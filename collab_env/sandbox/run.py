@@ -1,10 +1,10 @@
 """Running one program in the sandbox: :func:`run_python` and :func:`arun_python`.
 
 The parent side of one run: it allocates the uid and the sandbox directory, starts the
-bootstrap (:mod:`collab_env.rewards.sandbox.bootstrap`) in a new session, feeds it its config and
+bootstrap (:mod:`collab_env.sandbox.bootstrap`) in a new session, feeds it its config and
 stdin, pumps its output and status pipes while enforcing the wall-clock and output limits, kills
 the whole tree, cleans up, and turns what it saw into a :class:`SandboxResult`
-(:func:`collab_env.rewards.sandbox.verdict.decide`).
+(:func:`collab_env.sandbox.verdict.decide`).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import tempfile
 import time
 
 from collab_env.errors import ConfigError, SandboxError
-from collab_env.rewards.sandbox.bootstrap import BOOTSTRAP
-from collab_env.rewards.sandbox.config import SandboxLimits, SandboxResult
-from collab_env.rewards.sandbox.processes import allocate_uid, kill_uid, list_processes, release_uid
-from collab_env.rewards.sandbox.verdict import decide
+from collab_env.sandbox.bootstrap import BOOTSTRAP
+from collab_env.sandbox.config import SandboxLimits, SandboxResult
+from collab_env.sandbox.processes import allocate_uid, kill_uid, list_processes, release_uid
+from collab_env.sandbox.verdict import decide
 
 __all__ = ["run_python", "arun_python"]
 

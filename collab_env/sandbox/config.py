@@ -1,7 +1,7 @@
 """The sandbox's data: the limits of a run, its verdict, and a job for the pool.
 
 :class:`SandboxLimits` (validated at construction), :class:`SandboxResult` (what one run did,
-with the ``Status`` decided in :mod:`collab_env.rewards.sandbox.verdict`) and
+with the ``Status`` decided in :mod:`collab_env.sandbox.verdict`) and
 :class:`SandboxJob` (the arguments of one run for :meth:`SandboxPool.map`).
 """
 

@@ -1,6 +1,6 @@
 """The verdict of a sandboxed run: the status, return code and detail line from what was seen.
 
-:func:`decide` applies the rules of the :mod:`collab_env.rewards.sandbox` docstring ("How the
+:func:`decide` applies the rules of the :mod:`collab_env.sandbox` docstring ("How the
 status is decided", first match wins) to the bootstrap's status records, the exit status, the
 reason the parent killed the run and the captured stderr.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 
-from collab_env.rewards.sandbox.config import SandboxLimits, Status
+from collab_env.sandbox.config import SandboxLimits, Status
 
 __all__ = ["decide"]
 

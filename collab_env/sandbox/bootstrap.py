@@ -1,9 +1,9 @@
 """The child side of a sandboxed run: the bootstrap script the sandbox interpreter executes.
 
-:data:`BOOTSTRAP` is the source that :mod:`collab_env.rewards.sandbox.run` passes to
+:data:`BOOTSTRAP` is the source that :mod:`collab_env.sandbox.run` passes to
 ``python -I -B -c``. It unshares namespaces, forks the reaper and the process that runs the
 untrusted code, sets up the private filesystem, the resource limits, the user and the audit
-hook, and reports outcomes on the status pipe (see :mod:`collab_env.rewards.sandbox`).
+hook, and reports outcomes on the status pipe (see :mod:`collab_env.sandbox`).
 """
 
 from __future__ import annotations
