@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from collab_env.adapters.common.collapse import DEFAULT_THRESHOLDS, check_collapse
 from collab_env.adapters.common.config import eval_due
 
 __all__ = ["RunState", "TrainerState", "Schedule", "Learner", "run", "run_item_loop", "flush_log",
@@ -178,10 +179,16 @@ def merge_metrics(window: Sequence[Mapping[str, float]], summed: Sequence[str] =
 
 
 def flush_log(learner: Any, summed: Sequence[str] = (), log_item: bool = True) -> dict[str, Any]:
-    """Log the merged pending training metrics (:func:`merge_metrics`) at the current position."""
+    """Log the merged pending training metrics (:func:`merge_metrics`) at the current position,
+    checked for collapse first (:func:`~collab_env.adapters.common.collapse.check_collapse` with
+    the learner's ``collapse_thresholds`` when it has them: a ``CollapseWarning`` and
+    ``collapse/flagged`` in the line)."""
     st = learner.state
     merged = merge_metrics(st.pending, summed)
     st.pending = []
+    # Every training log line is checked for collapse (short, empty or duplicate completions).
+    merged.update(check_collapse(merged, getattr(learner, "collapse_thresholds", DEFAULT_THRESHOLDS),
+                                 where=f"env_step {st.env_step}"))
     st.last_log_step = st.env_step
     if log_item:
         return learner.logger.log(merged, env_step=st.env_step, epoch=st.epoch, item=st.items_done)

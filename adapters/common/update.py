@@ -25,7 +25,7 @@ from typing import Any
 
 from collab_env.adapters.common.loop import mean
 
-__all__ = ["Sample", "policy_update", "kl_per_turn"]
+__all__ = ["Sample", "policy_update", "kl_per_turn", "sample_collapse_stats"]
 
 #: One training sample: (prompt ids, completion ids, advantage, 0-based turn).
 Sample = tuple[list[int], tuple[int, ...], float, int]
@@ -42,6 +42,17 @@ def kl_per_turn(logp, ref_logp, mask, samples, into: dict[int, list[float]]) -> 
         into.setdefault(s[3], []).append(float(value))
 
 
+def sample_collapse_stats(pm: Any, samples: Sequence[Sample]) -> dict[str, float]:
+    """The collapse statistics (:func:`~collab_env.adapters.common.collapse.completion_stats`) of
+    ``samples``: visible tokens (``pm``'s tokenizer's special ids and padding dropped), duplicates
+    counted among the samples of the same prompt."""
+    from collab_env.adapters.common.collapse import completion_stats
+
+    special = set(getattr(pm.tokenizer, "all_special_ids", None) or ())
+    special.add(pm.pad_id)
+    return completion_stats([s[1] for s in samples], [tuple(s[0]) for s in samples], special)
+
+
 def policy_update(pm: Any, samples: Sequence[Sample], loss: Callable[..., Any], *, iterations: int = 1,
                   temperature: float = 1.0, micro_batch: int = 8, loss_type: str = "sequence",
                   beta: float = 0.0, max_grad_norm: float | None = None) -> dict[str, float]:
@@ -55,7 +66,8 @@ def policy_update(pm: Any, samples: Sequence[Sample], loss: Callable[..., Any], 
     Returns:
         The first step's summed stats, ``grad_norm``, per-turn and overall reference-KL metrics
         (with a reference), ``loss_last_iteration`` / ``clip_fraction_last_iteration`` (more
-        than one iteration) and ``learning_rate``.
+        than one iteration), ``learning_rate`` and the collapse statistics of the samples
+        (:func:`sample_collapse_stats`).
     """
     import torch
 
@@ -115,5 +127,6 @@ def policy_update(pm: Any, samples: Sequence[Sample], loss: Callable[..., Any], 
             out["clip_fraction_last_iteration"] = totals.get("clip_fraction", 0.0)
     out.pop("kl", None)
     out["learning_rate"] = float(pm.scheduler.get_last_lr()[0])
+    out.update(sample_collapse_stats(pm, samples))
     pm.model.eval()
     return out
