@@ -11,6 +11,10 @@ Implemented by :class:`~collab_env.agents.hf.HFPolicy`, :class:`~collab_env.agen
 the learners' vLLM engine (:class:`~collab_env.adapters.common.vllm_engine.VLLMGenerator`) and
 :class:`~collab_env.adapters.common.models.PolicyModel`. Both backends re-export these names
 (``from collab_env.agents.hf import TokenGenerator, sampling_params`` keeps working).
+
+:class:`TokenHistory` builds the prompts of a player whose episode is trained as one token
+sequence (TRL's ``rollout_func``, the verl agent loop): each later prompt extends the earlier
+prompt and the exact ids the model generated, instead of re-tokenising the reply's text.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from collab_env.agents.base import SamplingParams, chat_template_mode
 from collab_env.errors import ConfigError
 from collab_env.types import Completion, Conversation
 
-__all__ = ["TokenGenerator", "sampling_params", "row_seed", "chat_prompt_text", "rendered_prompt_ids"]
+__all__ = ["TokenGenerator", "TokenHistory", "sampling_params", "row_seed", "chat_prompt_text", "rendered_prompt_ids"]
 
 
 @runtime_checkable
@@ -90,3 +94,77 @@ def rendered_prompt_ids(tokenizer: Any, text: str) -> list[int]:
     ``Completion.prompt_token_ids`` holds)."""
     # The template already writes any BOS token, so the tokenizer must not add another.
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+class TokenHistory:
+    """The prompt ids of one player over the turns of one episode, extending its exact token history.
+
+    A sampled reply is not always the tokenizer's own encoding of its text, so re-rendering the
+    conversation and tokenising it afresh can split the earlier reply differently from how the
+    model wrote it. :meth:`prompt_ids` avoids that: when the new observation's chat-template text
+    starts with an earlier prompt's text followed by the reply generated from it (as the
+    template renders it), the prompt is the earlier prompt's ids, the generated ids, and the
+    tokens of the rest of the text only. The generated ids are kept as they are, trailing
+    special tokens included: an EOS that the template writes as its end-of-turn marker is not
+    repeated, one it does not write stays before the marker. The longest such earlier turn is
+    used (a policy that also plays forked futures, as the multiturn-aware reward's, has several);
+    with none, the prompt is the plain rendering, identical to
+    :class:`~collab_env.agents.hf.HFPolicy`'s.
+
+    Whether the whole episode then forms one sequence is checked where it is assembled, by
+    :func:`~collab_env.rollout.token_transcript`.
+
+    Args:
+        tokenizer: The trained model's tokenizer (its chat template renders the prompts).
+        system_prompt: Put first when an observation has no system message.
+    """
+
+    def __init__(self, tokenizer: Any, system_prompt: str | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+        self._special = {int(t) for t in (getattr(tokenizer, "all_special_ids", None) or ())}
+        self._texts: dict[tuple[int, ...], str] = {}
+        # (text up to the end of the reply, trailing special tokens' text, prompt + generated ids)
+        self._turns: list[tuple[str, str, list[int]]] = []
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def prompt_ids(self, observation: Conversation) -> list[int]:
+        """The prompt ids of ``observation`` (see the class docstring)."""
+        text = chat_prompt_text(self.tokenizer, observation, self.system_prompt)
+        best: tuple[str, str, list[int]] | None = None
+        for turn in self._turns:
+            head = turn[0]
+            if len(head) < len(text) and text.startswith(head) and (best is None or len(head) > len(best[0])):
+                best = turn
+        if best is None:
+            ids = rendered_prompt_ids(self.tokenizer, text)
+        else:
+            head, tail, done = best
+            rest = text[len(head):]
+            if tail and rest.startswith(tail):
+                rest = rest[len(tail):]
+            ids = done + rendered_prompt_ids(self.tokenizer, rest)
+        self._texts[tuple(ids)] = text
+        return ids
+
+    def record(self, completion: Completion) -> None:
+        """Remember ``completion`` (generated from a prompt this history built; its
+        ``prompt_token_ids``, ``token_ids`` and ``text``), so that later prompts extend it. The
+        reply is matched by its text as the episode records it (``completion.text``: special
+        tokens written inside a reply are kept in the ids, not in the text).
+
+        Raises:
+            ConfigError: Its prompt ids did not come from :meth:`prompt_ids`.
+        """
+        prompt = [int(t) for t in completion.prompt_token_ids or ()]
+        generated = [int(t) for t in completion.token_ids or ()]
+        text = self._texts.get(tuple(prompt))
+        if text is None:
+            raise ConfigError("TokenHistory.record: the completion's prompt ids were not built by this history's "
+                              "prompt_ids().")
+        k = len(generated)
+        while k > 0 and generated[k - 1] in self._special:
+            k -= 1
+        self._turns.append((text + completion.text, self._decode(generated[k:]), prompt + generated))

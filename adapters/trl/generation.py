@@ -4,7 +4,7 @@ trained player's exact token history)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from collab_env.errors import ConfigError, PolicyError
@@ -77,25 +77,12 @@ class TrainerGenerator:
         seed = int(torch.randint(0, 2**62, (1,)).item())
         return await self._queues.current().submit([int(t) for t in prompt_ids], params or self.params, seed)
 
-    def prompt_ids(self, chat: Sequence[Mapping[str, Any]], *, generation_prompt: bool = True) -> list[int]:
-        """The chat template's ids of ``chat`` (no special tokens added: the template writes them)."""
-        return render_ids(self.tokenizer, render_chat(self.tokenizer, chat, generation_prompt))
+    def prompt_ids(self, observation: Conversation) -> list[int]:
+        """The chat template's ids of ``observation`` (as every backend renders it:
+        :func:`~collab_env.agents.tokens.chat_prompt_text`)."""
+        from collab_env.agents.tokens import chat_prompt_text, rendered_prompt_ids
 
-
-def clean_chat(chat: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The messages of ``chat`` with only their ``role`` and ``content`` (what the chat template renders)."""
-    return [{"role": m["role"], "content": m["content"]} for m in chat]
-
-
-def render_chat(tokenizer: Any, chat: Sequence[Mapping[str, Any]], generation_prompt: bool) -> str:
-    """The chat template's text of ``chat`` (cleaned by :func:`clean_chat`), with the generation
-    prompt when ``generation_prompt``."""
-    return tokenizer.apply_chat_template(clean_chat(chat), tokenize=False, add_generation_prompt=generation_prompt)
-
-
-def render_ids(tokenizer: Any, text: str) -> list[int]:
-    """The token ids of ``text`` with no special tokens added (the template wrote them)."""
-    return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
+        return rendered_prompt_ids(self.tokenizer, chat_prompt_text(self.tokenizer, observation))
 
 
 class ChatPolicy:
@@ -110,7 +97,7 @@ class ChatPolicy:
     async def act(self, observations: Sequence[Conversation], **sampling: Any) -> list[Completion]:
         sampling.pop("seed", None)  # the row seeds come from the trainer's generator
         params = SamplingParams.from_kwargs(**{**params_dict(self.generator.params), **sampling})
-        return list(await asyncio.gather(*(self.generator.generate(self.generator.prompt_ids(o.to_chat()), params)
+        return list(await asyncio.gather(*(self.generator.generate(self.generator.prompt_ids(o), params)
                                            for o in observations)))
 
 
@@ -120,63 +107,32 @@ def params_dict(p: SamplingParams) -> dict[str, Any]:
             "stop": p.stop}
 
 
-_SENTINEL = "\x1fCOLLAB_ENV_END_OF_TURN\x1f"
-
-
 class TranscriptPolicy:
     """The trained player of ONE episode: its prompts are its exact token history.
 
     The first prompt is the chat template of the first observation. Each later prompt is the
-    previous prompt + the generated ids + the template's end-of-turn tokens (those after the
-    EOS the model wrote, all of them when it was cut at the token limit) + the chat template's
-    rendering of the messages that arrived since. So every prompt extends the previous prompt
-    and completion token for token, and :func:`~collab_env.rollout.token_transcript` of the
-    episode is exact.
-
-    Raises:
-        ConfigError: An observation does not extend the previous one by the player's reply and
-            new messages, or the chat template renders earlier turns differently once a later
-            one is added (e.g. a template that drops past reasoning).
+    previous prompt + the generated ids + the tokens of the text that follows them in the new
+    rendering (the template's end-of-turn marker and the messages that arrived since), built by
+    :class:`~collab_env.agents.tokens.TokenHistory` (the same builder as the verl agent loop's).
+    So every prompt extends the previous prompt and completion token for token, and
+    :func:`~collab_env.rollout.token_transcript` of the episode is exact; it raises
+    ``ConfigError`` when the env or the chat template rewrote an earlier turn.
     """
 
     def __init__(self, generator: TrainerGenerator, params: SamplingParams | None = None) -> None:
+        from collab_env.agents.tokens import TokenHistory
+
         self.generator = generator
         self.params = params or generator.params
         self.name = f"trl-model({generator.backend.name})"
-        self._chat: list[dict[str, Any]] | None = None
-        self._ids: list[int] = []
-        self._last: Completion | None = None
+        self.history = TokenHistory(generator.tokenizer)
 
     async def act(self, observations: Sequence[Conversation], **sampling: Any) -> list[Completion]:
         if len(observations) != 1:
             raise ConfigError("TranscriptPolicy plays one episode: one observation per call.")
-        chat = clean_chat(observations[0].to_chat())
-        ids = self.generator.prompt_ids(chat) if self._chat is None else self._extend(chat)
+        ids = self.history.prompt_ids(observations[0])
         completion = await self.generator.generate(ids, self.params)
         if list(completion.prompt_token_ids or ids) != ids:
             raise PolicyError("the generator changed the prompt ids it was given.")
-        self._chat, self._last = chat, completion
-        self._ids = ids + list(completion.token_ids or ())
+        self.history.record(completion)
         return [completion]
-
-    def _extend(self, chat: list[dict[str, Any]]) -> list[int]:
-        prev, tok = self._chat, self.generator.tokenizer
-        n = len(prev)
-        if chat[:n] != prev or len(chat) <= n or chat[n]["role"] != "assistant":
-            raise ConfigError("the trained player's new observation does not extend its previous one by its reply "
-                              "(the env rewrote the conversation); this env cannot be trained as one sequence.")
-        with_reply = render_chat(tok, chat[: n + 1], False)
-        full = render_chat(tok, chat, True)
-        if not full.startswith(with_reply):
-            raise ConfigError("the chat template renders earlier turns differently once later ones are added; "
-                              "the episode cannot be one token sequence (train turn by turn instead).")
-        probe = render_chat(tok, [*prev, {"role": "assistant", "content": _SENTINEL}], False)
-        if _SENTINEL not in probe:
-            raise ConfigError("the chat template does not render the assistant's reply verbatim.")
-        end_of_turn = probe[probe.index(_SENTINEL) + len(_SENTINEL):]
-        generated = list(self._last.token_ids or ())
-        if generated and generated[-1] in self.generator.eos_token_ids:
-            eos_text = tok.decode([generated[-1]])
-            if end_of_turn.startswith(eos_text):
-                end_of_turn = end_of_turn[len(eos_text):]
-        return self._ids + render_ids(tok, end_of_turn + full[len(with_reply):])

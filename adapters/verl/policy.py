@@ -1,18 +1,17 @@
 """A collab_env policy whose completions come from verl's rollout server.
 
 :class:`ServerPolicy` renders each observation with the tokenizer's chat template (our own
-rendering, :func:`~collab_env.agents.tokens.chat_prompt_text`, exactly as the HF and vLLM
-backends do), sends the prompt ids to ``await server_manager.generate(request_id=...,
+rendering, :class:`~collab_env.agents.tokens.TokenHistory`), sends the prompt ids to ``await server_manager.generate(request_id=...,
 prompt_ids=..., sampling_params=...)`` and returns a :class:`~collab_env.types.Completion` holding
 the exact ids and log-probs the server returned. It needs nothing from verl itself: any object
 with that ``generate`` coroutine returning ``token_ids``, ``log_probs`` and ``stop_reason`` (verl's
 ``TokenOutput``) serves it.
 
-Multi-turn prompts extend the earlier ones token for token: when a new prompt renders an earlier
-prompt and reply of this policy unchanged as text but the plain tokenisation splits them
-differently (a sampled reply is not always the tokenizer's own encoding of its text), the prompt
-is the earlier ids followed by the tokens of the new text only, as verl's own agent loops build
-it. Otherwise it is the plain rendering, identical to :class:`~collab_env.agents.hf.HFPolicy`'s.
+Multi-turn prompts extend the earlier ones token for token: the prompt of a later turn is the
+earlier prompt, the exact ids the server generated and the tokens of the new text only (the
+same :class:`~collab_env.agents.tokens.TokenHistory` that TRL's ``rollout_func`` uses), as verl's
+own agent loops build it. A first prompt is the plain rendering, identical to
+:class:`~collab_env.agents.hf.HFPolicy`'s.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from collab_env.agents.tokens import chat_prompt_text, rendered_prompt_ids
+from collab_env.agents.tokens import TokenHistory
 from collab_env.errors import ConfigError, PolicyError
 from collab_env.types import FAULT, Completion, Conversation
 
@@ -56,8 +55,7 @@ class ServerPolicy:
         self.sampling_params = dict(sampling_params or {})
         self.system_prompt, self.pass_seed, self.name = system_prompt, pass_seed, name
         self.request_id = uuid.uuid4().hex
-        # (decoded text, ids) of every prompt + completion this policy produced
-        self._history: list[tuple[str, list[int]]] = []
+        self.history = TokenHistory(tokenizer, system_prompt)
 
     def request_params(self, sampling: Mapping[str, Any]) -> dict[str, Any]:
         """verl's sampling parameters with the collab_env keywords of one ``act`` call applied."""
@@ -73,20 +71,9 @@ class ServerPolicy:
         out["logprobs"] = True  # the transcript needs the log-prob of every generated token
         return out
 
-    def _decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
     def prompt_ids(self, observation: Conversation) -> list[int]:
         """The prompt ids of one observation (see the module docstring)."""
-        text = chat_prompt_text(self.tokenizer, observation, self.system_prompt)
-        plain = rendered_prompt_ids(self.tokenizer, text)
-        best: tuple[str, list[int]] | None = None
-        for done_text, done_ids in self._history:
-            if len(done_text) < len(text) and text.startswith(done_text) and (best is None or len(done_text) > len(best[0])):
-                best = (done_text, done_ids)
-        if best is None or plain[: len(best[1])] == best[1]:
-            return plain
-        return best[1] + rendered_prompt_ids(self.tokenizer, text[len(best[0]):])
+        return self.history.prompt_ids(observation)
 
     async def act(self, observations: Sequence[Conversation], **sampling: Any) -> list[Completion]:
         """One completion per observation, each from one ``server_manager.generate`` call.
@@ -117,16 +104,17 @@ class ServerPolicy:
                                       usage={"model_calls": 1.0, "faults": 1.0},
                                       meta={**meta, "fault": "the server aborted the request"}))
                 continue
-            self._history.append((self._decode(list(prompt) + ids), list(prompt) + ids))
             max_tokens = params.get("max_tokens")
             finish = "length" if max_tokens is not None and len(ids) >= max_tokens and stop != "completed" else "stop"
-            out.append(Completion(
+            completion = Completion(
                 text=self.tokenizer.decode(ids, skip_special_tokens=True),
                 token_ids=tuple(ids), logprobs=tuple(float(x) for x in lps), prompt_token_ids=tuple(prompt),
                 finish_reason=finish,
                 usage={"model_calls": 1.0, "prompt_tokens": len(prompt), "completion_tokens": len(ids)},
                 meta=meta,
-            ))
+            )
+            self.history.record(completion)
+            out.append(completion)
         return out
 
     def __repr__(self) -> str:
