@@ -73,6 +73,7 @@ def register_builtin() -> None:
     does this; calling it again re-registers the same entries)."""
     from collab_env.policy import register_policy
     from collab_env.registry import EnvSpec, register
+    from collab_env.tasks.cards import BUILTIN_CARDS
 
     for name, entry_point in TASK_POLICIES.items():
         register_policy(name, entry_point)
@@ -92,6 +93,7 @@ def register_builtin() -> None:
                 limits={"max_steps": 12},
                 description=d["description"],
                 suite="builtin",
+                card=BUILTIN_CARDS[f"{name}-v0"],
             )
         )
 
@@ -115,6 +117,7 @@ def register_builtin() -> None:
                 "answer is 2-3 times as long as the brief one."
             ),
             suite="comlrl",
+            card=BUILTIN_CARDS["length-ratio-v0"],
         )
     )
 
@@ -133,6 +136,7 @@ def register_builtin() -> None:
                     trainable=("assistant",),
                     default_policies={"user": "collab_env.tasks.collabllm:SessionReplayUser"},
                     reward=metrics,
+                    reward_range=(0.0, 0.0),  # the env's own reward; the card gives mr's and conversation's
                     # Episode budgets (the recipe's 3/2 turns are the reward's future window).
                     limits={"max_assistant_turns": 10, "max_user_turns": 10, "max_steps": 20},
                     description=(
@@ -143,5 +147,6 @@ def register_builtin() -> None:
                     ),
                     suite="collabllm",
                     needs_data=True,
+                    card=BUILTIN_CARDS[f"{name}-v1"],
                 )
             )

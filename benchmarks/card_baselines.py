@@ -1,0 +1,80 @@
+"""The reference baselines of the env cards, measured through the eval runner.
+
+Every built-in id that runs offline with scripted players gets its reference policy set (the
+one that should win) and its naive one (the one that should lose), ``--episodes`` seeded
+episodes each (episode ``k`` resets with seed ``k``), through :func:`collab_env.eval.evaluate`.
+The numbers go to ``benchmarks/results/card_baselines.json``; the cards in
+:mod:`collab_env.tasks.cards` quote them and ``tests/test_readme.py`` checks that they agree.
+
+Scores only (no timing), so no load check is needed::
+
+    .venv/bin/python -m benchmarks.card_baselines --episodes 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import collab_env
+from collab_env.eval import evaluate
+from collab_env.policy import FixedTextPolicy
+
+OUT = Path(__file__).resolve().parent / "results" / "card_baselines.json"
+
+#: A reply both length-ratio agents give in the naive set: the ratio is 1, outside [2, 3],
+#: so the joint reward is exp(-(2 - 1)) = exp(-1) on every prompt.
+SAME_TEXT = "A short answer, the same for both of us."
+
+
+def baseline_runs() -> dict[str, dict[str, dict[str, object]]]:
+    """Env id -> baseline name -> policies (player -> reference) to evaluate."""
+    runs: dict[str, dict[str, dict[str, object]]] = {}
+    for env_id in ("hidden-facts-easy-v0", "hidden-facts-v0", "hidden-facts-hard-v0"):
+        runs[env_id] = {
+            "ask-then-answer": {"assistant": "ask-then-answer"},
+            "answer-at-once": {"assistant": "answer-at-once"},
+        }
+    runs["length-ratio-v0"] = {
+        "length-ratio-partner x2": {"agent_0": "length-ratio-partner", "agent_1": "length-ratio-partner"},
+        "same text x2": {"agent_0": FixedTextPolicy(SAME_TEXT), "agent_1": FixedTextPolicy(SAME_TEXT)},
+    }
+    return runs
+
+
+def measure(episodes: int) -> dict[str, object]:
+    """Run every baseline; returns the results document written to :data:`OUT`."""
+    results: dict[str, object] = {}
+    for env_id, sets in baseline_runs().items():
+        per_env = {}
+        for name, policies in sets.items():
+            r = evaluate(env_id, policies, num_episodes=episodes, seed=0, progress=False)
+            if r.failures:
+                raise RuntimeError(f"{env_id} / {name}: {len(r.failures)} episode(s) failed: {r.failures[0]}")
+            s = r.summary
+            player = collab_env.spec(env_id).trainable[0]
+            stats = s.players[player]
+            per_env[name] = {"player": player, "mean_return": round(stats.mean_return, 6),
+                             "success": None if stats.success_rate is None else round(stats.success_rate, 6),
+                             "episodes": s.completed, "mean_steps": round(s.mean_steps, 3)}
+            print(f"{env_id:22s} {name:26s} return {stats.mean_return:.3f}  success "
+                  f"{'-' if stats.success_rate is None else f'{stats.success_rate:.3f}'}  ({s.completed} ep)")
+        results[env_id] = per_env
+    return {"episodes": episodes, "seed": 0, "results": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--episodes", type=int, default=200)
+    p.add_argument("--out", type=Path, default=OUT)
+    args = p.parse_args(argv)
+    doc = measure(args.episodes)
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
