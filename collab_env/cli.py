@@ -8,6 +8,7 @@
     collab-env play ID [--player P] ...         play one player yourself in the terminal
     collab-env eval ID --policy P=SPEC ...      evaluation run, results to a JSONL file
     collab-env data --data_files F --output_dir D   CollabLLM RL/SFT/DPO datasets
+    collab-env leaderboard run|verify|build|tracks  leaderboard tracks, submissions and page
 
 A policy ``SPEC`` is an alias (``ask-then-answer``, ``answer-at-once``...), ``default`` (the
 spec's default policy for that player) or ``module:Class``. ``--import MODULE`` (before the
@@ -337,6 +338,57 @@ def _cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _cmd_leaderboard(args: argparse.Namespace, out: TextIO) -> int:
+    """``collab-env leaderboard tracks|run|verify|build`` (see :mod:`collab_env.leaderboard`)."""
+    from pathlib import Path
+
+    if args.lb_command == "tracks":
+        from collab_env.leaderboard.tracks import builtin_tracks, track_status
+
+        rows = [["TRACK", "STATUS", "KIND", "ENV", "EPISODES", "USER"]]
+        for t in builtin_tracks().values():
+            eps = f"{t.tasks}x{t.trials}" if t.tasks is not None else f"all x{t.trials}"
+            rows.append([t.id, track_status(t), t.kind, t.env_id, eps, t.user])
+        print(_table(rows), file=out)
+        return 0
+    if args.lb_command == "run":
+        from collab_env.leaderboard.submission import load_submission, run_submission
+
+        policies = _pairs(args.policy, "--policy", "--policy assistant=ask-then-answer")
+        path = run_submission(args.track, policies, out=args.out, name=args.name, model=args.model,
+                              sampling=_sampling(args.sampling), data_files=args.data_files,
+                              episodes=args.episodes, custom=args.custom or (),
+                              concurrency=args.concurrency, progress=not args.no_progress)
+        sub = load_submission(path)
+        eps = sub["episodes"]
+        print(f"{sub['track']}: {eps['recorded']}/{eps['requested']} episodes recorded, "
+              f"{sub['kind']} entry; submission in {path}", file=out)
+        if eps["failed"]:
+            print(f"{PROG}: {len(eps['failed'])} episode(s) failed: {eps['failed'][:10]}; rerun the same "
+                  "command to retry them.", file=sys.stderr)
+            return 1
+        return 0
+    if args.lb_command == "verify":
+        from collab_env.leaderboard.verify import verify_submission
+
+        v = verify_submission(args.submission, track=args.track, data_files=args.data_files)
+        print(v.report(), file=out)
+        return 0 if v.ok else 1
+    # build
+    from collab_env.leaderboard.board import board_data
+
+    data = board_data(args.directory, verify=not args.no_verify)
+    target = Path(args.out) if args.out else Path(args.directory) / "index.html"
+    try:
+        from collab_env.leaderboard.page import build_page
+    except ImportError as exc:
+        raise ConfigError(f"the page builder collab_env.leaderboard.page is not available ({exc}).") from exc
+    written = build_page(data, target)
+    n_ok = sum(e["verified"] for e in data["entries"])
+    print(f"{len(data['entries'])} entries ({n_ok} verified) on {len(data['tracks'])} tracks: {written}", file=out)
+    return 0
+
+
 def _data_output_dir(argv: Sequence[str]) -> str | None:
     """The ``--output_dir`` (alias ``--local_dir``) that ``collab-env data`` was given, if any."""
     q = argparse.ArgumentParser(add_help=False)
@@ -505,6 +557,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sampling parameter for a policy, e.g. assistant.temperature=0.7; repeatable")
     q.add_argument("--no-progress", action="store_true", help="no progress bar")
     env_args(q)
+
+    q = sub.add_parser("leaderboard", help="leaderboard: tracks, run and verify submissions, build the page")
+    lb = q.add_subparsers(dest="lb_command", metavar="ACTION", required=True)
+    lb.add_parser("tracks", help="list the tracks (current and legacy)")
+    r = lb.add_parser("run", help="play a track with your policy; write a submission folder (resumable)")
+    r.add_argument("track", help="track id (hidden-facts@v1), name (its current version) or track file")
+    r.add_argument("--policy", action="append", metavar="PLAYER=SPEC",
+                   help="policy of a submitted player: alias, module:Class, backend:model or proactive(SPEC)")
+    r.add_argument("--out", required=True, help="submission folder (an unfinished one is resumed)")
+    r.add_argument("--name", help="the entry's name on the board")
+    r.add_argument("--model", help="the model's name on the board")
+    r.add_argument("--sampling", action="append", metavar="PLAYER.KEY=VALUE",
+                   help="sampling of a submitted player, e.g. assistant.temperature=0.7; repeatable")
+    r.add_argument("--episodes", type=int, help="play only the first N episodes (a custom entry)")
+    r.add_argument("--custom", action="append", metavar="REASON",
+                   help="mark the entry custom, saying why (e.g. 'fine-tuned on the test split')")
+    r.add_argument("--concurrency", type=int, default=8, help="episodes in flight (default 8)")
+    r.add_argument("--data-files", nargs="+", metavar="F", help="the track's data files (tracks on data)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    v = lb.add_parser("verify", help="re-play a submission offline; exit 1 with the reasons if it does not match")
+    v.add_argument("submission", help="submission folder")
+    v.add_argument("--track", help="track file to check against (default: the registered track it names)")
+    v.add_argument("--data-files", nargs="+", metavar="F", help="the track's data files (tracks on data)")
+    b = lb.add_parser("build", help="write the static HTML page of a folder of submissions")
+    b.add_argument("directory", help="folder of submission folders (e.g. benchmarks/leaderboard)")
+    b.add_argument("--out", help="HTML file (default DIRECTORY/index.html)")
+    b.add_argument("--no-verify", action="store_true", help="do not re-play the submissions (marks them unverified)")
     return p
 
 
@@ -533,7 +612,8 @@ def main(argv: list[str] | None = None, *, stdin: TextIO | None = None,
                 raise ConfigError(f"--import {mod}: {exc}") from exc
         commands = {"list": lambda: _cmd_list(args, out), "info": lambda: _cmd_info(args, out),
                     "check": lambda: _cmd_check(args, out), "eval": lambda: _cmd_eval(args, out),
-                    "play": lambda: _cmd_play(args, out, stdin or sys.stdin)}
+                    "play": lambda: _cmd_play(args, out, stdin or sys.stdin),
+                    "leaderboard": lambda: _cmd_leaderboard(args, out)}
         status = commands[args.command]()
         out.flush()  # a full disk or a closed pipe behind stdout shows here, not at exit
         return status
@@ -552,6 +632,8 @@ def main(argv: list[str] | None = None, *, stdin: TextIO | None = None,
         hint = ""
         if getattr(args, "command", None) == "eval" and getattr(args, "out", None):
             hint = f" Finished episodes are in {args.out}; rerun with --resume to continue."
+        elif getattr(args, "lb_command", None) == "run":
+            hint = f" Finished episodes are in {args.out}; rerun the same command to resume."
         print(f"\n{PROG}: interrupted.{hint}", file=sys.stderr)
         return 130
     return 0

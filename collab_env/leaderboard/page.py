@@ -1,0 +1,822 @@
+"""The leaderboard page: one static HTML file built from board data.
+
+:func:`build_page` turns the dict of :func:`collab_env.leaderboard.board_data` (its shape is
+documented in :mod:`collab_env.leaderboard.schema`) into a single HTML file that needs no server,
+no network and no JavaScript framework:
+
+* **Everything is rendered here, in Python.** The tables, the plots (inline SVG) and the
+  trajectory viewers (``<details>`` elements) are plain HTML, so the page reads the same with
+  JavaScript turned off, printed, or in a text browser.
+* **Filters are CSS.** The "standard / custom / legacy" check boxes hide rows, plot marks and
+  viewers through ``:has()`` selectors: no script needed.
+* **Sorting is a small vanilla script** (:data:`PAGE_JS`): it turns each sortable column header
+  into a button that reorders the rows by the cell's ``data-value``. Without JavaScript the rows
+  stay in the server's order (best first by the track's first metric).
+* **The data is embedded** as JSON in ``<script type="application/json" id="board-data">``, so
+  the page is its own archive; the script offers it as a download.
+* **Every text is escaped.** Trajectories are untrusted model output; names, tasks and goals come
+  from submissions. Nothing from the data reaches the page except through :func:`html.escape`
+  (or, for the embedded JSON, with ``<``, ``>`` and ``&`` written as ``\\u`` escapes, so no
+  ``</script>`` can end the block).
+
+Numbers follow the statistics of :mod:`collab_env.leaderboard`: each metric is shown as
+``mean [lo, hi]`` (the bootstrap 95% interval over tasks) with its ``n`` beside it; pass^k the
+same, with the entry's seeds and episodes; cost per episode, and the simulator's and the judge's
+fault rates, are their own columns.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from collab_env.errors import DataSchemaError
+
+__all__ = ["build_page", "render_page", "PAGE_CSS", "PAGE_JS", "PALETTE"]
+
+#: Colours of the entries in a track's plots and legend (Okabe-Ito: distinguishable with the
+#: common colour-vision deficiencies); the i-th entry of a track's table gets ``PALETTE[i % 8]``.
+PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000",
+           "#F0E442")
+
+_DASH = "\u2014"  # shown where a number is absent (not recorded, not applicable)
+
+# ---------------------------------------------------------------------------------------------
+# Public entry points
+# ---------------------------------------------------------------------------------------------
+
+
+def build_page(data: Mapping[str, Any], out: Path | str) -> Path:
+    """Write the leaderboard page for ``data`` and return its path.
+
+    Args:
+        data: board data, the plain-JSON dict of :func:`collab_env.leaderboard.board_data`
+            (``generated``, ``code_version``, ``tracks``, ``entries``, ``comparisons``).
+        out: the HTML file to write; an existing directory means ``out / "index.html"``.
+            Parent directories are created.
+
+    Returns:
+        The path written.
+
+    Raises:
+        DataSchemaError: ``data`` lacks a field the page shows, has a number that is not a
+            finite number, or names a track or entry that is not in it (the message gives the
+            place, e.g. ``entries[2].metrics.success.lo``).
+    """
+    path = Path(out)
+    if path.is_dir():
+        path = path / "index.html"
+    text = render_page(data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)  # a reader never sees half a page
+    return path
+
+
+def render_page(data: Mapping[str, Any]) -> str:
+    """The page of :func:`build_page` as a string (the same bytes for the same data: the page
+    shows the data's own ``generated`` time, never the time of rendering)."""
+    board = _Board(data)
+    parts = [
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+        "<title>collab_env leaderboard</title>\n<style>\n", PAGE_CSS, "</style>\n</head>\n<body>\n",
+        _header(board),
+    ]
+    for index, track in enumerate(board.tracks):
+        parts.append(_track_section(board, index, track))
+    parts.append(_footer(board))
+    parts.append('<script type="application/json" id="board-data">')
+    parts.append(_embedded_json(data))
+    parts.append("</script>\n<script>\n")
+    parts.append(PAGE_JS)
+    parts.append("</script>\n</body>\n</html>\n")
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading and checking the data (only what the page shows; the full shape is schema.py's)
+# ---------------------------------------------------------------------------------------------
+
+
+def _fail(where: str, problem: str) -> DataSchemaError:
+    return DataSchemaError(
+        f"board data: {where} {problem}. The page is built from the dict of "
+        "collab_env.leaderboard.board_data(DIR); fix the submission or rebuild the board data "
+        "(collab_env.leaderboard.schema.validate_board_data says what the shape must be).")
+
+
+def _field(obj: Any, key: str, where: str) -> Any:
+    if not isinstance(obj, Mapping):
+        raise _fail(where, f"is {type(obj).__name__}, not an object")
+    if key not in obj:
+        raise _fail(f"{where}.{key}" if where else key, "is missing")
+    return obj[key]
+
+
+def _number(value: Any, where: str, *, optional: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _fail(where, f"is {value!r}, not a finite number")
+    return float(value)
+
+
+def _list(value: Any, where: str) -> Sequence[Any]:
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+        raise _fail(where, f"is {type(value).__name__}, not a list")
+    return value
+
+
+def _ci(value: Any, where: str) -> dict[str, float]:
+    """A ``{"mean", "lo", "hi"[, "n"]}`` object, checked: numbers and lo <= hi."""
+    ci = {key: _number(_field(value, key, where), f"{where}.{key}") for key in ("mean", "lo", "hi")}
+    if ci["lo"] > ci["hi"]:
+        raise _fail(where, f"has lo {ci['lo']} > hi {ci['hi']}")
+    if isinstance(value, Mapping) and "n" in value:
+        ci["n"] = _number(value["n"], f"{where}.n")
+    return ci
+
+
+class _Board:
+    """The data, indexed for rendering: tracks (current first), each track's entries in table
+    order (best first by the track's first metric), each track's comparisons."""
+
+    def __init__(self, data: Mapping[str, Any]):
+        if not isinstance(data, Mapping):
+            raise _fail("the top level", f"is {type(data).__name__}, not an object")
+        self.data = data
+        self.generated = str(_field(data, "generated", ""))
+        self.code_version = str(_field(data, "code_version", ""))
+        tracks = _list(_field(data, "tracks", ""), "tracks")
+        entries = _list(_field(data, "entries", ""), "entries")
+        comparisons = _list(data.get("comparisons", []), "comparisons")
+
+        by_id: dict[str, Mapping[str, Any]] = {}
+        for i, track in enumerate(tracks):
+            where = f"tracks[{i}]"
+            track_id = str(_field(track, "id", where))
+            if track_id in by_id:
+                raise _fail(where, f"repeats the track id {track_id!r}")
+            status = _field(track, "status", where)
+            if status not in ("current", "legacy"):
+                raise _fail(f"{where}.status", f"is {status!r}, not 'current' or 'legacy'")
+            metrics = _list(_field(track, "metrics", where), f"{where}.metrics")
+            if not metrics:
+                raise _fail(f"{where}.metrics", "is empty (the table needs a first metric)")
+            k = _field(track, "k", where)
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise _fail(f"{where}.k", f"is {k!r}, not an integer >= 1")
+            for key in ("env_id", "version", "title", "seeds", "episodes", "user"):
+                _field(track, key, where)
+            by_id[track_id] = track
+        # Current tracks first, in the data's order; legacy ones after them.
+        self.tracks = sorted(by_id.values(), key=lambda t: t["status"] == "legacy")
+
+        self.entries: dict[str, list[Mapping[str, Any]]] = {t: [] for t in by_id}
+        self.entry_index: dict[str, int] = {}  # entry id -> position in the data
+        seen: dict[str, str] = {}
+        for i, entry in enumerate(entries):
+            where = f"entries[{i}]"
+            entry_id = str(_field(entry, "id", where))
+            if entry_id in seen:
+                raise _fail(where, f"repeats the entry id {entry_id!r}")
+            track_id = str(_field(entry, "track", where))
+            if track_id not in by_id:
+                raise _fail(f"{where}.track", f"names {track_id!r}, which is not in tracks "
+                                              f"(known: {sorted(by_id)})")
+            seen[entry_id] = track_id
+            self._check_entry(entry, by_id[track_id], where)
+            self.entry_index[entry_id] = i
+            self.entries[track_id].append(entry)
+        for track_id, rows in self.entries.items():
+            first = by_id[track_id]["metrics"][0]
+            rows.sort(key=lambda e, m=first: (-e["metrics"][m]["mean"] if m in e["metrics"]
+                                              else math.inf, str(e["name"]), str(e["id"])))
+        self.entry_by_id = {str(e["id"]): e for rows in self.entries.values() for e in rows}
+
+        self.comparisons: dict[str, list[Mapping[str, Any]]] = {t: [] for t in by_id}
+        for i, comp in enumerate(comparisons):
+            where = f"comparisons[{i}]"
+            track_id = str(_field(comp, "track", where))
+            if track_id not in by_id:
+                raise _fail(f"{where}.track", f"names {track_id!r}, which is not in tracks")
+            for side in ("a", "b"):
+                entry_id = str(_field(comp, side, where))
+                if seen.get(entry_id) != track_id:
+                    raise _fail(f"{where}.{side}", f"names {entry_id!r}, which is not an entry "
+                                                   f"of track {track_id!r}")
+            _field(comp, "metric", where)
+            _ci({"mean": _field(comp, "diff", where), "lo": _field(comp, "lo", where),
+                 "hi": _field(comp, "hi", where)}, where)
+            _number(_field(comp, "n", where), f"{where}.n")
+            self.comparisons[track_id].append(comp)
+
+    @staticmethod
+    def _check_entry(entry: Mapping[str, Any], track: Mapping[str, Any], where: str) -> None:
+        for key in ("name", "model", "verified", "seeds", "episodes"):
+            _field(entry, key, where)
+        kind = _field(entry, "kind", where)
+        if kind not in ("standard", "custom"):
+            raise _fail(f"{where}.kind", f"is {kind!r}, not 'standard' or 'custom'")
+        metrics = _field(entry, "metrics", where)
+        if not isinstance(metrics, Mapping):
+            raise _fail(f"{where}.metrics", "is not an object")
+        for name, value in metrics.items():
+            _ci(value, f"{where}.metrics.{name}")
+        pass_k = _field(entry, "pass_k", where)
+        if not isinstance(pass_k, Mapping):
+            raise _fail(f"{where}.pass_k", "is not an object")
+        for k, value in pass_k.items():
+            if not str(k).isdigit():
+                raise _fail(f"{where}.pass_k", f"has the key {k!r}, not a k like '1'")
+            _ci(value, f"{where}.pass_k.{k}")
+        _number(_field(entry, "cost_per_episode", where), f"{where}.cost_per_episode",
+                optional=True)
+        for key in ("simulator_fault_rate", "judge_fault_rate"):
+            _number(_field(entry, key, where), f"{where}.{key}")
+        for j, traj in enumerate(_list(entry.get("trajectories", []), f"{where}.trajectories")):
+            tw = f"{where}.trajectories[{j}]"
+            for key in ("episode", "task", "seed", "reward", "success"):
+                _field(traj, key, tw)
+            _number(traj["reward"], f"{tw}.reward")
+            for t, turn in enumerate(_list(_field(traj, "turns", tw), f"{tw}.turns")):
+                turn_where = f"{tw}.turns[{t}]"
+                _field(turn, "player", turn_where)
+                _field(turn, "text", turn_where)
+                _number(turn.get("reward"), f"{turn_where}.reward", optional=True)
+                components = turn.get("components") or {}
+                if not isinstance(components, Mapping):
+                    raise _fail(f"{turn_where}.components", "is not an object")
+                for name, value in components.items():
+                    _number(value, f"{turn_where}.components.{name}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Text and number formatting (every string from the data goes through _e)
+# ---------------------------------------------------------------------------------------------
+
+
+def _e(value: Any) -> str:
+    """Escaped text for HTML content and quoted attributes."""
+    return html.escape(str(value), quote=True)
+
+
+def _fixed(value: float | None, digits: int = 3) -> str:
+    return _DASH if value is None else f"{value:.{digits}f}"
+
+
+def _interval(ci: Mapping[str, float]) -> str:
+    return f"{ci['mean']:.3f} [{ci['lo']:.3f}, {ci['hi']:.3f}]"
+
+
+def _percent(rate: float) -> str:
+    return f"{100 * rate:.1f}%"
+
+
+def _cost(value: float | None) -> str:
+    if value is None:
+        return "not recorded"
+    if value == 0:
+        return "$0"
+    return f"${value:.3g}" if value >= 0.001 else f"${value:.2e}"
+
+
+def _count(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
+
+
+def _ids(prefix: str, index: int) -> str:
+    # Element ids come from positions, never from the data: no escaping question, no collision.
+    return f"{prefix}-{index}"
+
+
+def _kind_class(entry: Mapping[str, Any]) -> str:
+    return f"kind-{entry['kind']}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Page parts
+# ---------------------------------------------------------------------------------------------
+
+
+def _header(board: _Board) -> str:
+    n_entries = sum(len(rows) for rows in board.entries.values())
+    nav = "".join(
+        f'<li class="status-{_e(t["status"])}"><a href="#{_ids("track", i)}">{_e(t["title"])}</a>'
+        f'{" <span class=badge>legacy</span>" if t["status"] == "legacy" else ""}</li>'
+        for i, t in enumerate(board.tracks))
+    return f"""<header>
+<h1>collab_env leaderboard</h1>
+<p class="meta">Generated {_e(board.generated)} from code {_e(board.code_version)} &middot;
+{len(board.tracks)} tracks &middot; {n_entries} entries</p>
+<details class="help"><summary>How to read this page</summary>
+<p>Every score is <b>mean [lo, hi]</b>: the mean over the track's tasks and the bootstrap 95%
+confidence interval over tasks, with <b>n</b> (tasks or episodes behind it) beside it.
+<b>pass^k</b> is the chance that all of k tries at a task succeed, C(successes, k) / C(trials, k)
+averaged over tasks. <b>Simulator faults</b> and <b>judge faults</b> are the shares of calls to
+the simulated user and to the judge that failed (counted, never scored as zero).
+<b>Verified</b> entries were re-scored from their recorded calls by
+<code>collab-env leaderboard verify</code>. <b>Standard</b> entries use the track's prompts
+unmodified; <b>custom</b> ones change the agent's scaffolding. <b>Legacy</b> tracks are older
+versions kept for the record. A paired comparison is significant when its interval excludes 0.</p>
+<p>Click a column header to sort by it (again to reverse). The tables, plots and trajectories
+need no JavaScript.</p>
+</details>
+<fieldset class="filters"><legend>Show</legend>
+<label><input type="checkbox" id="show-standard" checked> standard entries</label>
+<label><input type="checkbox" id="show-custom" checked> custom entries</label>
+<label><input type="checkbox" id="show-legacy" checked> legacy tracks</label>
+</fieldset>
+<nav><ol>{nav}</ol></nav>
+</header>
+<main>
+"""
+
+
+def _footer(board: _Board) -> str:
+    return ("</main>\n<footer><p>All data of this page is embedded in it as JSON "
+            "(<code>script#board-data</code>). "
+            '<a id="download-data" download="board.json" hidden>Download it</a></p></footer>\n')
+
+
+def _track_section(board: _Board, index: int, track: Mapping[str, Any]) -> str:
+    entries = board.entries[str(track["id"])]
+    status = str(track["status"])
+    judge = track.get("judge")
+    facts = [
+        ("env", track["env_id"]), ("version", track["version"]),
+        ("user simulator", track["user"]), ("judge", judge if judge is not None else "none"),
+        ("seeds", track["seeds"]), ("episodes", track["episodes"]), ("k", track["k"]),
+    ]
+    facts_html = "".join(f"<div><dt>{_e(name)}</dt><dd>{_e(value)}</dd></div>"
+                         for name, value in facts)
+    badge = ' <span class="badge">legacy</span>' if status == "legacy" else ""
+    parts = [
+        f'<section class="track status-{_e(status)}" id="{_ids("track", index)}" '
+        f'data-track="{_e(track["id"])}">\n'
+        f'<h2>{_e(track["title"])}{badge} <small>{_e(track["id"])}</small></h2>\n',
+        f'<p class="description">{_e(track.get("description", ""))}</p>\n',
+        f'<dl class="facts">{facts_html}</dl>\n',
+    ]
+    if not entries:
+        parts.append('<p class="empty">No entries yet.</p>\n</section>\n')
+        return "".join(parts)
+    parts.append(_table(board, index, track, entries))
+    parts.append(_plots(track, entries))
+    comparisons = board.comparisons[str(track["id"])]
+    if comparisons:
+        parts.append(_comparisons(board, track, comparisons))
+    parts.append(_trajectories(board, index, entries))
+    parts.append("</section>\n")
+    return "".join(parts)
+
+
+def _pass_ks(track: Mapping[str, Any]) -> list[str]:
+    return [str(k) for k in range(1, int(track["k"]) + 1)]
+
+
+def _table(board: _Board, index: int, track: Mapping[str, Any],
+           entries: Sequence[Mapping[str, Any]]) -> str:
+    metrics = [str(m) for m in track["metrics"]]
+    ks = _pass_ks(track)
+    # (label, sort type); "num" columns sort best-first on the first click.
+    heads = [("#", "num"), ("entry", "text"), ("model", "text")]
+    heads += [(m, "num") for m in metrics] + [(f"pass^{k}", "num") for k in ks]
+    heads += [("cost / episode", "num"), ("simulator faults", "num"), ("judge faults", "num"),
+              ("seeds", "num"), ("episodes", "num"), ("trajectories", "")]
+    ci_cols = set(metrics) | {f"pass^{k}" for k in ks}
+    head_html = "".join(
+        f'<th scope="col"{f" data-type={t}" if t else ""}>{_e(label)}'
+        f'{"<br><small>mean [95% CI]</small>" if label in ci_cols else ""}</th>'
+        for label, t in heads)
+    rows = []
+    for rank, entry in enumerate(entries, start=1):
+        cells = [f'<td data-value="{rank}">{rank}</td>']
+        verified = ('<span class="ok" title="verified">verified</span>' if entry["verified"]
+                    else '<span class="warn" title="not verified">unverified</span>')
+        cells.append(
+            f'<td data-value="{_e(str(entry["name"]).lower())}"><span class="name">'
+            f'{_e(entry["name"])}</span><br><small>{_e(entry["id"])} &middot; '
+            f'<span class="kind">{_e(entry["kind"])}</span> &middot; {verified}</small></td>')
+        cells.append(f'<td data-value="{_e(str(entry["model"]).lower())}">{_e(entry["model"])}</td>')
+        for metric in metrics:
+            ci = entry["metrics"].get(metric)
+            if ci is None:
+                cells.append(f'<td class="num" data-value="">{_DASH}</td>')
+                continue
+            n = f"n={_count(ci['n'])}" if "n" in ci else f"{_count(entry['episodes'])} ep"
+            cells.append(f'<td class="num" data-value="{ci["mean"]!r}">{_interval(ci)} '
+                         f'<small class="n">{_e(n)}</small></td>')
+        for k in ks:
+            ci = entry["pass_k"].get(k)
+            if ci is None:
+                cells.append(f'<td class="num" data-value="">{_DASH}</td>')
+                continue
+            n = f"{_count(entry['seeds'])} seeds, {_count(entry['episodes'])} ep"
+            cells.append(f'<td class="num" data-value="{float(ci["mean"])!r}">{_interval(ci)} '
+                         f'<small class="n">{_e(n)}</small></td>')
+        cost = entry["cost_per_episode"]
+        cost_key = "" if cost is None else repr(float(cost))
+        cells.append(f'<td class="num" data-value="{cost_key}">{_e(_cost(cost))}</td>')
+        for key in ("simulator_fault_rate", "judge_fault_rate"):
+            rate = float(entry[key])
+            cells.append(f'<td class="num" data-value="{rate!r}">{_percent(rate)} '
+                         f'<small class="n">of {_e(_count(entry["episodes"]))} ep</small></td>')
+        for key in ("seeds", "episodes"):
+            cells.append(f'<td class="num" data-value="{_e(entry[key])}">{_e(_count(entry[key]))}'
+                         "</td>")
+        n_traj = len(entry.get("trajectories", []))
+        entry_index = board.entry_index[str(entry["id"])]
+        link = (f'<a href="#{_ids("traj", entry_index)}">view {n_traj}</a>' if n_traj
+                else _DASH)
+        cells.append(f"<td>{link}</td>")
+        rows.append(f'<tr class="{_kind_class(entry)}" data-entry="{_e(entry["id"])}">'
+                    + "".join(cells) + "</tr>\n")
+    return (f'<div class="scroll"><table class="board sortable" id="{_ids("table", index)}">\n'
+            f"<caption>Entries of {_e(track['title'])}, best first by "
+            f"{_e(metrics[0])}</caption>\n<thead><tr>{head_html}</tr></thead>\n"
+            f"<tbody>\n{''.join(rows)}</tbody></table></div>\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots: inline SVG
+# ---------------------------------------------------------------------------------------------
+
+_W, _H = 440, 300
+_LEFT, _RIGHT, _TOP, _BOTTOM = 56, 16, 16, 44
+
+
+def _nice_axis(lo: float, hi: float, count: int = 5) -> tuple[float, float, list[float]]:
+    """An axis range covering [lo, hi] and its ticks, at steps of 1, 2, 2.5 or 5 x 10^m."""
+    if not hi > lo:
+        pad = abs(lo) * 0.1 or 0.5
+        lo, hi = lo - pad, hi + pad
+    raw = (hi - lo) / count
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw * (1 - 1e-9))
+    start = math.floor(lo / step + 1e-9) * step
+    end = math.ceil(hi / step - 1e-9) * step
+    ticks = [start + i * step for i in range(int(round((end - start) / step)) + 1)]
+    return start, end, ticks
+
+
+def _tick_label(value: float) -> str:
+    return format(round(value, 10), "g")
+
+
+def _axes(x_range: tuple[float, float, list[float]], y_range: tuple[float, float, list[float]],
+          x_label: str, y_label: str, x_tick=_tick_label) -> tuple[str, Any, Any]:
+    x0, x1, xticks = x_range
+    y0, y1, yticks = y_range
+
+    def sx(x: float) -> float:
+        return _LEFT + (x - x0) / (x1 - x0) * (_W - _LEFT - _RIGHT)
+
+    def sy(y: float) -> float:
+        return _H - _BOTTOM - (y - y0) / (y1 - y0) * (_H - _TOP - _BOTTOM)
+
+    out = [f'<rect class="frame" x="{_LEFT}" y="{_TOP}" width="{_W - _LEFT - _RIGHT}" '
+           f'height="{_H - _TOP - _BOTTOM}"/>']
+    for t in xticks:
+        out.append(f'<line class="grid" x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{_TOP}" '
+                   f'y2="{_H - _BOTTOM}"/><text class="tick" x="{sx(t):.1f}" '
+                   f'y="{_H - _BOTTOM + 14}" text-anchor="middle">{_e(x_tick(t))}</text>')
+    for t in yticks:
+        out.append(f'<line class="grid" x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{sy(t):.1f}" '
+                   f'y2="{sy(t):.1f}"/><text class="tick" x="{_LEFT - 6}" y="{sy(t) + 4:.1f}" '
+                   f'text-anchor="end">{_e(_tick_label(t))}</text>')
+    out.append(f'<text class="label" x="{(_LEFT + _W - _RIGHT) / 2:.1f}" y="{_H - 8}" '
+               f'text-anchor="middle">{_e(x_label)}</text>')
+    out.append(f'<text class="label" transform="translate(14 {(_TOP + _H - _BOTTOM) / 2:.1f}) '
+               f'rotate(-90)" text-anchor="middle">{_e(y_label)}</text>')
+    return "".join(out), sx, sy
+
+
+def _marker(entry: Mapping[str, Any], x: float, y: float, colour: str, title: str) -> str:
+    # Standard entries: filled circles; custom entries: hollow squares.
+    if entry["kind"] == "custom":
+        shape = (f'<rect x="{x - 4.5:.1f}" y="{y - 4.5:.1f}" width="9" height="9" fill="white" '
+                 f'stroke="{colour}" stroke-width="2"/>')
+    else:
+        shape = f'<circle cx="{x:.1f}" cy="{y:.1f}" r="5" fill="{colour}"/>'
+    return f"{shape}<title>{_e(title)}</title>"
+
+
+def _plot_metric(track: Mapping[str, Any]) -> str:
+    metrics = [str(m) for m in track["metrics"]]
+    return "reward" if "reward" in metrics else metrics[0]
+
+
+def _plots(track: Mapping[str, Any], entries: Sequence[Mapping[str, Any]]) -> str:
+    colours = {str(e["id"]): PALETTE[i % len(PALETTE)] for i, e in enumerate(entries)}
+    legend = "".join(
+        f'<li class="{_kind_class(e)}"><span class="swatch {_kind_class(e)}" '
+        f'style="--c: {colours[str(e["id"])]}"></span>{_e(e["name"])}</li>' for e in entries)
+    return (f'<div class="plots">\n{_cost_plot(track, entries, colours)}\n'
+            f'{_pass_k_plot(track, entries, colours)}\n</div>\n'
+            f'<ul class="legend">{legend}</ul>\n')
+
+
+def _cost_plot(track: Mapping[str, Any], entries: Sequence[Mapping[str, Any]],
+               colours: Mapping[str, str]) -> str:
+    metric = _plot_metric(track)
+    points = [e for e in entries
+              if e["cost_per_episode"] is not None and metric in e["metrics"]]
+    missing = [e for e in entries if e not in points]
+    title = f"{metric} versus cost per episode"
+    note = ""
+    if missing:
+        note = ("<p class=\"note\">Not plotted (no cost or no " + _e(metric) + "): "
+                + ", ".join(f'<span class="{_kind_class(e)}">{_e(e["name"])}</span>'
+                            for e in missing) + "</p>")
+    if not points:
+        return (f'<figure class="plot cost-plot"><figcaption>{_e(title)}</figcaption>'
+                f'<p class="note">No entry of this track records a cost.</p>{note}</figure>')
+    costs = [float(e["cost_per_episode"]) for e in points]
+    lows = [e["metrics"][metric]["lo"] for e in points]
+    highs = [e["metrics"][metric]["hi"] for e in points]
+    x_range = _nice_axis(0.0, max(costs) * 1.05 if max(costs) > 0 else 1.0)
+    y_range = _nice_axis(min(lows), max(highs))
+    axes, sx, sy = _axes(x_range, y_range, "cost per episode (USD)",
+                         f"{metric} (mean, 95% CI)")
+    marks = []
+    for e in points:
+        ci = e["metrics"][metric]
+        x, colour = sx(float(e["cost_per_episode"])), colours[str(e["id"])]
+        text = (f"{e['name']}: {metric} {_interval(ci)}, cost {_cost(e['cost_per_episode'])} "
+                "per episode")
+        marks.append(
+            f'<g class="mark {_kind_class(e)}" data-entry="{_e(e["id"])}">'
+            f'<line class="bar" x1="{x:.1f}" x2="{x:.1f}" y1="{sy(ci["lo"]):.1f}" '
+            f'y2="{sy(ci["hi"]):.1f}" stroke="{colour}"/>'
+            f'{_marker(e, x, sy(ci["mean"]), colour, text)}</g>')
+    return (f'<figure class="plot cost-plot"><figcaption>{_e(title)}</figcaption>'
+            f'<svg viewBox="0 0 {_W} {_H}" role="img" aria-label="{_e(title)}">{axes}'
+            f'{"".join(marks)}</svg>{note}</figure>')
+
+
+def _pass_k_plot(track: Mapping[str, Any], entries: Sequence[Mapping[str, Any]],
+                 colours: Mapping[str, str]) -> str:
+    ks = [int(k) for k in _pass_ks(track)]
+    title = f"pass^k for k = 1..{ks[-1]}"
+    x_range = (0.5, ks[-1] + 0.5, [float(k) for k in ks])
+    y_range = _nice_axis(0.0, 1.0)
+    axes, sx, sy = _axes(x_range, y_range, "k (tries that must all succeed)",
+                         "pass^k (mean, 95% CI)", x_tick=lambda t: str(int(t)))
+    # Spread the entries a little along x so that their interval bars do not hide each other.
+    width = min(0.3, 0.08 * len(entries))
+    marks = []
+    for i, e in enumerate(entries):
+        offset = 0.0 if len(entries) == 1 else -width / 2 + width * i / (len(entries) - 1)
+        colour = colours[str(e["id"])]
+        points = [(k + offset, e["pass_k"][str(k)]) for k in ks if str(k) in e["pass_k"]]
+        if not points:
+            continue
+        path = " ".join(f"{sx(x):.1f},{sy(ci['mean']):.1f}" for x, ci in points)
+        dash = ' stroke-dasharray="4 3"' if e["kind"] == "custom" else ""
+        group = [f'<g class="mark {_kind_class(e)}" data-entry="{_e(e["id"])}">'
+                 f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.5"'
+                 f"{dash}/>"]
+        for (x, ci), k in zip(points, ks):
+            group.append(f'<line class="bar" x1="{sx(x):.1f}" x2="{sx(x):.1f}" '
+                         f'y1="{sy(ci["lo"]):.1f}" y2="{sy(ci["hi"]):.1f}" stroke="{colour}"/>')
+            group.append(_marker(e, sx(x), sy(ci["mean"]), colour,
+                                 f"{e['name']}: pass^{k} {_interval(ci)}"))
+        group.append("</g>")
+        marks.append("".join(group))
+    return (f'<figure class="plot pass-k-plot"><figcaption>{_e(title)}</figcaption>'
+            f'<svg viewBox="0 0 {_W} {_H}" role="img" aria-label="{_e(title)}">{axes}'
+            f'{"".join(marks)}</svg></figure>')
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparisons and trajectories
+# ---------------------------------------------------------------------------------------------
+
+
+def _comparisons(board: _Board, track: Mapping[str, Any],
+                 comparisons: Sequence[Mapping[str, Any]]) -> str:
+    rows = []
+    for comp in comparisons:
+        a, b = board.entry_by_id[str(comp["a"])], board.entry_by_id[str(comp["b"])]
+        lo, hi = float(comp["lo"]), float(comp["hi"])
+        if lo > 0:
+            verdict, css = f"{a['name']} higher", "ok"
+        elif hi < 0:
+            verdict, css = f"{b['name']} higher", "ok"
+        else:
+            verdict, css = "not separated (interval contains 0)", "muted"
+        classes = " ".join(sorted({_kind_class(a), _kind_class(b)}))
+        rows.append(
+            f'<tr class="{classes}"><td>{_e(a["name"])}</td><td>{_e(b["name"])}</td>'
+            f'<td>{_e(comp["metric"])}</td><td class="num" data-value="{float(comp["diff"])!r}">'
+            f'{float(comp["diff"]):+.3f} [{lo:+.3f}, {hi:+.3f}]</td>'
+            f'<td class="num" data-value="{float(comp["n"])!r}">{_e(_count(comp["n"]))}</td>'
+            f'<td class="{css}">{_e(verdict)}</td></tr>\n')
+    return ('<h3>Paired comparisons</h3>\n<div class="scroll"><table class="comparisons sortable">'
+            "<caption>A minus B on the same tasks and seeds, with its bootstrap 95% interval"
+            "</caption><thead><tr><th scope=\"col\" data-type=\"text\">A</th>"
+            "<th scope=\"col\" data-type=\"text\">B</th><th scope=\"col\" data-type=\"text\">"
+            "metric</th><th scope=\"col\" data-type=\"num\">A &minus; B [95% CI]</th>"
+            "<th scope=\"col\" data-type=\"num\">n</th><th scope=\"col\">verdict</th></tr></thead>"
+            f"<tbody>\n{''.join(rows)}</tbody></table></div>\n")
+
+
+def _trajectories(board: _Board, index: int, entries: Sequence[Mapping[str, Any]]) -> str:
+    blocks = []
+    for entry in entries:
+        trajectories = entry.get("trajectories") or []
+        if not trajectories:
+            continue
+        items = "".join(_trajectory(traj) for traj in trajectories)
+        blocks.append(
+            f'<details class="entry-trajectories {_kind_class(entry)}" '
+            f'id="{_ids("traj", board.entry_index[str(entry["id"])])}" '
+            f'data-entry="{_e(entry["id"])}">'
+            f"<summary>{_e(entry['name'])} &middot; {len(trajectories)} trajectories"
+            f"</summary>\n{items}</details>\n")
+    if not blocks:
+        return ""
+    return "<h3>Trajectories</h3>\n" + "".join(blocks)
+
+
+def _trajectory(traj: Mapping[str, Any]) -> str:
+    success = bool(traj["success"])
+    players: dict[str, int] = {}
+    turns = []
+    for number, turn in enumerate(traj["turns"], start=1):
+        player = str(turn["player"])
+        slot = players.setdefault(player, len(players))
+        reward = turn.get("reward")
+        components = turn.get("components") or {}
+        scores = "".join(f"<span>{_e(name)} {float(value):.3f}</span>"
+                         for name, value in components.items())
+        reward_html = (f'<span class="reward">reward {float(reward):.3f}</span>'
+                       if reward is not None else '<span class="reward muted">no reward</span>')
+        turns.append(
+            f'<li class="turn player-{slot % 4}"><div class="who">{number}. {_e(player)}</div>'
+            f'<div class="text">{_e(turn["text"])}</div>'
+            f'<div class="scores">{reward_html}{scores}</div></li>\n')
+    goal = json.dumps(traj.get("hidden_goal"), indent=2, ensure_ascii=False, sort_keys=True)
+    summary = (f"episode {_e(traj['episode'])} &middot; task {_e(traj['task'])} &middot; "
+               f"seed {_e(traj['seed'])} &middot; reward {float(traj['reward']):.3f} &middot; "
+               + ('<span class="ok">success</span>' if success
+                  else '<span class="warn">failure</span>'))
+    return (f'<details class="trajectory" data-episode="{_e(traj["episode"])}">'
+            f"<summary>{summary}</summary>\n<div class=\"trajectory-body\">"
+            f'<ol class="turns">\n{"".join(turns)}</ol>'
+            f'<aside class="goal"><h4>Hidden goal</h4><p class="muted">Known to the simulated '
+            f"user and the scorer, not to the agent.</p><pre>{_e(goal)}</pre></aside>"
+            "</div></details>\n")
+
+
+def _embedded_json(data: Mapping[str, Any]) -> str:
+    try:
+        text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise _fail("the whole", f"is not plain JSON ({exc})") from exc
+    # Inside <script> only "</script" (and "<!--") could end the block: write < > & as \u
+    # escapes, which JSON.parse reads back as the same characters. U+2028/9 are valid JSON.
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+# ---------------------------------------------------------------------------------------------
+# Assets: the page's whole style sheet and script
+# ---------------------------------------------------------------------------------------------
+
+PAGE_CSS = """\
+:root { --fg: #1b1f24; --muted: #5c6670; --line: #d8dde3; --bg-alt: #f5f7f9;
+        --ok: #0a7a3d; --warn: #a34b00; font-family: system-ui, -apple-system, "Segoe UI",
+        "DejaVu Sans", sans-serif; color: var(--fg); }
+body { margin: 0 auto; max-width: 1400px; padding: 0 1.5rem 3rem; line-height: 1.4; }
+h1 { margin: 1.2rem 0 0.2rem; }
+h2 { margin-top: 2.5rem; border-bottom: 2px solid var(--line); padding-bottom: 0.2rem; }
+h2 small, .meta, .muted, .note, caption, small { color: var(--muted); font-weight: normal; }
+caption { text-align: left; padding: 0.3rem 0; font-size: 0.9rem; }
+.badge { font-size: 0.75rem; background: #eee3c4; border-radius: 3px; padding: 0.05rem 0.35rem;
+         vertical-align: middle; }
+nav ol { display: flex; flex-wrap: wrap; gap: 0.3rem 1.2rem; padding-left: 1.2rem; }
+.filters { display: inline-flex; gap: 1rem; border: 1px solid var(--line); border-radius: 4px; }
+.help { max-width: 60rem; margin: 0.5rem 0; }
+.facts { display: flex; flex-wrap: wrap; gap: 0.2rem 1.5rem; margin: 0.5rem 0; }
+.facts div { display: flex; gap: 0.4rem; } .facts dt { color: var(--muted); } .facts dd { margin: 0; }
+.scroll { overflow-x: auto; }
+table { border-collapse: collapse; font-size: 0.9rem; }
+th, td { border-bottom: 1px solid var(--line); padding: 0.3rem 0.6rem; vertical-align: top;
+         text-align: left; }
+th { background: var(--bg-alt); font-weight: 600; }
+th button { font: inherit; background: none; border: 0; padding: 0; cursor: pointer;
+            text-align: left; color: inherit; }
+th[aria-sort=ascending] button::after { content: " \\25B2"; }
+th[aria-sort=descending] button::after { content: " \\25BC"; }
+td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
+tbody tr:nth-child(even) { background: var(--bg-alt); }
+.name { font-weight: 600; }
+.ok { color: var(--ok); } .warn { color: var(--warn); }
+.plots { display: flex; flex-wrap: wrap; gap: 1.5rem; margin-top: 1rem; }
+.plot { margin: 0; width: 440px; max-width: 100%; }
+.plot figcaption { font-weight: 600; font-size: 0.9rem; }
+.plot svg { width: 100%; height: auto; font-size: 11px; }
+.plot .frame { fill: none; stroke: var(--line); }
+.plot .grid { stroke: #eceff2; } .plot .tick { fill: var(--muted); }
+.plot .label { fill: var(--fg); } .plot .bar { stroke-width: 1.5; }
+.legend { list-style: none; display: flex; flex-wrap: wrap; gap: 0.3rem 1.2rem; padding: 0; }
+.swatch { display: inline-block; width: 0.8rem; height: 0.8rem; border-radius: 50%;
+          background: var(--c); margin-right: 0.35rem; vertical-align: -0.1rem; }
+.swatch.kind-custom { border-radius: 0; background: white; border: 2px solid var(--c);
+                      width: 0.6rem; height: 0.6rem; }
+details.entry-trajectories { border: 1px solid var(--line); border-radius: 4px;
+                             margin: 0.4rem 0; padding: 0.3rem 0.6rem; }
+details.entry-trajectories > summary { font-weight: 600; cursor: pointer; }
+details.trajectory { margin: 0.4rem 0 0.4rem 1rem; }
+details.trajectory > summary { cursor: pointer; }
+.trajectory-body { display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr);
+                   gap: 1rem; margin: 0.5rem 0; }
+.turns { margin: 0; padding: 0; list-style: none; }
+.turn { border-left: 4px solid #9aa5b1; background: var(--bg-alt); margin: 0 0 0.5rem;
+        padding: 0.4rem 0.6rem; }
+.turn.player-0 { border-color: #0072B2; } .turn.player-1 { border-color: #D55E00; }
+.turn.player-2 { border-color: #009E73; } .turn.player-3 { border-color: #CC79A7; }
+.turn .who { font-weight: 600; font-size: 0.85rem; }
+.turn .text { white-space: pre-wrap; overflow-wrap: anywhere; font-family: ui-monospace,
+              "DejaVu Sans Mono", monospace; font-size: 0.85rem; margin: 0.2rem 0; }
+.turn .scores { display: flex; flex-wrap: wrap; gap: 0.8rem; font-size: 0.8rem;
+                color: var(--muted); }
+.turn .reward { color: var(--fg); font-weight: 600; }
+.goal { border: 1px dashed var(--warn); background: #fff8ef; padding: 0.4rem 0.8rem;
+        align-self: start; }
+.goal h4 { margin: 0.2rem 0; } .goal pre { white-space: pre-wrap; overflow-wrap: anywhere; }
+footer { margin-top: 3rem; color: var(--muted); font-size: 0.85rem; }
+/* The filters: plain CSS, so they work without JavaScript. */
+body:has(#show-standard:not(:checked)) .kind-standard,
+body:has(#show-custom:not(:checked)) .kind-custom,
+body:has(#show-legacy:not(:checked)) .status-legacy { display: none; }
+@media (max-width: 800px) { .trajectory-body { grid-template-columns: 1fr; } }
+"""
+
+PAGE_JS = """\
+// Sorting for the tables (the page reads fully without this script).
+(function () {
+  "use strict";
+
+  // A cell's sort key: its data-value; numbers compare as numbers, empty values go last.
+  function key(row, column, type) {
+    var raw = row.cells[column].getAttribute("data-value");
+    if (raw === null || raw === "") return null;
+    return type === "num" ? parseFloat(raw) : raw;
+  }
+
+  function sortBy(table, column, type, th) {
+    // First click: numbers best (largest) first, text A to Z; each further click reverses.
+    var current = th.getAttribute("aria-sort");
+    var descending = current ? current === "ascending" : type === "num";
+    var body = table.tBodies[0];
+    var rows = Array.prototype.slice.call(body.rows);
+    rows.sort(function (a, b) {
+      var x = key(a, column, type), y = key(b, column, type);
+      if (x === null || y === null) return (x === null) - (y === null);
+      var order = x < y ? -1 : x > y ? 1 : 0;
+      return descending ? -order : order;
+    });
+    rows.forEach(function (row) { body.appendChild(row); });
+    Array.prototype.forEach.call(th.parentNode.cells, function (cell) {
+      cell.removeAttribute("aria-sort");
+    });
+    th.setAttribute("aria-sort", descending ? "descending" : "ascending");
+  }
+
+  document.querySelectorAll("table.sortable").forEach(function (table) {
+    Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th, column) {
+      var type = th.getAttribute("data-type");
+      if (!type) return;
+      var button = document.createElement("button");
+      button.type = "button";
+      while (th.firstChild) button.appendChild(th.firstChild);
+      th.appendChild(button);
+      button.addEventListener("click", function () { sortBy(table, column, type, th); });
+    });
+  });
+
+  // Following a link to an entry's trajectories opens them.
+  function openTarget() {
+    var target = location.hash && document.getElementById(location.hash.slice(1));
+    if (target && target.tagName === "DETAILS") target.open = true;
+  }
+  window.addEventListener("hashchange", openTarget);
+  openTarget();
+
+  // Offer the embedded board data as a file.
+  var data = document.getElementById("board-data");
+  var link = document.getElementById("download-data");
+  if (data && link) {
+    link.href = URL.createObjectURL(new Blob([data.textContent], {type: "application/json"}));
+    link.hidden = false;
+  }
+})();
+"""

@@ -1,0 +1,453 @@
+"""Playing a track: ``collab-env leaderboard run TRACK --policy PLAYER=SPEC``.
+
+:func:`run_submission` plays every episode of a track through the eval runner
+(:func:`collab_env.eval.evaluate`: seeded, concurrent, each finished episode flushed to disk,
+resumable) and writes a submission folder:
+
+``trajectories.jsonl``
+    The eval runner's result file: one line per finished episode (the whole transcript, every
+    move's completion, rewards and their components, costs, the run settings).
+``trajectories.jsonl.failures.jsonl``
+    Episodes that raised (only when some did); they are retried by the next run.
+``calls.sqlite``
+    The record/replay cache (:class:`collab_env.agents.cache.ResponseCache`) of every call the
+    track's LLM user simulators and judge made (tracks whose fixed players are scripted make
+    none; the file is then absent).
+``submission.json``
+    What was played (track id, version and hash, the policies, their sampling, the model's
+    name), the code version, the cost, the faults of the environment's own players (simulator
+    faults, judge faults, failed episodes), the SHA-256 of the files above, and whether the
+    entry is *standard* or *custom* (:func:`entry_kind`). Written last, atomically: a folder
+    without it is a run still in progress.
+
+Resume
+    Running the same command again on the same ``--out`` continues the run: the eval runner keeps
+    the episodes already recorded (a line cut short by a kill is dropped and redone) and plays only
+    the missing ones; the cache answers the calls it already holds. A folder written for another
+    track, policy or sampling is refused.
+
+Policy specs
+    As ``collab-env eval`` (an alias, ``module:Class``, ``<backend>:<model>``), plus
+    ``proactive(SPEC)``: SPEC wrapped in :class:`~collab_env.agents.proactive.Proactive`
+    (CollabLLM's prompting baseline). A wrapper that changes the prompts makes the entry custom.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import re
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from collab_env.errors import ConfigError, did_you_mean
+from collab_env.leaderboard.tracks import Track, get_track
+
+__all__ = [
+    "SUBMISSION_FILE",
+    "TRAJECTORIES_FILE",
+    "CACHE_FILE",
+    "FORMAT",
+    "run_submission",
+    "build_policy",
+    "fixed_players",
+    "FixedPlayers",
+    "code_version",
+    "file_sha256",
+    "entry_kind",
+    "episode_faults",
+    "submitted_usage",
+    "load_submission",
+    "data_file_digests",
+]
+
+SUBMISSION_FILE = "submission.json"
+TRAJECTORIES_FILE = "trajectories.jsonl"
+CACHE_FILE = "calls.sqlite"
+#: Version of the submission.json layout.
+FORMAT = 1
+
+_WRAPPED = re.compile(r"^(?P<wrapper>[a-z]+)\((?P<inner>.+)\)$")
+#: Wrappers a policy spec may name, and why each makes an entry custom.
+WRAPPERS = {"proactive": "the Proactive wrapper adds a collaborative system prompt to the policy's observations"}
+
+
+def build_policy(player: str, spec: str) -> tuple[Any, str | None]:
+    """The policy of a submitted player from its spec, and why it makes the entry custom
+    (``None`` for an unmodified policy).
+
+    Raises:
+        ConfigError: An unknown wrapper or a policy that cannot be loaded.
+    """
+    from collab_env.eval import load_policy
+
+    m = _WRAPPED.match(spec.strip())
+    if m is None:
+        return load_policy(player, spec), None
+    wrapper, inner = m["wrapper"], m["inner"]
+    if wrapper not in WRAPPERS:
+        raise ConfigError(f"--policy {player}={spec}: unknown wrapper {wrapper!r}; wrappers: "
+                          f"{sorted(WRAPPERS)} (e.g. proactive(embedded))." + did_you_mean(wrapper, WRAPPERS))
+    from collab_env.agents.proactive import Proactive
+
+    return Proactive(load_policy(player, inner), name=f"{wrapper}({inner})"), WRAPPERS[wrapper]
+
+
+class _NoCalls:
+    """The backend behind a replay cache during verification: it is never called (a miss is a
+    :class:`~collab_env.errors.CacheMissError`), and it reports the recorded backend's
+    capabilities, so prompts are built exactly as when recording."""
+
+    def __init__(self, name: str, supports_prefill: bool, scores: bool) -> None:
+        self.name = name
+        self.supports_prefill = supports_prefill
+        self.scores_continuations = scores
+
+    async def act(self, observations: Any, **sampling: Any) -> list[Any]:
+        raise ConfigError(f"verification called the model {self.name!r}; it may only replay recorded calls.")
+
+    async def score_continuations(self, observations: Any, continuations: Any) -> list[Any]:
+        raise ConfigError(f"verification asked the model {self.name!r} to score; it may only replay recorded calls.")
+
+
+@dataclass
+class FixedPlayers:
+    """The track's own players and judge, built for a run or a verification.
+
+    Args:
+        policies: Player -> policy (object or reference).
+        sampling: Player -> sampling keywords.
+        env_kwargs: Extra env keyword arguments (the judge's reward).
+        backends: Backend name -> ``{"supports_prefill", "scores"}``.
+        cache: The cache of their calls, or ``None``.
+    """
+
+    policies: dict[str, Any]
+    sampling: dict[str, dict[str, Any]]
+    env_kwargs: dict[str, Any]
+    backends: dict[str, Any]
+    cache: Any = None
+
+    def close(self) -> None:
+        """Close the cache's connection (its write-ahead log is folded into the file)."""
+        if self.cache is not None:
+            self.cache.close()
+
+
+def fixed_players(track: Track, cache_path: Path | None, *, mode: str = "record",
+                  backends: Mapping[str, Mapping[str, Any]] | None = None) -> FixedPlayers:
+    """The track's own players and judge, ready for the eval runner.
+
+    Args:
+        track: The track.
+        cache_path: The cache file of the simulators' and judge's calls (``None``: the track
+            has none, which is an error if it needs one).
+        mode: ``"record"`` (a run) or ``"replay"`` (verification: no model is loaded or called).
+        backends: For replay: backend name -> ``{"supports_prefill", "scores"}`` as recorded.
+
+    Returns:
+        The :class:`FixedPlayers`.
+    """
+    from collab_env.policy import resolve_policy
+
+    policies: dict[str, Any] = {}
+    sampling: dict[str, dict[str, Any]] = {}
+    env_kwargs: dict[str, Any] = {}
+    info: dict[str, Any] = {}
+    cache = None
+    loaded: dict[str, Any] = {}
+
+    def cached(ref: str) -> Any:
+        nonlocal cache
+        from collab_env.agents.base import can_score_continuations
+        from collab_env.agents.cache import CachedPolicy, ResponseCache
+
+        if cache_path is None:
+            raise ConfigError(f"track {track.id} records model calls: it needs a cache file.")
+        if cache is None:
+            cache = ResponseCache(cache_path, mode)  # type: ignore[arg-type]
+        if ref not in loaded:
+            if mode == "replay":
+                caps = dict((backends or {}).get(ref) or {})
+                if not caps:
+                    raise ConfigError(f"the submission records no calls of the backend {ref!r} that track "
+                                      f"{track.id} uses: the track's players or judge differ from the run's.")
+                backend = _NoCalls(ref, bool(caps.get("supports_prefill")), bool(caps.get("scores")))
+                loaded[ref] = CachedPolicy(backend, cache, name_for_key=ref, scoring=bool(caps.get("scores")))
+            else:
+                backend = resolve_policy(ref)
+                loaded[ref] = CachedPolicy(backend, cache, name_for_key=ref)
+            info[ref] = {"supports_prefill": bool(getattr(loaded[ref], "supports_prefill", False)),
+                         "scores": bool(can_score_continuations(loaded[ref]))}
+        return loaded[ref]
+
+    for player, how in track.players.items():
+        if "policy" in how:
+            policies[player] = how["policy"]
+        else:
+            from collab_env.agents.users import LLMUserSimulator
+
+            policies[player] = LLMUserSimulator(cached(str(how["backend"])), **dict(how.get("options") or {}))
+        if how.get("sampling"):
+            sampling[player] = dict(how["sampling"])
+    if track.judge is not None:
+        env_kwargs["reward"] = track.judge.get("reward", "conversation")
+        env_kwargs["reward_kwargs"] = {"judge": cached(str(track.judge["backend"])),
+                                       **dict(track.judge.get("options") or {})}
+    return FixedPlayers(policies, sampling, env_kwargs, info, cache)
+
+
+def code_version() -> str:
+    """The git commit of the collab_env checkout (``+dirty`` with uncommitted changes), else
+    the installed package's version."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / ".git").exists():
+        try:
+            sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                                 text=True, timeout=10, check=True).stdout.strip()
+            if sha:
+                return sha
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:
+        from importlib.metadata import version
+
+        return version("collab-env")
+    except Exception:  # noqa: BLE001 - not installed: say so rather than guess
+        return "unknown"
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def entry_kind(reasons: Sequence[str]) -> str:
+    """``"standard"`` when nothing was changed (unmodified prompts and track, no omitted or
+    failed task: what τ²-bench calls verified-eligible), else ``"custom"``."""
+    return "custom" if reasons else "standard"
+
+
+def submitted_usage(record: Mapping[str, Any], submitted: Sequence[str]) -> dict[str, float]:
+    """The submitted players' model usage in one episode record: ``model_calls``,
+    ``prompt_tokens``, ``completion_tokens`` and ``cost`` (dollars, where the provider said)."""
+    out = {"model_calls": 0.0, "prompt_tokens": 0.0, "completion_tokens": 0.0, "cost": 0.0}
+    for t in record.get("turns", []):
+        comp = t.get("completion")
+        if t.get("player") in submitted and comp:
+            usage = comp.get("usage") or {}
+            for key in out:
+                v = usage.get(key)
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    out[key] += float(v)
+    return out
+
+
+def episode_faults(record: Mapping[str, Any], submitted: Sequence[str]) -> dict[str, int]:
+    """Faults in one finished episode: ``simulator`` (a fixed player, e.g. the user simulator,
+    gave up and ended the episode) and ``policy`` (a submitted player gave up)."""
+    sim = pol = 0
+    for f in (record.get("info") or {}).get("faults", []) or []:
+        if f.get("player") in submitted:
+            pol += 1
+        else:
+            sim += 1
+    return {"simulator": sim, "policy": pol}
+
+
+def data_file_digests(paths: Sequence[str] | None) -> list[dict[str, str]]:
+    out = []
+    for p in paths or ():
+        if not Path(p).is_file():
+            raise FileNotFoundError(2, "No such file or directory", str(p))
+        out.append({"name": Path(p).name, "sha256": file_sha256(p)})
+    return out
+
+
+def load_submission(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``submission.json`` of a submission folder (or the file itself).
+
+    Raises:
+        ConfigError: Missing (a run still in progress) or not a submission.
+    """
+    path = Path(folder)
+    if path.is_dir():
+        path = path / SUBMISSION_FILE
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist: the run did not finish. Run the same "
+                          "`collab-env leaderboard run` command again to resume it.")
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not JSON ({exc}).") from exc
+    if not isinstance(d, dict) or d.get("format") != FORMAT or "track" not in d:
+        raise ConfigError(f"{path} is not a collab-env submission (format {FORMAT}).")
+    return d
+
+
+def run_submission(
+    track: Track | str,
+    policies: Mapping[str, str],
+    *,
+    out: str | os.PathLike[str],
+    name: str | None = None,
+    model: str | None = None,
+    sampling: Mapping[str, Mapping[str, Any]] | None = None,
+    data_files: Sequence[str] | None = None,
+    episodes: int | None = None,
+    custom: Sequence[str] = (),
+    concurrency: int = 8,
+    progress: bool = True,
+) -> Path:
+    """Play ``track`` with the submitted ``policies`` and write the submission folder ``out``.
+
+    Args:
+        track: A :class:`Track`, a track id, name or file.
+        policies: Submitted player -> policy spec (see the module docstring).
+        out: The submission folder (created; an unfinished one is resumed).
+        name: The entry's name on the board (default: the policy specs).
+        model: The model's name (default: the submitted policies' names).
+        sampling: Submitted player -> sampling keywords (recorded).
+        data_files: Local data files, for tracks on data (their SHA-256 is recorded).
+        episodes: Play only the first ``episodes`` episodes (the entry is then custom).
+        custom: Other reasons this entry is custom (e.g. ``"fine-tuned on the test split"``).
+        concurrency: Episodes in flight.
+        progress: Progress bar on a terminal.
+
+    Returns:
+        The path of ``submission.json``.
+
+    Raises:
+        ConfigError: A policy for a player the track fixes, a missing submitted player, bad
+            sampling, an env whose number of items is not the track's, a folder of another run.
+    """
+    from collab_env.compose import make
+    from collab_env.eval import evaluate, failures_path, load_results
+    from collab_env.registry import spec
+
+    t = track if isinstance(track, Track) else get_track(track)
+    out = Path(out).resolve()
+    sampling = {p: dict(kw) for p, kw in (sampling or {}).items()}
+    pols = dict(policies)
+    for p in list(pols) + list(sampling):
+        if p not in t.submitted:
+            fixed = " (the track fixes it)" if p in t.players else ""
+            raise ConfigError(f"track {t.id} takes policies for {list(t.submitted)} only; got {p!r}{fixed}."
+                              + did_you_mean(str(p), t.submitted))
+    missing = [p for p in t.submitted if p not in pols]
+    if missing:
+        raise ConfigError(f"track {t.id} needs a policy for {missing}: --policy {missing[0]}=SPEC.")
+    s = spec(t.env_id)
+    if s.id != t.env_id:
+        raise ConfigError(f"track {t.id} is played on {t.env_id}, but that id resolves to {s.id}.")
+    reasons = [str(r) for r in custom]
+    built: dict[str, Any] = {}
+    for p in t.submitted:
+        built[p], why = build_policy(p, pols[p])
+        if why:
+            reasons.append(f"{p}: {why}")
+    if data_files and not t.data:
+        raise ConfigError(f"track {t.id} reads no data files; drop --data-files.")
+    if t.data and not data_files:
+        raise ConfigError(f"track {t.id} needs its data files: {t.data}. Pass them with --data-files.")
+    data = data_file_digests(data_files)
+
+    out.mkdir(parents=True, exist_ok=True)
+    cache_path = out / CACHE_FILE
+    needs_cache = t.judge is not None or any("simulator" in h for h in t.players.values())
+    fp = fixed_players(t, cache_path if needs_cache else None)
+    env_kwargs = {**dict(t.env_kwargs), **fp.env_kwargs}
+    if data_files:
+        env_kwargs["data_files"] = list(data_files) if len(data_files) > 1 else data_files[0]
+    probe = make(t.env_id, **env_kwargs)
+    try:
+        num_items = getattr(probe, "unwrapped", probe).task.num_items()
+    finally:
+        probe.close()
+    tasks = t.tasks if t.tasks is not None else num_items
+    if not tasks or num_items != tasks:
+        raise ConfigError(f"track {t.id} expects {t.tasks} task items, but {t.env_id} with {dict(t.env_kwargs)} "
+                          f"has {num_items}; the track's env or data files do not match it.")
+    full = tasks * t.trials
+    n = full if episodes is None else int(episodes)
+    if not 1 <= n <= full:
+        raise ConfigError(f"--episodes must be in [1, {full}] for track {t.id}, got {episodes!r}.")
+    if n < full:
+        reasons.append(f"{full - n} of {full} episodes omitted")
+
+    traj = out / TRAJECTORIES_FILE
+    resume = traj.exists() and traj.stat().st_size > 0
+    old = out / SUBMISSION_FILE
+    if old.exists():
+        old.unlink()  # rewritten at the end; meanwhile the folder reads as unfinished
+    try:
+        result = evaluate(t.env_id, {**fp.policies, **built}, num_episodes=n, seed=t.seed, out=traj,
+                          resume=resume, concurrency=concurrency, env_kwargs=env_kwargs,
+                          sampling={**fp.sampling, **sampling}, progress=progress,
+                          label=name or ", ".join(pols.values()))
+    finally:
+        fp.close()
+    failed = sorted(f.episode_id for f in result.failures)
+    records = [r for r in load_results(traj) if r.get("status") == "ok"]
+    fail_path = failures_path(traj)
+    fail_records = load_results(fail_path) if fail_path.exists() else []
+    judge_faults = sorted({r["episode_id"] for r in fail_records if str(r.get("error", "")).startswith("JudgeError")
+                           and r["episode_id"] not in result.episodes})
+    if failed:
+        reasons.append(f"{len(failed)} episode(s) failed and are not scored: {failed[:10]}")
+    usage = {"model_calls": 0.0, "prompt_tokens": 0.0, "completion_tokens": 0.0, "cost": 0.0}
+    faults = {"simulator_episodes": 0, "policy_episodes": 0, "judge_episodes": len(judge_faults)}
+    end_reasons: dict[str, int] = {}
+    for r in records:
+        for key, v in submitted_usage(r, t.submitted).items():
+            usage[key] += v
+        f = episode_faults(r, t.submitted)
+        faults["simulator_episodes"] += int(f["simulator"] > 0)
+        faults["policy_episodes"] += int(f["policy"] > 0)
+        reason = str(r.get("end_reason") or "none")
+        end_reasons[reason] = end_reasons.get(reason, 0) + 1
+    cache_info = None
+    if needs_cache:
+        from collab_env.agents.cache import ResponseCache
+
+        with ResponseCache(cache_path, "record") as c:  # "record": creates it if no call was made
+            num = (len(c), c.num_scores())
+        cache_info = {"file": CACHE_FILE, "sha256": file_sha256(cache_path), "responses": num[0],
+                      "scores": num[1], "backends": fp.backends}
+    from collab_env.policy import describe
+
+    sub = {
+        "format": FORMAT,
+        "track": t.id,
+        "track_version": t.version,
+        "track_hash": t.content_hash(),
+        "track_content": t.to_dict(),
+        "name": name or (pols[t.submitted[0]] if len(pols) == 1 else ", ".join(f"{p}={v}" for p, v in pols.items())),
+        "model": model or ", ".join(dict.fromkeys(describe(built[p]) for p in t.submitted)),
+        "policies": pols,
+        "sampling": sampling,
+        "kind": entry_kind(reasons),
+        "custom_reasons": reasons,
+        "code_version": code_version(),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "episodes": {"requested": n, "full": full, "recorded": len(records), "failed": failed},
+        "tasks": tasks,
+        "cost": usage,
+        "faults": {**faults, "end_reasons": dict(sorted(end_reasons.items()))},
+        "cache": cache_info,
+        "data_files": data,
+        "files": {"trajectories": {"file": TRAJECTORIES_FILE, "sha256": file_sha256(traj)}},
+    }
+    tmp = out / (SUBMISSION_FILE + ".tmp")
+    tmp.write_text(json.dumps(sub, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(tmp, out / SUBMISSION_FILE)
+    return out / SUBMISSION_FILE

@@ -1,0 +1,301 @@
+"""Verifying a submission: ``collab-env leaderboard verify SUBMISSION``.
+
+:func:`verify_submission` trusts nothing in the folder. It
+
+1. checks the submission against the registered track: the id must name a registered track
+   version, and the recorded hash and content must be that version's (a submission played on a
+   changed track, or claiming another version, is rejected);
+2. checks the file hashes recorded in ``submission.json`` (trajectories, call cache) and the
+   episode set: every episode id at most once, with seed ``seed + k`` and item ``k % tasks``;
+3. **re-plays every episode offline** with the one driver
+   (:func:`collab_env.rollout.arun_episode`): the submitted players' moves are the recorded
+   texts, the track's own players and judge are rebuilt from the *track* (not from the
+   submission) with their recorded calls replayed from ``calls.sqlite`` (no model is loaded or
+   called; a prompt that differs from the recorded one misses the cache), and the env scores
+   the episode again;
+4. compares the re-played episode with the recorded one: every move's text, every reward and
+   reward component, the returns and the end reason; then the submission's aggregate numbers.
+
+It returns a :class:`Verification` listing every problem with the episode it concerns and why;
+``ok`` is true only when there is none. The CLI prints them and exits 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from collab_env.errors import CacheMissError, CollabEnvError, ConfigError, UnknownEnvError
+from collab_env.leaderboard.submission import (
+    CACHE_FILE,
+    TRAJECTORIES_FILE,
+    episode_faults,
+    file_sha256,
+    fixed_players,
+    load_submission,
+    submitted_usage,
+)
+from collab_env.leaderboard.tracks import Track, get_track
+
+__all__ = ["Verification", "verify_submission", "RecordedMoves"]
+
+
+@dataclass
+class Verification:
+    """The outcome of :func:`verify_submission`.
+
+    Args:
+        submission: The submission folder.
+        track: The track id it claims.
+        episodes: Episodes re-played.
+        problems: One line per problem found, naming the episode and why.
+    """
+
+    submission: Path
+    track: str
+    episodes: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """No problem was found."""
+        return not self.problems
+
+    def report(self) -> str:
+        """Human-readable verdict."""
+        if self.ok:
+            return f"{self.submission}: verified ({self.episodes} episodes of {self.track} re-played, every score matches)."
+        lines = [f"{self.submission}: REJECTED, {len(self.problems)} problem(s):"]
+        lines += [f"  - {p}" for p in self.problems[:50]]
+        if len(self.problems) > 50:
+            lines.append(f"  ... and {len(self.problems) - 50} more")
+        return "\n".join(lines)
+
+
+class RecordedMoves:
+    """A policy that plays one player's recorded moves of one episode, in order.
+
+    It is how verification re-plays a submitted policy without running it. Asked for more moves
+    than were recorded (the episode went differently), it raises a :class:`ConfigError`.
+    """
+
+    def __init__(self, player: str, texts: Sequence[str]) -> None:
+        self.player = player
+        self.texts = list(texts)
+        self.name = f"recorded({player})"
+
+    async def act(self, observations: Sequence[Any], **sampling: Any) -> list[Any]:
+        from collab_env.types import Completion
+
+        out = []
+        for _ in observations:
+            if not self.texts:
+                raise ConfigError(f"{self.player} is on turn once more than the trajectory records")
+            out.append(Completion(text=self.texts.pop(0)))
+        return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Exact equality of re-played and recorded values (the same code on the same inputs gives
+    the same floats; JSON keeps a float's shortest repr, so it reads back bit for bit)."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def _compare(k: int, rec: Mapping[str, Any], ep: Mapping[str, Any]) -> list[str]:
+    """Differences between a recorded episode and its re-play, as problems of episode ``k``."""
+    where = f"episode {k} (seed {rec.get('seed')}, task {rec.get('index')})"
+    out = []
+    rt, et = rec.get("turns", []), ep.get("turns", [])
+    for i, (a, b) in enumerate(zip(rt, et)):
+        if a.get("player") != b.get("player") or a.get("step") != b.get("step"):
+            out.append(f"{where}: move {i} is by {a.get('player')} at step {a.get('step')} in the trajectory, "
+                       f"by {b.get('player')} at step {b.get('step')} when re-played")
+            return out
+        if a.get("text") != b.get("text"):
+            out.append(f"{where}: {a['player']}'s message at step {a['step']} differs from the re-played one "
+                       f"(recorded {a.get('text', '')[:60]!r}, re-played {b.get('text', '')[:60]!r}): the recorded "
+                       "calls or the track's prompts do not match the trajectory")
+            return out
+        if not _same(a.get("reward"), b.get("reward")):
+            out.append(f"{where}: {a['player']}'s reward at step {a['step']} is {a.get('reward')!r} in the "
+                       f"trajectory, re-scored {b.get('reward')!r}")
+        if (a.get("components") or {}) != (b.get("components") or {}):
+            out.append(f"{where}: {a['player']}'s reward components at step {a['step']} are {a.get('components')} "
+                       f"in the trajectory, re-scored {b.get('components')}")
+    if len(rt) != len(et):
+        out.append(f"{where}: the trajectory has {len(rt)} moves, the re-play {len(et)}")
+    for key in ("returns", "rewards", "components"):
+        if rec.get(key) != ep.get(key):
+            out.append(f"{where}: {key} are {rec.get(key)} in the trajectory, re-scored {ep.get(key)}")
+    if rec.get("end_reason") != ep.get("end_reason"):
+        out.append(f"{where}: ended by {rec.get('end_reason')!r} in the trajectory, {ep.get('end_reason')!r} when re-played")
+    return out
+
+
+def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | None = None,
+                      data_files: Sequence[str] | None = None) -> Verification:
+    """Re-score a submission offline and replay its recorded calls (see the module docstring).
+
+    Args:
+        folder: The submission folder (or its ``submission.json``).
+        track: The track to check against (default: the registered track the submission names;
+            pass a track file for tracks outside the package).
+        data_files: The track's data files, for tracks on data.
+
+    Returns:
+        The :class:`Verification` (``ok`` or the problems).
+
+    Raises:
+        ConfigError: The folder holds no finished submission.
+    """
+    folder = Path(folder)
+    if folder.name == "submission.json":
+        folder = folder.parent
+    sub = load_submission(folder)
+    v = Verification(folder, str(sub.get("track")))
+    # 1. The track.
+    try:
+        t = track if isinstance(track, Track) else get_track(track if track is not None else sub["track"])
+    except (UnknownEnvError, ConfigError) as exc:
+        v.problems.append(f"track: {exc}")
+        return v
+    if sub.get("track") != t.id:
+        v.problems.append(f"track: the submission was played on {sub.get('track')!r}, not on the registered track {t.id}")
+        return v
+    if sub.get("track_version") != t.version or sub.get("track_hash") != t.content_hash():
+        v.problems.append(
+            f"track: the submission records version {sub.get('track_version')!r} with hash "
+            f"{str(sub.get('track_hash'))[:12]}, but {t.id} has version {t.version} with hash "
+            f"{t.content_hash()[:12]}: it was played on a changed track")
+        return v
+    if sub.get("track_content", {}) and {k: sub["track_content"].get(k) for k in t.fixed()} != t.fixed():
+        v.problems.append(f"track: the track content recorded in submission.json differs from {t.id}'s")
+        return v
+    # 2. Files and the episode set.
+    traj = folder / TRAJECTORIES_FILE
+    if not traj.is_file():
+        v.problems.append(f"files: {traj} is missing")
+        return v
+    recorded_sha = (sub.get("files", {}).get("trajectories") or {}).get("sha256")
+    traj_changed = recorded_sha != file_sha256(traj)
+    cache_path = folder / CACHE_FILE
+    cache_info = sub.get("cache")
+    needs_cache = t.judge is not None or any("simulator" in h for h in t.players.values())
+    if needs_cache:
+        if not cache_info or not cache_path.is_file():
+            v.problems.append(f"files: track {t.id} records model calls, but the submission has no {CACHE_FILE}")
+            return v
+        if cache_info.get("sha256") != file_sha256(cache_path):
+            v.problems.append(f"files: {CACHE_FILE} is not the file recorded in submission.json (SHA-256 differs): "
+                              "a recorded call was changed")
+    data = []
+    if t.data:
+        from collab_env.leaderboard.submission import data_file_digests as digest
+
+        if not data_files:
+            v.problems.append(f"data: track {t.id} reads data files; pass them (--data-files) to verify")
+            return v
+        data = digest(data_files)
+        if [d["sha256"] for d in data] != [d.get("sha256") for d in sub.get("data_files", [])]:
+            v.problems.append("data: the data files given are not the ones the submission was played on (SHA-256 differs)")
+            return v
+    from collab_env.eval import load_results
+
+    try:
+        records = [r for r in load_results(traj) if r.get("status") == "ok"]
+    except ConfigError as exc:
+        v.problems.append(f"files: {exc}")
+        return v
+    tasks = sub.get("tasks") if t.tasks is None else t.tasks
+    by_id: dict[int, dict[str, Any]] = {}
+    for r in records:
+        k = r.get("episode_id")
+        if not isinstance(k, int):
+            v.problems.append(f"episodes: a record without an episode id (seed {r.get('seed')})")
+            continue
+        if k in by_id:
+            v.problems.append(f"episode {k}: recorded twice")
+            continue
+        by_id[k] = r
+        if r.get("seed") != t.seed + k or not isinstance(tasks, int) or r.get("index") != k % tasks:
+            v.problems.append(f"episode {k}: seed {r.get('seed')} and task {r.get('index')}, but the track plays "
+                              f"seed {t.seed + k} on task {k % tasks if isinstance(tasks, int) else '?'}")
+        if r.get("env_id") != t.env_id:
+            v.problems.append(f"episode {k}: played on {r.get('env_id')}, the track is on {t.env_id}")
+    requested = int((sub.get("episodes") or {}).get("requested", 0))
+    extra = sorted(k for k in by_id if k >= requested)
+    if extra:
+        v.problems.append(f"episodes: {extra[:10]} are beyond the {requested} requested")
+    missing = [k for k in range(requested) if k not in by_id]
+    claimed_failed = list((sub.get("episodes") or {}).get("failed", []))
+    if missing != sorted(claimed_failed):
+        v.problems.append(f"episodes: {missing[:10]} have no record, the submission lists {claimed_failed[:10]} as failed")
+    if (not missing and requested == (sub.get("episodes") or {}).get("full")) and sub.get("kind") == "standard" \
+            and sub.get("custom_reasons"):
+        v.problems.append("kind: marked standard but lists reasons to be custom")
+    if (missing or requested < int((sub.get("episodes") or {}).get("full", requested))) and sub.get("kind") == "standard":
+        v.problems.append("kind: tasks are omitted or failed, so the entry cannot be standard")
+    # 3-4. Re-play every episode.
+    problems = asyncio.run(_replay_all(t, sub, by_id, cache_path if needs_cache else None, data_files))
+    v.problems.extend(problems)
+    v.episodes = len(by_id)
+    # Aggregates of submission.json against the trajectories.
+    usage = {"model_calls": 0.0, "prompt_tokens": 0.0, "completion_tokens": 0.0, "cost": 0.0}
+    sim = 0
+    for r in by_id.values():
+        for key, x in submitted_usage(r, t.submitted).items():
+            usage[key] += x
+        sim += int(episode_faults(r, t.submitted)["simulator"] > 0)
+    if sub.get("cost") != usage:
+        v.problems.append(f"cost: submission.json says {sub.get('cost')}, the trajectories sum to {usage}")
+    if (sub.get("faults") or {}).get("simulator_episodes") != sim:
+        v.problems.append(f"faults: submission.json counts {(sub.get('faults') or {}).get('simulator_episodes')} "
+                          f"episodes with simulator faults, the trajectories {sim}")
+    if traj_changed and v.ok:
+        v.problems.append(f"files: {TRAJECTORIES_FILE} is not the file recorded in submission.json (SHA-256 differs)")
+    return v
+
+
+async def _replay_all(t: Track, sub: Mapping[str, Any], by_id: Mapping[int, Mapping[str, Any]],
+                      cache_path: Path | None, data_files: Sequence[str] | None) -> list[str]:
+    from collab_env.compose import make
+    from collab_env.rollout import arun_episode
+
+    problems: list[str] = []
+    backends = (sub.get("cache") or {}).get("backends") or {}
+    fp = fixed_players(t, cache_path, mode="replay", backends=backends) if cache_path is not None else \
+        fixed_players(t, None)
+    env_kwargs = {**dict(t.env_kwargs), **fp.env_kwargs}
+    if data_files:
+        env_kwargs["data_files"] = list(data_files) if len(data_files) > 1 else data_files[0]
+    sampling = {**fp.sampling, **{p: dict(kw) for p, kw in (sub.get("sampling") or {}).items() if p in t.submitted}}
+    try:
+        for k in sorted(by_id):
+            rec = by_id[k]
+            where = f"episode {k} (seed {rec.get('seed')}, task {rec.get('index')})"
+            moves = {p: RecordedMoves(p, [m.get("text", "") for m in rec.get("turns", []) if m.get("player") == p])
+                     for p in t.submitted}
+            env = make(t.env_id, **env_kwargs)
+            try:
+                ep = await arun_episode(env, {**fp.policies, **moves}, seed=rec.get("seed"), index=rec.get("index"),
+                                        sampling=sampling)
+            except CacheMissError as exc:
+                problems.append(f"{where}: a call of the track's simulator or judge is not among the recorded calls "
+                                f"(the prompts differ from the track's, or the cache was changed): {exc}")
+                continue
+            except CollabEnvError as exc:
+                problems.append(f"{where}: cannot be re-played: {type(exc).__name__}: {exc}")
+                continue
+            finally:
+                env.close()
+            problems.extend(_compare(k, rec, ep.to_dict()))
+    finally:
+        fp.close()
+    return problems
