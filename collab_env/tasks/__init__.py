@@ -150,3 +150,29 @@ def register_builtin() -> None:
                     card=BUILTIN_CARDS[f"{name}-v1"],
                 )
             )
+
+    # team-facts (issue 13): one simulated user, a team of agents; cards in collab_env.tasks.team.
+    from collab_env.tasks.team import TEAM_FACTS_LEVELS, TEAM_POLICIES, team_facts_card
+
+    for name, entry_point in TEAM_POLICIES.items():
+        register_policy(name, entry_point)
+    for env_id, level in TEAM_FACTS_LEVELS.items():
+        agents = tuple(f"agent_{i}" for i in range(level["kwargs"]["num_agents"]))
+        register(
+            EnvSpec(
+                id=env_id,
+                entry_point="collab_env.tasks.team:make_env",
+                kwargs=level["kwargs"],
+                players=(*agents, "user"),
+                turn_order=(agents, ("user",)),
+                trainable=agents,
+                default_policies={**dict.fromkeys(agents, "collab_env.tasks.team:CoordinatedTeam"),
+                                  "user": "collab_env.tasks.team:TeamFactsUser"},
+                reward={"accuracy": 1.0},
+                reward_range=level["reward_range"],
+                limits={"max_steps": level["kwargs"]["max_steps"]},
+                description=level["description"],
+                suite="builtin",
+                card=team_facts_card(env_id),
+            )
+        )
