@@ -25,7 +25,7 @@ from collab_env.policy import Policy, policies_for, resolve_policy
 from collab_env.rollout.batching import BatchedPolicy, batches_itself
 from collab_env.rollout.config import RolloutConfig, RolloutStats
 from collab_env.rollout.driver import arun_episode, fatal_error, note_stopped
-from collab_env.rollout.jobs import Result, env_factory, iterate_in_thread, normalize_jobs
+from collab_env.rollout.jobs import JobFeeder, Result, env_factory, iterate_in_thread, normalize_jobs
 from collab_env.rollout.limits import LimitedPolicy, PerLoop, RateLimiter
 from collab_env.types import Episode
 
@@ -217,7 +217,7 @@ class RolloutEngine:
         bar = self._progress_bar(total)
         t0 = time.perf_counter()
         running: set[asyncio.Task] = set()
-        exhausted = False
+        feeder = JobFeeder(it, self.config.concurrency, st)
         fatal: list[FatalPolicyError] = []  # the first rejection seen; stops the run
 
         def watch(task: asyncio.Task) -> None:
@@ -228,19 +228,10 @@ class RolloutEngine:
                     fatal.append(f)
 
         async def fill() -> None:
-            nonlocal exhausted
-            while not exhausted and not fatal and len(running) < self.config.concurrency:
-                try:
-                    job = next(it)
-                except StopIteration:
-                    exhausted = True
-                    return
+            for job in feeder.take(lambda: len(running), lambda: bool(fatal)):
                 task = asyncio.ensure_future(self.arun_job(job))
                 task.add_done_callback(watch)
                 running.add(task)
-                st.submitted += 1
-                st.in_flight += 1
-                st.max_in_flight = max(st.max_in_flight, st.in_flight)
                 # Ramp up one episode at a time: a batch that fills while episodes are still
                 # starting goes out at once, instead of queueing behind every other episode's
                 # reset. Batches then come back staggered, not all in the same instant.

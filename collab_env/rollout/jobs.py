@@ -14,7 +14,7 @@ from collab_env.env import CollabEnv
 from collab_env.errors import ConfigError, PolicyError
 from collab_env.types import Episode
 
-__all__ = ["Result", "normalize_jobs", "env_factory", "iterate_in_thread", "picklable_error"]
+__all__ = ["Result", "normalize_jobs", "JobFeeder", "env_factory", "iterate_in_thread", "picklable_error"]
 
 #: What a rollout yields: the job (as a dict) and its episode, or the exception that ended it.
 Result = tuple[dict[str, Any], Episode | BaseException]
@@ -62,6 +62,41 @@ def normalize_jobs(jobs: int | Iterable[Any]) -> tuple[Iterator[dict[str, Any]],
             yield job
 
     return gen(), total
+
+
+class JobFeeder:
+    """Hands an engine the next jobs to start, at most ``concurrency`` running at once.
+
+    Both engines (:class:`~collab_env.rollout.RolloutEngine` on one event loop,
+    :class:`~collab_env.rollout.RayRolloutEngine` on Ray workers) start episodes the same way:
+    take jobs in order while fewer than ``concurrency`` run and no fatal error has stopped the
+    run, and count each start in the stats (``submitted``, ``in_flight``, ``max_in_flight``).
+
+    Args:
+        jobs: The job iterator (from :func:`normalize_jobs`).
+        concurrency: Most jobs running at once.
+        stats: The engine's stats object (its three counters above are updated).
+    """
+
+    def __init__(self, jobs: Iterator[dict[str, Any]], concurrency: int, stats: Any) -> None:
+        self.jobs, self.concurrency, self.stats = jobs, concurrency, stats
+        self.exhausted = False
+
+    def take(self, running: Callable[[], int], stopped: Callable[[], bool]) -> Iterator[dict[str, Any]]:
+        """The jobs to start now, one at a time: each is counted as started when it is yielded,
+        and ``running()`` and ``stopped()`` are asked again before the next one (so the caller
+        starts the yielded job, and may yield to its event loop, before asking for more)."""
+        while not self.exhausted and not stopped() and running() < self.concurrency:
+            try:
+                job = next(self.jobs)
+            except StopIteration:
+                self.exhausted = True
+                return
+            st = self.stats
+            st.submitted += 1
+            st.in_flight += 1
+            st.max_in_flight = max(st.max_in_flight, st.in_flight)
+            yield job
 
 
 def env_factory(env: Any, env_kwargs: Mapping[str, Any] | None) -> Callable[[], CollabEnv]:

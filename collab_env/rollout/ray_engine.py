@@ -36,6 +36,7 @@ from collab_env.errors import ConfigError, FatalPolicyError, require
 from collab_env.rollout.config import RolloutConfig, RolloutStats
 from collab_env.rollout.driver import fatal_error, note_stopped
 from collab_env.rollout.jobs import (
+    JobFeeder,
     Result,
     env_factory,
     iterate_in_thread,
@@ -209,27 +210,18 @@ class RayRolloutEngine:
                        unit="ep", file=sys.stderr, dynamic_ncols=True)
         load = [0] * len(self._workers)
         pending: dict[asyncio.Future, tuple[Any, int, dict[str, Any]]] = {}
-        exhausted = False
+        feeder = JobFeeder(it, self.config.concurrency, st)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
 
         fatal: list[FatalPolicyError] = []
 
         def fill() -> None:
-            nonlocal exhausted
-            while not exhausted and not fatal and len(pending) < self.config.concurrency:
-                try:
-                    job = next(it)
-                except StopIteration:
-                    exhausted = True
-                    return
+            for job in feeder.take(lambda: len(pending), lambda: bool(fatal)):
                 i = min(range(len(load)), key=load.__getitem__)
                 ref = self._workers[i].run.remote(job)
                 pending[asyncio.wrap_future(ref.future())] = (ref, i, job)
                 load[i] += 1
-                st.submitted += 1
-                st.in_flight += 1
-                st.max_in_flight = max(st.max_in_flight, st.in_flight)
 
         try:
             fill()
