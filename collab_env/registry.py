@@ -22,7 +22,6 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from types import MappingProxyType
 from typing import Any
 
 from collab_env.errors import ConfigError, UnknownEnvError, did_you_mean
@@ -43,10 +42,27 @@ DEFAULT_REWARD = "default"
 _CARD_TEXT_FIELDS = ("tests", "reward", "limits", "data", "licence")
 
 
+class FrozenDict(dict):
+    """A read-only ``dict`` (the mappings of an :class:`EnvCard`): equal to, and JSON-encoded
+    as, a plain dict; it pickles (an env pickles its spec), unlike ``MappingProxyType``."""
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("an EnvCard's mappings are read-only; build a new card instead.")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _read_only  # type: ignore[assignment]
+    __ior__ = _read_only  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (dict(self),))
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items())))
+
+
 def _frozen_mapping(value: Any, what: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise ConfigError(f"EnvCard.{what} must be a mapping, got {type(value).__name__}.")
-    return MappingProxyType(dict(value))
+    return FrozenDict(value)
 
 
 @dataclass(frozen=True)
@@ -114,7 +130,7 @@ class EnvCard:
                 raise ConfigError(f"EnvCard.reward_range[{option!r}] = ({lo}, {hi}) is not an "
                                   "interval: give lo <= hi.")
             checked[option] = (lo, hi)
-        object.__setattr__(self, "reward_range", MappingProxyType(checked))
+        object.__setattr__(self, "reward_range", FrozenDict(checked))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (:meth:`from_dict` reads it back)."""

@@ -118,8 +118,13 @@ def test_card_validation_names_the_field_and_the_fix():
 def test_card_is_frozen_and_normalised():
     c = _card()
     assert c.reward_range["default"] == (0.0, 1.0) and isinstance(c.reward_range["default"][0], float)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="read-only"):
         c.players["agent_0"] = "changed"  # read-only mapping: the card is data
+    with pytest.raises(TypeError, match="read-only"):
+        c.reward_range.update(mr=(0, 0))
+    import pickle
+
+    assert pickle.loads(pickle.dumps(c)) == c and hash(c) == hash(_card())  # envs pickle their spec
     with pytest.raises(AttributeError):
         c.tests = "x"
     assert c == _card()
@@ -165,3 +170,28 @@ def test_card_text_forms():
     doc = c.to_docstring("carded-v0")
     assert doc.splitlines()[0] == "Card of carded-v0:"
     assert "    baselines: scripted: success 1.000 (200 ep)" in doc.splitlines()
+
+
+def test_every_registered_id_has_a_card_its_docstring_carries():
+    """Every id has a complete card (EnvCard validates completeness), and its env's docstring
+    (the entry point's module or function) carries the card's text, whitespace aside."""
+    import importlib
+
+    def squash(text):
+        return " ".join((text or "").split())
+
+    missing = [i for i in collab_env.list_envs() if spec(i).card is None]
+    assert not missing, f"registered ids without a card: {missing}"
+    lacking = []
+    for env_id in collab_env.list_envs():
+        s = spec(env_id)
+        module_name, _, fn_name = s.entry_point.partition(":")
+        module = importlib.import_module(module_name)
+        docs = squash(module.__doc__) + " " + squash(getattr(module, fn_name).__doc__)
+        if squash(s.card.to_docstring(env_id)) not in docs:
+            lacking.append(f"{env_id} ({s.entry_point})")
+    assert not lacking, (
+        f"these envs' docstrings do not carry their cards: {lacking}; append "
+        "spec(id).card.to_docstring(id) to the module or entry-point docstring (as "
+        "collab_env.tasks.cards.docstring_cards does for the built-in ids)"
+    )

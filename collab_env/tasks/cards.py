@@ -30,7 +30,8 @@ import math
 
 from collab_env.registry import EnvCard
 
-__all__ = ["BUILTIN_CARDS", "hidden_facts_card", "LENGTH_RATIO_CARD", "collabllm_card"]
+__all__ = ["BUILTIN_CARDS", "hidden_facts_card", "LENGTH_RATIO_CARD", "collabllm_card", "docstring_cards",
+           "baseline_text"]
 
 _HF_PLAYERS = {
     "assistant": "trainable; must find out the withheld quantities by asking, then answer with "
@@ -219,3 +220,11 @@ BUILTIN_CARDS: dict[str, EnvCard] = {
     **{f"collabllm-{ds}{'-large' if large else ''}-v1": collabllm_card(ds, large)
        for ds in _CL_TESTS for large in (False, True)},
 }
+
+
+def docstring_cards(*env_ids: str) -> str:
+    """The ``Cards`` section a task module appends to its docstring (``__doc__ +=``), generated
+    from :data:`BUILTIN_CARDS` so the docstring and the registry cannot disagree."""
+    blocks = "\n\n".join(BUILTIN_CARDS[i].to_docstring(i) for i in env_ids)
+    return ("\nCards (generated from collab_env.tasks.cards; ``collab-env info ID`` prints them)\n\n"
+            + blocks + "\n")

@@ -127,6 +127,7 @@ from collab_env.env import CollabEnv, EpisodeState, Outcome, Start, Task, env_me
 from collab_env.errors import ConfigError, DataSchemaError, PolicyError
 from collab_env.policy import ScriptedPolicy
 from collab_env.tasks._common import build_config, build_env, split_env_kwargs
+from collab_env.tasks.cards import docstring_cards
 from collab_env.tasks.collabllm_load import check_data_files, data_file_list, load_collabllm_dataset
 from collab_env.tasks.collabllm_rows import (
     GENERIC_TASK_DESC,
@@ -138,6 +139,10 @@ from collab_env.tasks.collabllm_rows import (
     normalize_sessions,
 )
 from collab_env.types import Conversation, Message
+
+# The env cards: data in collab_env.tasks.cards (the registry's), text here for help() and pydoc.
+__doc__ = (__doc__ or "") + docstring_cards(*(f"collabllm-{ds}{large}-v1" for ds in ("math-hard", "medium", "bigcodebench")
+                                               for large in ("", "-large")))
 
 __all__ = [
     "CollabLLMConfig",

@@ -37,8 +37,12 @@ from collab_env.env import CollabEnv
 from collab_env.errors import ConfigError
 from collab_env.policy import ScriptedPolicy
 from collab_env.tasks._common import build_config, split_env_kwargs
+from collab_env.tasks.cards import docstring_cards
 from collab_env.tasks.dataset_env import from_dataset
 from collab_env.types import ENV_AUTHOR, Conversation
+
+# The env cards: data in collab_env.tasks.cards (the registry's), text here for help() and pydoc.
+__doc__ = (__doc__ or "") + docstring_cards("length-ratio-v0")
 
 __all__ = [
     "LENGTH_RATIO_PROMPTS",

@@ -46,7 +46,11 @@ from collab_env.env import CollabEnv, EpisodeState, Outcome, Start, Task, env_me
 from collab_env.errors import ConfigError
 from collab_env.policy import ScriptedPolicy
 from collab_env.tasks._common import build_config, split_env_kwargs
+from collab_env.tasks.cards import docstring_cards
 from collab_env.types import Conversation, Message
+
+# The env cards: data in collab_env.tasks.cards (the registry's), text here for help() and pydoc.
+__doc__ = (__doc__ or "") + docstring_cards("hidden-facts-v0", "hidden-facts-easy-v0", "hidden-facts-hard-v0")
 
 __all__ = [
     "HiddenFactsConfig",

@@ -32,10 +32,10 @@ class FixedJudge:
         out = []
         for obs in observations:
             if "reference answer" in obs.messages[-1].content:
-                text = '{"reason": "fixed", "score": %s}' % ("true" if self.good else "false")
+                text = '{"reason": "fixed", "score": ' + ("true" if self.good else "false") + "}"
             else:
                 v = int(self.good)
-                text = '{"understanding": %d, "clarification": %d, "suggestions": %d}' % (v, v, v)
+                text = f'{{"understanding": {v}, "clarification": {v}, "suggestions": {v}}}'
             out.append(Completion(text=text, finish_reason="stop", usage={"model_calls": 1}))
         return out
 
