@@ -34,7 +34,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from collab_env.errors import DataSchemaError
+from collab_env.errors import ConfigError
+from collab_env.leaderboard.schema import validate_board_data
 
 __all__ = ["build_page", "render_page", "PAGE_CSS", "PAGE_JS", "PALETTE"]
 
@@ -63,9 +64,11 @@ def build_page(data: Mapping[str, Any], out: Path | str) -> Path:
         The path written.
 
     Raises:
-        DataSchemaError: ``data`` lacks a field the page shows, has a number that is not a
-            finite number, or names a track or entry that is not in it (the message gives the
-            place, e.g. ``entries[2].metrics.success.lo``).
+        ConfigError: ``data`` does not have the board's shape
+            (:func:`~collab_env.leaderboard.schema.validate_board_data`: a missing field, a
+            number that is not finite, a track or entry that is not in it) or lacks what the
+            page relies on (a track's first metric, a comparison within one track); the
+            message starts with the place, e.g. ``entries[2].metrics.success.lo``.
     """
     path = Path(out)
     if path.is_dir():
@@ -100,161 +103,67 @@ def render_page(data: Mapping[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading and checking the data (only what the page shows; the full shape is schema.py's)
+# Reading and checking the data: the shape is schema.py's; the page adds what it relies on
 # ---------------------------------------------------------------------------------------------
 
 
-def _fail(where: str, problem: str) -> DataSchemaError:
-    return DataSchemaError(
-        f"board data: {where} {problem}. The page is built from the dict of "
-        "collab_env.leaderboard.board_data(DIR); fix the submission or rebuild the board data "
-        "(collab_env.leaderboard.schema.validate_board_data says what the shape must be).")
-
-
-def _field(obj: Any, key: str, where: str) -> Any:
-    if not isinstance(obj, Mapping):
-        raise _fail(where, f"is {type(obj).__name__}, not an object")
-    if key not in obj:
-        raise _fail(f"{where}.{key}" if where else key, "is missing")
-    return obj[key]
-
-
-def _number(value: Any, where: str, *, optional: bool = False) -> float | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _fail(where, f"is {value!r}, not a finite number")
-    return float(value)
-
-
-def _list(value: Any, where: str) -> Sequence[Any]:
-    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
-        raise _fail(where, f"is {type(value).__name__}, not a list")
-    return value
-
-
-def _ci(value: Any, where: str) -> dict[str, float]:
-    """A ``{"mean", "lo", "hi"[, "n"]}`` object, checked: numbers and lo <= hi."""
-    ci = {key: _number(_field(value, key, where), f"{where}.{key}") for key in ("mean", "lo", "hi")}
-    if ci["lo"] > ci["hi"]:
-        raise _fail(where, f"has lo {ci['lo']} > hi {ci['hi']}")
-    if isinstance(value, Mapping) and "n" in value:
-        ci["n"] = _number(value["n"], f"{where}.n")
-    return ci
+def _fail(where: str, problem: str) -> ConfigError:
+    return ConfigError(f"{where}: {problem}. The page needs it to draw the board; fix the "
+                       "submission or the board data it was built from.")
 
 
 class _Board:
-    """The data, indexed for rendering: tracks (current first), each track's entries in table
-    order (best first by the track's first metric), each track's comparisons."""
+    """The data, checked and indexed for rendering: tracks (current first), each track's
+    entries in table order (best first by the track's first metric), each track's comparisons.
+
+    The shape, the types, finite numbers and the cross-references are checked by
+    :func:`~collab_env.leaderboard.schema.validate_board_data`; here only what the page itself
+    relies on: a track has a first metric and k >= 1, a comparison's two entries are on its own
+    track, a pass^k interval has lo <= hi.
+    """
 
     def __init__(self, data: Mapping[str, Any]):
-        if not isinstance(data, Mapping):
-            raise _fail("the top level", f"is {type(data).__name__}, not an object")
-        self.data = data
-        self.generated = str(_field(data, "generated", ""))
-        self.code_version = str(_field(data, "code_version", ""))
-        tracks = _list(_field(data, "tracks", ""), "tracks")
-        entries = _list(_field(data, "entries", ""), "entries")
-        comparisons = _list(data.get("comparisons", []), "comparisons")
-
+        validate_board_data(data)
+        self.generated = data["generated"]
+        self.code_version = data["code_version"]
         by_id: dict[str, Mapping[str, Any]] = {}
-        for i, track in enumerate(tracks):
-            where = f"tracks[{i}]"
-            track_id = str(_field(track, "id", where))
-            if track_id in by_id:
-                raise _fail(where, f"repeats the track id {track_id!r}")
-            status = _field(track, "status", where)
-            if status not in ("current", "legacy"):
-                raise _fail(f"{where}.status", f"is {status!r}, not 'current' or 'legacy'")
-            metrics = _list(_field(track, "metrics", where), f"{where}.metrics")
-            if not metrics:
-                raise _fail(f"{where}.metrics", "is empty (the table needs a first metric)")
-            k = _field(track, "k", where)
-            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-                raise _fail(f"{where}.k", f"is {k!r}, not an integer >= 1")
-            for key in ("env_id", "version", "title", "seeds", "episodes", "user"):
-                _field(track, key, where)
-            by_id[track_id] = track
-        # Current tracks first, in the data's order; legacy ones after them.
+        for i, track in enumerate(data["tracks"]):
+            if not track["metrics"]:
+                raise _fail(f"tracks[{i}].metrics", "is empty (the table sorts by the first)")
+            if track["k"] < 1:
+                raise _fail(f"tracks[{i}].k", f"is {track['k']}, not >= 1")
+            by_id[track["id"]] = track
+        # Current tracks first, in the data's order; legacy ones after them (sorted is stable).
         self.tracks = sorted(by_id.values(), key=lambda t: t["status"] == "legacy")
 
         self.entries: dict[str, list[Mapping[str, Any]]] = {t: [] for t in by_id}
         self.entry_index: dict[str, int] = {}  # entry id -> position in the data
-        seen: dict[str, str] = {}
-        for i, entry in enumerate(entries):
-            where = f"entries[{i}]"
-            entry_id = str(_field(entry, "id", where))
-            if entry_id in seen:
-                raise _fail(where, f"repeats the entry id {entry_id!r}")
-            track_id = str(_field(entry, "track", where))
-            if track_id not in by_id:
-                raise _fail(f"{where}.track", f"names {track_id!r}, which is not in tracks "
-                                              f"(known: {sorted(by_id)})")
-            seen[entry_id] = track_id
-            self._check_entry(entry, by_id[track_id], where)
-            self.entry_index[entry_id] = i
-            self.entries[track_id].append(entry)
+        for i, entry in enumerate(data["entries"]):
+            for k, ci in entry["pass_k"].items():
+                if not ci["lo"] <= ci["hi"]:
+                    raise _fail(f"entries[{i}].pass_k.{k}",
+                                f"interval [{ci['lo']}, {ci['hi']}] has lo > hi")
+            self.entry_index[entry["id"]] = i
+            self.entries[entry["track"]].append(entry)
         for track_id, rows in self.entries.items():
             first = by_id[track_id]["metrics"][0]
             rows.sort(key=lambda e, m=first: (-e["metrics"][m]["mean"] if m in e["metrics"]
-                                              else math.inf, str(e["name"]), str(e["id"])))
-        self.entry_by_id = {str(e["id"]): e for rows in self.entries.values() for e in rows}
+                                              else math.inf, e["name"], e["id"]))
+        self.entry_by_id = {e["id"]: e for e in data["entries"]}
 
         self.comparisons: dict[str, list[Mapping[str, Any]]] = {t: [] for t in by_id}
-        for i, comp in enumerate(comparisons):
-            where = f"comparisons[{i}]"
-            track_id = str(_field(comp, "track", where))
-            if track_id not in by_id:
-                raise _fail(f"{where}.track", f"names {track_id!r}, which is not in tracks")
+        for i, comp in enumerate(data["comparisons"]):
+            if comp["track"] not in by_id:
+                raise _fail(f"comparisons[{i}].track", f"{comp['track']!r} is not among the "
+                                                       f"tracks {sorted(by_id)}")
             for side in ("a", "b"):
-                entry_id = str(_field(comp, side, where))
-                if seen.get(entry_id) != track_id:
-                    raise _fail(f"{where}.{side}", f"names {entry_id!r}, which is not an entry "
-                                                   f"of track {track_id!r}")
-            _field(comp, "metric", where)
-            _ci({"mean": _field(comp, "diff", where), "lo": _field(comp, "lo", where),
-                 "hi": _field(comp, "hi", where)}, where)
-            _number(_field(comp, "n", where), f"{where}.n")
-            self.comparisons[track_id].append(comp)
-
-    @staticmethod
-    def _check_entry(entry: Mapping[str, Any], track: Mapping[str, Any], where: str) -> None:
-        for key in ("name", "model", "verified", "seeds", "episodes"):
-            _field(entry, key, where)
-        kind = _field(entry, "kind", where)
-        if kind not in ("standard", "custom"):
-            raise _fail(f"{where}.kind", f"is {kind!r}, not 'standard' or 'custom'")
-        metrics = _field(entry, "metrics", where)
-        if not isinstance(metrics, Mapping):
-            raise _fail(f"{where}.metrics", "is not an object")
-        for name, value in metrics.items():
-            _ci(value, f"{where}.metrics.{name}")
-        pass_k = _field(entry, "pass_k", where)
-        if not isinstance(pass_k, Mapping):
-            raise _fail(f"{where}.pass_k", "is not an object")
-        for k, value in pass_k.items():
-            if not str(k).isdigit():
-                raise _fail(f"{where}.pass_k", f"has the key {k!r}, not a k like '1'")
-            _ci(value, f"{where}.pass_k.{k}")
-        _number(_field(entry, "cost_per_episode", where), f"{where}.cost_per_episode",
-                optional=True)
-        for key in ("simulator_fault_rate", "judge_fault_rate"):
-            _number(_field(entry, key, where), f"{where}.{key}")
-        for j, traj in enumerate(_list(entry.get("trajectories", []), f"{where}.trajectories")):
-            tw = f"{where}.trajectories[{j}]"
-            for key in ("episode", "task", "seed", "reward", "success"):
-                _field(traj, key, tw)
-            _number(traj["reward"], f"{tw}.reward")
-            for t, turn in enumerate(_list(_field(traj, "turns", tw), f"{tw}.turns")):
-                turn_where = f"{tw}.turns[{t}]"
-                _field(turn, "player", turn_where)
-                _field(turn, "text", turn_where)
-                _number(turn.get("reward"), f"{turn_where}.reward", optional=True)
-                components = turn.get("components") or {}
-                if not isinstance(components, Mapping):
-                    raise _fail(f"{turn_where}.components", "is not an object")
-                for name, value in components.items():
-                    _number(value, f"{turn_where}.components.{name}")
+                if self.entry_by_id[comp[side]]["track"] != comp["track"]:
+                    raise _fail(f"comparisons[{i}].{side}", f"{comp[side]!r} is an entry of "
+                                f"another track than {comp['track']!r}")
+            if not comp["lo"] <= comp["hi"]:
+                raise _fail(f"comparisons[{i}]", f"interval [{comp['lo']}, {comp['hi']}] has "
+                                                 "lo > hi")
+            self.comparisons[comp["track"]].append(comp)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,7 +319,7 @@ def _table(board: _Board, index: int, track: Mapping[str, Any],
             if ci is None:
                 cells.append(f'<td class="num" data-value="">{_DASH}</td>')
                 continue
-            n = f"n={_count(ci['n'])}" if "n" in ci else f"{_count(entry['episodes'])} ep"
+            n = f"n={_count(ci['n'])}"
             cells.append(f'<td class="num" data-value="{ci["mean"]!r}">{_interval(ci)} '
                          f'<small class="n">{_e(n)}</small></td>')
         for k in ks:
@@ -450,6 +359,7 @@ def _table(board: _Board, index: int, track: Mapping[str, Any],
 
 _W, _H = 440, 300
 _LEFT, _RIGHT, _TOP, _BOTTOM = 56, 16, 16, 44
+_INSET = 8
 
 
 def _nice_axis(lo: float, hi: float, count: int = 5) -> tuple[float, float, list[float]]:
@@ -475,11 +385,13 @@ def _axes(x_range: tuple[float, float, list[float]], y_range: tuple[float, float
     x0, x1, xticks = x_range
     y0, y1, yticks = y_range
 
+    # The data area sits _INSET px inside the frame, so marks at the ends of a range (a cost
+    # of 0, a success of 1) are not drawn on the frame itself.
     def sx(x: float) -> float:
-        return _LEFT + (x - x0) / (x1 - x0) * (_W - _LEFT - _RIGHT)
+        return _LEFT + _INSET + (x - x0) / (x1 - x0) * (_W - _LEFT - _RIGHT - 2 * _INSET)
 
     def sy(y: float) -> float:
-        return _H - _BOTTOM - (y - y0) / (y1 - y0) * (_H - _TOP - _BOTTOM)
+        return _H - _BOTTOM - _INSET - (y - y0) / (y1 - y0) * (_H - _TOP - _BOTTOM - 2 * _INSET)
 
     out = [f'<rect class="frame" x="{_LEFT}" y="{_TOP}" width="{_W - _LEFT - _RIGHT}" '
            f'height="{_H - _TOP - _BOTTOM}"/>']
@@ -575,15 +487,15 @@ def _pass_k_plot(track: Mapping[str, Any], entries: Sequence[Mapping[str, Any]],
     for i, e in enumerate(entries):
         offset = 0.0 if len(entries) == 1 else -width / 2 + width * i / (len(entries) - 1)
         colour = colours[str(e["id"])]
-        points = [(k + offset, e["pass_k"][str(k)]) for k in ks if str(k) in e["pass_k"]]
+        points = [(k, k + offset, e["pass_k"][str(k)]) for k in ks if str(k) in e["pass_k"]]
         if not points:
             continue
-        path = " ".join(f"{sx(x):.1f},{sy(ci['mean']):.1f}" for x, ci in points)
+        path = " ".join(f"{sx(x):.1f},{sy(ci['mean']):.1f}" for _, x, ci in points)
         dash = ' stroke-dasharray="4 3"' if e["kind"] == "custom" else ""
         group = [f'<g class="mark {_kind_class(e)}" data-entry="{_e(e["id"])}">'
                  f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.5"'
                  f"{dash}/>"]
-        for (x, ci), k in zip(points, ks):
+        for k, x, ci in points:
             group.append(f'<line class="bar" x1="{sx(x):.1f}" x2="{sx(x):.1f}" '
                          f'y1="{sy(ci["lo"]):.1f}" y2="{sy(ci["hi"]):.1f}" stroke="{colour}"/>')
             group.append(_marker(e, sx(x), sy(ci["mean"]), colour,
@@ -677,10 +589,7 @@ def _trajectory(traj: Mapping[str, Any]) -> str:
 
 
 def _embedded_json(data: Mapping[str, Any]) -> str:
-    try:
-        text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise _fail("the whole", f"is not plain JSON ({exc})") from exc
+    text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     # Inside <script> only "</script" (and "<!--") could end the block: write < > & as \u
     # escapes, which JSON.parse reads back as the same characters. U+2028/9 are valid JSON.
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
@@ -701,14 +610,14 @@ h2 small, .meta, .muted, .note, caption, small { color: var(--muted); font-weigh
 caption { text-align: left; padding: 0.3rem 0; font-size: 0.9rem; }
 .badge { font-size: 0.75rem; background: #eee3c4; border-radius: 3px; padding: 0.05rem 0.35rem;
          vertical-align: middle; }
-nav ol { display: flex; flex-wrap: wrap; gap: 0.3rem 1.2rem; padding-left: 1.2rem; }
+nav ol { display: flex; flex-wrap: wrap; gap: 0.3rem 1.5rem; padding: 0; list-style: none; }
 .filters { display: inline-flex; gap: 1rem; border: 1px solid var(--line); border-radius: 4px; }
 .help { max-width: 60rem; margin: 0.5rem 0; }
 .facts { display: flex; flex-wrap: wrap; gap: 0.2rem 1.5rem; margin: 0.5rem 0; }
 .facts div { display: flex; gap: 0.4rem; } .facts dt { color: var(--muted); } .facts dd { margin: 0; }
 .scroll { overflow-x: auto; }
-table { border-collapse: collapse; font-size: 0.9rem; }
-th, td { border-bottom: 1px solid var(--line); padding: 0.3rem 0.6rem; vertical-align: top;
+table { border-collapse: collapse; font-size: 0.85rem; }
+th, td { border-bottom: 1px solid var(--line); padding: 0.3rem 0.45rem; vertical-align: top;
          text-align: left; }
 th { background: var(--bg-alt); font-weight: 600; }
 th button { font: inherit; background: none; border: 0; padding: 0; cursor: pointer;
@@ -716,6 +625,7 @@ th button { font: inherit; background: none; border: 0; padding: 0; cursor: poin
 th[aria-sort=ascending] button::after { content: " \\25B2"; }
 th[aria-sort=descending] button::after { content: " \\25BC"; }
 td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
+td.num small.n { display: block; font-size: 0.75rem; }
 tbody tr:nth-child(even) { background: var(--bg-alt); }
 .name { font-weight: 600; }
 .ok { color: var(--ok); } .warn { color: var(--warn); }
