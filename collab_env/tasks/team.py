@@ -782,8 +782,16 @@ TEAM_FACTS_LEVELS: dict[str, dict[str, Any]] = {
 #: Measured reference teams (benchmarks/results/team_references.json: 200 episodes, seeds 0-199):
 #: policy -> (mean return, success rate).
 _BASELINES: dict[str, dict[str, tuple[str, str]]] = {
-    "team-facts-easy-v0": {},
-    "team-facts-hard-v0": {},
+    "team-facts-easy-v0": {
+        "team-coordinated": ("1.000", "1.000"),
+        "team-naive": ("-0.300", "0.000"),
+        "team-random": ("-0.083", "0.000"),
+    },
+    "team-facts-hard-v0": {
+        "team-coordinated": ("1.000", "1.000"),
+        "team-naive": ("-0.600", "0.000"),
+        "team-random": ("-0.071", "0.000"),
+    },
 }
 
 
@@ -808,9 +816,8 @@ def team_facts_card(env_id: str):
             for a in agents}
     sees[USER] = ("its hidden goal (every fact), the opening request, each agent's question (the "
                   "message without its TEAM: lines) and its own replies; never team messages")
-    baselines = {
-        p: f"mean return {r}, success {s} (200 ep, seeds 0-199)" for p, (r, s) in _BASELINES[env_id].items()
-    } or {"team-coordinated": "not measured yet"}
+    baselines = {f"{p} x{n}": f"mean return {r}, success {s} (200 ep, seeds 0-199)"
+                 for p, (r, s) in _BASELINES[env_id].items()}
     return EnvCard(
         tests=level["tests"],
         players=players,

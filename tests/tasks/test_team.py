@@ -250,3 +250,20 @@ def test_items_are_pure_functions_of_config_and_index():
     assert a == b and a["answer"] == sum(a["facts"][2 * k]["value"] * a["facts"][2 * k + 1]["value"]
                                          for k in range(3))
     assert generate_item(TeamFactsConfig(split="test"), 7) != generate_item(TeamFactsConfig(), 7)
+
+
+def test_card_baselines_are_the_measured_numbers():
+    """The cards quote benchmarks/results/team_references.json (bench_team_references.py)."""
+    import json
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+                      / "team_references.json").read_text())
+    for env_id, runs in doc["results"].items():
+        card = spec(env_id).card
+        n = len(spec(env_id).trainable)
+        for team, r in runs.items():
+            assert card.baselines[f"{team} x{n}"] == (
+                f"mean return {r['mean_return']:.3f}, success {r['success']:.3f} (200 ep, seeds 0-199)")
+    ref = doc["results"]["team-facts-hard-v0"]
+    assert ref["team-coordinated"]["success"] == 1.0 and ref["team-naive"]["success"] == 0.0
