@@ -65,6 +65,9 @@ def test_info_text_and_json():
     assert "trainable         assistant" in out
     assert "collab_env.tasks.hidden_facts:HiddenFactsUser" in out
     assert "num_objects=1" in out
+    card = out[out.index("\ncard\n"):]  # the env card follows the spec
+    assert "    mr: [0, 6]" in card and "    ask-then-answer: mean return 1.000" in card
+    assert "  licence       Apache-2.0" in card
 
     rc, out = run(["info", "hidden-facts", "--json"])
     assert rc == 0 and json.loads(out) == spec("hidden-facts").to_dict()
