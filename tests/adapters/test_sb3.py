@@ -276,17 +276,10 @@ def test_missing_dependency_names_the_extra(monkeypatch):
 def test_short_ppo_run_beats_random_acts():
     from stable_baselines3 import PPO
 
+    from collab_env.adapters.sb3 import success_rate
+
     def success(choose, n=40):
-        env = MacroActionWrapper(ENV, split="test")
-        solved = 0
-        for k in range(n):
-            obs, _ = env.reset(seed=k)
-            done = False
-            while not done:
-                obs, _, term, trunc, info = env.step(choose(obs))
-                done = term or trunc
-            solved += info.get("reward_components", {}).get("accuracy", 0.0) == 1.0
-        return solved / n
+        return success_rate(MacroActionWrapper(ENV, split="test"), choose, n)
 
     venv = CollabVecEnv.from_id(ENV, 8)
     venv.seed(0)
@@ -314,3 +307,71 @@ def test_readme_snippet_names_real_things():
     assert names and all(hasattr(sb3, n) for n in names)
     venv = CollabVecEnv.from_id("hidden-facts-easy", n=8, wrapper=MacroActionWrapper)
     assert venv.num_envs == 8 and venv.action_space.n == 5
+
+
+def test_success_rate_counts_exactly_the_solved_episodes():
+    from collab_env.adapters.sb3 import ChatFeatures, success_rate
+
+    # Answering at once solves no hidden-facts episode (the quantities are hidden); asking for
+    # everything until nothing is missing (HiddenFactsFeatures' "nothing missing" flag) and then
+    # answering solves every one, with the scripted user. So the two rates are exactly 0 and 1.
+    acts = [a.name for a in MacroActionWrapper(ENV).acts]
+    ask_all, answer = acts.index("ask_all"), acts.index("answer")
+    nothing_missing = ChatFeatures.size + 3
+
+    def informed(obs):
+        return answer if obs[nothing_missing] == 1.0 else ask_all
+
+    assert success_rate(MacroActionWrapper(ENV, split="test"), lambda obs: answer, 5) == 0.0
+    assert success_rate(MacroActionWrapper(ENV, split="test"), informed, 5) == 1.0
+    with pytest.raises(ConfigError, match="no_such_component"):
+        success_rate(MacroActionWrapper(ENV, split="test"), lambda obs: answer, 1, component="no_such_component")
+    with pytest.raises(ConfigError, match="at least 1"):
+        success_rate(MacroActionWrapper(ENV, split="test"), lambda obs: answer, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# team-facts (issue 13): a multi-agent id through the single-agent view of one agent; the other
+# agents are the spec's scripted teammates (CoordinatedTeam), the user is the scripted user
+# ---------------------------------------------------------------------------------------------
+def _team_follow(obs):
+    from collab_env.tasks.team import CoordinatedTeam
+
+    return CoordinatedTeam().respond(obs, np.random.default_rng(0))
+
+
+def _team_naive(obs):
+    from collab_env.tasks.team import NaiveTeam
+
+    return NaiveTeam().respond(obs, np.random.default_rng(0))
+
+
+TEAM_ACTS = [
+    DialogueAct("follow", "Ask your share of the facts and pass answers on.", _team_follow),
+    DialogueAct("naive", "Ask the first fact you do not know yourself.", _team_naive),
+    DialogueAct("wait", "Say nothing to the user.", lambda obs: "TEAM: waiting"),
+]
+
+
+@pytest.mark.parametrize("env_id, player", [("team-facts-easy", "agent_1"), ("team-facts-hard", "agent_2")])
+def test_team_facts_wrappers_pass_check_env(env_id, player):
+    check_env(MacroActionWrapper(env_id, acts=TEAM_ACTS, player=player), warn=True, skip_render_check=True)
+    check_env(RerankWrapper(env_id, RandomActPolicy(), n=3, player=player), warn=True,
+              skip_render_check=True)
+
+
+def test_team_facts_acts_decide_the_team_outcome():
+    def play(act):
+        env = MacroActionWrapper("team-facts-easy", acts=TEAM_ACTS, player="agent_1")
+        env.reset(seed=3)
+        total, done = 0.0, False
+        while not done:
+            _, r, term, trunc, info = env.step(act)
+            total, done = total + r, term or trunc
+        return total
+
+    assert play(0) == pytest.approx(1.0)  # the coordinated teammate: the captain answers exactly
+    # never passing anything on: the captain (coordinated) never learns agent_1's facts, so the
+    # team runs out of steps; agent_1 asks what the captain asks -> duplicates cost
+    assert play(1) < 0.0
+    assert play(2) == 0.0  # silent: no cost, and the captain cannot finish alone in 6 steps
