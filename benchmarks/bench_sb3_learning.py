@@ -33,17 +33,9 @@ ENV = "hidden-facts-easy"
 def success_rate(choose, episodes: int) -> float:
     """Fraction of the held-out episodes (test split, reset seeds 0..episodes-1) solved."""
     from collab_env.adapters.sb3 import MacroActionWrapper
+    from collab_env.adapters.sb3 import success_rate as rate
 
-    env = MacroActionWrapper(ENV, split="test")
-    solved = 0
-    for k in range(episodes):
-        obs, _ = env.reset(seed=k)
-        done = False
-        while not done:
-            obs, _, term, trunc, info = env.step(choose(obs))
-            done = term or trunc
-        solved += info.get("reward_components", {}).get("accuracy", 0.0) == 1.0
-    return solved / episodes
+    return rate(MacroActionWrapper(ENV, split="test"), choose, episodes)
 
 
 def train(algo: str, seed: int, args) -> dict:

@@ -24,7 +24,8 @@ Modules: :mod:`~collab_env.adapters.sb3.acts` (dialogue acts and the default act
 :mod:`~collab_env.adapters.sb3.features` (observation and candidate features),
 :mod:`~collab_env.adapters.sb3.wrappers` (the two Gymnasium wrappers and their base),
 :mod:`~collab_env.adapters.sb3.vec_env` (:class:`CollabVecEnv`),
-:mod:`~collab_env.adapters.sb3.chat` (what they read from a chat). Importing the package without
+:mod:`~collab_env.adapters.sb3.chat` (what they read from a chat),
+:mod:`~collab_env.adapters.sb3.evaluation` (:func:`success_rate` on held-out episodes). Importing the package without
 stable-baselines3 raises :class:`~collab_env.errors.MissingDependencyError` naming
 ``collab_env[sb3]``.
 
@@ -45,6 +46,7 @@ from collab_env.errors import require
 require("stable_baselines3", "sb3", "collab_env.adapters.sb3")
 
 from collab_env.adapters.sb3.acts import DialogueAct, generic_acts, hidden_facts_acts
+from collab_env.adapters.sb3.evaluation import success_rate
 from collab_env.adapters.sb3.features import (
     CANDIDATE_FEATURES as CANDIDATE_FEATURES,  # public as before, not in __all__
 )
@@ -72,4 +74,5 @@ __all__ = [
     "MacroActionWrapper",
     "RerankWrapper",
     "CollabVecEnv",
+    "success_rate",
 ]
