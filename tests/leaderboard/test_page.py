@@ -680,3 +680,36 @@ def test_page_without_javascript(browser, tmp_path):
     b.click("#traj-0 > summary")
     b.click("#traj-0 details.trajectory > summary")
     assert all(_shown(b, "#traj-0 .turn"))
+
+
+def test_page_of_a_real_board(tmp_path):
+    """Two scripted references played on hidden-facts-easy (the first 8 episodes each: custom
+    entries), read back by board_data and verified: the board validates and every entry, its
+    numbers and its trajectories reach the page."""
+    from collab_env.leaderboard import board_data, run_submission, validate_board_data
+
+    for policy in ("ask-then-answer", "answer-at-once"):
+        run_submission("hidden-facts-easy@v1", {"assistant": policy}, out=tmp_path / policy,
+                       name=policy, episodes=8, progress=False)
+    data = board_data(tmp_path)
+    validate_board_data(data)
+    page = _Page(render_page(data))
+
+    entries = {e["name"]: e for e in data["entries"]}
+    assert set(entries) == {"ask-then-answer", "answer-at-once"}
+    assert all(e["verified"] and e["kind"] == "custom" for e in entries.values())
+    # hidden-facts-easy: asking always succeeds, answering at once never does (every item
+    # withholds a fact), so the table's order and its success cells are known.
+    rows = _rows(page, "hidden-facts-easy@v1")
+    assert rows == [entries["ask-then-answer"]["id"], entries["answer-at-once"]["id"]]
+    ask = page.text_within(lambda t, a: t == "tr"
+                           and a.get("data-entry") == entries["ask-then-answer"]["id"])
+    assert "1.000 [1.000, 1.000] n=" in ask
+    viewers = page.find("details", class_="entry-trajectories")
+    assert len(viewers) == 2
+    # The conversation and, apart from it, the hidden goal (the user's facts).
+    goals = page.text_within(lambda t, a: t == "aside" and a.get("class") == "goal")
+    turns = page.text_within(lambda t, a: t == "ol" and a.get("class") == "turns")
+    assert "\\boxed{" in turns and goals.count("Hidden goal") == sum(
+        len(e["trajectories"]) for e in entries.values())
+    assert entries["ask-then-answer"]["trajectories"][0]["turns"][1]["text"] in turns
