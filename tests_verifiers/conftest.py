@@ -33,8 +33,12 @@ def reply(messages: list[dict[str, Any]]) -> str:
     """The model's reply to a chat: the length-ratio partner's answers (the detailed one at a
     ratio that depends on the task, so rewards vary), or for hidden-facts the reference
     assistant ``AskThenAnswer``, except ``AnswerAtOnce`` when the opening has odd length (so
-    some episodes fail)."""
+    some episodes fail); for team-facts agents, the coordinated reference team."""
     chat = plain(messages)
+    if chat and chat[0]["role"] == "system" and "TEAM:" in chat[0]["content"]:  # team-facts agents
+        from collab_env.tasks.team import CoordinatedTeam
+
+        return CoordinatedTeam().respond(Conversation.from_chat(chat), None)
     opening = next(m["content"] for m in chat if m["role"] == "user")
     task = opening.rsplit("\n\n", 1)[-1].strip()
     if "brief response" in opening:

@@ -168,3 +168,18 @@ def test_written_package_installs_and_loads_by_id(tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["LengthRatioV0Env", "LengthRatioV0Taskset", "['agent_0',", "'agent_1']"]
+
+
+def test_team_facts_agents_and_user_end_to_end(tmp_path, model_server):
+    """Two trained roles on turn together plus collab_env's scripted user inside the driver:
+    the served model plays the coordinated team (from the plain chat), every episode's rewards,
+    moves and prompts equal collab_env's own rollout, and the team answers exactly."""
+    model_server.reset()
+    assert env_class("team-facts-easy").ROLES == ("agent_0", "agent_1")
+    episodes = vf_eval("team-facts-easy", tmp_path, model_server, num_tasks=4, seed=3)
+    assert sorted(e["task"]["data"]["seed"] for e in episodes) == [3, 4, 5, 6]
+    rewards = check_against_driver("team-facts-easy", episodes, model_server)
+    assert rewards == [1.0] * 8  # 4 episodes x 2 roles: no wasted question, exact answer
+    # the served agents never saw the user's hidden facts; their chats hold the private answers
+    assert not any("You know these facts" in json.dumps(body["messages"]) for body in model_server.requests)
+    assert any("The user (to you):" in json.dumps(body["messages"]) for body in model_server.requests)

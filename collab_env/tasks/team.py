@@ -631,13 +631,32 @@ def _parse_values(text: str, sc: _Scenario, objects: Sequence[tuple[str, str]]) 
     return out
 
 
+_WHO = re.compile(r"You are (agent_\d+), one of \d+ agents \(([^)]*)\)")
+
+
 def read_knowledge(observation: Conversation, *, use_team: bool = True) -> _Knowledge:
     """What an agent knows from its own observation only (never hidden data): the scenario, the
     objects, the values stated in the opening, told to it by the user and (``use_team``) passed
-    on by teammates; what it asked and wrote."""
-    meta = _meta_of(observation, "team", "the team-facts reference teams")
-    me, team = meta["me"], list(meta["team"])
-    opening = next((m.content for m in observation if m.author == USER), "")
+    on by teammates; what it asked and wrote.
+
+    Works on an agent's view and on the plain ``[{"role", "content"}]`` chat of it
+    (``Conversation.from_chat``: what an API-served model receives): its name and team come
+    from the system message's meta, or else from the system prompt's text; its own messages are
+    the ``"assistant"`` ones.
+    """
+    meta = next((m.meta for m in observation if m.role == "system" and "team" in m.meta), None)
+    if meta is not None:
+        me, team = meta["me"], list(meta["team"])
+    else:
+        who = _WHO.search(observation.system_prompt or "")
+        if who is None:
+            raise ConfigError(
+                "the team-facts reference teams need an agent's observation of a team-facts env "
+                "(its system prompt naming the agent and its team was not found)."
+            )
+        me, team = who.group(1), [t.strip() for t in who.group(2).split(",")]
+    chat = [m for m in observation if m.role != "system"]
+    opening = next((m.content for m in chat if m.role == "user"), "")
     sc = next((s for s in _SCENARIOS if s.question in opening), None)
     if sc is None:
         return _Knowledge(me, team, None, [], {}, {}, "", set())
@@ -645,17 +664,16 @@ def read_knowledge(observation: Conversation, *, use_team: bool = True) -> _Know
     known = {k: v for k, (v, _) in _parse_values(opening, sc, objects).items()}
     told_me: dict[tuple[str, str], str] = {}
     said, asked = [], set()
-    for m in observation:
-        if m.role == "system":
-            continue
-        if m.author == me:
+    start = next((i for i, m in enumerate(chat) if m.role == "user"), len(chat)) + 1
+    for m in chat[start:]:
+        if m.role == "assistant":
             said.append(m.content)
             q, _ = split_message(m.content)
             asked.update(named_facts(q, sc.name, objects))
         elif m.content.startswith("The user (to you):"):
             for k, (v, s) in _parse_values(m.content, sc, objects).items():
                 known[k], told_me[k] = v, s
-        elif use_team and m.author != USER:
+        elif use_team:
             for k, (v, _) in _parse_values(m.content, sc, objects).items():
                 known[k] = v
     return _Knowledge(me, team, sc, objects, known, told_me, "\n".join(said), asked)
@@ -689,7 +707,7 @@ class CoordinatedTeam(ScriptedPolicy):
             return "TEAM: I can't tell what the user needs."
         if kn.me == CAPTAIN and all(f in kn.known for f in kn.facts):
             return f"Thanks, team. The total is \\boxed{{{_total(kn)}}}."
-        opening = next((m.content for m in observation if m.author == USER), "")
+        opening = next((m.content for m in observation if m.role == "user"), "")
         stated = _parse_values(opening, kn.scenario, kn.objects)
         hidden = [f for f in kn.facts if f not in stated]
         mine = [f for k, f in enumerate(hidden) if kn.team[k % len(kn.team)] == kn.me]
