@@ -1,21 +1,33 @@
-"""Cost of one multiturn-aware reward: 3 futures rolled concurrently vs the same futures in turn.
+"""Cost of one multiturn-aware reward (MR): 3 futures vs 1 future, and concurrent vs in turn.
 
-One CollabLLM-style math item (written to a temporary file in the dataset's schema), the embedded
-SmolLM2-135M-Instruct as the assistant, the user simulator (greedy, plain-text replies) and the
-interactivity judge (prefilled replies), the verl recipe's window (2 user turns, 3 assistant
-turns); math accuracy by rule.
+One CollabLLM-style math item (written to a temporary file in the dataset's schema), one model
+(the embedded SmolLM2-135M-Instruct by default) as the assistant, the user simulator (greedy,
+plain-text replies) and the interactivity judge (prefilled replies), the verl recipe's window
+(2 user turns, 3 assistant turns); math accuracy by rule.
 
-* **concurrent**: ``MultiturnAwareReward.score_reply``: the futures advance together, so the
-  model serves each stage of all futures in one batched ``generate`` call, then all judge calls
-  of all futures at once.
-* **sequential**: the same futures (same seeds: sampling is seeded per row, so batching does not
-  change a single token) rolled and scored one after the other.
+**3 futures vs 1** (the headline): the MR of the same reply is scored with ``num_rollouts=1`` and
+with ``num_rollouts=3`` (``MultiturnAwareReward.score_reply``: the futures advance together, so
+each stage of every future goes to the model at once, then every judge call at once). The two
+are timed ``--repeats`` times in alternating order, each time from a fresh reset with its own
+seed (so the futures differ between repeats and one cannot replay another's cache), and the
+script prints the median ratio ``time(3) / time(1)``. On a batch-efficient backend (vLLM with
+prefix caching, a GPU) a batch of 3 costs little more than 1: the target is at most 1.3x.
 
-Both runs use the same policy objects in the same process, one after the other; the script
-checks that they produced identical futures and rewards, and prints the model calls
-(``generate`` calls), tokens and wall time of each and their ratio.
+**Concurrent vs sequential** (``--sequential``): the same 3 futures (same seeds: sampling is
+seeded per row, so batching does not change a token) rolled and scored one after the other;
+the script checks that they are identical and prints both wall times.
 
-Usage: python benchmarks/bench_mr.py [--rollouts 3] [--max-new-tokens 48]
+Backends: ``--backend hf`` (transformers, :class:`~collab_env.agents.hf.HFPolicy`, one
+micro-batching queue) or ``--backend vllm`` (:class:`~collab_env.agents.vllm.AsyncVLLMPolicy`,
+continuous batching, prefix caching on; needs vLLM: on a CPU machine run it in ``.venv-vllm``,
+see ``make test-vllm``). The machine-load check of :mod:`benchmarks._machine` runs first (refuses
+a loaded machine unless ``--allow-loaded``); ``--out FILE.json`` records everything, the load
+included.
+
+Usage::
+
+    python benchmarks/bench_mr.py [--backend hf|vllm] [--rollouts 3] [--repeats 3] [--max-new-tokens 48]
+    .venv-vllm/bin/python benchmarks/bench_mr.py --backend vllm --out benchmarks/results/mr_vllm_embedded.json
 """
 
 from __future__ import annotations
@@ -23,12 +35,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import platform
+import shlex
+import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import collab_env
-from collab_env.rewards.mr import default_reward
+for _k, _v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+               "LITELLM_LOCAL_MODEL_COST_MAP": "True", "VLLM_NO_USAGE_STATS": "1",
+               "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}.items():
+    os.environ.setdefault(_k, _v)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _machine import LoadMeter, add_load_arguments, check  # noqa: E402
+
+import collab_env  # noqa: E402
+from collab_env.rewards.mr import default_reward  # noqa: E402
 
 ROW = {
     "prompt": [{"role": "user", "content": "Can you help me with a sum of some numbers?"}],
@@ -44,82 +70,198 @@ ROW = {
                   {"role": "assistant", "content": "1 + 3 + 5 + 7 + 9 = \\boxed{25}."}]],
     "rewards": {},
 }
+REPLY = "Happy to help. Which numbers would you like to add?"
+
+#: vLLM engine settings for a CPU (as in tests_vllm): fp32, no torch.compile, a fixed KV cache.
+VLLM_CPU_ENGINE = {"dtype": "float32", "max_model_len": 2048, "kv_cache_memory_bytes": 512 << 20,
+                   "enforce_eager": True}
 
 
 def _stats(policy) -> dict[str, float]:
+    """Model calls, requests and tokens so far (both backends' counters, one vocabulary)."""
     s = policy.stats
-    return {"generate_calls": s.generate_calls, "requests": s.batched_requests,
-            "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens}
+    if hasattr(s, "generate_calls"):  # HFPolicy
+        return {"model_calls": s.generate_calls, "requests": s.batched_requests,
+                "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens}
+    return {"model_calls": s.engine_calls, "requests": s.requests, "prompt_tokens": s.prompt_tokens,
+            "completion_tokens": s.completion_tokens, "cached_tokens": s.cached_tokens}
 
 
 def _diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
     return {k: after[k] - before[k] for k in after}
 
 
-async def run(args) -> None:
-    from collab_env.agents.embedded import EmbeddedPolicy
+def make_policy(args):
+    """The one model behind the assistant, the user simulator and the judge."""
+    if args.backend == "vllm":
+        from collab_env.agents.vllm import AsyncVLLMPolicy
+
+        model = args.model
+        if model == "embedded":
+            from collab_env.agents.embedded import embedded_model_dir
+
+            model = str(embedded_model_dir())
+        engine = dict(VLLM_CPU_ENGINE) if args.device == "cpu" else {"gpu_memory_utilization": 0.3}
+        return AsyncVLLMPolicy(model, enable_prefix_caching=not args.no_prefix_caching, engine_kwargs=engine)
+    if args.model == "embedded":
+        from collab_env.agents.embedded import EmbeddedPolicy
+
+        return EmbeddedPolicy(max_batch_size=32, device=args.device)
+    from collab_env.agents.hf import HFPolicy
+
+    return HFPolicy(args.model, max_batch_size=32, device=args.device)
+
+
+def make_env(args, model, rollouts: int, data: Path):
     from collab_env.agents.users import LLMUserSimulator
 
-    tmp = Path(tempfile.mkdtemp())
-    (tmp / "rows.jsonl").write_text(json.dumps(ROW) + "\n")
-    model = EmbeddedPolicy(max_batch_size=32)
     user = LLMUserSimulator(model, reply_format="plain",
                             sampling={"temperature": 0.0, "max_new_tokens": args.max_new_tokens})
     sampling = {"assistant": {"temperature": 1.0, "max_new_tokens": args.max_new_tokens}}
-    base = collab_env.make("collabllm-math-hard", data_files=str(tmp / "rows.jsonl"))
+    base = collab_env.make("collabllm-math-hard", data_files=str(data))
     # As in tests/rewards/test_mr_embedded.py: math accuracy by rule (the 135M model copies the accuracy
     # judge's template), interactivity by the judge (paper rubric, prefilled reply).
-    env = default_reward(base, judge=model, user=user, policy=model, num_rollouts=args.rollouts,
-                         weights={"accuracy_rule": 1.0, "interactivity": 1.0, "token_amount": -1e-4},
-                         rubric="paper", sampling=sampling, judge_kwargs={"max_new_tokens": 40, "max_retries": 1})
-    await env.areset(seed=11, options={"index": 0})
-    reply = "Happy to help. Which numbers would you like to add?"
-    # Take the reply with the base env, then score its futures both ways from the same state.
+    return default_reward(base, judge=model, user=user, policy=model, num_rollouts=rollouts,
+                          weights={"accuracy_rule": 1.0, "interactivity": 1.0, "token_amount": -1e-4},
+                          rubric="paper", sampling=sampling, judge_kwargs={"max_new_tokens": 40, "max_retries": 1},
+                          on_fault=args.on_fault)
+
+
+async def take_reply(env, seed: int) -> tuple[int, int]:
+    """Reset on the item with ``seed`` and take the fixed reply with the base env; returns the
+    ``(start, step)`` that ``score_reply`` scores."""
+    await env.areset(seed=seed, options={"index": 0})
     state = env.unwrapped.episode
     start, step = len(state.messages), state.step
-    await env.env.astep({"assistant": reply})
+    await env.env.astep({"assistant": REPLY})
+    return start, step
 
-    await model.act([base.observe("assistant")], max_new_tokens=2)  # warm-up, not timed
-    s0, t0 = _stats(model), time.perf_counter()
-    conc, extra = await env.score_reply(start=start, step=step)
-    t_conc, c_conc = time.perf_counter() - t0, _diff(_stats(model), s0)
 
+async def timed_score(env, model, seed: int) -> dict:
+    start, step = await take_reply(env, seed)
     s0, t0 = _stats(model), time.perf_counter()
-    seq_convs, seq_rewards = [], []
-    for r in range(args.rollouts):
+    result, extra = await env.score_reply(start=start, step=step)
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "calls": _diff(_stats(model), s0), "reward": result.reward,
+            "faults": len(result.faults), "futures": extra["futures"], "result": result}
+
+
+async def sequential_check(env, model, seed: int, rollouts: int) -> dict:
+    """The same futures concurrent, then one after the other: identical? and both wall times."""
+    conc = await timed_score(env, model, seed)
+    start, step = await take_reply(env, seed)
+    state = env.unwrapped.episode
+    s0, t0 = _stats(model), time.perf_counter()
+    convs, values = [], []
+    for r in range(rollouts):
         out = await env.roll_future(env.env.clone(), r, step)
-        conv, fault = out["conversation"], out["fault"]
-        assert fault is None, fault
-        one = await env.metric_set.score([conv], state.item, start=start, player="assistant")
-        seq_convs.append(conv)
-        seq_rewards.append(one.values)
+        if out["fault"] is not None:
+            raise RuntimeError(f"future {r} faulted: {out['fault']}")
+        one = await env.metric_set.score([out["conversation"]], state.item, start=start, player="assistant")
+        convs.append(out["conversation"])
+        values.append(one.values)
     t_seq, c_seq = time.perf_counter() - t0, _diff(_stats(model), s0)
-
-    futures = extra["futures"]
-    same = all(f == [m.to_dict() for m in c.messages[start:]] for f, c in zip(futures, seq_convs, strict=True))
-    same_values = all(
-        conc.values[m][i] == seq_rewards[i][m][0] for m in conc.values for i in range(args.rollouts)
-    ) if len(conc.scored) == args.rollouts else False
-    print(f"MR of one reply: {args.rollouts} rollouts, window 2 user / 3 assistant turns, "
-          f"weights {env.weights}, aggregation {env.aggregation}")
-    print(f"reward {conc.reward:+.4f}; per metric mean: "
-          + ", ".join(f"{m}={v['mean']:.3f}" for m, v in conc.summary(env.weights).items())
-          + f"; faults {len(conc.faults)}")
-    print(f"identical futures: {same}; identical metric values: {same_values}")
-    for name, t, c in (("concurrent", t_conc, c_conc), ("sequential", t_seq, c_seq)):
-        print(f"{name:>10}: {t:7.2f} s  model calls (generate) {c['generate_calls']:4.0f}  requests "
-              f"{c['requests']:4.0f}  prompt tokens {c['prompt_tokens']:6.0f}  completion tokens "
-              f"{c['completion_tokens']:5.0f}")
-    print(f"sequential / concurrent wall time: {t_seq / t_conc:.2f}x; "
-          f"generate calls {c_seq['generate_calls'] / max(c_conc['generate_calls'], 1):.2f}x")
+    res = conc["result"]
+    same = all(f == [m.to_dict() for m in c.messages[start:]] for f, c in zip(conc["futures"], convs, strict=True))
+    same_values = (all(res.values[m][i] == values[i][m][0] for m in res.values for i in range(rollouts))
+                   if len(res.scored) == rollouts else False)
+    return {"concurrent_s": conc["seconds"], "sequential_s": t_seq, "concurrent_calls": conc["calls"],
+            "sequential_calls": c_seq, "identical_futures": same, "identical_values": same_values,
+            "ratio_sequential_over_concurrent": t_seq / conc["seconds"]}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rollouts", type=int, default=3)
+async def run(args) -> dict:
+    tmp = Path(tempfile.mkdtemp())
+    data = tmp / "rows.jsonl"
+    data.write_text(json.dumps(ROW) + "\n")
+    model = make_policy(args)
+    envs = {1: make_env(args, model, 1, data), args.rollouts: make_env(args, model, args.rollouts, data)}
+    # warm-up, not timed: compiles/caches the shared prompt prefix of the item on both
+    warm = await timed_score(envs[1], model, seed=1)
+    print(f"warm-up (1 future, not timed): {warm['seconds']:.2f} s")
+    rows = []
+    for k in range(args.repeats):
+        order = [1, args.rollouts] if k % 2 == 0 else [args.rollouts, 1]
+        row = {"order": order}
+        for r in order:
+            out = await timed_score(envs[r], model, seed=100 + 10 * k + r)  # fresh futures every time
+            row[str(r)] = {key: out[key] for key in ("seconds", "calls", "reward", "faults")}
+        row["ratio"] = row[str(args.rollouts)]["seconds"] / row["1"]["seconds"]
+        rows.append(row)
+        print(f"repeat {k + 1} ({' then '.join(map(str, order))}): 1 future {row['1']['seconds']:.2f} s, "
+              f"{args.rollouts} futures {row[str(args.rollouts)]['seconds']:.2f} s, ratio {row['ratio']:.2f}x")
+    for r in (1, args.rollouts):
+        secs = [row[str(r)]["seconds"] for row in rows]
+        calls = rows[-1][str(r)]["calls"]
+        print(f"{r} future(s): median {statistics.median(secs):.2f} s; last repeat: "
+              + ", ".join(f"{key} {v:.0f}" for key, v in calls.items()))
+    ratios = [row["ratio"] for row in rows]
+    print(f"{args.rollouts} futures / 1 future wall time: median {statistics.median(ratios):.2f}x over "
+          f"{args.repeats} repeats (min {min(ratios):.2f}x, max {max(ratios):.2f}x); target <= 1.3x")
+    out = {"repeats": rows, "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
+           "ratio_max": max(ratios), "policy": getattr(model, "name", type(model).__name__)}
+    if args.sequential:
+        seq = await sequential_check(envs[args.rollouts], model, seed=7, rollouts=args.rollouts)
+        out["sequential"] = seq
+        print(f"concurrent {seq['concurrent_s']:.2f} s vs sequential {seq['sequential_s']:.2f} s "
+              f"({seq['ratio_sequential_over_concurrent']:.2f}x); identical futures: {seq['identical_futures']}; "
+              f"identical metric values: {seq['identical_values']}")
+    close = getattr(model, "close", None) or getattr(model, "aclose", None)
+    if close is not None:
+        res = close()
+        if asyncio.iscoroutine(res):
+            await res
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--backend", choices=("hf", "vllm"), default="hf")
+    parser.add_argument("--model", default="embedded", help="'embedded' or a model folder")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--rollouts", type=int, default=3, help="futures of the many-futures run (default 3)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed pairs, in alternating order (default 3)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
-    asyncio.run(run(parser.parse_args()))
+    parser.add_argument("--no-prefix-caching", action="store_true", help="vLLM: turn prefix caching off")
+    parser.add_argument("--sequential", action="store_true",
+                        help="also roll the futures one after the other and check they are identical")
+    parser.add_argument("--on-fault", default="drop", choices=("drop", "raise", "zero"),
+                        help="the MR's fault rule (zero: a failed user turn becomes an empty message, counted; "
+                             "for random test models)")
+    parser.add_argument("--out", default=None, help="write the results here as JSON")
+    add_load_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.rollouts < 2 or args.repeats < 1:
+        raise SystemExit("--rollouts must be >= 2 and --repeats >= 1")
+    load = check(args)
+    meter = LoadMeter().start()
+    result = asyncio.run(run(args))
+    during = meter.stop()
+    print(f"machine during the run: {during.describe()}")
+    if args.out:
+        import torch
+
+        record = {"command": "python benchmarks/bench_mr.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
+                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "backend": args.backend, "model": args.model,
+                  "device": args.device, "rollouts": args.rollouts, "max_new_tokens": args.max_new_tokens,
+                  "prefix_caching": args.backend == "vllm" and not args.no_prefix_caching,
+                  "threads": torch.get_num_threads(), "platform": platform.platform(),
+                  "torch": torch.__version__, "load_before": load.to_dict(), "load_during": during.to_dict(),
+                  **result}
+        if args.backend == "vllm":
+            import vllm
+
+            record["vllm"] = vllm.__version__
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=2, default=float) + "\n")
+        print(f"wrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

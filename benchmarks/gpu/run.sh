@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# GPU readiness in one command (see benchmarks/gpu/run.py): bf16 + gradient checkpointing,
+# several agents' models on one device, HF and vLLM generation (vLLM with weight sync, when
+# installed), bench_grpo_vs_trl, the MR cost (3 futures vs 1), a short learning run; writes
+# run.json and run.md into --out (default benchmarks/gpu/results/).
+#
+#   benchmarks/gpu/run.sh                          # on a GPU machine (<= 8 minutes)
+#   benchmarks/gpu/run.sh --device cpu --tiny      # the CPU check that `make test` runs
+#
+# Python: $PYTHON, else the repository's .venv, else python3 (a GPU machine here has torch and
+# transformers preinstalled). The SmolLM2 tokenizer for the random stand-in model: pass
+# --tokenizer DIR (export it where the embedded model is installed with --export-tokenizer DIR).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x "$root/.venv/bin/python" ]; then PYTHON="$root/.venv/bin/python"; else PYTHON=python3; fi
+fi
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 LITELLM_LOCAL_MODEL_COST_MAP=True
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+exec "$PYTHON" "$root/benchmarks/gpu/run.py" "$@"

@@ -1,0 +1,111 @@
+"""``benchmarks/gpu/run.sh --device cpu --tiny``: every section of the GPU readiness run works on
+a CPU with the tiny model (the GPU run itself needs a GPU machine), and the benchmarks' shared
+machine-load check (``benchmarks/_machine.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import _machine  # noqa: E402
+
+
+def test_gpu_script_runs_every_section_on_cpu_with_the_tiny_model(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    t0 = time.monotonic()
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks/gpu/run.sh"), "--device", "cpu", "--tiny",
+                           "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads((tmp_path / "run.json").read_text())
+    sec = record["sections"]
+    assert list(sec) == ["bf16_gradient_checkpointing", "multi_agent_one_device", "hf_generation",
+                         "vllm_generation", "grpo_vs_trl", "mr_cost", "learning"]
+    for name, s in sec.items():
+        if name == "vllm_generation":
+            try:
+                import vllm  # noqa: F401
+            except ImportError:
+                assert s["status"].startswith("skipped: vLLM is not installed"), s
+                continue
+        assert s["status"] == "ok", (name, s)
+    bf16 = sec["bf16_gradient_checkpointing"]
+    assert bf16["dtype"] == "bfloat16" and bf16["gradient_checkpointing"] is True
+    assert bf16["s_per_step"] > 0 and bf16["tokens_per_s"] > 0
+    assert sec["multi_agent_one_device"]["models"] == 2 and sec["multi_agent_one_device"]["device"] == "cpu"
+    gen = sec["hf_generation"]
+    assert 0 < gen["generated_tokens"] <= gen["rows"] * 8  # --tiny: at most 8 new tokens a row
+    vs = sec["grpo_vs_trl"]
+    assert vs["ours_tokens_per_s"] > 0
+    mr = sec["mr_cost"]
+    # the 3 futures advance together: their requests share model calls (more requests than calls)
+    assert mr["requests_3"] > mr["model_calls_3"] and mr["requests_3"] >= 3 * mr["model_calls_3"] // 2
+    assert sec["learning"]["logged_steps"] == sec["learning"]["items"] == 4
+    table = (tmp_path / "run.md").read_text()
+    for name in sec:
+        assert f"| {name} |" in table
+    assert "tiny random" in record["model"]
+    # budget of the CPU check: a minute on a quiet 2-core machine; generous here for a shared one
+    assert wall < 240, wall
+
+
+def _fake_load(busy: float) -> _machine.MachineLoad:
+    return _machine.MachineLoad(cores=2, load_average=(2.5, 1.0, 0.5), other_busy_cores=busy, interval_s=1.0,
+                                busiest=((123, "python", busy),))
+
+
+def _args(allow: bool) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    _machine.add_load_arguments(parser)
+    return parser.parse_args(["--allow-loaded"] if allow else [])
+
+
+def test_load_check_refuses_a_loaded_machine_unless_allowed(monkeypatch, capsys):
+    monkeypatch.setattr(_machine, "sample_load", lambda interval: _fake_load(1.5))
+    with pytest.raises(SystemExit) as exc:
+        _machine.check(_args(False))
+    assert exc.value.code == 3
+    err = capsys.readouterr().err
+    assert "THE MACHINE IS LOADED" in err and "far more than 2x" in err and "--allow-loaded" in err
+    result = _machine.check(_args(True))
+    assert result.loaded and result.allowed
+    record = result.to_dict()
+    assert record["before"]["other_busy_cores"] == 1.5 and "far more than 2x" in record["note"]
+
+
+def test_load_check_lets_a_quiet_machine_start(monkeypatch, capsys):
+    monkeypatch.setattr(_machine, "sample_load", lambda interval: _fake_load(0.1))
+    result = _machine.check(_args(False))  # threshold 0.5 cores
+    assert not result.loaded and result.to_dict()["note"] is None
+    assert "LOADED" not in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads Linux's /proc")
+def test_load_meter_sees_a_busy_process_that_is_not_its_own():
+    # A busy loop in a process that is not this one's descendant (double fork: the shell exits,
+    # the loop is reparented): the meter must attribute CPU to it, and none to this process.
+    pidfile = Path(os.environ.get("TMPDIR", "/tmp")) / f"busy-{os.getpid()}.pid"
+    subprocess.run(["sh", "-c", f"{sys.executable} -c 'import time\nt=time.time()\nwhile time.time()-t<4: pass' "
+                    f"& echo $! > {pidfile}"], check=True)
+    busy_pid = int(pidfile.read_text())
+    try:
+        meter = _machine.LoadMeter().start()
+        time.sleep(1.5)
+        load = meter.stop(top=50)
+    finally:
+        pidfile.unlink()
+    assert load.known and load.cores >= 1 and load.interval_s >= 1.5
+    shares = {pid: cores for pid, _, cores in load.busiest}
+    assert shares.get(busy_pid, 0.0) > 0.0, load  # it ran (however loaded the machine is)
+    assert os.getpid() not in shares
+    assert load.other_busy_cores >= shares[busy_pid] - 0.05  # the machine total includes it
