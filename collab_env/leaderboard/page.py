@@ -113,8 +113,9 @@ def _fail(where: str, problem: str) -> ConfigError:
 
 
 class _Board:
-    """The data, checked and indexed for rendering: tracks (current first), each track's
-    entries in table order (best first by the track's first metric), each track's comparisons.
+    """The data, checked and indexed for rendering: tracks (current first, those with entries
+    before those without), each track's entries in table order (best first by the track's
+    first metric), each track's comparisons.
 
     The shape, the types, finite numbers and the cross-references are checked by
     :func:`~collab_env.leaderboard.schema.validate_board_data`; here only what the page itself
@@ -133,9 +134,6 @@ class _Board:
             if track["k"] < 1:
                 raise _fail(f"tracks[{i}].k", f"is {track['k']}, not >= 1")
             by_id[track["id"]] = track
-        # Current tracks first, in the data's order; legacy ones after them (sorted is stable).
-        self.tracks = sorted(by_id.values(), key=lambda t: t["status"] == "legacy")
-
         self.entries: dict[str, list[Mapping[str, Any]]] = {t: [] for t in by_id}
         self.entry_index: dict[str, int] = {}  # entry id -> position in the data
         for i, entry in enumerate(data["entries"]):
@@ -150,6 +148,10 @@ class _Board:
             rows.sort(key=lambda e, m=first: (-e["metrics"][m]["mean"] if m in e["metrics"]
                                               else math.inf, e["name"], e["id"]))
         self.entry_by_id = {e["id"]: e for e in data["entries"]}
+        # Current tracks with entries first, then current ones without, then legacy ones; in
+        # the data's order within each group (sorted is stable).
+        self.tracks = sorted(by_id.values(), key=lambda t: (t["status"] == "legacy",
+                                                             not self.entries[t["id"]]))
 
         self.comparisons: dict[str, list[Mapping[str, Any]]] = {t: [] for t in by_id}
         for i, comp in enumerate(data["comparisons"]):
@@ -310,10 +312,11 @@ def _table(board: _Board, index: int, track: Mapping[str, Any],
         verified = ('<span class="ok" title="verified">verified</span>' if entry["verified"]
                     else '<span class="warn" title="not verified">unverified</span>')
         cells.append(
-            f'<td data-value="{_e(str(entry["name"]).lower())}"><span class="name">'
+            f'<td class="entry" data-value="{_e(str(entry["name"]).lower())}"><span class="name">'
             f'{_e(entry["name"])}</span><br><small>{_e(entry["id"])} &middot; '
             f'<span class="kind">{_e(entry["kind"])}</span> &middot; {verified}</small></td>')
-        cells.append(f'<td data-value="{_e(str(entry["model"]).lower())}">{_e(entry["model"])}</td>')
+        cells.append(f'<td class="model" data-value="{_e(str(entry["model"]).lower())}">'
+                     f'{_e(entry["model"])}</td>')
         for metric in metrics:
             ci = entry["metrics"].get(metric)
             if ci is None:
@@ -603,7 +606,7 @@ PAGE_CSS = """\
 :root { --fg: #1b1f24; --muted: #5c6670; --line: #d8dde3; --bg-alt: #f5f7f9;
         --ok: #0a7a3d; --warn: #a34b00; font-family: system-ui, -apple-system, "Segoe UI",
         "DejaVu Sans", sans-serif; color: var(--fg); }
-body { margin: 0 auto; max-width: 1400px; padding: 0 1.5rem 3rem; line-height: 1.4; }
+body { margin: 0 auto; max-width: 1800px; padding: 0 1.5rem 3rem; line-height: 1.4; }
 h1 { margin: 1.2rem 0 0.2rem; }
 h2 { margin-top: 2.5rem; border-bottom: 2px solid var(--line); padding-bottom: 0.2rem; }
 h2 small, .meta, .muted, .note, caption, small { color: var(--muted); font-weight: normal; }
@@ -628,6 +631,7 @@ td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-n
 td.num small.n { display: block; font-size: 0.75rem; }
 tbody tr:nth-child(even) { background: var(--bg-alt); }
 .name { font-weight: 600; }
+td.entry { min-width: 11rem; } td.model { min-width: 7rem; }
 .ok { color: var(--ok); } .warn { color: var(--warn); }
 .plots { display: flex; flex-wrap: wrap; gap: 1.5rem; margin-top: 1rem; }
 .plot { margin: 0; width: 440px; max-width: 100%; }
