@@ -152,6 +152,22 @@ def test_mr_wrapped_env_reward_reaches_reward_score(server, tiny):
     assert compute_score("hidden-facts", "", "", extra_info=out.extra_fields)["score"] == out.reward_score
 
 
+def test_one_reply_per_sample_as_in_the_recipe(server, tiny):
+    # max_player_turns=1 (examples/verl/agent_loop.yaml): the sample is the assistant's first reply,
+    # scored by the MR futures; it equals the first reply of the full episode and its reward
+    full, _ = reference(tiny, "hidden-facts", seed=2, index=1, env_kwargs=MR)
+    [row] = dataset_rows("hidden-facts", [1], seed=2, env_kwargs=MR)
+    row["collab_env"] = {**row["collab_env"], "max_player_turns": 1}
+    out = run_row(make_loop(server, tiny[1], sampling={"assistant": {"max_new_tokens": MAX_NEW}}), row)
+    info = out.extra_fields["collab_env"]
+    assert info["player_turns"] == 1 and info["end_reason"] == "max_turns:assistant"
+    first = full.completions("assistant")[0].completion
+    assert out.prompt_ids == list(first.prompt_token_ids)
+    assert (out.response_ids, out.response_mask) == (list(first.token_ids), [1] * len(first.token_ids))
+    assert out.reward_score == full.rewards["assistant"][0]
+    assert len(server.calls) > 1  # the futures ran on the server too
+
+
 def test_a_response_longer_than_verl_allows_is_cut(server, tiny):
     [row] = dataset_rows("hidden-facts", [0], seed=0)
     full = run_row(make_loop(server, tiny[1], sampling={"assistant": {"max_new_tokens": MAX_NEW}}), row)

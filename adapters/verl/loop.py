@@ -19,7 +19,10 @@ entries are passed to the constructor, or a row's ``collab_env`` column, which w
 ``reward_kwargs``, overrides), ``player`` (the trained player; default: the env's only trainable
 one), ``policies`` (player -> policy reference for the others), ``sampling`` (player -> sampling
 keywords; the trained player's ``max_new_tokens`` bounds each of its turns), ``index`` and
-``seed`` (the task item and the env seed of the row), ``system_prompt``.
+``seed`` (the task item and the env seed of the row), ``system_prompt``, ``max_player_turns``
+(the trained player's moves per sample: after that many the episode ends; ``1`` makes a sample
+one reply scored by the multiturn-aware reward's futures, as in the CollabLLM recipe; default:
+play to the env's own end, every reply scored and summed into ``reward_score``).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ AGENT_NAME = "collab_env"
 
 #: The keys of the loop's configuration (constructor keywords and a row's ``collab_env`` column).
 CONFIG_KEYS = ("env_id", "env_kwargs", "player", "policies", "sampling", "index", "seed", "system_prompt",
-               "pass_seed")
+               "pass_seed", "max_player_turns")
 
 
 def _plain(value: Any) -> Any:
@@ -76,10 +79,11 @@ def trained_player(env: Any, player: str | None) -> str:
 
 async def play_episode(env: Any, policy: ServerPolicy, *, player: str, policies: Mapping[str, Any] | None = None,
                        sampling: Mapping[str, Mapping[str, Any]] | None = None, index: int | None = None,
-                       seed: int | None = None) -> Episode:
+                       seed: int | None = None, max_player_turns: int | None = None) -> Episode:
     """One episode of ``env`` with ``policy`` as ``player`` and the others' policies (the env spec's
     defaults with ``policies`` merged over them), through :func:`~collab_env.rollout.arun_episode`.
-    ``policy`` is also bound into the env's learner slots (a multiturn-aware reward's futures)."""
+    ``policy`` is also bound into the env's learner slots (a multiturn-aware reward's futures).
+    ``max_player_turns``: end the episode after ``player``'s that many moves (``None``: play on)."""
     from collab_env.policy import bind_learner, policies_for
     from collab_env.rollout import arun_episode
 
@@ -89,7 +93,8 @@ async def play_episode(env: Any, policy: ServerPolicy, *, player: str, policies:
     # Every policy gets the episode's per-step seeds, as in collab_env's own rollouts (the user
     # simulator's replies stay reproducible); ``policy`` forwards them to the server only with
     # ``pass_seed`` (so the ``rollout.n`` samples of a row differ).
-    return await arun_episode(env, table, seed=seed, index=index, sampling=sampling)
+    return await arun_episode(env, table, seed=seed, index=index, sampling=sampling,
+                              max_turns=None if max_player_turns is None else {player: int(max_player_turns)})
 
 
 def episode_output(episode: Episode, player: str, *, response_length: int | None = None) -> dict[str, Any]:
@@ -170,7 +175,8 @@ class CollabEnvAgentLoop(AgentLoopBase):
             policy = ServerPolicy(self.server_manager, self.tokenizer, sampling_params,
                                   system_prompt=cfg.get("system_prompt"), pass_seed=bool(cfg.get("pass_seed", False)))
             episode = await play_episode(env, policy, player=player, policies=cfg.get("policies"),
-                                         sampling=cfg.get("sampling"), index=cfg.get("index"), seed=cfg.get("seed"))
+                                         sampling=cfg.get("sampling"), index=cfg.get("index"), seed=cfg.get("seed"),
+                                         max_player_turns=cfg.get("max_player_turns"))
         finally:
             env.close()
         fields = episode_output(episode, player, response_length=self.response_length)

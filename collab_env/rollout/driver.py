@@ -353,6 +353,7 @@ async def arun_episode(
     sampling: Mapping[str, Mapping[str, Any]] | None = None,
     on_step: Callable[[int, dict[str, Completion]], None] | None = None,
     policy_seeds: bool = True,
+    max_turns: Mapping[str, int] | None = None,
 ) -> Episode:
     """Play one episode of ``env`` with one policy per player; return the :class:`Episode`.
 
@@ -368,6 +369,11 @@ async def arun_episode(
         on_step: Called with ``(step, completions)`` after every policy round.
         policy_seeds: Pass ``seed=seed + step`` to the policies of a seeded episode (so it is
             reproducible with deterministic policies); ``False`` passes no seed.
+        max_turns: Player -> most moves it makes in this episode: once a player has made that
+            many, the episode ends after that round (``env.end_episode("max_turns:<player>")``,
+            a truncation). The env scored the round first, so a multiturn-aware reward still
+            rolls the futures of that last move, as when a trainer's sample is one reply (the
+            CollabLLM recipe's verl setting).
 
     Returns:
         The finished episode; each :class:`~collab_env.types.TurnRecord` holds the policy's
@@ -398,10 +404,31 @@ async def arun_episode(
             return None
         return {p: c.text for p, c in completions.items()}
 
+    limits = dict(max_turns or {})
+    for p, n in limits.items():
+        if p not in env.possible_agents or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"max_turns must map players of the env ({list(env.possible_agents)}) to integers "
+                              f">= 1; got {p!r}: {n!r}.")
+    made = dict.fromkeys(limits, 0)
+
+    def count(k: int, moves: dict[str, Any]) -> dict[str, str] | None:
+        for p in moves:
+            if p in made:
+                made[p] += 1
+        return record(k, moves)
+
+    def budget_left(k: int, on_turn: list[str]) -> bool:
+        spent = [p for p, n in limits.items() if made[p] >= n]
+        if spent:
+            env.end_episode(f"max_turns:{spent[0]}")
+            return False
+        return True
+
     faults: list[dict[str, Any]] = []
     usage_of_faults: list[Completion] = []
     step_seed = None if seed is None or not policy_seeds else (lambda k: seed + k)
-    run = await advance(env, resolved, obs=obs, infos=infos, sampling=sampling, seed=step_seed, on_moves=record)
+    run = await advance(env, resolved, obs=obs, infos=infos, sampling=sampling, seed=step_seed,
+                        on_moves=count if limits else record, before_step=budget_left if limits else None)
     ep = Episode(
         env_id=env.spec.id if env.spec is not None else None,
         seed=seed,

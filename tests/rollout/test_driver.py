@@ -211,3 +211,21 @@ def test_a_fork_is_played_from_its_own_state_without_obs_and_infos():
     run = asyncio.run(advance(fork, {"user": HiddenFactsUser()}, until=("assistant",)))
     assert run.stopped == "until" and [list(s.actions) for s in run.steps] == [["user"]]
     assert env.episode.step == 1 and fork.episode.step == 2  # the original is untouched
+
+
+def test_max_turns_ends_the_episode_after_that_players_last_allowed_move():
+    env = collab_env.make("hidden-facts")
+    pols = {"assistant": AskThenAnswer(), "user": HiddenFactsUser()}
+    full = run_episode(env, pols, seed=3)
+    assert [t.player for t in full.turns] == ["assistant", "user", "assistant"]  # ask, facts, answer
+    cut = run_episode(env, pols, seed=3, max_turns={"assistant": 1})
+    # the round of the assistant's one move was played and scored, then nothing else
+    assert [(t.player, t.text) for t in cut.turns] == [(t.player, t.text) for t in full.turns[:1]]
+    assert cut.rewards["assistant"] == full.rewards["assistant"][:1]
+    assert (cut.truncated, cut.terminated, cut.end_reason) == (True, False, "max_turns:assistant")
+    two = run_episode(env, pols, seed=3, max_turns={"assistant": 2})  # the env ends first: unchanged
+    assert (two.end_reason, two.returns) == (full.end_reason, full.returns)
+    with pytest.raises(ConfigError, match="max_turns"):
+        run_episode(env, pols, seed=3, max_turns={"assistant": 0})
+    with pytest.raises(ConfigError, match="max_turns"):
+        run_episode(env, pols, seed=3, max_turns={"nobody": 1})
