@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import re
 import sys
@@ -27,7 +28,7 @@ from collab_env.registry import EnvSpec, spec
 from collab_env.rollout import RolloutEngine
 from collab_env.types import Episode
 
-__all__ = ["evaluate", "aevaluate", "compare", "choose_policies", "policy_ref", "load_policy"]
+__all__ = ["evaluate", "aevaluate", "compare", "choose_policies", "policy_ref", "load_policy", "reward_range_of"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,7 +149,7 @@ async def aevaluate(
         policy_names={p: describe(resolved[p]) for p in s.players},
         trainable=tuple(s.trainable) or tuple(s.players),
         out=Path(out) if out is not None else None,
-        reward_range=tuple(s.reward_range),  # type: ignore[arg-type]
+        reward_range=reward_range_of(s, env_kwargs.get("reward")),
         label=label,
     )
 
@@ -357,3 +358,17 @@ def load_policy(player: str, ref: Any) -> Policy:
             f"cannot load the policy {ref!r} for player {player!r}: {exc}. Use an alias "
             f"{sorted(POLICY_ALIASES)} or an importable 'module:Class'."
         ) from exc
+
+
+def reward_range_of(s: EnvSpec, reward: Any) -> tuple[float, float]:
+    """The bounds of one episode's return of env spec ``s`` under the reward option ``reward``
+    (``make(..., reward=...)``; ``None``: the env's own reward, ``s.reward_range``): the env card's
+    range for that option, or ``(-inf, inf)`` when the card gives none (then no success rate is
+    reported: a positive return need not mean success)."""
+    if reward is None:
+        return (float(s.reward_range[0]), float(s.reward_range[1]))
+    card = getattr(s, "card", None)
+    if card is not None and isinstance(reward, str) and reward in card.reward_range:
+        lo, hi = card.reward_range[reward]
+        return (float(lo), float(hi))
+    return (-math.inf, math.inf)

@@ -243,3 +243,20 @@ def test_a_rejected_key_stops_the_evaluation_keeps_the_file_and_resume_finishes(
 
         done = evaluate(HF, {"assistant": assistant("sk-the-right-key")}, num_episodes=20, resume=True, **kw)
         assert done.complete and lines_of(out)[:3] == before and len(lines_of(out)) == 20
+
+
+def test_success_is_judged_against_the_range_of_the_reward_option_in_use():
+    import math
+
+    from collab_env.eval.run import reward_range_of
+    from collab_env.registry import spec
+
+    s = spec("hidden-facts")
+    assert reward_range_of(s, None) == tuple(s.reward_range) == (0.0, 1.0)
+    # the card's range for each option (MR sums the judged metric over up to 6 replies)
+    assert reward_range_of(s, "mr") == tuple(s.card.reward_range["mr"])
+    assert reward_range_of(s, "conversation") == tuple(s.card.reward_range["conversation"])
+    # an option the card does not bound: no success rate (a positive return need not mean success)
+    assert reward_range_of(s, "my-own-reward") == (-math.inf, math.inf)
+    # a negative lower bound (collabllm's MR has a token penalty): success is not reported either
+    assert reward_range_of(spec("collabllm-math-hard"), "mr")[0] < 0
