@@ -177,6 +177,38 @@ def register_builtin() -> None:
             )
         )
 
+    # CollabLLM-style chats that run offline (issue 13): collabllm rows generated on the fly.
+    from collab_env.tasks.chat_cards import CHAT_CARDS
+
+    register_policy("chat-sentence-user", "collab_env.tasks.chats:SentenceRevealUser")
+    register_policy("chat-llm-user", "collab_env.tasks.chats:EmbeddedChatUser")
+    for name, entry_point, metrics, what in (
+        ("math-chat", "make_math_chat", {"accuracy_rule": 1.0, "token_amount": -1e-4},
+         "a generated maths word problem (answer checked by rule)"),
+        ("humaneval-chat", "make_humaneval_chat", dict(_COLLABLLM["bigcodebench"]),
+         "a HumanEval problem (pass rate in the sandbox)"),
+    ):
+        register(
+            EnvSpec(
+                id=f"{name}-v0",
+                entry_point=f"collab_env.tasks.chats:{entry_point}",
+                players=("assistant", "user"),
+                turn_order=_CHAT,
+                trainable=("assistant",),
+                default_policies={"user": "collab_env.tasks.chats:EmbeddedChatUser"},
+                reward=metrics,
+                reward_range=(0.0, 0.0),  # the env's own reward; the card gives mr's and conversation's
+                limits={"max_assistant_turns": 6, "max_user_turns": 6, "max_steps": 12},
+                description=(
+                    f"CollabLLM-style chat, offline: the simulated user holds {what} as its hidden "
+                    "goal; the assistant must find out what is wanted and deliver. Default user: the "
+                    "LLM user simulator on the embedded model; 'chat-sentence-user' is the scripted one."
+                ),
+                suite="builtin",
+                card=CHAT_CARDS[f"{name}-v0"],
+            )
+        )
+
     # CoMLRL's coding tasks on HumanEval (issue 13); cards in collab_env.tasks.code_cards.
     from collab_env.tasks.code_cards import CODE_CARDS
 
