@@ -114,16 +114,29 @@ def rewarded_player(env: Any, player: str | None) -> str:
 
 
 def weights_for(env: Any, weights: Mapping[str, float] | None) -> dict[str, float]:
-    """``weights`` as given, else the env spec's ``reward`` weights when they name registered
-    metrics, else :data:`~collab_env.rewards.aggregation.DEFAULT_WEIGHTS`."""
+    """``weights`` as given, else the env spec's ``reward`` weights, else (a spec with none)
+    :data:`~collab_env.rewards.aggregation.DEFAULT_WEIGHTS`.
+
+    Raises:
+        ConfigError: The spec's weights name a metric that is not registered (the env's own
+            reward, e.g. length-ratio's ``length_ratio``, is no metric of these rewards): pass
+            ``weights`` with registered metrics instead of scoring something else silently.
+    """
     if weights is not None:
         return dict(weights)
     from collab_env.rewards.metrics import list_metrics
 
     spec_w = dict(env.spec.reward) if env.spec is not None else {}
-    if spec_w and all(m in list_metrics() or m.startswith("extract->") for m in spec_w):
-        return spec_w
-    return dict(DEFAULT_WEIGHTS)
+    if not spec_w:
+        return dict(DEFAULT_WEIGHTS)
+    unknown = [m for m in spec_w if m not in list_metrics() and not m.startswith("extract->")]
+    if unknown:
+        raise ConfigError(
+            f"{env.spec.id}'s reward weights {spec_w} name {unknown}, which are not registered metrics, so "
+            "reward='mr'/'conversation' cannot score them; pass reward_kwargs={'weights': {...}} with registered "
+            f"metrics ({', '.join(sorted(list_metrics()))}), or register the metric first (register_metric)."
+        )
+    return spec_w
 
 
 def record_components(infos: dict, player: str, rewards: Mapping[str, float], result: ScoredFutures,

@@ -30,8 +30,8 @@ class ConversationReward(EnvWrapper):
 
     Args:
         env: The env to wrap.
-        weights: Metric -> weight (default: the spec's reward weights, else
-            :data:`~collab_env.rewards.aggregation.DEFAULT_WEIGHTS`).
+        weights: Metric -> weight (default: the spec's reward weights, which must name registered
+            metrics; :data:`~collab_env.rewards.aggregation.DEFAULT_WEIGHTS` for a spec with none).
         aggregation: ``"verl"``, ``"collabllm"`` (default: the plain weighted sum) or ``"paper"``.
         player: The rewarded player (default: the only trainable player).
         metric_ctx: Resources for the metrics.

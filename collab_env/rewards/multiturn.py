@@ -49,8 +49,9 @@ class MultiturnAwareReward(EnvWrapper):
             except a default user that ignores the candidate (``SessionReplayUser`` of the
             ``collabllm-*`` envs): name the user simulator (an LLM user simulator, or
             :data:`~collab_env.rewards.common.REPLAY` to replay the recorded turns on purpose).
-        weights: Metric -> weight (default: the env spec's ``reward`` weights when they name
-            registered metrics, else :data:`~collab_env.rewards.aggregation.DEFAULT_WEIGHTS`).
+        weights: Metric -> weight (default: the env spec's ``reward`` weights, which must name
+            registered metrics; :data:`~collab_env.rewards.aggregation.DEFAULT_WEIGHTS` for a
+            spec with none).
         num_rollouts: Futures sampled per reply (recipe: 3).
         max_user_turns: Future user messages at most (recipe: 2). 0 = the immediate reward.
         max_assistant_turns: ``player`` messages at most, the rewarded reply included (recipe: 3).

@@ -131,9 +131,8 @@ LENGTH_RATIO_CARD = EnvCard(
            "detailed answer has ratio 0), else 0, in [-exp(-2), 1 - exp(-2)] = [-0.135, 0.865]. "
            "JointReward's per_agent mode does not apply (the reward function returns one "
            "value). mr and conversation do not apply: the spec's weight length_ratio is no "
-           "registered metric, so they fall back to CollabLLM's math-hard weights (accuracy, "
-           "interactivity, token_amount), need player= and a judge, and the first scored step "
-           "raises ConfigError because the items have no reference answer.",
+           "registered metric, so make(..., reward='mr' or 'conversation') raises ConfigError "
+           "(pass reward_kwargs weights of registered metrics to score something else).",
     reward_range={"default": (0.0, 1.0), "joint-shared": (0.0, 1.0),
                   "joint-difference": (-math.exp(-2.0), 1.0)},
     limits="num_turns 1: one simultaneous turn, then terminated ('num_turns'); with "

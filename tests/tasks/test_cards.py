@@ -97,7 +97,7 @@ def test_length_ratio_has_no_mr_or_conversation():
         kw = {"judge": FixedJudge(True), "player": "agent_0"}
         if reward == "mr":
             kw["policy"] = FixedTextPolicy("x")
-        with pytest.raises(ConfigError, match="no reference answer"):
+        with pytest.raises(ConfigError, match="length_ratio.*not registered metrics"):
             ret("length-ratio", {"agent_0": FixedTextPolicy("a"), "agent_1": FixedTextPolicy("b")},
                 reward=reward, reward_kwargs=kw)
     assert set(collab_env.spec("length-ratio").card.reward_range) == {"default", "joint-shared", "joint-difference"}
