@@ -875,3 +875,15 @@ def make_humaneval_env(*, render_mode: str | None = None, **kwargs: Any) -> Coll
     """
     return _build(kwargs, "humaneval", [single_formatter], humaneval_reward, ("main",), render_mode)
 
+
+
+def _carry_cards() -> None:
+    """Append each id's card (the registry's one source of truth) to its entry point's docstring."""
+    from collab_env.tasks.code_cards import CODE_CARDS
+
+    for fn, env_id in ((make_coop_humaneval_env, "coop-humaneval-v0"), (make_humaneval_env, "humaneval-v0")):
+        card = CODE_CARDS[env_id].to_docstring(env_id).replace("\n", "\n    ")
+        fn.__doc__ = f"{fn.__doc__.rstrip()}\n\n    {card}\n"
+
+
+_carry_cards()
