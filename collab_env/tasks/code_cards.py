@@ -45,7 +45,8 @@ CODE_CARDS = {
         limits=_LIMITS,
         data=_DATA,
         licence=_LICENCE,
-        baselines={"humaneval-canonical (prompt + canonical solution)": "not measured yet",
+        baselines={"humaneval-canonical (prompt + canonical solution)":
+                   "mean return 1.999 over the 164 problems, 1 turn (humaneval_reward of each)",
                    "empty replies": "0.000 by the formula"},
     ),
 }
