@@ -1,0 +1,281 @@
+"""Does a real model learn to collaborate here? GRPO on the embedded SmolLM2-135M, on CPU.
+
+The setting (chosen by pilot runs, see ``benchmarks/results/embedded_learning.md``): the
+assistant of ``hidden-facts-easy`` (one object, one of its two quantities withheld) is trained
+with GRPO and LoRA on the multiturn-aware reward of ``examples/hidden_facts_mr_grpo.py``
+(futures played by the learner and the scripted user; credit for the exact boxed total and
+for every withheld fact the user reveals, -1 for an empty reply, the recipe's token penalty).
+Before and after training, the model plays whole episodes of **held-out test items**
+(``split="test"``, greedy decoding) against the scripted user, and the benchmark reports:
+
+* ``success``: share of episodes with the exact total boxed (the env's accuracy);
+* ``reward``: the env's episode return (accuracy, here no turn cost);
+* ``questions``: assistant turns per episode that ask something (a ``?``, no ``\\boxed{}``);
+* ``facts``: share of the withheld facts the user revealed (asking the right question);
+* ``reply_tokens``: mean tokens of the first reply (the collapse check).
+
+Each is reported with a 95% interval: Wilson's for the success rate, the normal one (mean ±
+1.96 standard errors) for the others, over the evaluation episodes of every seed (before
+training the model is the same for every seed, so it is evaluated once); per-seed means are in
+the JSON too. Outputs: ``benchmarks/results/embedded_learning.{json,md,png}``, the transcripts
+before/after (``embedded_learning_transcripts.md``) and the first seed's LoRA adapter
+(``embedded_learning_adapter/``, loaded by ``make demo``).
+
+    python benchmarks/bench_embedded_learning.py                       # the full run (~45 min, 2 cores)
+    python benchmarks/bench_embedded_learning.py --seeds 1 --items 8 --eval-episodes 8 --out /tmp/pilot
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+
+RESULTS = ROOT / "benchmarks" / "results"
+ENV_ID = "hidden-facts-easy"
+EVAL_SEED = 10_000  # test episodes k use seed EVAL_SEED + k: the same held-out items before and after
+
+
+def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a proportion (``(nan, nan)`` for ``n = 0``)."""
+    if n == 0:
+        return (math.nan, math.nan)
+    p = successes / n
+    den = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return (centre - half, centre + half)
+
+
+def mean_ci(xs: list[float], z: float = 1.96) -> dict[str, float]:
+    """Mean and normal 95% interval (mean ± z standard errors)."""
+    n = len(xs)
+    if n == 0:
+        return {"mean": math.nan, "lo": math.nan, "hi": math.nan, "n": 0}
+    m = sum(xs) / n
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0
+    half = z * sd / math.sqrt(n)
+    return {"mean": m, "lo": m - half, "hi": m + half, "n": n}
+
+
+def summarise(episodes: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """The reported metrics with their 95% intervals over ``episodes``."""
+    out = {k: mean_ci([e[k] for e in episodes]) for k in ("reward", "questions", "facts", "reply_tokens")}
+    s = sum(e["success"] for e in episodes)
+    lo, hi = wilson(s, len(episodes))
+    out["success"] = {"mean": s / len(episodes) if episodes else math.nan, "lo": lo, "hi": hi, "n": len(episodes)}
+    return out
+
+
+def episode_record(ep: Any, item: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+    """One evaluation episode's numbers (module docstring) and its transcript."""
+    from hidden_facts_mr_grpo import facts_revealed
+
+    from collab_env.tasks.hidden_facts import extract_boxed
+
+    texts = [t.text for t in ep.turns if t.player == "assistant"]
+    questions = sum(1 for t in texts if "?" in t and extract_boxed(t) is None)
+    facts = facts_revealed(ep.conversation, item, start=0).value
+    first = texts[0] if texts else ""
+    return {
+        "index": ep.index, "seed": ep.seed,
+        "success": float(ep.components.get("assistant", {}).get("accuracy", 0.0) >= 1.0),
+        "reward": float(ep.returns.get("assistant", 0.0)),
+        "questions": float(questions), "facts": float(facts),
+        "reply_tokens": float(len(tokenizer.encode(first, add_special_tokens=False))),
+        "end_reason": ep.end_reason,
+        "transcript": [{"role": m.role, "text": m.content} for m in ep.conversation if m.role != "system"],
+    }
+
+
+def evaluate_policy(policy: Any, tokenizer: Any, episodes: int, max_new_tokens: int, desc: str) -> list[dict[str, Any]]:
+    """Whole greedy episodes of the test split against the scripted user (batched: all episodes
+    run concurrently, their calls merged into ``generate`` calls)."""
+    import collab_env
+    from collab_env.eval import evaluate
+
+    print(f"  evaluating {desc}: {episodes} test episodes...", flush=True)
+    res = evaluate(ENV_ID, {"assistant": policy}, num_episodes=episodes, seed=EVAL_SEED,
+                   env_kwargs={"split": "test"}, concurrency=episodes, progress=True,
+                   sampling={"assistant": {"temperature": 0.0, "max_new_tokens": max_new_tokens}})
+    if res.failures:
+        raise RuntimeError(f"{len(res.failures)} evaluation episodes failed: {res.failures[0]}")
+    task = collab_env.make(ENV_ID, split="test").unwrapped.task
+    return [episode_record(res.episodes[k], task.get_item(res.episodes[k].index), tokenizer)
+            for k in sorted(res.episodes)]
+
+
+def train_seed(seed: int, a: argparse.Namespace, out: Path, before: list[dict[str, Any]] | None):
+    """Train one seed; returns (before episodes, after episodes, training log records, trainer)."""
+    from hidden_facts_mr_grpo import MIN_REPLY_TOKENS, mr_env
+
+    import collab_env
+    from collab_env.adapters.common.collapse import CollapseThresholds
+    from collab_env.adapters.magrpo import MAGRPOConfig, MAGRPOTrainer
+
+    config = MAGRPOConfig(
+        num_agents=1, num_turns=1, num_generations=a.generations, max_new_tokens=a.max_new_tokens,
+        max_steps=a.items, per_device_train_batch_size=a.batch, learning_rate=a.lr, lora_r=a.lora_r,
+        lora_alpha=2.0 * a.lora_r, lora_target_modules=tuple(a.lora_modules.split(",")),
+        temperature=a.temperature, normalize_advantages=True, seed=seed, eval_interval=0,
+        logging_steps=1, output_dir=str(out / f"seed_{seed}"), plot=False,
+    )
+    trainer = MAGRPOTrainer(agent_model=a.model, env=mr_env("train", ENV_ID, a.rollouts),
+                            eval_env=collab_env.make(ENV_ID, split="test"), args=config)
+    trainer.collapse_thresholds = CollapseThresholds(min_length=MIN_REPLY_TOKENS)
+    pm = trainer.models[0]
+    if before is None:  # LoRA starts as the identity (B = 0): the base model, the same for every seed
+        before = evaluate_policy(pm.generator, pm.tokenizer, a.eval_episodes, a.max_new_tokens, "before training")
+    print(f"  training seed {seed}: {a.items} items x {a.generations} replies...", flush=True)
+    trainer.train()
+    after = evaluate_policy(pm.generator, pm.tokenizer, a.eval_episodes, a.max_new_tokens, f"seed {seed} after training")
+    return before, after, list(trainer.logger.records), trainer
+
+
+def plot(path: Path, seeds_logs: dict[int, list[dict[str, Any]]], before: dict, after: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for seed, recs in seeds_logs.items():
+        rows = [r for r in recs if "turn_1/reward_mean" in r]
+        axes[0].plot([r["item"] for r in rows], [r["turn_1/reward_mean"] for r in rows], label=f"seed {seed}", alpha=0.8)
+        axes[1].plot([r["item"] for r in rows], [r.get("collapse/completion_length", math.nan) for r in rows],
+                     label=f"seed {seed}", alpha=0.8)
+    axes[0].set(title="training reward (MR, mean of the group)", xlabel="training item")
+    axes[1].set(title="training reply length (visible tokens)", xlabel="training item")
+    for ax in axes[:2]:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    names = ["success", "facts", "questions", "reward"]
+    x = range(len(names))
+    for off, (label, s) in zip((-0.2, 0.2), (("before", before), ("after", after)), strict=True):
+        m = [s[k]["mean"] for k in names]
+        err = [[s[k]["mean"] - s[k]["lo"] for k in names], [s[k]["hi"] - s[k]["mean"] for k in names]]
+        axes[2].bar([i + off for i in x], m, width=0.4, yerr=err, capsize=4, label=label)
+    axes[2].set_xticks(list(x), names)
+    axes[2].set(title="held-out test episodes (95% intervals)")
+    axes[2].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def fmt(s: dict[str, float]) -> str:
+    return f"{s['mean']:.3f} [{s['lo']:.3f}, {s['hi']:.3f}]"
+
+
+def transcript_md(title: str, ep: dict[str, Any]) -> str:
+    lines = [f"### {title} (test item seed {ep['seed']}, success {int(ep['success'])}, "
+             f"{int(ep['questions'])} question(s), end: {ep['end_reason']})", ""]
+    for m in ep["transcript"]:
+        lines.append(f"**{m['role']}**: {m['text'].strip() or '(empty)'}  ")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="embedded")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--items", type=int, default=48, help="training items per seed")
+    p.add_argument("--batch", type=int, default=1, help="training items per GRPO update")
+    p.add_argument("--generations", type=int, default=6)
+    p.add_argument("--rollouts", type=int, default=1, help="MR futures per reply")
+    p.add_argument("--max-new-tokens", type=int, default=40)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--lora-r", type=int, default=8)
+    p.add_argument("--lora-modules", default="q_proj,v_proj")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--eval-episodes", type=int, default=48, help="held-out test episodes per evaluation")
+    p.add_argument("--out", default=str(RESULTS / "embedded_learning"),
+                   help="output prefix: <out>.json/.md/.png, <out>_transcripts.md, <out>_adapter/")
+    a = p.parse_args(argv)
+
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(os.environ.get("COLLAB_ENV_OUTPUT", "collab_env_output")) / "embedded_learning"
+    command = "python benchmarks/bench_embedded_learning.py " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
+    t0 = time.perf_counter()
+    before: list[dict[str, Any]] | None = None
+    per_seed: dict[int, dict[str, Any]] = {}
+    logs: dict[int, list[dict[str, Any]]] = {}
+    after_all: list[dict[str, Any]] = []
+    adapter_dir = Path(f"{out}_adapter")
+    for seed in range(a.seeds):
+        ts = time.perf_counter()
+        before, after, records, trainer = train_seed(seed, a, work, before)
+        logs[seed] = records
+        after_all.extend(after)
+        lens = [r["collapse/completion_length"] for r in records if "collapse/completion_length" in r]
+        per_seed[seed] = {"after": summarise(after), "train_seconds": time.perf_counter() - ts,
+                          "collapse_flagged_lines": sum(1 for r in records if r.get("collapse/flagged")),
+                          "train_reply_tokens_first5": sum(lens[:5]) / max(len(lens[:5]), 1),
+                          "train_reply_tokens_last5": sum(lens[-5:]) / max(len(lens[-5:]), 1)}
+        if seed == 0:
+            trainer.models[0].model.save_pretrained(adapter_dir)
+            (adapter_dir / "collab_env_adapter.json").write_text(json.dumps(
+                {"base": a.model, "env": ENV_ID, "seed": seed, "command": command,
+                 "after": per_seed[0]["after"]}, indent=1) + "\n")
+        print(f"  seed {seed}: success {fmt(per_seed[seed]['after']['success'])}, "
+              f"facts {fmt(per_seed[seed]['after']['facts'])} ({per_seed[seed]['train_seconds']:.0f} s)", flush=True)
+        del trainer
+    assert before is not None
+    b, af = summarise(before), summarise(after_all)
+    wall = time.perf_counter() - t0
+    result = {
+        "benchmark": "embedded_learning", "command": command, "env": ENV_ID, "model": a.model,
+        "settings": vars(a), "eval": {"split": "test", "episodes_per_eval": a.eval_episodes, "seed": EVAL_SEED,
+                                      "decoding": "greedy"},
+        "before": b, "after": af, "per_seed": per_seed,
+        "separated": {k: af[k]["lo"] > b[k]["hi"] for k in b},
+        "wall_seconds": wall, "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                                          "torch_threads": _torch_threads()},
+        "adapter": str(adapter_dir.relative_to(ROOT)) if adapter_dir.is_relative_to(ROOT) else str(adapter_dir),
+    }
+    Path(f"{out}.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot(Path(f"{out}.png"), logs, b, af)
+    rows = ["| metric | before | after (all seeds) | after > before (intervals apart) |", "|---|---|---|---|"]
+    for k in ("success", "facts", "questions", "reward", "reply_tokens"):
+        rows.append(f"| {k} | {fmt(b[k])} | {fmt(af[k])} | {'yes' if result['separated'][k] else 'no'} |")
+    md = [f"# Embedded SmolLM2-135M learns on {ENV_ID} (GRPO + LoRA, CPU)", "",
+          f"Command: `{command}`  ", f"Wall time: {wall / 60:.1f} min on {os.cpu_count()} CPUs; "
+          f"{a.seeds} seed(s), {a.items} training items each; {a.eval_episodes} held-out test episodes "
+          "per evaluation (greedy), the scripted user. 95% intervals: Wilson (success), mean ± 1.96 SE.", "",
+          *rows, "", "Per seed (after):", ""]
+    for seed, s in per_seed.items():
+        md.append(f"* seed {seed}: success {fmt(s['after']['success'])}, facts {fmt(s['after']['facts'])}, "
+                  f"questions {fmt(s['after']['questions'])}, training reply tokens "
+                  f"{s['train_reply_tokens_first5']:.1f} -> {s['train_reply_tokens_last5']:.1f}, "
+                  f"collapse warnings {s['collapse_flagged_lines']}")
+    Path(f"{out}.md").write_text("\n".join(md) + "\n")
+    Path(f"{out}_transcripts.md").write_text(
+        "# Transcripts on the first held-out test item\n\n" + transcript_md("Before training", before[0]) + "\n"
+        + transcript_md("After training (seed 0)", after_all[0]))
+    print("\n".join(rows))
+    print(f"wall time {wall / 60:.1f} min; results in {out}.json/.md/.png")
+    return 0
+
+
+def _torch_threads() -> int | None:
+    try:
+        import torch
+
+        return torch.get_num_threads()
+    except ImportError:
+        return None
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
