@@ -1,0 +1,92 @@
+"""Reference baselines of ``math-chat`` and ``humaneval-chat`` with the scripted user
+(``chat-sentence-user``), scored by the conversation reward (``make(id, reward="conversation")``).
+
+Episode ``k`` resets with seed ``k`` through the one driver (:func:`collab_env.rollout.run_episode`).
+Scores only, no timing::
+
+    .venv/bin/python -m benchmarks.bench_chats_baselines --episodes 200
+
+* ``math-chat``: ``math-chat-solver`` (asks for each detail, then computes: should win) and
+  ``answer-at-once`` (boxes a guess, 10, in its first reply: should lose).
+* ``humaneval-chat``: ``canonical-at-once`` (an oracle that delivers the canonical program in its
+  first reply: the sandbox's pass rate of the reference solutions) and ``asks-only`` (never
+  delivers code). ``--episodes`` is capped at the 164 problems; episode ``k`` plays problem ``k``.
+
+Writes ``benchmarks/results/chats_baselines.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent / "results" / "chats_baselines.json"
+
+
+def _oracle():
+    from collab_env.policy import ScriptedPolicy
+
+    class CanonicalAtOnce(ScriptedPolicy):
+        """Oracle: the canonical program of the episode's problem (read from the env's item)."""
+
+        name = "canonical-at-once"
+
+        def __init__(self) -> None:
+            self.program = ""
+
+        def respond(self, observation, rng):
+            return f"```python\n{self.program}```"
+
+    return CanonicalAtOnce()
+
+
+def run(env_id: str, name: str, assistant, episodes: int) -> dict[str, float]:
+    import collab_env
+    from collab_env.rollout import run_episode
+    from collab_env.tasks.chats import SentenceRevealUser
+
+    env = collab_env.make(env_id, reward="conversation")
+    metric = "accuracy_rule" if env_id.startswith("math") else "pass_rate"
+    total = solved = 0.0
+    for k in range(episodes):
+        if name == "canonical-at-once":
+            assistant.program = env.unwrapped.task.get_item(k)["single_turn_completion"]
+        ep = run_episode(env, {"assistant": assistant, "user": SentenceRevealUser()}, seed=k,
+                         index=k if env_id.startswith("humaneval") else None)
+        total += ep.returns["assistant"]
+        solved += ep.components["assistant"][metric]
+    return {"episodes": episodes, "mean_conversation_reward": round(total / episodes, 6),
+            metric: round(solved / episodes, 6)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from collab_env.policy import FixedTextPolicy
+    from collab_env.tasks.chats import MathChatSolver
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--episodes", type=int, default=200)
+    args = ap.parse_args(argv)
+    n_code = min(args.episodes, 164)
+    results = {
+        "command": f"python -m benchmarks.bench_chats_baselines --episodes {args.episodes}",
+        "user": "chat-sentence-user",
+        "math-chat-v0": {
+            "math-chat-solver": run("math-chat", "math-chat-solver", MathChatSolver(), args.episodes),
+            "answer-at-once": run("math-chat", "answer-at-once",
+                                  FixedTextPolicy("The answer is \\boxed{10}."), args.episodes),
+        },
+        "humaneval-chat-v0": {
+            "canonical-at-once": run("humaneval-chat", "canonical-at-once", _oracle(), n_code),
+            "asks-only": run("humaneval-chat", "asks-only",
+                             FixedTextPolicy("What should the function do?"), n_code),
+        },
+    }
+    OUT.write_text(json.dumps(results, indent=1) + "\n")
+    print(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
