@@ -92,8 +92,8 @@ CHAT_CARDS: dict[str, EnvCard] = {
             "canonical-at-once (oracle: the canonical program in its first reply) with "
             "chat-sentence-user": "conversation 0.990, pass 1.000 (164 ep)",
             "asks-only with chat-sentence-user": "conversation -0.008, pass 0.000 (164 ep)",
-            "embedded assistant with chat-llm-user": "one recorded episode "
-                                                     "(benchmarks/results/chats_humaneval_episode.json)",
+            "embedded assistant with chat-llm-user": "conversation -0.062, pass 0.000 (1 recorded ep, "
+                                                     "benchmarks/results/chats_humaneval_episode.json)",
         },
     ),
 }

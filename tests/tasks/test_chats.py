@@ -311,15 +311,20 @@ def test_scripted_user_needs_a_goal():
 
 
 # -- recorded episode, replayed offline -----------------------------------------------------------
-def test_recorded_embedded_episode_replays_bit_identically(tmp_path):
-    """benchmarks/bench_chats_episode.py recorded a math-chat episode with the embedded model as
-    assistant and user; replaying it from the committed cache (no model) gives the same episode."""
+@pytest.mark.parametrize("env_id", ["math-chat", "humaneval-chat"])
+def test_recorded_embedded_episode_replays_bit_identically(env_id, tmp_path):
+    """benchmarks/bench_chats_episode.py recorded an episode with the embedded model as assistant
+    and user; replaying it from the committed cache (no model) gives the same episode, bit for bit."""
     from benchmarks.bench_chats_episode import play
 
-    recorded = json.loads((RESULTS / "chats_math_episode.json").read_text())
+    if env_id == "humaneval-chat":
+        _humaneval()
+    short = env_id.split("-")[0]
+    recorded = json.loads((RESULTS / f"chats_{short}_episode.json").read_text())
+    assert recorded["bit_identical_replay"] is True
     cache = tmp_path / "cache.sqlite"
-    shutil.copyfile(RESULTS / "chats_math_cache.sqlite", cache)  # replay opens it read/write (WAL)
-    ep = play("math-chat", recorded["seed"], cache, "replay")
+    shutil.copyfile(RESULTS / f"chats_{short}_cache.sqlite", cache)  # replay opens it read/write (WAL)
+    ep = play(env_id, recorded["seed"], cache, "replay")
     assert json.dumps(ep.to_dict(), sort_keys=True) == json.dumps(recorded["episode"], sort_keys=True)
     users = [m for m in ep.conversation if m.author == "user" and m.role != "system"]
     assert len(users) >= 2  # the LLM user spoke after the opening
