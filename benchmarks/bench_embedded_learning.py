@@ -98,7 +98,8 @@ def episode_record(ep: Any, item: dict[str, Any], tokenizer: Any) -> dict[str, A
     }
 
 
-def evaluate_policy(policy: Any, tokenizer: Any, episodes: int, max_new_tokens: int, desc: str) -> list[dict[str, Any]]:
+def evaluate_policy(policy: Any, tokenizer: Any, episodes: int, max_new_tokens: int, desc: str,
+                    max_steps: int = 12) -> list[dict[str, Any]]:
     """Whole greedy episodes of the test split against the scripted user (batched: all episodes
     run concurrently, their calls merged into ``generate`` calls)."""
     import collab_env
@@ -106,7 +107,7 @@ def evaluate_policy(policy: Any, tokenizer: Any, episodes: int, max_new_tokens: 
 
     print(f"  evaluating {desc}: {episodes} test episodes...", flush=True)
     res = evaluate(ENV_ID, {"assistant": policy}, num_episodes=episodes, seed=EVAL_SEED,
-                   env_kwargs={"split": "test"}, concurrency=episodes, progress=True,
+                   env_kwargs={"split": "test", "max_steps": max_steps}, concurrency=episodes, progress=True,
                    sampling={"assistant": {"temperature": 0.0, "max_new_tokens": max_new_tokens}})
     if res.failures:
         raise RuntimeError(f"{len(res.failures)} evaluation episodes failed: {res.failures[0]}")
@@ -127,18 +128,21 @@ def train_seed(seed: int, a: argparse.Namespace, out: Path, before: list[dict[st
         num_agents=1, num_turns=1, num_generations=a.generations, max_new_tokens=a.max_new_tokens,
         max_steps=a.items, per_device_train_batch_size=a.batch, learning_rate=a.lr, lora_r=a.lora_r,
         lora_alpha=2.0 * a.lora_r, lora_target_modules=tuple(a.lora_modules.split(",")),
-        temperature=a.temperature, normalize_advantages=True, seed=seed, eval_interval=0,
+        temperature=a.temperature, normalize_advantages=True, max_grad_norm=1.0, seed=seed, eval_interval=0,
         logging_steps=1, output_dir=str(out / f"seed_{seed}"), plot=False,
     )
-    trainer = MAGRPOTrainer(agent_model=a.model, env=mr_env("train", ENV_ID, a.rollouts),
+    trainer = MAGRPOTrainer(agent_model=a.model, env=mr_env("train", ENV_ID, a.rollouts,
+                                                            max_user_turns=a.future_user_turns),
                             eval_env=collab_env.make(ENV_ID, split="test"), args=config)
     trainer.collapse_thresholds = CollapseThresholds(min_length=MIN_REPLY_TOKENS)
     pm = trainer.models[0]
     if before is None:  # LoRA starts as the identity (B = 0): the base model, the same for every seed
-        before = evaluate_policy(pm.generator, pm.tokenizer, a.eval_episodes, a.max_new_tokens, "before training")
+        before = evaluate_policy(pm.generator, pm.tokenizer, a.eval_episodes, a.max_new_tokens, "before training",
+                                 a.eval_max_steps)
     print(f"  training seed {seed}: {a.items} items x {a.generations} replies...", flush=True)
     trainer.train()
-    after = evaluate_policy(pm.generator, pm.tokenizer, a.eval_episodes, a.max_new_tokens, f"seed {seed} after training")
+    after = evaluate_policy(pm.generator, pm.tokenizer, a.eval_episodes, a.max_new_tokens,
+                            f"seed {seed} after training", a.eval_max_steps)
     return before, after, list(trainer.logger.records), trainer
 
 
@@ -189,16 +193,21 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="embedded")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--items", type=int, default=48, help="training items per seed")
+    p.add_argument("--items", type=int, default=96, help="training items per seed")
     p.add_argument("--batch", type=int, default=1, help="training items per GRPO update")
     p.add_argument("--generations", type=int, default=6)
     p.add_argument("--rollouts", type=int, default=1, help="MR futures per reply")
+    p.add_argument("--future-user-turns", type=int, default=2,
+                   help="MR window: 2 = reply, user, assistant, user (credits the answer too); "
+                        "1 = reply, user (only the facts the reply elicits; no future generation)")
     p.add_argument("--max-new-tokens", type=int, default=40)
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--lora-r", type=int, default=8)
     p.add_argument("--lora-modules", default="q_proj,v_proj")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--eval-episodes", type=int, default=48, help="held-out test episodes per evaluation")
+    p.add_argument("--eval-max-steps", type=int, default=12,
+                   help="env steps per evaluation episode (12: six assistant turns, the env's default)")
     p.add_argument("--out", default=str(RESULTS / "embedded_learning"),
                    help="output prefix: <out>.json/.md/.png, <out>_transcripts.md, <out>_adapter/")
     a = p.parse_args(argv)

@@ -84,18 +84,23 @@ def register_metrics() -> None:
 
 
 def mr_env(split: str, env_id: str = "hidden-facts-easy", num_rollouts: int = 2,
-           weights: Mapping[str, float] | None = None) -> MultiturnAwareReward:
-    """The training env: ``env_id``'s ``split`` under the multiturn-aware reward above."""
+           weights: Mapping[str, float] | None = None, aggregation: str = "collabllm",
+           assistant: Any = LEARNER, max_user_turns: int = 2) -> MultiturnAwareReward:
+    """The training env: ``env_id``'s ``split`` under the multiturn-aware reward above
+    (``assistant``: the future assistant turns' policy, the learner by default;
+    ``max_user_turns=1`` ends every future at the user's answer to the reply: no future
+    assistant turn is generated, so it is cheaper, but only the facts a reply elicits (and an
+    answer boxed in the reply itself) earn credit)."""
     register_metrics()
     return MultiturnAwareReward(
         collab_env.make(env_id, split=split),
-        policies={"assistant": LEARNER},  # the user keeps the spec's scripted HiddenFactsUser
+        policies={"assistant": assistant},  # the user keeps the spec's scripted HiddenFactsUser
         weights=dict(weights or WEIGHTS),
-        aggregation="collabllm",  # an empty reply is scored (its -1 counts), not a flat 0
+        aggregation=aggregation,  # "collabllm": an empty reply is scored (its -1 counts), not a flat 0
         num_rollouts=num_rollouts,
         # The window: the reply, the user's answer, the assistant's next turn (where it can box
         # the total once the user told the fact), the user's reply to it.
-        max_user_turns=2,
+        max_user_turns=max_user_turns,
         max_assistant_turns=2,
         # No sampling= here: the trainer binds its policy with its own sampling settings
         # (temperature, max_new_tokens), so the futures sample as the training rollouts do.
