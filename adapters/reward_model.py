@@ -171,7 +171,7 @@ class RewardModelTrainer:
         import torch
 
         from collab_env.adapters.common.logging import MetricsLogger
-        from collab_env.adapters.common.models import apply_lora, make_scheduler
+        from collab_env.adapters.common.models import adamw, apply_lora, make_scheduler
 
         args = RewardModelConfig() if args is None else args
         if not isinstance(args, RewardModelConfig):
@@ -216,8 +216,7 @@ class RewardModelTrainer:
                 rm.lm.enable_input_require_grads()
         self.reward_model = rm
         params = rm.parameters()
-        self.optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay,
-                                           betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
+        self.optimizer = adamw(params, args)
         self.scheduler = make_scheduler(self.optimizer, args, self._planned_steps())
         self.state = RunState()
         self.logger = MetricsLogger(args.output_dir, {**args.to_dict(), "num_agents": num_agents}, wandb_config)

@@ -185,6 +185,11 @@ class TrainerConfig(metaclass=ConfigMeta):
     """AdamW beta2."""
     adam_epsilon: float = 1e-8
     """AdamW epsilon."""
+    optim: Literal["adamw_torch_fused", "adamw_torch"] = "adamw_torch_fused"
+    """The AdamW implementation (the names of transformers' ``TrainingArguments.optim``, whose
+    default TRL uses): ``"adamw_torch_fused"`` is torch's fused kernel (several times faster
+    per step on CPU for a 135M model), ``"adamw_torch"`` the plain one. The same update up to
+    float rounding."""
     max_grad_norm: float | None = 1.0
     """Clip the gradient's global norm to this value per optimiser step (``None``: no clipping)."""
     lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
@@ -268,6 +273,7 @@ class TrainerConfig(metaclass=ConfigMeta):
         check_float("adam_beta1", self.adam_beta1, 0.0, 1.0)
         check_float("adam_beta2", self.adam_beta2, 0.0, 1.0)
         check_float("adam_epsilon", self.adam_epsilon, 0.0, low_open=True)
+        check_choice("optim", self.optim, ("adamw_torch_fused", "adamw_torch"))
         check_float("max_grad_norm", self.max_grad_norm, 0.0, low_open=True, allow_none=True)
         check_choice("lr_scheduler_type", self.lr_scheduler_type, ("constant", "linear", "cosine"))
         check_int("warmup_steps", self.warmup_steps, 0)

@@ -120,10 +120,8 @@ class CriticLearner(TaskLearner):
         policies: Mapping[str, Any] | None = None,
         trained_players: Sequence[str] | None = None,
     ) -> None:
-        import torch
-
         from collab_env.adapters.common.logging import MetricsLogger
-        from collab_env.adapters.common.models import make_scheduler
+        from collab_env.adapters.common.models import adamw, make_scheduler
 
         args = self.config_class() if args is None else args
         if not isinstance(args, self.config_class):
@@ -145,8 +143,7 @@ class CriticLearner(TaskLearner):
         self.critics = self._build_critics(critic_model, critic_tokenizer)
         critic_lr = args.critic_learning_rate if args.critic_learning_rate is not None else args.learning_rate
         for c in self.critics:
-            c.optimizer = torch.optim.AdamW(c.parameters(), lr=critic_lr, weight_decay=args.weight_decay,
-                                            betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
+            c.optimizer = adamw(c.parameters(), args, lr=critic_lr)
             c.scheduler = make_scheduler(c.optimizer, args, steps)
         self.state = RunState()
         config = {**args.to_dict(), "algorithm": self.name, **self.task.config_record()}

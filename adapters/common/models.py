@@ -323,16 +323,34 @@ def unique_models(models: Sequence[PolicyModel]) -> list[PolicyModel]:
     return seen
 
 
-def make_optimizer(pm: PolicyModel, config: Any):
-    """AdamW over ``pm``'s trainable parameters, from the config's ``learning_rate``,
-    ``weight_decay`` and Adam fields."""
+def adamw(params: Any, config: Any, lr: float | None = None):
+    """The learners' one AdamW: over ``params``, from the config's ``learning_rate`` (or ``lr``),
+    ``weight_decay``, Adam fields and ``optim`` (fused kernel or plain).
+
+    Raises:
+        ConfigError: ``optim="adamw_torch_fused"`` on parameters torch's fused kernel does not
+            take (a device or dtype without it): use ``optim="adamw_torch"``.
+    """
     import torch
 
+    params = list(params)
+    fused = getattr(config, "optim", "adamw_torch") == "adamw_torch_fused"
+    try:
+        return torch.optim.AdamW(params, lr=config.learning_rate if lr is None else lr,
+                                 weight_decay=config.weight_decay, betas=(config.adam_beta1, config.adam_beta2),
+                                 eps=config.adam_epsilon, **({"fused": True} if fused else {}))
+    except RuntimeError as exc:
+        if not fused:
+            raise
+        raise ConfigError(f"torch's fused AdamW does not take these parameters ({exc}); set optim='adamw_torch'.") from exc
+
+
+def make_optimizer(pm: PolicyModel, config: Any):
+    """:func:`adamw` over ``pm``'s trainable parameters; each step bumps ``pm.version``."""
     params = [p for _, p in pm.trainable_parameters()]
     if not params:
         raise ConfigError("the model has no trainable parameters (all have requires_grad=False).")
-    opt = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay,
-                            betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon)
+    opt = adamw(params, config)
 
     def bump(*_: Any) -> None:  # the weights changed: a vLLM engine must sync before generating
         pm.version += 1

@@ -397,3 +397,28 @@ def test_every_learner_implements_the_learner_protocol():
                 SFTTrainer, RewardModelTrainer, MADPOTrainer):
         for name in ("schedule", "train_step", "evaluate", "save_checkpoint", "end_epoch"):
             assert callable(getattr(cls, name, None)), (cls.__name__, name)
+
+
+def test_adamw_fused_and_plain_take_the_same_step():
+    import torch
+
+    from collab_env.adapters.common.config import TrainerConfig
+    from collab_env.adapters.common.models import adamw
+    from collab_env.errors import ConfigError
+
+    torch.manual_seed(0)
+    start, grads = torch.randn(1000), [torch.randn(1000) for _ in range(3)]
+    out = {}
+    for optim in ("adamw_torch_fused", "adamw_torch"):
+        p = torch.nn.Parameter(start.clone())
+        opt = adamw([p], TrainerConfig(learning_rate=1e-2, weight_decay=0.1, optim=optim))
+        assert bool(opt.defaults.get("fused")) == (optim == "adamw_torch_fused")
+        for g in grads:
+            p.grad = g.clone()
+            opt.step()
+        out[optim] = p.detach()
+    # the same update up to float32 rounding (the kernels order the operations differently)
+    assert not torch.equal(out["adamw_torch"], start)
+    torch.testing.assert_close(out["adamw_torch_fused"], out["adamw_torch"], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ConfigError, match="optim"):
+        TrainerConfig(optim="sgd")
