@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import math
 
+from collections.abc import Mapping
+
 from collab_env.registry import EnvCard
 
-__all__ = ["BUILTIN_CARDS", "hidden_facts_card", "LENGTH_RATIO_CARD", "collabllm_card", "docstring_cards",
+__all__ = ["BUILTIN_CARDS", "hidden_facts_card", "LENGTH_RATIO_CARD", "collabllm_card", "docstring_cards", "cards_section",
            "baseline_text"]
 
 _HF_PLAYERS = {
@@ -221,9 +223,14 @@ BUILTIN_CARDS: dict[str, EnvCard] = {
 }
 
 
+def cards_section(cards: Mapping[str, EnvCard], source: str) -> str:
+    """The ``Cards`` section a task module appends to its docstring (``__doc__ +=``): each id's
+    card as :meth:`EnvCard.to_docstring` writes it, from the same cards the module registers
+    (``source`` names where they are defined), so the docstring and the registry cannot disagree."""
+    blocks = "\n\n".join(card.to_docstring(env_id) for env_id, card in cards.items())
+    return f"\nCards (generated from {source}; ``collab-env info ID`` prints them)\n\n{blocks}\n"
+
+
 def docstring_cards(*env_ids: str) -> str:
-    """The ``Cards`` section a task module appends to its docstring (``__doc__ +=``), generated
-    from :data:`BUILTIN_CARDS` so the docstring and the registry cannot disagree."""
-    blocks = "\n\n".join(BUILTIN_CARDS[i].to_docstring(i) for i in env_ids)
-    return ("\nCards (generated from collab_env.tasks.cards; ``collab-env info ID`` prints them)\n\n"
-            + blocks + "\n")
+    """:func:`cards_section` of built-in ids whose cards are in :data:`BUILTIN_CARDS`."""
+    return cards_section({i: BUILTIN_CARDS[i] for i in env_ids}, "collab_env.tasks.cards")

@@ -75,15 +75,13 @@ from collab_env.env import CollabEnv
 from collab_env.errors import ConfigError, PolicyError
 from collab_env.policy import ScriptedPolicy, resolve_policy
 from collab_env.tasks._common import build_config, build_env, split_env_kwargs
+from collab_env.tasks.cards import cards_section
 from collab_env.tasks.chat_cards import CHAT_CARDS
 from collab_env.tasks.collabllm import DEFAULT_SYSTEM_PROMPT, DEFAULT_TERMINATION_SIGNAL, CollabLLMTask
 from collab_env.tasks.math_problems import KINDS, math_problem
 from collab_env.types import Completion, Conversation
 
-__doc__ = (__doc__ or "") + (
-    "\nCards (generated from collab_env.tasks.chat_cards; ``collab-env info ID`` prints them)\n\n"
-    + "\n\n".join(CHAT_CARDS[i].to_docstring(i) for i in ("math-chat-v0", "humaneval-chat-v0")) + "\n"
-)
+__doc__ = (__doc__ or "") + cards_section(CHAT_CARDS, "collab_env.tasks.chat_cards")
 
 __all__ = [
     "ChatConfig",

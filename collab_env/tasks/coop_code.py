@@ -65,6 +65,8 @@ from collab_env.errors import ConfigError
 from collab_env.policy import ScriptedPolicy
 from collab_env.sandbox import SandboxJob, SandboxLimits, SandboxPool, SandboxResult
 from collab_env.tasks._common import build_config, split_env_kwargs
+from collab_env.tasks.cards import cards_section
+from collab_env.tasks.code_cards import CODE_CARDS
 from collab_env.tasks.dataset_env import from_dataset
 from collab_env.tasks.humaneval_data import HumanEvalProblem, load_humaneval
 from collab_env.types import ENV_AUTHOR, Conversation
@@ -877,13 +879,4 @@ def make_humaneval_env(*, render_mode: str | None = None, **kwargs: Any) -> Coll
 
 
 
-def _carry_cards() -> None:
-    """Append each id's card (the registry's one source of truth) to its entry point's docstring."""
-    from collab_env.tasks.code_cards import CODE_CARDS
-
-    for fn, env_id in ((make_coop_humaneval_env, "coop-humaneval-v0"), (make_humaneval_env, "humaneval-v0")):
-        card = CODE_CARDS[env_id].to_docstring(env_id).replace("\n", "\n    ")
-        fn.__doc__ = f"{fn.__doc__.rstrip()}\n\n    {card}\n"
-
-
-_carry_cards()
+__doc__ = (__doc__ or "") + cards_section(CODE_CARDS, "collab_env.tasks.code_cards")
