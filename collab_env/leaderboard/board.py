@@ -107,7 +107,9 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
         except Exception:  # noqa: BLE001 - an entry on an unknown track is skipped, not fatal
             continue
         tracks.setdefault(t.id, t)
-        records = [r for r in load_results(folder / TRAJECTORIES_FILE) if r.get("status") == "ok"]
+        requested = int((sub.get("episodes") or {}).get("requested", 0))
+        records = [r for r in load_results(folder / TRAJECTORIES_FILE)
+                   if r.get("status") == "ok" and r.get("episode_id", requested) < requested]
         problems: list[str] = []
         verified = False
         if verify:

@@ -397,7 +397,8 @@ def run_submission(
     finally:
         fp.close()
     failed = sorted(f.episode_id for f in result.failures)
-    records = [r for r in load_results(traj) if r.get("status") == "ok"]
+    # Episodes beyond ``n`` (a longer run resumed with a smaller --episodes) are not part of it.
+    records = [r for r in load_results(traj) if r.get("status") == "ok" and r.get("episode_id", n) < n]
     fail_path = failures_path(traj)
     fail_records = load_results(fail_path) if fail_path.exists() else []
     judge_faults = sorted({r["episode_id"] for r in fail_records if str(r.get("error", "")).startswith("JudgeError")

@@ -214,8 +214,10 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
         v.problems.append(f"files: {exc}")
         return v
     tasks = sub.get("tasks") if t.tasks is None else t.tasks
+    requested = int((sub.get("episodes") or {}).get("requested", 0))
     by_id: dict[int, dict[str, Any]] = {}
-    for r in records:
+    # Records beyond the requested episodes are not part of the submission (nor of its numbers).
+    for r in (r for r in records if not (isinstance(r.get("episode_id"), int) and r["episode_id"] >= requested)):
         k = r.get("episode_id")
         if not isinstance(k, int):
             v.problems.append(f"episodes: a record without an episode id (seed {r.get('seed')})")
@@ -229,10 +231,6 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
                               f"seed {t.seed + k} on task {k % tasks if isinstance(tasks, int) else '?'}")
         if r.get("env_id") != t.env_id:
             v.problems.append(f"episode {k}: played on {r.get('env_id')}, the track is on {t.env_id}")
-    requested = int((sub.get("episodes") or {}).get("requested", 0))
-    extra = sorted(k for k in by_id if k >= requested)
-    if extra:
-        v.problems.append(f"episodes: {extra[:10]} are beyond the {requested} requested")
     missing = [k for k in range(requested) if k not in by_id]
     claimed_failed = list((sub.get("episodes") or {}).get("failed", []))
     if missing != sorted(claimed_failed):
@@ -263,6 +261,19 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
     return v
 
 
+def _cause(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """``exc`` or the first exception of type ``kind`` in its cause/context chain (a policy may
+    wrap the cache's miss in its own error)."""
+    seen = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, kind):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
 async def _replay_all(t: Track, sub: Mapping[str, Any], by_id: Mapping[int, Mapping[str, Any]],
                       cache_path: Path | None, data_files: Sequence[str] | None) -> list[str]:
     from collab_env.compose import make
@@ -286,12 +297,15 @@ async def _replay_all(t: Track, sub: Mapping[str, Any], by_id: Mapping[int, Mapp
             try:
                 ep = await arun_episode(env, {**fp.policies, **moves}, seed=rec.get("seed"), index=rec.get("index"),
                                         sampling=sampling)
-            except CacheMissError as exc:
-                problems.append(f"{where}: a call of the track's simulator or judge is not among the recorded calls "
-                                f"(the prompts differ from the track's, or the cache was changed): {exc}")
-                continue
             except CollabEnvError as exc:
-                problems.append(f"{where}: cannot be re-played: {type(exc).__name__}: {exc}")
+                miss = _cause(exc, CacheMissError)
+                if miss is None and "replay cache" in str(exc) and "has no " in str(exc):
+                    miss = exc  # a policy that re-raised the miss as its own error, unchained
+                if miss is None:
+                    problems.append(f"{where}: cannot be re-played: {type(exc).__name__}: {exc}")
+                    continue
+                problems.append(f"{where}: a call of the track's simulator or judge is not among the recorded calls "
+                                f"(the prompts differ from the track's, or the cache was changed): {miss}")
                 continue
             finally:
                 env.close()
