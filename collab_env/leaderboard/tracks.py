@@ -63,7 +63,7 @@ _KINDS = ("offline", "api")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 #: The metrics a track may show (see :mod:`collab_env.leaderboard.stats`).
 KNOWN_METRICS = ("success", "reward", "turns", "tokens", "interactivity", "token_amount",
-                 "accuracy", "bleu_score", "pass_rate", "length_ratio")
+                 "accuracy", "accuracy_rule", "bleu_score", "pass_rate", "length_ratio")
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,10 @@ def _players_and_spec(env: Any, factory: Callable[[], CollabEnv]) -> tuple[list[
         return list(s.players), s
     probe = factory()
     try:
-        if not isinstance(probe, CollabEnv):
-            raise ConfigError(f"the env factory must return a CollabEnv, got {type(probe).__name__}.")
+        # A CollabEnv or a wrapper of one (make(id, reward="conversation") returns a wrapper).
+        if not isinstance(getattr(probe, "unwrapped", probe), CollabEnv):
+            raise ConfigError(f"the env factory must return a CollabEnv (or a wrapper of one), got "
+                              f"{type(probe).__name__}.")
         return list(probe.possible_agents), probe.spec
     finally:
         close = getattr(probe, "close", None)

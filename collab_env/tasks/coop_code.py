@@ -741,8 +741,9 @@ def solution_program(item: Mapping[str, Any], aux_text: str, main_text: str) -> 
 
 
 class CanonicalCoder(ScriptedPolicy):
-    """Plays the canonical split (:func:`canonical_split`): as ``aux`` the helper, as ``main``
-    (or the single agent) the main function; the oracle baseline of both envs (and the default
+    """Plays the canonical split (:func:`canonical_split`): as ``aux`` the helper, as
+    coop-humaneval's ``main`` the main function, as humaneval's single agent (also ``main``, told
+    apart by its prompt) the whole canonical program; the oracle baseline of both envs (and the default
     partner of the single-agent view). The problem is recognised from its prompt in the
     observation's first message; unknown text gets an empty reply."""
 
@@ -763,9 +764,9 @@ class CanonicalCoder(ScriptedPolicy):
         aux, main = canonical_split(problem)
         if observation.viewer == "aux":
             return aux
-        if observation.viewer == "main":
-            return main
-        return problem.prompt + problem.canonical_solution  # the single agent: one function
+        if observation.viewer == "main" and f"A helper function {AUX}(" in first.content:
+            return main  # coop-humaneval's main (main_formatter's prompt): calls aux
+        return problem.prompt + problem.canonical_solution  # the single agent (humaneval's "main")
 
 
 # ---------------------------------------------------------------------------------------------
