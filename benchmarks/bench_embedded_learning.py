@@ -1,10 +1,23 @@
 """Does a real model learn to collaborate here? GRPO on the embedded SmolLM2-135M, on CPU.
 
-The setting (chosen by pilot runs, see ``benchmarks/results/embedded_learning.md``): the
-assistant of ``hidden-facts-easy`` (one object, one of its two quantities withheld) is trained
-with GRPO and LoRA on the multiturn-aware reward of ``examples/hidden_facts_mr_grpo.py``
-(futures played by the learner and the scripted user; credit for the exact boxed total and
-for every withheld fact the user reveals, -1 for an empty reply, the recipe's token penalty).
+The setting: the assistant of ``hidden-facts-easy`` (one object, one of its two quantities
+withheld) is trained with GRPO and LoRA (r=8 on q_proj/v_proj: a 1.9 MB adapter) on the
+multiturn-aware reward of ``examples/hidden_facts_mr_grpo.py``: credit for the exact boxed
+total and for the withheld fact the scripted user reveals, -1 for an empty reply, the recipe's
+token penalty, the ``"collabllm"`` rule. By default the MR window ends at the user's answer to
+the reply (``--future-user-turns 1``), so only what the reply elicits (or boxes) earns credit.
+
+Why this part of the task, measured rather than guessed (pilots on this machine, 2 cores):
+sampled at temperature 1 (8 training items x 6 replies, 40 tokens), the base model's first
+reply made the scripted user reveal the withheld fact in 42% of the samples (7 of 8 items had
+both revealing and non-revealing replies: a group-relative signal), but contained a ``?`` in
+0% and a ``\\boxed{}`` in 2% (and none right). The exact answer gives GRPO almost no signal to
+follow at 135M; eliciting the fact does. A future assistant turn (``--future-user-turns 2``)
+adds a generation of up to ``max_new_tokens`` per sampled reply for an answer term that stays
+at 0, so the training items per minute go to the part that has a signal. So the claim
+tested is the *interactive* part: does training make the model elicit the missing fact more
+often on held-out items? (``success`` is reported too; expect it to stay near 0.)
+
 Before and after training, the model plays whole episodes of **held-out test items**
 (``split="test"``, greedy decoding) against the scripted user, and the benchmark reports:
 
@@ -21,7 +34,7 @@ the JSON too. Outputs: ``benchmarks/results/embedded_learning.{json,md,png}``, t
 before/after (``embedded_learning_transcripts.md``) and the first seed's LoRA adapter
 (``embedded_learning_adapter/``, loaded by ``make demo``).
 
-    python benchmarks/bench_embedded_learning.py                       # the full run (~45 min, 2 cores)
+    python benchmarks/bench_embedded_learning.py                       # the full run (3 seeds, 64 items)
     python benchmarks/bench_embedded_learning.py --seeds 1 --items 8 --eval-episodes 8 --out /tmp/pilot
 """
 
@@ -193,21 +206,22 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="embedded")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--items", type=int, default=96, help="training items per seed")
+    p.add_argument("--items", type=int, default=64, help="training items per seed")
     p.add_argument("--batch", type=int, default=1, help="training items per GRPO update")
     p.add_argument("--generations", type=int, default=6)
     p.add_argument("--rollouts", type=int, default=1, help="MR futures per reply")
-    p.add_argument("--future-user-turns", type=int, default=2,
+    p.add_argument("--future-user-turns", type=int, default=1,
                    help="MR window: 2 = reply, user, assistant, user (credits the answer too); "
                         "1 = reply, user (only the facts the reply elicits; no future generation)")
-    p.add_argument("--max-new-tokens", type=int, default=40)
-    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lora-r", type=int, default=8)
     p.add_argument("--lora-modules", default="q_proj,v_proj")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--eval-episodes", type=int, default=48, help="held-out test episodes per evaluation")
-    p.add_argument("--eval-max-steps", type=int, default=12,
-                   help="env steps per evaluation episode (12: six assistant turns, the env's default)")
+    p.add_argument("--eval-max-steps", type=int, default=4,
+                   help="env steps per evaluation episode (4: two assistant turns, enough to elicit the "
+                        "withheld fact and answer; 12 is the env's default)")
     p.add_argument("--out", default=str(RESULTS / "embedded_learning"),
                    help="output prefix: <out>.json/.md/.png, <out>_transcripts.md, <out>_adapter/")
     a = p.parse_args(argv)
@@ -222,6 +236,45 @@ def main(argv: list[str] | None = None) -> int:
     logs: dict[int, list[dict[str, Any]]] = {}
     after_all: list[dict[str, Any]] = []
     adapter_dir = Path(f"{out}_adapter")
+
+    def write() -> tuple[list[str], float]:
+        """Write the JSON, PNG, Markdown and transcripts of the seeds done so far (after every
+        seed, so an interrupted run leaves its finished seeds)."""
+        assert before is not None
+        b, af = summarise(before), summarise(after_all)
+        wall = time.perf_counter() - t0
+        result = {
+            "benchmark": "embedded_learning", "command": command, "seeds_done": len(per_seed),
+            "complete": len(per_seed) == a.seeds, "env": ENV_ID, "model": a.model,
+            "settings": vars(a), "eval": {"split": "test", "episodes_per_eval": a.eval_episodes, "seed": EVAL_SEED,
+                                          "decoding": "greedy"},
+            "before": b, "after": af, "per_seed": per_seed,
+            "separated": {k: af[k]["lo"] > b[k]["hi"] for k in b},
+            "wall_seconds": wall, "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                                              "torch_threads": _torch_threads()},
+            "adapter": str(adapter_dir.relative_to(ROOT)) if adapter_dir.is_relative_to(ROOT) else str(adapter_dir),
+        }
+        Path(f"{out}.json").write_text(json.dumps(result, indent=1) + "\n")
+        plot(Path(f"{out}.png"), logs, b, af)
+        rows = ["| metric | before | after (all seeds) | after > before (intervals apart) |", "|---|---|---|---|"]
+        for k in ("success", "facts", "questions", "reward", "reply_tokens"):
+            rows.append(f"| {k} | {fmt(b[k])} | {fmt(af[k])} | {'yes' if result['separated'][k] else 'no'} |")
+        md = [f"# Embedded SmolLM2-135M learns on {ENV_ID} (GRPO + LoRA, CPU)", "",
+              f"Command: `{command}`  ", f"Wall time: {wall / 60:.1f} min on {os.cpu_count()} CPUs; "
+              f"{len(per_seed)} of {a.seeds} seed(s) done, {a.items} training items each; {a.eval_episodes} held-out test episodes "
+              "per evaluation (greedy), the scripted user. 95% intervals: Wilson (success), mean ± 1.96 SE.", "",
+              *rows, "", "Per seed (after):", ""]
+        for seed, s in per_seed.items():
+            md.append(f"* seed {seed}: success {fmt(s['after']['success'])}, facts {fmt(s['after']['facts'])}, "
+                      f"questions {fmt(s['after']['questions'])}, training reply tokens "
+                      f"{s['train_reply_tokens_first5']:.1f} -> {s['train_reply_tokens_last5']:.1f}, "
+                      f"collapse warnings {s['collapse_flagged_lines']}")
+        Path(f"{out}.md").write_text("\n".join(md) + "\n")
+        Path(f"{out}_transcripts.md").write_text(
+            "# Transcripts on the first held-out test item\n\n" + transcript_md("Before training", before[0]) + "\n"
+            + transcript_md("After training (seed 0)", after_all[0]))
+        return rows, wall
+
     for seed in range(a.seeds):
         ts = time.perf_counter()
         before, after, records, trainer = train_seed(seed, a, work, before)
@@ -240,38 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  seed {seed}: success {fmt(per_seed[seed]['after']['success'])}, "
               f"facts {fmt(per_seed[seed]['after']['facts'])} ({per_seed[seed]['train_seconds']:.0f} s)", flush=True)
         del trainer
-    assert before is not None
-    b, af = summarise(before), summarise(after_all)
-    wall = time.perf_counter() - t0
-    result = {
-        "benchmark": "embedded_learning", "command": command, "env": ENV_ID, "model": a.model,
-        "settings": vars(a), "eval": {"split": "test", "episodes_per_eval": a.eval_episodes, "seed": EVAL_SEED,
-                                      "decoding": "greedy"},
-        "before": b, "after": af, "per_seed": per_seed,
-        "separated": {k: af[k]["lo"] > b[k]["hi"] for k in b},
-        "wall_seconds": wall, "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                                          "torch_threads": _torch_threads()},
-        "adapter": str(adapter_dir.relative_to(ROOT)) if adapter_dir.is_relative_to(ROOT) else str(adapter_dir),
-    }
-    Path(f"{out}.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot(Path(f"{out}.png"), logs, b, af)
-    rows = ["| metric | before | after (all seeds) | after > before (intervals apart) |", "|---|---|---|---|"]
-    for k in ("success", "facts", "questions", "reward", "reply_tokens"):
-        rows.append(f"| {k} | {fmt(b[k])} | {fmt(af[k])} | {'yes' if result['separated'][k] else 'no'} |")
-    md = [f"# Embedded SmolLM2-135M learns on {ENV_ID} (GRPO + LoRA, CPU)", "",
-          f"Command: `{command}`  ", f"Wall time: {wall / 60:.1f} min on {os.cpu_count()} CPUs; "
-          f"{a.seeds} seed(s), {a.items} training items each; {a.eval_episodes} held-out test episodes "
-          "per evaluation (greedy), the scripted user. 95% intervals: Wilson (success), mean ± 1.96 SE.", "",
-          *rows, "", "Per seed (after):", ""]
-    for seed, s in per_seed.items():
-        md.append(f"* seed {seed}: success {fmt(s['after']['success'])}, facts {fmt(s['after']['facts'])}, "
-                  f"questions {fmt(s['after']['questions'])}, training reply tokens "
-                  f"{s['train_reply_tokens_first5']:.1f} -> {s['train_reply_tokens_last5']:.1f}, "
-                  f"collapse warnings {s['collapse_flagged_lines']}")
-    Path(f"{out}.md").write_text("\n".join(md) + "\n")
-    Path(f"{out}_transcripts.md").write_text(
-        "# Transcripts on the first held-out test item\n\n" + transcript_md("Before training", before[0]) + "\n"
-        + transcript_md("After training (seed 0)", after_all[0]))
+        rows, wall = write()
     print("\n".join(rows))
     print(f"wall time {wall / 60:.1f} min; results in {out}.json/.md/.png")
     return 0

@@ -8,7 +8,8 @@
    ``benchmarks/bench_embedded_learning.py`` trained with GRPO on the multiturn-aware reward
    (committed in ``benchmarks/results/embedded_learning_adapter/``; when it is missing, the
    demo says so and prints the one command that regenerates it). Greedy decoding, so the rows
-   are reproducible; the episodes' calls are merged into batched ``generate`` calls.
+   are reproducible; two assistant turns per episode, as the benchmark evaluates; the
+   episodes' calls are merged into batched ``generate`` calls.
    ``--proactive`` adds CollabLLM's collaborative system prompt on the base model (the paper's
    "Proactive Base").
 
@@ -33,6 +34,9 @@ BASELINES = {
 }
 #: The env the adapter was trained on; the model rows use its held-out test split.
 MODEL_ENV = "hidden-facts-easy"
+#: Env steps of a model-row episode: two assistant turns (elicit the withheld fact, then answer),
+#: as the benchmark evaluates the adapter.
+MODEL_MAX_STEPS = 4
 #: Where ``benchmarks/bench_embedded_learning.py`` saves the adapter (relative to the repository).
 ADAPTER = Path("benchmarks") / "results" / "embedded_learning_adapter"
 #: The one command that trains and saves that adapter (and the benchmark's results).
@@ -88,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, default=100, help="episodes per env for the baselines")
     parser.add_argument("--model-episodes", type=int, default=24,
                         help="held-out episodes for each embedded-model row (0 skips the model)")
-    parser.add_argument("--max-new-tokens", type=int, default=40,
-                        help="reply length of the model rows (the adapter was trained with 40)")
+    parser.add_argument("--max-new-tokens", type=int, default=32,
+                        help="reply length of the model rows (the adapter was trained with 32)")
     parser.add_argument("--adapter", default=None,
                         help=f"LoRA adapter folder of the 'after' row (default: {ADAPTER})")
     parser.add_argument("--proactive", action="store_true", help="add the Proactive row (CollabLLM's prompt)")
@@ -120,10 +124,11 @@ def main(argv: list[str] | None = None) -> int:
         steps.set_postfix_str(f"model rows on {MODEL_ENV} (test split)")
         result = compare(MODEL_ENV, {**sets, **BASELINES}, num_episodes=args.model_episodes, seed=args.seed,
                          out_dir=run_dir / f"{MODEL_ENV}-model", progress=True, concurrency=args.model_episodes,
-                         env_kwargs={"split": "test"})
+                         env_kwargs={"split": "test", "max_steps": MODEL_MAX_STEPS})
         steps.update()
         steps.close()
-        print(f"Held-out test items of {MODEL_ENV}: the embedded model before and after collab_env training")
+        print(f"Held-out test items of {MODEL_ENV} (two assistant turns): the embedded model before and "
+              "after collab_env training")
         print(result.summary_table())
         asked = ", ".join(f"{label} {questions_per_episode(res):.2f}" for label, res in result.results.items())
         print(f"questions asked per episode: {asked}")
