@@ -154,3 +154,27 @@ def test_team_facts_round_trip_with_the_scripted_teams(tmp_path):
     assert comp[0]["lo"] == pytest.approx(1.3, abs=1e-12) and comp[0]["hi"] == pytest.approx(1.3, abs=1e-12)
     track_row = next(r for r in data["tracks"] if r["id"] == track)
     assert track_row["status"] == "current" and re.search(r"25 test-split items x 4 seeds", track_row["description"])
+
+
+def test_math_chat_scripted_user_round_trip_scores_the_conversation_reward(tmp_path):
+    """A track whose env_kwargs choose make(..., reward="conversation") runs through the eval
+    runner (the reward wrapper) and verifies; the reward is accuracy_rule - 1e-4 x the words of
+    the chat's moves, success when it reaches 0.5."""
+    track = "math-chat-scripted-user@v1"
+    out = tmp_path / "solver"
+    run_submission(track, {"assistant": "collab_env.tasks.chats:MathChatSolver"}, out=out, episodes=4,
+                   progress=False, concurrency=2)
+    v = verify_submission(out)
+    assert v.ok and v.episodes == 4, v.report()
+    from collab_env.eval import load_results
+
+    t = builtin_tracks()[track]
+    records = [r for r in load_results(out / "trajectories.jsonl") if r.get("status") == "ok"]
+    assert sorted(r["index"] for r in records) == [0, 1, 2, 3]
+    for r in records:
+        words = sum(len(m["text"].split()) for m in r["turns"])
+        comp = r["components"]["assistant"]
+        assert comp["accuracy_rule"] == 1.0  # the solver asks for every number, then computes
+        assert comp["token_amount"] == pytest.approx(-1e-4 * words, abs=1e-12)
+        vals = episode_values(r, t.submitted, t.success_threshold)
+        assert vals["reward"] == pytest.approx(1.0 - 1e-4 * words, abs=1e-12) and vals["success"] == 1.0
