@@ -178,3 +178,17 @@ def test_math_chat_scripted_user_round_trip_scores_the_conversation_reward(tmp_p
         assert comp["token_amount"] == pytest.approx(-1e-4 * words, abs=1e-12)
         vals = episode_values(r, t.submitted, t.success_threshold)
         assert vals["reward"] == pytest.approx(1.0 - 1e-4 * words, abs=1e-12) and vals["success"] == 1.0
+
+
+def test_humaneval_reference_plays_the_whole_program_as_the_single_agent():
+    """The humaneval@v1 reference (humaneval-canonical) as humaneval's one agent, ``main``, gives
+    the canonical program: problem 0 scores 0.6 + 0.5 + 1.0 (every assert) = 2.1, a success at the
+    track's threshold; as coop-humaneval's ``main`` it still gives the thin wrapper over aux (3.0)."""
+    import collab_env
+    from collab_env.rollout import run_episode
+
+    ep = run_episode(collab_env.make("humaneval-v0"), {"main": "humaneval-canonical"}, seed=1000, index=0)
+    assert ep.returns["main"] == 2.1 >= builtin_tracks()["humaneval@v1"].success_threshold
+    ep = run_episode(collab_env.make("coop-humaneval-v0"), {"aux": "humaneval-canonical", "main": "humaneval-canonical"},
+                     seed=1000, index=0)
+    assert ep.returns["main"] == 3.0 < builtin_tracks()["coop-humaneval@v1"].success_threshold
