@@ -377,7 +377,7 @@ def _cmd_leaderboard(args: argparse.Namespace, out: TextIO) -> int:
     # build
     from collab_env.leaderboard.board import board_data
 
-    data = board_data(args.directory, verify=not args.no_verify)
+    data = board_data(args.directory, verify=not args.no_verify, reverify=args.reverify)
     target = Path(args.out) if args.out else Path(args.directory) / "index.html"
     try:
         from collab_env.leaderboard.page import build_page
@@ -584,6 +584,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("directory", help="folder of submission folders (e.g. benchmarks/leaderboard)")
     b.add_argument("--out", help="HTML file (default DIRECTORY/index.html)")
     b.add_argument("--no-verify", action="store_true", help="do not re-play the submissions (marks them unverified)")
+    b.add_argument("--reverify", action="store_true",
+                   help="re-play every submission, ignoring the verdicts kept in DIRECTORY/.verified.json")
     return p
 
 

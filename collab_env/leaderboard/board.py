@@ -6,11 +6,20 @@ The folder holds submission folders (each with ``submission.json``) at any depth
 (:func:`~collab_env.leaderboard.verify.verify_submission`) unless ``verify=False``; an entry
 that fails is still listed, with ``"verified": false`` and the first problems in
 ``"problems"``. Its shape is checked by :func:`~collab_env.leaderboard.schema.validate_board_data`.
+
+Re-playing every submission is slow (a code track re-runs every test in the sandbox), so each
+verdict is kept in ``<directory>/.verified.json``, keyed by the entry's folder and a digest of
+what the verdict depends on: every file of the submission, the track's content hash and
+collab_env's version. A later build re-plays only the entries whose digest changed (or all of
+them with ``reverify=True``). The stamps live beside the entries, not in them: a submission
+cannot bring its own verdict, and whoever builds a board verifies its folder once themselves.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
+import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,11 +30,15 @@ from collab_env.leaderboard.submission import (
     SUBMISSION_FILE,
     TRAJECTORIES_FILE,
     code_version,
+    file_sha256,
     load_submission,
 )
 from collab_env.leaderboard.tracks import Track, builtin_tracks, get_track, track_status
 
-__all__ = ["board_data", "track_row", "board_trajectory", "MAX_TRAJECTORIES"]
+__all__ = ["board_data", "track_row", "board_trajectory", "verification_key", "MAX_TRAJECTORIES", "STAMPS_FILE"]
+
+#: The verdicts of earlier builds, in the board's folder (see the module docstring).
+STAMPS_FILE = ".verified.json"
 
 #: Trajectories per entry embedded in the board (the first episodes by id).
 MAX_TRAJECTORIES = 12
@@ -79,13 +92,27 @@ def _entries(directory: Path) -> list[Path]:
     return sorted(p.parent for p in directory.rglob(SUBMISSION_FILE))
 
 
+def verification_key(folder: Path, t: Track) -> str:
+    """The digest a verdict of ``folder`` on ``t`` depends on: the SHA-256 of every file in the
+    submission folder (by relative path), the track's content hash and collab_env's version."""
+    import collab_env
+
+    h = hashlib.sha256()
+    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(folder).as_posix()}\0{file_sha256(f)}\n".encode())
+    h.update(f"track {t.id} {t.content_hash()}\ncollab_env {collab_env.__version__}\n".encode())
+    return h.hexdigest()
+
+
 def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: int = 0,
-               num_boot: int | None = None) -> dict[str, Any]:
+               num_boot: int | None = None, reverify: bool = False) -> dict[str, Any]:
     """The board of every submission under ``directory`` (see the module docstring).
 
     Args:
         directory: Folder of submission folders.
         verify: Verify each submission (re-play offline); ``False`` marks them unverified.
+        reverify: Re-play every submission, ignoring the verdicts kept in
+            :data:`STAMPS_FILE` (which are then rewritten).
         seed: Seed of the bootstrap intervals.
         num_boot: Bootstrap resamples (default :data:`~collab_env.leaderboard.stats.NUM_BOOT`).
 
@@ -97,6 +124,14 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
     from collab_env.leaderboard.verify import verify_submission
 
     directory = Path(directory)
+    stamps_path = directory / STAMPS_FILE
+    stamps: dict[str, Any] = {}
+    if verify and not reverify and stamps_path.is_file():
+        try:
+            stamps = dict(json.loads(stamps_path.read_text()))
+        except (ValueError, TypeError):
+            stamps = {}  # a damaged stamps file only costs a re-play
+    fresh: dict[str, Any] = {}
     tracks = dict(builtin_tracks())
     entries: list[dict[str, Any]] = []
     records_of: dict[str, list[dict[str, Any]]] = {}
@@ -113,8 +148,13 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
         problems: list[str] = []
         verified = False
         if verify:
-            v = verify_submission(folder, track=t)
-            verified, problems = v.ok, v.problems[:5]
+            rel, key = folder.relative_to(directory).as_posix(), verification_key(folder, t)
+            stamp = stamps.get(rel)
+            if not (isinstance(stamp, Mapping) and stamp.get("key") == key):
+                v = verify_submission(folder, track=t)
+                stamp = {"key": key, "ok": v.ok, "episodes": v.episodes, "problems": v.problems[:5]}
+            fresh[rel] = stamp
+            verified, problems = bool(stamp["ok"]), list(stamp["problems"])
         st = entry_statistics(records, submitted=t.submitted, threshold=t.success_threshold,
                               metrics=t.metrics, k=t.k, seed=seed, num_boot=num_boot or NUM_BOOT)
         cost = sub.get("cost") or {}
@@ -158,6 +198,8 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
                 comparisons.append({"track": tid, "a": a["id"], "b": b["id"], "metric": "reward",
                                     "diff": c["diff"], "lo": c["lo"], "hi": c["hi"], "n": c["n"],
                                     "tasks": c["tasks"]})
+    if verify and fresh != stamps:
+        stamps_path.write_text(json.dumps(fresh, indent=1, sort_keys=True) + "\n")
     return {
         "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "code_version": code_version(),

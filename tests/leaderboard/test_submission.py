@@ -212,3 +212,38 @@ def test_killed_run_resumes_without_lost_or_duplicated_episodes(tmp_path, sig):
     sub = load_submission(out)
     assert sub["episodes"]["recorded"] == 100 and sub["kind"] == "standard"
     assert verify_submission(out).ok
+
+
+def test_build_keeps_verdicts_and_replays_only_changed_entries(board, tmp_path, monkeypatch):
+    import shutil
+
+    import collab_env.leaderboard.verify as verify_module
+    from collab_env.leaderboard.board import STAMPS_FILE
+
+    root = tmp_path / "b"
+    shutil.copytree(board / "hfe", root / "hfe")
+    (root / STAMPS_FILE).unlink(missing_ok=True)
+    first = board_data(root, num_boot=50)
+    stamps = json.loads((root / STAMPS_FILE).read_text())
+    assert sorted(stamps) == ["hfe/answer-at-once", "hfe/ask-then-answer"] and all(s["ok"] for s in stamps.values())
+
+    replayed = []
+    real = verify_module.verify_submission
+
+    def counting(folder, **kw):
+        replayed.append(Path(folder).name)
+        return real(folder, **kw)
+
+    monkeypatch.setattr(verify_module, "verify_submission", counting)
+    again = board_data(root, num_boot=50)
+    assert replayed == [] and [e["verified"] for e in again["entries"]] == [e["verified"] for e in first["entries"]]
+    # one byte of one entry changes: only that entry is re-played, and it is rejected
+    traj = root / "hfe" / "ask-then-answer" / "trajectories.jsonl"
+    traj.write_bytes(traj.read_bytes().replace(b'"returns": {"assistant": 1.0', b'"returns": {"assistant": 0.0', 1))
+    third = board_data(root, num_boot=50)
+    assert replayed == ["ask-then-answer"]
+    assert {e["name"]: e["verified"] for e in third["entries"]} == {"ask-then-answer": False, "answer-at-once": True}
+    # --reverify re-plays everything
+    replayed.clear()
+    board_data(root, num_boot=50, reverify=True)
+    assert sorted(replayed) == ["answer-at-once", "ask-then-answer"]
