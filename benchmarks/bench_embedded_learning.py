@@ -27,10 +27,12 @@ Before and after training, the model plays whole episodes of **held-out test ite
 * ``facts``: share of the withheld facts the user revealed (asking the right question);
 * ``reply_tokens``: mean tokens of the first reply (the collapse check).
 
-Each is reported with a 95% interval: Wilson's for the success rate, the normal one (mean ±
-1.96 standard errors) for the others, over the evaluation episodes of every seed (before
-training the model is the same for every seed, so it is evaluated once); per-seed means are in
-the JSON too. Outputs: ``benchmarks/results/embedded_learning.{json,md,png}``, the transcripts
+Each is reported with a 95% interval: Wilson's for a 0/1 metric (success; facts on this level,
+where one fact is withheld), the normal one (mean ± 1.96 standard errors) for the others, over
+the evaluation episodes of every seed (before training the model is the same for every seed, so
+it is evaluated once), and as a paired difference on the same held-out episodes (mean ± 1.96 SE
+of the per-episode after - before); per-seed means are in the JSON too.
+``--eval-adapter DIR`` skips training and evaluates a saved adapter the same way. Outputs: ``benchmarks/results/embedded_learning.{json,md,png}``, the transcripts
 before/after (``embedded_learning_transcripts.md``) and the first seed's LoRA adapter
 (``embedded_learning_adapter/``, loaded by ``make demo``).
 
@@ -81,13 +83,31 @@ def mean_ci(xs: list[float], z: float = 1.96) -> dict[str, float]:
     return {"mean": m, "lo": m - half, "hi": m + half, "n": n}
 
 
+METRICS = ("success", "facts", "questions", "reward", "reply_tokens")
+
+
 def summarise(episodes: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """The reported metrics with their 95% intervals over ``episodes``."""
-    out = {k: mean_ci([e[k] for e in episodes]) for k in ("reward", "questions", "facts", "reply_tokens")}
-    s = sum(e["success"] for e in episodes)
-    lo, hi = wilson(s, len(episodes))
-    out["success"] = {"mean": s / len(episodes) if episodes else math.nan, "lo": lo, "hi": hi, "n": len(episodes)}
+    """The reported metrics with their 95% intervals over ``episodes``: Wilson's for a metric
+    whose every value is 0 or 1 (a proportion: success, and facts on hidden-facts-easy, where
+    one fact is withheld), else mean ± 1.96 SE."""
+    out = {}
+    for k in METRICS:
+        xs = [float(e[k]) for e in episodes]
+        if xs and all(x in (0.0, 1.0) for x in xs):
+            lo, hi = wilson(sum(xs), len(xs))
+            out[k] = {"mean": sum(xs) / len(xs), "lo": lo, "hi": hi, "n": len(xs), "interval": "wilson"}
+        else:
+            out[k] = {**mean_ci(xs), "interval": "normal"}
     return out
+
+
+def paired(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """After - before on the same held-out episodes (same item, same seed), per metric: the mean
+    difference with mean ± 1.96 SE of the per-episode differences (each seed's evaluation is
+    paired with the one evaluation before training)."""
+    by_key = {(e["index"], e["seed"]): e for e in before}
+    pairs = [(by_key[(e["index"], e["seed"])], e) for e in after if (e["index"], e["seed"]) in by_key]
+    return {k: mean_ci([float(x[k]) - float(y[k]) for y, x in pairs]) for k in METRICS}
 
 
 def episode_record(ep: Any, item: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
@@ -202,7 +222,8 @@ def transcript_md(title: str, ep: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main_parser() -> argparse.ArgumentParser:
+    """The command line of the benchmark."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="embedded")
     p.add_argument("--seeds", type=int, default=3)
@@ -222,9 +243,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-max-steps", type=int, default=4,
                    help="env steps per evaluation episode (4: two assistant turns, enough to elicit the "
                         "withheld fact and answer; 12 is the env's default)")
+    p.add_argument("--eval-adapter", default=None,
+                   help="no training: evaluate the base model and this saved adapter (a run's "
+                        "<out>_adapter) the same way and write the results (1 trained seed)")
     p.add_argument("--out", default=str(RESULTS / "embedded_learning"),
                    help="output prefix: <out>.json/.md/.png, <out>_transcripts.md, <out>_adapter/")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = main_parser().parse_args(argv)
 
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -241,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         """Write the JSON, PNG, Markdown and transcripts of the seeds done so far (after every
         seed, so an interrupted run leaves its finished seeds)."""
         assert before is not None
-        b, af = summarise(before), summarise(after_all)
+        b, af, diff = summarise(before), summarise(after_all), paired(before, after_all)
         wall = time.perf_counter() - t0
         result = {
             "benchmark": "embedded_learning", "command": command, "seeds_done": len(per_seed),
@@ -250,19 +278,23 @@ def main(argv: list[str] | None = None) -> int:
                                           "decoding": "greedy"},
             "before": b, "after": af, "per_seed": per_seed,
             "separated": {k: af[k]["lo"] > b[k]["hi"] for k in b},
+            "paired_difference": diff,
             "wall_seconds": wall, "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                                               "torch_threads": _torch_threads()},
             "adapter": str(adapter_dir.relative_to(ROOT)) if adapter_dir.is_relative_to(ROOT) else str(adapter_dir),
         }
         Path(f"{out}.json").write_text(json.dumps(result, indent=1) + "\n")
         plot(Path(f"{out}.png"), logs, b, af)
-        rows = ["| metric | before | after (all seeds) | after > before (intervals apart) |", "|---|---|---|---|"]
-        for k in ("success", "facts", "questions", "reward", "reply_tokens"):
-            rows.append(f"| {k} | {fmt(b[k])} | {fmt(af[k])} | {'yes' if result['separated'][k] else 'no'} |")
+        rows = ["| metric | before | after (all seeds) | intervals apart | after - before, paired (same items) |",
+                "|---|---|---|---|---|"]
+        for k in METRICS:
+            rows.append(f"| {k} | {fmt(b[k])} | {fmt(af[k])} | {'yes' if result['separated'][k] else 'no'} "
+                        f"| {fmt(diff[k])} |")
         md = [f"# Embedded SmolLM2-135M learns on {ENV_ID} (GRPO + LoRA, CPU)", "",
               f"Command: `{command}`  ", f"Wall time: {wall / 60:.1f} min on {os.cpu_count()} CPUs; "
               f"{len(per_seed)} of {a.seeds} seed(s) done, {a.items} training items each; {a.eval_episodes} held-out test episodes "
-              "per evaluation (greedy), the scripted user. 95% intervals: Wilson (success), mean ± 1.96 SE.", "",
+              "per evaluation (greedy), the scripted user. 95% intervals: Wilson for 0/1 metrics, else mean ± "
+              "1.96 SE; the paired column: mean ± 1.96 SE of the per-episode differences.", "",
               *rows, "", "Per seed (after):", ""]
         for seed, s in per_seed.items():
             md.append(f"* seed {seed}: success {fmt(s['after']['success'])}, facts {fmt(s['after']['facts'])}, "
@@ -275,7 +307,30 @@ def main(argv: list[str] | None = None) -> int:
             + transcript_md("After training (seed 0)", after_all[0]))
         return rows, wall
 
-    for seed in range(a.seeds):
+    if a.eval_adapter:  # evaluate a saved adapter: "after" is that one trained seed
+        from collab_env.agents.embedded import EmbeddedPolicy
+
+        base = EmbeddedPolicy(max_batch_size=64, temperature=0.0, max_new_tokens=a.max_new_tokens)
+        before = evaluate_policy(base, base.tokenizer, a.eval_episodes, a.max_new_tokens, "the base model",
+                                 a.eval_max_steps)
+        trained = EmbeddedPolicy(max_batch_size=64, temperature=0.0, max_new_tokens=a.max_new_tokens,
+                                 adapter=a.eval_adapter)
+        after_all = evaluate_policy(trained, trained.tokenizer, a.eval_episodes, a.max_new_tokens,
+                                    f"the adapter {a.eval_adapter}", a.eval_max_steps)
+        saved = json.loads((Path(a.eval_adapter) / "collab_env_adapter.json").read_text())
+        per_seed[int(saved.get("seed", 0))] = {"after": summarise(after_all), "train_seconds": math.nan,
+                                               "collapse_flagged_lines": 0, "train_reply_tokens_first5": math.nan,
+                                               "train_reply_tokens_last5": math.nan,
+                                               "trained_by": saved.get("command")}
+        # the training settings are the run's that saved the adapter (its command's flags over
+        # this script's defaults); the evaluation settings are this call's
+        trained = main_parser().parse_args(shlex.split(saved["command"])[2:])
+        for key in ("items", "batch", "generations", "rollouts", "future_user_turns", "lr", "lora_r",
+                    "lora_modules", "temperature"):
+            setattr(a, key, getattr(trained, key))
+        a.seeds = len(per_seed)
+        adapter_dir = Path(a.eval_adapter)
+    for seed in range(0 if a.eval_adapter else a.seeds):
         ts = time.perf_counter()
         before, after, records, trainer = train_seed(seed, a, work, before)
         logs[seed] = records
@@ -288,11 +343,13 @@ def main(argv: list[str] | None = None) -> int:
         if seed == 0:
             trainer.models[0].model.save_pretrained(adapter_dir)
             (adapter_dir / "collab_env_adapter.json").write_text(json.dumps(
-                {"base": a.model, "env": ENV_ID, "seed": seed, "command": command,
+                {"base": a.model, "env": ENV_ID, "seed": seed, "command": command, "settings": vars(a),
                  "after": per_seed[0]["after"]}, indent=1) + "\n")
         print(f"  seed {seed}: success {fmt(per_seed[seed]['after']['success'])}, "
               f"facts {fmt(per_seed[seed]['after']['facts'])} ({per_seed[seed]['train_seconds']:.0f} s)", flush=True)
         del trainer
+        rows, wall = write()
+    if a.eval_adapter:
         rows, wall = write()
     print("\n".join(rows))
     print(f"wall time {wall / 60:.1f} min; results in {out}.json/.md/.png")
