@@ -11,7 +11,9 @@
    are reproducible; two assistant turns per episode, as the benchmark evaluates; the
    episodes' calls are merged into batched ``generate`` calls.
    ``--proactive`` adds CollabLLM's collaborative system prompt on the base model (the paper's
-   "Proactive Base").
+   "Proactive Base"). Below the table: questions asked per episode, and the share of episodes
+   in which the user revealed the withheld fact (what the adapter learned; the 135M model does
+   not learn to box the exact total, so success stays 0).
 
 The user is the suite's scripted user. Each episode is appended to
 ``runs/demo/<time>/<env>/<policy>.jsonl`` as it ends. A progress bar (on a terminal) runs over
@@ -86,6 +88,23 @@ def questions_per_episode(result: Any) -> float:
     return sum(asked) / len(eps)
 
 
+def facts_elicited(result: Any, split: str = "test") -> float:
+    """Share of the episodes in which the user revealed a fact the opening withheld (the user
+    states a fact by its sentence, and only when asked about it): what training improves."""
+    import collab_env
+
+    task = collab_env.make(MODEL_ENV, split=split).unwrapped.task
+    eps = list(result.episodes.values())
+    if not eps:
+        return float("nan")
+    hits = 0
+    for e in eps:
+        hidden = [f["sentence"] for f in task.get_item(e.index)["facts"] if f["hidden"]]
+        said = " ".join(m.content for m in e.conversation if m.role == "user" and m.author == "user")
+        hits += any(h in said for h in hidden)
+    return hits / len(eps)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m collab_env.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -132,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         print(result.summary_table())
         asked = ", ".join(f"{label} {questions_per_episode(res):.2f}" for label, res in result.results.items())
         print(f"questions asked per episode: {asked}")
+        elicited = ", ".join(f"{label} {facts_elicited(res):.2f}" for label, res in result.results.items())
+        print(f"episodes where the user revealed the withheld fact: {elicited}")
         print(f"({time.perf_counter() - t0:.0f} s for the model rows; the adapter is "
               f"{'loaded from ' + str(adapter) if adapter.is_dir() else 'missing'}; how it was trained and "
               "what it learned: benchmarks/results/embedded_learning.md)")

@@ -3,7 +3,15 @@ from pathlib import Path
 
 import pytest
 
-from collab_env.demo import ADAPTER, TRAIN_COMMAND, default_adapter, main, questions_per_episode
+from collab_env.demo import (
+    ADAPTER,
+    MODEL_ENV,
+    TRAIN_COMMAND,
+    default_adapter,
+    facts_elicited,
+    main,
+    questions_per_episode,
+)
 from collab_env.eval import evaluate
 
 
@@ -28,6 +36,14 @@ def test_questions_per_episode_counts_asking_turns():
     assert questions_per_episode(once) == 0.0
 
 
+def test_facts_elicited_is_the_share_of_episodes_where_the_user_revealed_a_withheld_fact():
+    kw = {"split": "test", "max_steps": 4}
+    ask = evaluate(MODEL_ENV, {"assistant": "ask-then-answer"}, num_episodes=4, progress=False, env_kwargs=kw)
+    once = evaluate(MODEL_ENV, {"assistant": "answer-at-once"}, num_episodes=4, progress=False, env_kwargs=kw)
+    assert facts_elicited(ask) == 1.0      # it asks for every withheld quantity
+    assert facts_elicited(once) == 0.0     # it never asks
+
+
 def test_the_adapter_path_and_the_command_that_makes_it():
     # The committed adapter of a source checkout is found from the module's own location; the
     # command the demo prints when it is missing is the benchmark whose default output prefix
@@ -49,3 +65,4 @@ def test_model_rows_before_and_after_with_the_committed_adapter(tmp_path, capsys
     out = capsys.readouterr().out
     assert "embedded (before training)" in out and "embedded (after collab_env training)" in out
     assert "questions asked per episode" in out and "loaded from" in out
+    assert "revealed the withheld fact" in out
