@@ -28,7 +28,8 @@ Writes ``team_magrpo_<tag>.{json,md,png}`` to ``--results`` and the runs' logs t
 
     # full size (quiet machine or a GPU): 3 seeds x 48 items, 24 held-out episodes
     python benchmarks/bench_team_magrpo.py --seeds 0 1 2 --items 48 --eval-items 24 --tag embedded
-    # the reduced run recorded in results/team_magrpo_reduced.* (one process per seed, then merged):
+    # the reduced runs in results/team_magrpo_reduced.* (8 items) and _reduced16.* (--items 16,
+    # tags reduced16_s$s / reduced16), one process per seed, then merged:
     for s in 0 1 2; do OMP_NUM_THREADS=1 python benchmarks/bench_team_magrpo.py --seeds $s --items 8
         --eval-items 8 --eval-interval 4 --tag reduced_s$s --results /tmp/red --out /tmp/red/out & done; wait
     (one command line per seed: the loop body is one line)
