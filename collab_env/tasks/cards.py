@@ -27,7 +27,6 @@ Baselines: ``python -m benchmarks.card_baselines --episodes 200`` (seeds 0-199, 
 from __future__ import annotations
 
 import math
-
 from collections.abc import Mapping
 
 from collab_env.registry import EnvCard

@@ -77,7 +77,11 @@ from collab_env.policy import ScriptedPolicy, resolve_policy
 from collab_env.tasks._common import build_config, build_env, split_env_kwargs
 from collab_env.tasks.cards import cards_section
 from collab_env.tasks.chat_cards import CHAT_CARDS
-from collab_env.tasks.collabllm import DEFAULT_SYSTEM_PROMPT, DEFAULT_TERMINATION_SIGNAL, CollabLLMTask
+from collab_env.tasks.collabllm import (
+    DEFAULT_SYSTEM_PROMPT,
+    DEFAULT_TERMINATION_SIGNAL,
+    CollabLLMTask,
+)
 from collab_env.tasks.math_problems import KINDS, math_problem
 from collab_env.types import Completion, Conversation
 

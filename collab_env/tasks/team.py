@@ -91,8 +91,9 @@ from collab_env.env import CollabEnv, EpisodeState, Outcome, Start, Task, env_me
 from collab_env.errors import ConfigError
 from collab_env.policy import ScriptedPolicy
 from collab_env.registry import EnvCard
-from collab_env.tasks.cards import cards_section
 from collab_env.tasks._common import build_config, split_env_kwargs
+from collab_env.tasks.cards import cards_section
+from collab_env.tasks.hidden_facts import extract_boxed
 from collab_env.types import Conversation, Message
 
 __all__ = [
@@ -119,8 +120,6 @@ CAPTAIN = "agent_0"
 USER = "user"
 
 _TEAM_LINE = re.compile(r"^\s*team\s*:\s?(.*)$", re.IGNORECASE)
-_BOXED = re.compile(r"\\boxed\s*\{([^{}]*)\}")
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _MARKER = re.compile(r"@(agent_\d+)\s*:", re.IGNORECASE)
 
 
@@ -193,14 +192,6 @@ def _kind(sc: _Scenario, kind: str) -> _Kind:
 def _join(words: Sequence[str]) -> str:
     words = list(words)
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
-
-
-def _boxed(text: str) -> float | None:
-    boxes = _BOXED.findall(text)
-    if not boxes:
-        return None
-    m = _NUMBER.search(boxes[-1].replace(",", ""))
-    return float(m.group()) if m else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -454,7 +445,7 @@ class TeamFactsTask(Task):
         cfg, item = self.config, state.item
         accuracy = None
         if CAPTAIN in moves:
-            guess = _boxed(moves[CAPTAIN])
+            guess = extract_boxed(moves[CAPTAIN])
             if guess is not None:
                 accuracy = float(guess == item["answer"])
         parts = {a: split_message(moves.get(a, "")) for a in self.agents}
@@ -530,7 +521,7 @@ def make_env(**kwargs: Any) -> CollabEnv:
 def _round_verdicts(completions: Sequence[Sequence[str]], item: Mapping[str, Any]):
     agents = tuple(f"agent_{i}" for i in range(len(completions)))
     texts = {a: (c[0] if c else "") for a, c in zip(agents, completions)}
-    guess = _boxed(texts[CAPTAIN])
+    guess = extract_boxed(texts[CAPTAIN])
     accuracy = 0.0 if guess is None else float(guess == item["answer"])
     questions = {}
     for a, t in texts.items():
