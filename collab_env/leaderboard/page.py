@@ -21,8 +21,9 @@ no network and no JavaScript framework:
 
 Numbers follow the statistics of :mod:`collab_env.leaderboard`: each metric is shown as
 ``mean [lo, hi]`` (the bootstrap 95% interval over tasks) with its ``n`` beside it; pass^k the
-same, with the entry's seeds and episodes; cost per episode, and the simulator's and the judge's
-fault rates, are their own columns.
+same, with the entry's seeds and episodes; cost per episode (USD, or tokens for a model with no
+price; one unit per plot axis), and the simulator's and the judge's fault rates, are their own
+columns.
 """
 
 from __future__ import annotations
@@ -190,12 +191,20 @@ def _percent(rate: float) -> str:
     return f"{100 * rate:.1f}%"
 
 
-def _cost(value: float | None) -> str:
+def _cost(value: float | None, unit: str | None = "usd") -> str:
+    """A cost per episode in its unit: USD (``$0.0021``) or, for a model with no price (the
+    embedded one), tokens (``981 tokens``); never tokens printed as dollars."""
     if value is None:
         return "not recorded"
+    if unit == "tokens":
+        return f"{value:.4g} tokens"
     if value == 0:
         return "$0"
     return f"${value:.3g}" if value >= 0.001 else f"${value:.2e}"
+
+
+def _unit(entry: Mapping[str, Any]) -> str:
+    return str(entry.get("cost_unit") or "usd")
 
 
 def _count(value: Any) -> str:
@@ -335,7 +344,8 @@ def _table(board: _Board, index: int, track: Mapping[str, Any],
                          f'<small class="n">{_e(n)}</small></td>')
         cost = entry["cost_per_episode"]
         cost_key = "" if cost is None else repr(float(cost))
-        cells.append(f'<td class="num" data-value="{cost_key}">{_e(_cost(cost))}</td>')
+        cells.append(f'<td class="num" data-value="{cost_key}" data-unit="{_e(_unit(entry))}">'
+                     f'{_e(_cost(cost, _unit(entry)))}</td>')
         for key in ("simulator_fault_rate", "judge_fault_rate"):
             rate = float(entry[key])
             cells.append(f'<td class="num" data-value="{rate!r}">{_percent(rate)} '
@@ -441,15 +451,20 @@ def _plots(track: Mapping[str, Any], entries: Sequence[Mapping[str, Any]]) -> st
 def _cost_plot(track: Mapping[str, Any], entries: Sequence[Mapping[str, Any]],
                colours: Mapping[str, str]) -> str:
     metric = _plot_metric(track)
-    points = [e for e in entries
-              if e["cost_per_episode"] is not None and metric in e["metrics"]]
-    missing = [e for e in entries if e not in points]
+    costed = [e for e in entries if e["cost_per_episode"] is not None and metric in e["metrics"]]
+    # One axis, one unit: USD when any entry has a price, else tokens. An entry costed in the
+    # other unit is listed under the plot, not drawn on an axis that means something else.
+    unit = "usd" if any(_unit(e) == "usd" for e in costed) else "tokens"
+    points = [e for e in costed if _unit(e) == unit]
+    missing = [e for e in entries if e not in costed]
+    other = [e for e in costed if e not in points]
     title = f"{metric} versus cost per episode"
     note = ""
-    if missing:
-        note = ("<p class=\"note\">Not plotted (no cost or no " + _e(metric) + "): "
-                + ", ".join(f'<span class="{_kind_class(e)}">{_e(e["name"])}</span>'
-                            for e in missing) + "</p>")
+    for group, why in ((missing, f"no cost or no {metric}"), (other, "cost in tokens, axis in USD")):
+        if group:
+            note += (f"<p class=\"note\">Not plotted ({_e(why)}): "
+                     + ", ".join(f'<span class="{_kind_class(e)}">{_e(e["name"])}</span>'
+                                 for e in group) + "</p>")
     if not points:
         return (f'<figure class="plot cost-plot"><figcaption>{_e(title)}</figcaption>'
                 f'<p class="note">No entry of this track records a cost.</p>{note}</figure>')
@@ -458,13 +473,13 @@ def _cost_plot(track: Mapping[str, Any], entries: Sequence[Mapping[str, Any]],
     highs = [e["metrics"][metric]["hi"] for e in points]
     x_range = _nice_axis(0.0, max(costs) * 1.05 if max(costs) > 0 else 1.0)
     y_range = _nice_axis(min(lows), max(highs))
-    axes, sx, sy = _axes(x_range, y_range, "cost per episode (USD)",
+    axes, sx, sy = _axes(x_range, y_range, f"cost per episode ({'USD' if unit == 'usd' else 'tokens'})",
                          f"{metric} (mean, 95% CI)")
     marks = []
     for e in points:
         ci = e["metrics"][metric]
         x, colour = sx(float(e["cost_per_episode"])), colours[str(e["id"])]
-        text = (f"{e['name']}: {metric} {_interval(ci)}, cost {_cost(e['cost_per_episode'])} "
+        text = (f"{e['name']}: {metric} {_interval(ci)}, cost {_cost(e['cost_per_episode'], unit)} "
                 "per episode")
         marks.append(
             f'<g class="mark {_kind_class(e)}" data-entry="{_e(e["id"])}">'

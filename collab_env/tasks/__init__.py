@@ -168,7 +168,9 @@ def register_builtin() -> None:
                 trainable=agents,
                 default_policies={**dict.fromkeys(agents, "collab_env.tasks.team:CoordinatedTeam"),
                                   "user": "collab_env.tasks.team:TeamFactsUser"},
-                reward={"accuracy": 1.0},
+                # The env's own reward components (question_cost is no registered metric, so
+                # reward='mr'/'conversation' is refused at make with the fix named).
+                reward={"accuracy": 1.0, "question_cost": 1.0},
                 reward_range=level["reward_range"],
                 limits={"max_steps": level["kwargs"]["max_steps"]},
                 description=level["description"],

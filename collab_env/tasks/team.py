@@ -841,7 +841,8 @@ def team_facts_card(env_id: str) -> EnvCard:
                 f"per_agent = accuracy - the agent's own charge; difference = J - J(agent "
                 f"silent), in [-0.1, 1] per round for the captain and [-0.1, 0] for a teammate. "
                 f"mr and conversation are not defined for this env (no metric scores a team "
-                f"transcript)."),
+                f"transcript): the spec's weight question_cost is no registered metric, so "
+                f"make(..., reward='mr' or 'conversation') raises ConfigError."),
         reward_range={"default": level["reward_range"], "joint-shared": (lo_joint, 1.0),
                       "joint-per_agent": (lo_agent, 1.0), "joint-difference": (lo_agent, 1.0)},
         limits=(f"max_steps {steps}: agent rounds, and a user round after every round with a "

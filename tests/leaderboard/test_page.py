@@ -331,6 +331,33 @@ def test_plot_positions_follow_the_numbers():
     assert "0.0025" in ticks and "0.0005" in ticks
 
 
+def test_a_cost_in_tokens_is_never_shown_or_plotted_as_dollars():
+    """The embedded model has no price, so board_data records its cost per episode in tokens
+    (cost_unit "tokens"): the cell says tokens, and on a track where another entry has a USD
+    cost it is listed under the plot, not drawn on the USD axis; a track costed only in tokens
+    gets a tokens axis."""
+    data = fixture_board()
+    by_id = {e["id"]: e for e in data["entries"]}
+    by_id["proactive"].update(cost_per_episode=981.0, cost_unit="tokens")
+    by_id["mc-embedded"].update(cost_per_episode=1260.0, cost_unit="tokens")
+    by_id["mc-scripted"].update(cost_per_episode=None)
+    page = _Page(render_page(data))
+    row = page.text_within(lambda t, a: t == "tr" and a.get("data-entry") == "proactive")
+    assert "981 tokens" in row and "$981" not in row
+    hf = "hidden-facts-easy@v1"
+    marks = {a["data-entry"] for t, a, anc in page.find("g", class_="mark")
+             if _inside(anc, "figure", class_="cost-plot") and _inside(anc, "section", data_track=hf)}
+    assert marks == {"ask", "once"}
+    notes = page.text_within(lambda t, a: t == "p" and "note" in (a.get("class") or ""))
+    assert "Not plotted (cost in tokens, axis in USD): Embedded + Proactive" in notes
+    labels = page.text_within(lambda t, a: t == "text" and "label" in (a.get("class") or ""))
+    assert "cost per episode (USD)" in labels and "cost per episode (tokens)" in labels
+    mc_marks = {a["data-entry"] for t, a, anc in page.find("g", class_="mark")
+                if _inside(anc, "figure", class_="cost-plot")
+                and _inside(anc, "section", data_track="math-chat@v1")}
+    assert mc_marks == {"mc-embedded"}
+
+
 def test_a_missing_pass_k_is_a_gap_not_a_shift():
     data = fixture_board()
     del data["entries"][1]["pass_k"]["2"]  # "once": pass^1, pass^3, pass^4 only

@@ -103,6 +103,17 @@ def test_length_ratio_has_no_mr_or_conversation():
     assert set(collab_env.spec("length-ratio").card.reward_range) == {"default", "joint-shared", "joint-difference"}
 
 
+def test_team_facts_has_no_mr_or_conversation():
+    env_id = "team-facts-easy"
+    pols = {**{a: FixedTextPolicy("a") for a in collab_env.spec(env_id).trainable}, "user": FixedTextPolicy("u")}
+    for reward in ("mr", "conversation"):
+        kw = {"judge": FixedJudge(True), "player": "agent_0"}
+        if reward == "mr":
+            kw["policy"] = FixedTextPolicy("x")
+        with pytest.raises(ConfigError, match="question_cost.*not registered metrics"):
+            ret(env_id, pols, reward=reward, reward_kwargs=kw)
+
+
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory):
     from collab_env.testing.collabllm_fixtures import write_collabllm_fixture
