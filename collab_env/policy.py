@@ -58,6 +58,7 @@ __all__ = [
     "LEARNER",
     "LearnerBindable",
     "bind_learner",
+    "unbound_learners",
 ]
 
 
@@ -384,16 +385,30 @@ def bind_learner(env: Any, policies: Mapping[str, Any],
     bound policy, so the futures a learner plays sample as its own rollouts do. Returns how many
     (layer, player) bindings were made.
     """
-    bound, layer, seen = 0, env, set()
+    bound = 0
+    for layer in _bindable_layers(env):
+        for player in list(layer.learner_players()):
+            if player in policies:
+                if sampling is not None and sampling.get(player) is not None:
+                    layer.bind_policy(player, policies[player], sampling=dict(sampling[player]))
+                else:
+                    layer.bind_policy(player, policies[player])
+                bound += 1
+    return bound
+
+
+def unbound_learners(env: Any) -> list[str]:
+    """The players that some layer of ``env``'s wrapper chain still plays with :data:`LEARNER`
+    (sorted, each once): a trainer that cannot :func:`bind_learner` its model (TRL's tool route,
+    say) refuses such an env up front instead of failing at the first scored step."""
+    return sorted({p for layer in _bindable_layers(env) for p in layer.learner_players()})
+
+
+def _bindable_layers(env: Any) -> list[Any]:
+    layers, layer, seen = [], env, set()
     while layer is not None and id(layer) not in seen:
         seen.add(id(layer))
         if isinstance(layer, LearnerBindable):
-            for player in list(layer.learner_players()):
-                if player in policies:
-                    if sampling is not None and sampling.get(player) is not None:
-                        layer.bind_policy(player, policies[player], sampling=dict(sampling[player]))
-                    else:
-                        layer.bind_policy(player, policies[player])
-                    bound += 1
+            layers.append(layer)
         layer = getattr(layer, "env", None)
-    return bound
+    return layers

@@ -17,6 +17,11 @@ class CollabToolEnv:
     public methods other than ``reset`` and ``get_reward`` as tools, and calls ``get_reward()``
     once the rollout is done. Build it through :func:`environment_factory`.
 
+    A reward wrapper works as on any route: with ``reward="mr"`` each ``send_message`` is the
+    assistant's reply, scored by its futures, and ``get_reward()`` sums those scores. The futures
+    need a policy of their own (``reward_kwargs["policy"]``): :data:`~collab_env.policy.LEARNER`
+    is refused here, since TRL does not hand its model to the tools.
+
     Args:
         build_env: Builds the env.
         player: The player the model plays (default: the env's only trainable player).
@@ -25,10 +30,21 @@ class CollabToolEnv:
 
     def __init__(self, build_env: Callable[[], Any], player: str | None = None,
                  policies: Mapping[str, Any] | None = None) -> None:
+        from collab_env.errors import ConfigError
+        from collab_env.policy import LEARNER, unbound_learners
         from collab_env.wrappers.single_agent import SingleAgentEnv
 
         env = build_env()
         self._player = trained_player(env, player)
+        learners = unbound_learners(env)
+        if learners:
+            # TRL keeps its model to itself on this route: nothing could put it into the MR's
+            # futures, and the first scored reply would fail inside a tool call.
+            raise ConfigError(
+                f"the env rolls futures with policy {LEARNER!r} for {learners}, which TRL's tool route "
+                "cannot bind to the model it trains: pass a policy object (e.g. an HFPolicy of the "
+                "same checkpoint) or 'embedded' as reward_kwargs['policy'], or train through "
+                "collab_env.adapters.trl.rollout_func, which binds the trained model into the futures.")
         self._view = SingleAgentEnv(env, self._player, policies=policies)
         self._reward = 0.0
         self._done = True

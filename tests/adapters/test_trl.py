@@ -17,6 +17,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 import collab_env  # noqa: E402
 from collab_env.adapters import trl as ce_trl  # noqa: E402
 from collab_env.errors import ConfigError  # noqa: E402
+from collab_env.policy import FixedTextPolicy  # noqa: E402
 
 MR_KWARGS = dict(reward="mr", reward_kwargs=dict(policy="learner", weights={"accuracy_rule": 1.0, "token_amount": -1e-2},
                                                 num_rollouts=2, max_user_turns=1, max_assistant_turns=2))
@@ -115,6 +116,35 @@ def test_grpo_trainer_runs_two_steps_on_an_mr_env_and_the_mr_details_reach_the_r
             # (same additions in the same order, so equal up to float rounding of a few terms)
             assert reward == pytest.approx(sum(t["reward"] for t in mr), abs=1e-9)
             assert comps["mr"] == pytest.approx(reward, abs=1e-9)
+
+
+def test_tool_route_on_an_mr_env_scores_each_message_with_the_futures():
+    """send_message is the assistant's reply: on an MR env get_reward() is the MR's return of the
+    episode, equal to run_episode's with the same replies (the futures' seeds follow the step and
+    the rollout, so both roll the same futures); a future policy of "learner" is refused up front,
+    since nothing could bind TRL's model into the futures."""
+    from collab_env.rollout import run_episode
+
+    with pytest.raises(ConfigError, match="tool route cannot bind.*rollout_func"):
+        ce_trl.environment_factory("hidden-facts-easy", env_kwargs=MR_KWARGS)
+    reply = "Which quantity is missing? Tell me and I will add them up."
+    row = ce_trl.dataset("hidden-facts-easy", n=3)[2]
+    tool = ce_trl.environment_factory("hidden-facts-easy", env_kwargs=TOOL_MR_KWARGS)()
+    assert tool.reset(**row) is None
+    answers = []
+    while True:
+        try:
+            answers.append(tool.send_message(reply))
+        except ValueError:  # the conversation ended
+            break
+    assert answers[-1].endswith("[the conversation has ended]") and answers[0].startswith("user: ")
+    ref = run_episode(collab_env.make("hidden-facts-easy", **TOOL_MR_KWARGS),
+                      {"assistant": FixedTextPolicy(reply), "user": collab_env.spec("hidden-facts-easy").default_policies["user"]},
+                      seed=row["seed"], index=row["index"])
+    scored = [t for t in ref.turns if t.player == "assistant"]
+    assert len(scored) == len(answers)
+    assert tool.get_reward() == pytest.approx(ref.returns["assistant"], abs=1e-12)
+    assert tool.get_reward() != 0.0  # token_amount charges every future's words
 
 
 # -- token level ---------------------------------------------------------------------------------------
@@ -243,9 +273,17 @@ def test_environment_factory_plays_the_env_through_its_one_tool():
     assert text == row["prompt"][-1]["content"]
 
 
-def test_grpo_trainer_trains_through_the_environment_factory(tiny_dir, tmp_path):
-    """GRPOTrainer(environment_factory=...) for 2 steps: TRL resets the pooled envs with the dataset rows
-    and its reward column of the env class is the envs' get_reward()."""
+# The tool route on an MR env: TRL keeps its model, so the futures have a policy of their own.
+TOOL_MR_KWARGS = dict(reward="mr", reward_kwargs=dict(MR_KWARGS["reward_kwargs"],
+                                                     policy=FixedTextPolicy("So the total is \\boxed{7}.")))
+
+
+@pytest.mark.parametrize("env_id, env_kwargs", [("hidden-facts", None), ("hidden-facts-easy", TOOL_MR_KWARGS)],
+                         ids=["plain", "mr"])
+def test_grpo_trainer_trains_through_the_environment_factory(tiny_dir, tmp_path, env_id, env_kwargs):
+    """GRPOTrainer(environment_factory=...) for 2 steps, on hidden-facts and on an MR-wrapped env: TRL
+    resets the pooled envs with the dataset rows and its reward column of the env class is the envs'
+    get_reward()."""
     from trl import GRPOConfig, GRPOTrainer
     from trl.chat_template_utils import qwen2_5_chat_template
 
@@ -256,7 +294,7 @@ def test_grpo_trainer_trains_through_the_environment_factory(tiny_dir, tmp_path)
     # Qwen2.5's template, shipped with TRL, is ChatML like the tiny tokenizer's (<|im_start|>/<|im_end|>
     # are its special tokens); TRL swaps in its prefix-preserving training variant itself.
     tok.chat_template = qwen2_5_chat_template
-    base = ce_trl.environment_factory("hidden-facts")
+    base = ce_trl.environment_factory(env_id, env_kwargs=env_kwargs)
     resets, messages = [], {}
 
     def factory():
@@ -288,7 +326,7 @@ def test_grpo_trainer_trains_through_the_environment_factory(tiny_dir, tmp_path)
     args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, num_generations=2,
                       max_completion_length=8, max_steps=2, logging_steps=1, report_to=[], use_cpu=True,
                       save_strategy="no", learning_rate=1e-2, seed=0)
-    ds = ce_trl.dataset("hidden-facts", n=2)
+    ds = ce_trl.dataset(env_id, n=2)
     trainer = GRPOTrainer(model=model, reward_funcs=[envs_reward], args=args, train_dataset=ds, processing_class=tok,
                           environment_factory=factory)
     assert trainer.reward_func_names == ["envs_reward", "CollabToolEnv"]
