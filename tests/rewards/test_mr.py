@@ -469,8 +469,9 @@ def test_default_rewards_of_medium_and_bigcodebench(tmp_path):
     assert isinstance(medium, ConversationReward)
     assert medium.metric_set.weights == {"bleu_score": 1.0, "token_amount": -1e-4}
     code = collab_env.make("collabllm-bigcodebench", data_files=str(path), reward="mr",
-                           reward_kwargs={"max_user_turns": 0})
-    assert code.weights == {"pass_rate": 1.0, "token_amount": -1e-4}
+                           reward_kwargs={"max_user_turns": 0, "judge": JsonJudgeBackend()})
+    # CollabLLM weighs the judged interactivity on bigcodebench (llm_rw_weight 1), not on medium
+    assert code.weights == {"pass_rate": 1.0, "interactivity": 1.0, "token_amount": -1e-4}
 
 
 def test_make_with_reward_and_view(tmp_path):
@@ -725,7 +726,8 @@ def test_mr_on_collabllm_without_user_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="explicit user simulator"):
         MultiturnAwareReward(base, policies={"assistant": FixedTextPolicy("x")}, weights={"test_future_len": 1.0})
     # the immediate reward rolls nothing and needs no user
-    collab_env.make("collabllm-bigcodebench", data_files=str(path), reward="mr", reward_kwargs={"max_user_turns": 0})
+    collab_env.make("collabllm-bigcodebench", data_files=str(path), reward="mr",
+                    reward_kwargs={"max_user_turns": 0, "judge": JsonJudgeBackend()})
 
 
 def test_user_replay_selects_the_recorded_turns_on_purpose(tmp_path):

@@ -15,13 +15,14 @@ from collab_env.errors import ConfigError, PolicyError
 from collab_env.policy import CallablePolicy, FixedTextPolicy, ScriptedPolicy, resolve_policy
 from collab_env.rollout import run_episode
 from collab_env.tasks.chats import (
+    JUDGE_FREE_WEIGHTS,
     EmbeddedChatUser,
     SentenceRevealUser,
     has_final_answer,
     problem_units,
 )
 from collab_env.tasks.math_problems import KINDS, math_problem
-from collab_env.types import Conversation, Message
+from collab_env.types import Completion, Conversation, Message
 
 SIGNAL = "[[TERMINATE CHAT]]"
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
@@ -231,7 +232,8 @@ def _humaneval():
 
 def test_humaneval_chat_scores_the_delivered_code_in_the_sandbox():
     p = _humaneval()
-    env = collab_env.make("humaneval-chat", reward="conversation", task_ids=("HumanEval/0",))
+    env = collab_env.make("humaneval-chat", reward="conversation", task_ids=("HumanEval/0",),
+                          reward_kwargs={"weights": JUDGE_FREE_WEIGHTS})
     obs, _ = env.reset(seed=0)
     opening = [m.content for m in obs["assistant"] if m.author == "user"][0]
     assert "def has_close_elements(numbers: List[float], threshold: float) -> bool:" in opening
@@ -243,10 +245,39 @@ def test_humaneval_chat_scores_the_delivered_code_in_the_sandbox():
     assert bad.components["assistant"]["pass_rate"] == 0.0
 
 
+class RubricJudge:
+    """A judge backend that rates every interactivity rubric: understanding 1, clarification 0,
+    suggestions 1 (the verl rubric's mean: 2/3)."""
+
+    name = "rubric-judge"
+
+    def __init__(self):
+        self.calls = 0
+
+    async def act(self, observations, **sampling):
+        self.calls += len(observations)
+        return [Completion(text='{"understanding": 1, "clarification": 0, "suggestions": 1}',
+                           finish_reason="stop", usage={"model_calls": 1}) for _ in observations]
+
+
+def test_humaneval_chat_weighs_interactivity_as_collabllm_bigcodebench():
+    """The spec's weights are CollabLLM's bigcodebench spec (pass rate, interactivity, token
+    amount): mr and conversation need a judge, and the error says how to get one or leave the
+    term out."""
+    _humaneval()
+    assert dict(collab_env.spec("humaneval-chat").reward) == {"pass_rate": 1.0, "interactivity": 1.0,
+                                                              "token_amount": -1e-4}
+    for reward in ("mr", "conversation"):
+        kw = {"policy": FixedTextPolicy(ASK)} if reward == "mr" else {}
+        with pytest.raises(ConfigError, match=r"\['interactivity'\] need an LLM judge.*weights without"):
+            collab_env.make("humaneval-chat", task_ids=("HumanEval/0",), reward=reward, reward_kwargs=kw)
+
+
 def test_humaneval_chat_mr_on_one_turn_by_hand():
     p = _humaneval()
+    judge = RubricJudge()
     env = collab_env.make("humaneval-chat", task_ids=("HumanEval/0",), reward="mr", reward_kwargs={
-        "user": SentenceRevealUser(), "policy": FixedTextPolicy(ASK), "num_rollouts": 2})
+        "user": SentenceRevealUser(), "policy": FixedTextPolicy(ASK), "num_rollouts": 2, "judge": judge})
     env.reset(seed=0)
     reply = f"Here it is:\n```python\n{p.canonical_program()}```"
     _, rewards, _, _, infos = env.step({"assistant": reply})
@@ -254,8 +285,9 @@ def test_humaneval_chat_mr_on_one_turn_by_hand():
     # The future: the reply, then the user's "Thanks, that settles it. [[TERMINATE CHAT]]" (6 words).
     words = len(reply.split()) + 6
     assert comp["pass_rate"] == 1.0
+    assert comp["interactivity"] == pytest.approx(2 / 3, abs=1e-12) and judge.calls == 2  # one per future
     assert comp["token_amount"] == pytest.approx(-1e-4 * words, abs=1e-15)
-    assert rewards["assistant"] == pytest.approx(1.0 - 1e-4 * words, abs=1e-12)
+    assert rewards["assistant"] == pytest.approx(1.0 + 2 / 3 - 1e-4 * words, abs=1e-12)
 
 
 def test_humaneval_chat_user_reveals_the_docstring():
