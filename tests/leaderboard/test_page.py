@@ -2,7 +2,7 @@
 page itself in headless Chromium (Debian's package), driven over the DevTools protocol.
 
 The board is hand-written in the shape of ``board_data`` (notes in api13.md / schema.py): two
-current tracks and one legacy track, six entries (one custom, one whose texts try to inject HTML),
+current tracks and one legacy track, seven entries (one custom, one whose texts try to inject HTML),
 paired comparisons and trajectories.
 """
 

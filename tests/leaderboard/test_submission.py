@@ -64,10 +64,6 @@ def test_round_trip_run_verify_build(board, tmp_path, capsys):
     assert ask["metrics"]["success"]["mean"] == 1.0 and ask["pass_k"]["4"]["mean"] == 1.0
     assert ask["episodes"] == 100 and ask["seeds"] == 4 and ask["metrics"]["reward"]["n"] == 100
     assert ids["length-ratio@v1/partners"]["metrics"]["reward"]["n"] == 32
-    try:
-        import collab_env.leaderboard.page  # noqa: F401
-    except ImportError:
-        pytest.skip("collab_env/leaderboard/page.py (build_page) is not there yet")
     out = tmp_path / "board.html"
     assert main(["leaderboard", "build", str(board), "--out", str(out)]) == 0
     html = out.read_text(encoding="utf-8")
@@ -91,6 +87,19 @@ def test_paired_comparison_separates_the_references(board):
     [comp] = [x for x in data["comparisons"] if x["track"] == "hidden-facts-easy@v1"]
     assert (comp["a"], comp["b"]) == ("hidden-facts-easy@v1/ask-then-answer", "hidden-facts-easy@v1/answer-at-once")
     assert comp["lo"] > 0
+
+
+def test_paired_comparison_separates_the_references_on_hidden_facts_in_the_seeded_board():
+    """On hidden-facts@v1 (every item withholds a fact the answer needs) the committed seeded
+    entries differ in every one of the 100 paired episodes: ask-then-answer succeeds, answering
+    at once never does; the verified submission files are what is compared."""
+    seeded = Path(__file__).resolve().parents[2] / "benchmarks" / "leaderboard" / "hidden-facts"
+    a, b = _records(seeded / "ask-then-answer"), _records(seeded / "answer-at-once")
+    for metric in ("success", "reward"):
+        c = paired_comparison(a, b, submitted=["assistant"], threshold=1.0, metric=metric, seed=0, num_boot=1000)
+        assert (c["n"], c["tasks"]) == (100, 25)
+        # every pair differs by exactly 1, so every bootstrap resample does too
+        assert c["diff"] == c["lo"] == c["hi"] == 1.0, c
 
 
 def _copy(src, dst):
