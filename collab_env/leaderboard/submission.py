@@ -204,16 +204,23 @@ def fixed_players(track: Track, cache_path: Path | None, *, mode: str = "record"
     return FixedPlayers(policies, sampling, env_kwargs, info, cache)
 
 
-def code_version() -> str:
-    """The git commit of the collab_env checkout (``+dirty`` with uncommitted changes), else
-    the installed package's version."""
-    root = Path(__file__).resolve().parents[2]
+def code_version(root: str | os.PathLike[str] | None = None) -> str:
+    """The git commit of the collab_env checkout (``+dirty`` when tracked files under
+    ``collab_env/``, ``agents/`` or ``adapters/`` have uncommitted changes: the code that played
+    is then not that commit), else the installed package's version. ``root``: the checkout
+    (default: the one this module is in)."""
+    root = Path(root) if root is not None else Path(__file__).resolve().parents[2]
     if (root / ".git").exists():
         try:
-            sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                                 text=True, timeout=10, check=True).stdout.strip()
+            def git(*args: str) -> str:
+                return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                                      timeout=10, check=True).stdout.strip()
+
+            sha = git("rev-parse", "HEAD")
             if sha:
-                return sha
+                dirty = git("status", "--porcelain", "--untracked-files=no", "--",
+                            "collab_env", "agents", "adapters")
+                return sha + ("+dirty" if dirty else "")
         except (OSError, subprocess.SubprocessError):
             pass
     try:

@@ -256,3 +256,25 @@ def test_build_keeps_verdicts_and_replays_only_changed_entries(board, tmp_path, 
     replayed.clear()
     board_data(root, num_boot=50, reverify=True)
     assert sorted(replayed) == ["answer-at-once", "ask-then-answer"]
+
+
+def test_code_version_is_the_commit_and_says_dirty_for_changed_code(tmp_path):
+    from collab_env.leaderboard.submission import code_version
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "collab_env").mkdir()
+    (tmp_path / "collab_env" / "x.py").write_text("A = 1\n")
+    (tmp_path / "README.md").write_text("r\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    sha = git("rev-parse", "HEAD")
+    assert code_version(tmp_path) == sha
+    (tmp_path / "README.md").write_text("changed docs\n")  # not code
+    (tmp_path / "collab_env" / "new.py").write_text("")  # untracked
+    assert code_version(tmp_path) == sha
+    (tmp_path / "collab_env" / "x.py").write_text("A = 2\n")
+    assert code_version(tmp_path) == sha + "+dirty"
