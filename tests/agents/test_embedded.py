@@ -129,6 +129,27 @@ def test_embedded_policy_knows_the_capital_of_france(embedded_env):
     assert tok(out.text, add_special_tokens=False)["input_ids"] == list(out.token_ids[:-1])
 
 
+@needs_weights
+def test_embedded_lora_backend_applies_the_committed_adapter(embedded_env):
+    """``"embedded-lora:<folder>"`` (a leaderboard --policy spec) is the embedded model with that
+    LoRA adapter: the same completions as EmbeddedPolicy(adapter=...), other log-probs than the
+    base model's."""
+    from pathlib import Path
+
+    from collab_env.agents.embedded import EmbeddedLoRAPolicy, EmbeddedPolicy
+    from collab_env.policy import resolve_policy
+
+    adapter = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "embedded_learning_adapter"
+    policy = resolve_policy(f"embedded-lora:{adapter}", max_new_tokens=8, temperature=0)
+    assert isinstance(policy, EmbeddedLoRAPolicy) and policy.name == "embedded+lora:embedded_learning_adapter"
+    obs = [Conversation.from_chat([{"role": "user", "content": "I have 3 apples and some pears. How many fruits?"}])]
+    got = asyncio.run(policy.act(obs))[0]
+    same = asyncio.run(EmbeddedPolicy(adapter=str(adapter), max_new_tokens=8, temperature=0).act(obs))[0]
+    base = asyncio.run(EmbeddedPolicy(max_new_tokens=8, temperature=0).act(obs))[0]
+    assert got.token_ids == same.token_ids and got.logprobs == same.logprobs
+    assert got.logprobs[:1] != base.logprobs[:1]  # the adapter changes the first token's distribution
+
+
 @pytest.mark.slow
 @needs_weights
 def test_hidden_facts_episode_with_the_embedded_assistant(embedded_env):
