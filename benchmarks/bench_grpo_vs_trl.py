@@ -21,8 +21,8 @@ slow each other far more than 2x) unless ``--allow-loaded``.
     python benchmarks/bench_grpo_vs_trl.py --model tiny    # a tiny random Qwen2 (plumbing only)
     python benchmarks/bench_grpo_vs_trl.py --sizes 2x4,4x8 --out benchmarks/results/grpo_vs_trl_embedded.json
 
-Needs ``trl`` (``pip install trl``; it adds only accelerate and psutil). trl is not a dependency
-of collab_env: it is only this benchmark's yardstick.
+Needs ``trl``: collab_env's ``trl`` extra (the TRL adapter's; ``make test`` installs it). Here it
+is only the yardstick.
 """
 
 from __future__ import annotations
