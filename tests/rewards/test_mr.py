@@ -24,6 +24,7 @@ from collab_env.rewards.mr import (
 )
 from collab_env.testing.collabllm_fixtures import write_collabllm_fixture
 from collab_env.types import FAULT, Completion
+from tests._judges import JsonJudgeBackend
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,26 +420,6 @@ def cr_start(env):
 # ---------------------------------------------------------------------------------------------
 # The CollabLLM default rewards
 # ---------------------------------------------------------------------------------------------
-class JsonJudgeBackend:
-    """A judge backend: answers the accuracy and interactivity rubrics with fixed JSON."""
-
-    name = "json-judge"
-
-    def __init__(self):
-        self.prompts = []
-
-    async def act(self, observations, **sampling):
-        out = []
-        for obs in observations:
-            text = obs.messages[-1].content
-            self.prompts.append(text)
-            if "reference answer" in text:
-                out.append(Completion(text='{"reason": "ok", "score": true}', finish_reason="stop",
-                                      usage={"model_calls": 1}))
-            else:
-                out.append(Completion(text='{"understanding": 1, "clarification": 0.7, "suggestions": 0.3}',
-                                      finish_reason="stop", usage={"model_calls": 1}))
-        return out
 
 
 def test_default_reward_of_math_hard(math_env):

@@ -22,7 +22,8 @@ from collab_env.tasks.chats import (
     problem_units,
 )
 from collab_env.tasks.math_problems import KINDS, math_problem
-from collab_env.types import Completion, Conversation, Message
+from collab_env.types import Conversation, Message
+from tests._judges import JsonJudgeBackend
 
 SIGNAL = "[[TERMINATE CHAT]]"
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
@@ -245,21 +246,6 @@ def test_humaneval_chat_scores_the_delivered_code_in_the_sandbox():
     assert bad.components["assistant"]["pass_rate"] == 0.0
 
 
-class RubricJudge:
-    """A judge backend that rates every interactivity rubric: understanding 1, clarification 0,
-    suggestions 1 (the verl rubric's mean: 2/3)."""
-
-    name = "rubric-judge"
-
-    def __init__(self):
-        self.calls = 0
-
-    async def act(self, observations, **sampling):
-        self.calls += len(observations)
-        return [Completion(text='{"understanding": 1, "clarification": 0, "suggestions": 1}',
-                           finish_reason="stop", usage={"model_calls": 1}) for _ in observations]
-
-
 def test_humaneval_chat_weighs_interactivity_as_collabllm_bigcodebench():
     """The spec's weights are CollabLLM's bigcodebench spec (pass rate, interactivity, token
     amount): mr and conversation need a judge, and the error says how to get one or leave the
@@ -275,7 +261,7 @@ def test_humaneval_chat_weighs_interactivity_as_collabllm_bigcodebench():
 
 def test_humaneval_chat_mr_on_one_turn_by_hand():
     p = _humaneval()
-    judge = RubricJudge()
+    judge = JsonJudgeBackend()
     env = collab_env.make("humaneval-chat", task_ids=("HumanEval/0",), reward="mr", reward_kwargs={
         "user": SentenceRevealUser(), "policy": FixedTextPolicy(ASK), "num_rollouts": 2, "judge": judge})
     env.reset(seed=0)
@@ -285,7 +271,7 @@ def test_humaneval_chat_mr_on_one_turn_by_hand():
     # The future: the reply, then the user's "Thanks, that settles it. [[TERMINATE CHAT]]" (6 words).
     words = len(reply.split()) + 6
     assert comp["pass_rate"] == 1.0
-    assert comp["interactivity"] == pytest.approx(2 / 3, abs=1e-12) and judge.calls == 2  # one per future
+    assert comp["interactivity"] == pytest.approx(2 / 3, abs=1e-12) and len(judge.prompts) == 2  # one per future
     assert comp["token_amount"] == pytest.approx(-1e-4 * words, abs=1e-15)
     assert rewards["assistant"] == pytest.approx(1.0 + 2 / 3 - 1e-4 * words, abs=1e-12)
 
