@@ -342,10 +342,10 @@ def _table(board: _Board, index: int, track: Mapping[str, Any],
             n = f"{_count(entry['seeds'])} seeds, {_count(entry['episodes'])} ep"
             cells.append(f'<td class="num" data-value="{float(ci["mean"])!r}">{_interval(ci)} '
                          f'<small class="n">{_e(n)}</small></td>')
-        cost = entry["cost_per_episode"]
+        cost, unit = entry["cost_per_episode"], _unit(entry)
         cost_key = "" if cost is None else repr(float(cost))
-        cells.append(f'<td class="num" data-value="{cost_key}" data-unit="{_e(_unit(entry))}">'
-                     f'{_e(_cost(cost, _unit(entry)))}</td>')
+        cells.append(f'<td class="num" data-value="{cost_key}" data-unit="{_e(unit)}">'
+                     f'{_e(_cost(cost, unit))}</td>')
         for key in ("simulator_fault_rate", "judge_fault_rate"):
             rate = float(entry[key])
             cells.append(f'<td class="num" data-value="{rate!r}">{_percent(rate)} '
