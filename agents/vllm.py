@@ -16,8 +16,15 @@ They return the same :class:`~collab_env.types.Completion` as the transformers b
   ``logprobs_mode="raw_logprobs"`` for the unprocessed model distribution.
 * ``finish_reason``: ``"stop"`` (EOS or stop string) or ``"length"``.
 * ``usage``: ``model_calls`` (``1 / batch size``), ``prompt_tokens``, ``completion_tokens``;
-  ``meta`` has ``cached_tokens`` (prompt tokens served by the prefix cache), ``stop`` (the stop
-  string or token that ended it) and ``seed``.
+  ``meta`` has ``cached_tokens`` (prompt tokens served by the prefix cache), ``shared`` (see
+  below), ``stop`` (the stop string or token that ended it) and ``seed``.
+
+Identical requests are generated once: two requests with the same prompt ids, the same sampling
+parameters and the same adapter, greedy or with the same seed, in one batch of the offline
+engine or in flight together on the async engine, get the same output (``meta["shared"]`` is
+true on the copies; ``stats.shared_requests`` counts them). The futures of a multiturn-aware
+reward all open with the user simulator answering one conversation: with a greedy simulator
+that turn is generated once, not once per future.
 
 Sampling parameters (:class:`~collab_env.agents.base.SamplingParams`) map to
 ``vllm.SamplingParams``: ``temperature`` (0 is greedy), ``top_p``, ``top_k`` (``None`` -> no
@@ -28,9 +35,11 @@ limit), ``max_new_tokens`` -> ``max_tokens`` (clipped to the room left in ``max_
 Both also *score* given continuations (:meth:`VLLMPolicy.score_continuations`, the
 :class:`~collab_env.agents.base.ContinuationScorer` capability that log-prob judges use): each
 prompt + candidate is one request with ``max_tokens=1`` and ``prompt_logprobs=0``, whose prompt
-log-probs (the model's raw distribution) give the candidate's tokens' log-probs; every candidate
-of a call goes to the engine in one batch. Not on an engine started with LoRA (vLLM 0.32's LoRA
-logits path fails on prompt log-probs): ``scores_continuations`` is then false.
+log-probs (the model's raw distribution) give the candidate's tokens' log-probs. With prefix
+caching on, the candidates of one prompt share its KV cache: one candidate per prompt computes
+it, then the others compute only their own tokens (a judge's dozen candidates cost about one
+prompt, not a dozen; see :meth:`VLLMPolicy.score_continuations`). Not on an engine started with LoRA (vLLM 0.32's LoRA logits path fails on
+prompt log-probs): ``scores_continuations`` is then false.
 
 Prefix caching is on by default (multi-turn episodes resend the same conversation prefix at
 every turn). LoRA: ``lora_path=`` serves one adapter for every call; ``act(...,

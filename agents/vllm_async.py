@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from collab_env.agents.vllm_base import VLLMBase, import_vllm
+from collab_env.agents.vllm_base import VLLMBase, import_vllm, share_key
 from collab_env.errors import ConfigError, PolicyError
 from collab_env.types import Completion, Conversation
 
@@ -71,6 +71,8 @@ class AsyncVLLMPolicy(VLLMBase):
         self._thread.start()
         self._ids = itertools.count()
         self._closed = False
+        # share_key -> the engine request in flight for it (touched only on the engine's loop)
+        self._inflight: dict[tuple, asyncio.Task] = {}
 
         async def start() -> Any:
             return vllm.AsyncLLMEngine.from_engine_args(args)
@@ -118,12 +120,12 @@ class AsyncVLLMPolicy(VLLMBase):
             raise PolicyError(f"{self.name}: vLLM generate failed: {exc!r}") from exc
         finally:
             self.stats.generate_seconds += time.perf_counter() - t0
-        return [self._completion(o, req, n) for o, req in zip(outs, requests, strict=True)]
+        return [self._completion(o, req, n, shared) for (o, shared), req in zip(outs, requests, strict=True)]
 
-    async def _prompt_logprobs(self, rows: list[list[int]]) -> list[Any]:
+    async def _prompt_logprobs(self, rows: list[list[int]], *, read_cache: bool) -> list[Any]:
         if self._closed:
             raise PolicyError(f"{self.name}: the policy was closed.")
-        params = self._scoring_params()
+        params = self._scoring_params(read_cache)
 
         async def one(row: list[int]) -> Any:
             final = None
@@ -132,7 +134,7 @@ class AsyncVLLMPolicy(VLLMBase):
                 final = out
             if final is None or not final.finished:
                 raise PolicyError(f"{self.name}: vLLM returned no final output for a scoring request.")
-            return final.prompt_logprobs
+            return final
 
         async def run() -> list[Any]:
             self.stats.engine_calls += 1
@@ -149,7 +151,28 @@ class AsyncVLLMPolicy(VLLMBase):
         fut = asyncio.run_coroutine_threadsafe(run(), self._loop)
         return await asyncio.wrap_future(fut)
 
-    async def _one(self, req: tuple) -> Any:
+    async def _one(self, req: tuple) -> tuple[Any, bool]:
+        """The final output of ``req``, and whether an identical request in flight
+        (:func:`~collab_env.agents.vllm_base.share_key`) gave it."""
+        key = share_key(req)
+        if key is None:
+            return await self._generate(req), False
+        task = self._inflight.get(key)
+        shared = task is not None
+        if task is None:
+            task = self._loop.create_task(self._generate(req))
+            self._inflight[key] = task
+            task.add_done_callback(lambda t, k=key: self._forget(k, t))
+        # shielded: a caller that is cancelled does not cancel the request the others wait for
+        return await asyncio.shield(task), shared
+
+    def _forget(self, key: tuple, task: asyncio.Task) -> None:
+        if self._inflight.get(key) is task:
+            del self._inflight[key]
+        if not task.cancelled():
+            task.exception()  # retrieved: every waiter has it (or none is left to)
+
+    async def _generate(self, req: tuple) -> Any:
         ids, sp, lora, _ = req
         final = None
         async for out in self._engine.generate(
@@ -159,6 +182,19 @@ class AsyncVLLMPolicy(VLLMBase):
         if final is None or not final.finished:
             raise PolicyError(f"{self.name}: vLLM returned no final output for a request.")
         return final
+
+    async def reset_prefix_cache(self) -> bool:
+        """Empty the engine's prefix cache (its cached KV blocks): after the weights changed, or
+        to time requests from a cold cache. Returns whether vLLM reset it (it does not while
+        requests are running).
+
+        Raises:
+            PolicyError: The policy was closed.
+        """
+        if self._closed:
+            raise PolicyError(f"{self.name}: the policy was closed.")
+        fut = asyncio.run_coroutine_threadsafe(self._engine.reset_prefix_cache(), self._loop)
+        return bool(await asyncio.wrap_future(fut))
 
     def close(self) -> None:
         """Shut the engine down and stop its event loop."""

@@ -34,7 +34,7 @@ from collab_env.agents.tokens import (
 from collab_env.errors import ConfigError, MissingDependencyError, PolicyError
 from collab_env.types import Completion, Conversation
 
-__all__ = ["VLLMBase", "VLLMStats", "to_vllm_sampling", "import_vllm", "LOGPROBS_MODES", "UNSET"]
+__all__ = ["VLLMBase", "VLLMStats", "to_vllm_sampling", "import_vllm", "share_key", "LOGPROBS_MODES", "UNSET"]
 
 #: Accepted ``logprobs_mode`` values.
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
@@ -83,10 +83,50 @@ class VLLMStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    #: Tokens of the scoring rows (prompt + continuation), those the prefix cache served, and
+    #: rows scored again without the cache (their cache hit reached into the scored span).
+    #: Requests answered by an identical request (same prompt and deterministic sampling: greedy,
+    #: or the same seed) of the same batch or in flight: no engine work of their own.
+    shared_requests: int = 0
+    scored_tokens: int = 0
+    scored_cached_tokens: int = 0
+    rescored_rows: int = 0
     generate_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in asdict(self).items()}
+
+
+def share_key(req: tuple) -> tuple | None:
+    """What makes two requests ``(prompt ids, vllm.SamplingParams, LoRARequest | None, seed)``
+    give the same completion, or ``None`` when they may differ: sampled without a seed, or with
+    a parameter that is not plain data. Greedy requests ignore their seed.
+
+    Two requests with equal keys in one batch (the offline engine) or in flight together (the
+    async engine) are generated once, and counted in ``stats.shared_requests``: in a
+    multiturn-aware reward every future opens with the user simulator answering the same
+    conversation, and a greedy simulator writes the same turn in each.
+    """
+    ids, sp, lora, _ = req
+    greedy = float(sp.temperature) == 0.0
+    if not greedy and sp.seed is None:
+        return None
+    fields = getattr(type(sp), "__struct_fields__", None)
+    if fields is None:
+        return None
+    values = []
+    for name in fields:
+        if name == "seed" and greedy:
+            continue
+        v = getattr(sp, name, None)
+        if isinstance(v, (list, set, frozenset)):
+            v = tuple(sorted(v)) if isinstance(v, (set, frozenset)) else tuple(v)
+        try:
+            hash(v)
+        except TypeError:  # logit_bias, structured outputs...: not shared
+            return None
+        values.append((name, v))
+    return (tuple(ids), tuple(values), None if lora is None else (lora.lora_int_id, lora.lora_path))
 
 
 class VLLMBase:
@@ -228,8 +268,9 @@ class VLLMBase:
         ``continuations[i][j]`` after the prompt of ``observations[i]`` (:meth:`prompt_text`;
         a prefilled reply is continued), read from vLLM's prompt log-probs of the request
         prompt + continuation (tokenised together, see
-        :func:`~collab_env.agents.base.continuation_token_ids`). All requests of the call go
-        to the engine together.
+        :func:`~collab_env.agents.base.continuation_token_ids`). With prefix caching on, the
+        rows of one observation share its prompt's KV cache (two engine calls, see
+        :meth:`_score_rows`); without it, every request goes to the engine in one call.
 
         Raises:
             ConfigError: Not one non-empty list of non-empty strings per observation, or the
@@ -255,32 +296,105 @@ class VLLMBase:
                 f"{self.name}: a prompt + continuation has {longest} tokens but max_model_len is "
                 f"{limit}; shorten the conversation or raise engine_kwargs['max_model_len']."
             )
-        outs = await self._prompt_logprobs(rows)
+        token_logprobs = await self._score_rows(jobs)
         results: list[tuple[float, ...]] = []
         k = 0
-        for job_rows, start in jobs:
-            scores = []
-            for row in job_rows:
-                plp = outs[k]
-                k += 1
-                if plp is None or len(plp) != len(row):
-                    raise PolicyError(f"{self.name}: vLLM returned no prompt log-probs for a "
-                                      f"{len(row)}-token request.")
-                scores.append(sum(float(plp[j][row[j]].logprob) for j in range(start, len(row))))
-            results.append(tuple(scores))
+        for job_rows, _ in jobs:
+            results.append(tuple(sum(lps) for lps in token_logprobs[k:k + len(job_rows)]))
+            k += len(job_rows)
         self.stats.scored_continuations += len(rows)
         return results
 
-    def _scoring_params(self) -> Any:
-        """Sampling parameters of a scoring request: one throwaway token, the log-prob of every
-        prompt token (``prompt_logprobs=0``: the actual token's only)."""
+    @property
+    def scoring_reads_cache(self) -> bool:
+        """Whether scoring requests read the prefix cache: prefix caching is on and this vLLM
+        lets a prompt-log-prob request opt in (``SamplingParams.skip_reading_prefix_cache``,
+        vLLM >= 0.11; by default such a request recomputes its whole prompt)."""
+        if not self.engine_kwargs.get("enable_prefix_caching"):
+            return False
         vllm = import_vllm()
+        fields = getattr(vllm.SamplingParams, "__struct_fields__", ())
+        return "skip_reading_prefix_cache" in fields
+
+    def _scoring_params(self, read_cache: bool) -> Any:
+        """Sampling parameters of a scoring request: one throwaway token, the log-prob of every
+        prompt token that is computed (``prompt_logprobs=0``: the actual token's only), the
+        prefix cache read only when ``read_cache`` (see :meth:`_score_rows`)."""
+        vllm = import_vllm()
+        extra = {"skip_reading_prefix_cache": not read_cache} if self.scoring_reads_cache else {}
         return vllm.SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=0, max_tokens=1,
-                                   prompt_logprobs=0, detokenize=False,
+                                   prompt_logprobs=0, detokenize=False, **extra,
                                    output_kind=vllm.sampling_params.RequestOutputKind.FINAL_ONLY)
 
-    async def _prompt_logprobs(self, rows: list[list[int]]) -> list[Any]:
-        """``RequestOutput.prompt_logprobs`` of each token list (run by the engine)."""
+    async def _score_rows(self, jobs: list[tuple[list[list[int]], int]]) -> list[list[float]]:
+        """The log-prob of every scored token (index ``start`` on) of every row of ``jobs``
+        (``(rows, start)`` per observation), row by row in order.
+
+        Without the prefix cache (:attr:`scoring_reads_cache` false) every row is one request of
+        one engine call and recomputes its whole prompt. With it, the rows of an observation,
+        which share its prompt, go in two waves: first each observation's first row (it computes
+        the prompt and leaves its full KV blocks in the cache), then the others, which compute
+        only what follows the cached blocks. A request served from the cache has log-probs only
+        for the tokens after its cached ones (token ``j``'s comes from position ``j - 1``): a
+        later row's cached tokens ``j`` that lie in its scored span are read from the first row,
+        which has the same tokens up to ``j`` (the common prefix of the two rows). A first row
+        with a cache hit in its scored span (a repeated request), or a later row whose hit goes
+        past its common prefix with the first, is scored again without the cache (counted in
+        ``stats.rescored_rows``).
+
+        Raises:
+            PolicyError: vLLM returned no or short prompt log-probs for a request.
+        """
+        rows = [row for job_rows, _ in jobs for row in job_rows]
+        starts = [start for job_rows, start in jobs for _ in job_rows]
+        firsts = []  # the index of its observation's first row, per row
+        for job_rows, _ in jobs:
+            firsts.extend([len(firsts)] * len(job_rows))
+        cached = [0] * len(rows)
+        outs: list[Any] = [None] * len(rows)
+
+        async def send(indices: list[int], read_cache: bool) -> None:
+            got = await self._prompt_logprobs([rows[i] for i in indices], read_cache=read_cache)
+            for i, out in zip(indices, got, strict=True):
+                plp = getattr(out, "prompt_logprobs", None)
+                if plp is None or len(plp) != len(rows[i]):
+                    raise PolicyError(f"{self.name}: vLLM returned no prompt log-probs for a "
+                                      f"{len(rows[i])}-token request.")
+                outs[i] = out
+                n = getattr(out, "num_cached_tokens", None) if read_cache else 0
+                cached[i] = len(rows[i]) if n is None else int(n)  # unknown: treat all as cached
+
+        def common(a: list[int], b: list[int]) -> int:
+            n = 0
+            for x, y in zip(a, b):
+                if x != y:
+                    break
+                n += 1
+            return n
+
+        if not self.scoring_reads_cache:
+            await send(list(range(len(rows))), read_cache=False)
+        else:
+            first_rows = sorted(set(firsts))
+            await send(first_rows, read_cache=True)
+            await send([i for i in range(len(rows)) if firsts[i] != i], read_cache=True)
+            redo = [i for i in range(len(rows)) if cached[i] >= starts[i] and (
+                firsts[i] == i or cached[firsts[i]] >= starts[i] or cached[i] >= common(rows[i], rows[firsts[i]]))]
+            if redo:
+                await send(redo, read_cache=False)
+                self.stats.rescored_rows += len(redo)
+        self.stats.scored_tokens += sum(len(r) for r in rows)
+        self.stats.scored_cached_tokens += sum(cached)
+        result = []
+        for i, row in enumerate(rows):
+            own, ref = outs[i].prompt_logprobs, outs[firsts[i]].prompt_logprobs
+            # token j is computed by this row when j > cached[i]; before that it is the first row's
+            result.append([float((own if j > cached[i] else ref)[j][row[j]].logprob) for j in range(starts[i], len(row))])
+        return result
+
+    async def _prompt_logprobs(self, rows: list[list[int]], *, read_cache: bool) -> list[Any]:
+        """The final ``vllm.RequestOutput`` of a scoring request per token list, all in one
+        engine call (run by the engine; ``read_cache``: see :meth:`_scoring_params`)."""
         raise NotImplementedError
 
     def _requests(self, observations: Sequence[Conversation], sampling: Mapping[str, Any]):
@@ -335,8 +449,9 @@ class VLLMBase:
             f"lora_request must be a vllm LoRARequest, an adapter folder or None, got {type(ref).__name__}."
         )
 
-    def _completion(self, out: Any, req: tuple, batch_size: int) -> Completion:
-        """One ``vllm.RequestOutput`` (final) of request ``req`` as a :class:`Completion`."""
+    def _completion(self, out: Any, req: tuple, batch_size: int, shared: bool = False) -> Completion:
+        """One ``vllm.RequestOutput`` (final) of request ``req`` as a :class:`Completion`
+        (``shared``: the output of an identical request, see :func:`share_key`)."""
         prompt, _, lora, seed = req
         c = out.outputs[0]
         if c.finish_reason not in ("stop", "length"):
@@ -353,6 +468,7 @@ class VLLMBase:
         self.stats.prompt_tokens += len(prompt)
         self.stats.completion_tokens += len(ids)
         self.stats.cached_tokens += cached
+        self.stats.shared_requests += int(shared)
         return Completion(
             text=c.text,
             token_ids=tuple(ids),
@@ -361,7 +477,7 @@ class VLLMBase:
             finish_reason=c.finish_reason,
             usage={"model_calls": 1.0 / batch_size, "prompt_tokens": len(prompt),
                    "completion_tokens": len(ids)},
-            meta={"policy": self.name, "batch_size": batch_size, "cached_tokens": cached,
+            meta={"policy": self.name, "batch_size": batch_size, "cached_tokens": cached, "shared": shared,
                   "stop": c.stop_reason, "seed": seed,
                   "lora": lora.lora_name if lora is not None else None},
         )

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from collab_env.agents.base import SamplingParams
-from collab_env.agents.vllm_base import UNSET, VLLMBase, import_vllm
+from collab_env.agents.vllm_base import UNSET, VLLMBase, import_vllm, share_key
 from collab_env.errors import ConfigError, PolicyError
 from collab_env.types import Completion, Conversation
 
@@ -28,9 +28,11 @@ __all__ = ["VLLMPolicy"]
 
 @dataclass
 class _ScoreJob:
-    """Token id lists whose prompt log-probs the worker thread computes (one engine call)."""
+    """Token id lists whose prompt log-probs the worker thread computes (one engine call), and
+    whether those requests read the prefix cache."""
 
     rows: list[list[int]]
+    read_cache: bool
 
 
 class VLLMPolicy(VLLMBase):
@@ -153,33 +155,42 @@ class VLLMPolicy(VLLMBase):
         return self._generate(requests) if requests else []
 
     def _generate(self, requests: list[tuple]) -> list[Completion]:
+        """One engine call for ``requests``; identical ones (:func:`share_key`) are generated once."""
         t0 = time.perf_counter()
+        first: dict[tuple, int] = {}
+        source = []  # the index of the request whose output each request takes
+        for i, req in enumerate(requests):
+            key = share_key(req)
+            source.append(i if key is None else first.setdefault(key, i))
+        unique = sorted(set(source))
         outs = self._engine.generate(
-            [{"prompt_token_ids": ids} for ids, _, _, _ in requests],
-            [sp for _, sp, _, _ in requests],
-            lora_request=[lora for _, _, lora, _ in requests],
+            [{"prompt_token_ids": requests[i][0]} for i in unique],
+            [requests[i][1] for i in unique],
+            lora_request=[requests[i][2] for i in unique],
             use_tqdm=False,
         )
         self.stats.generate_seconds += time.perf_counter() - t0
         self.stats.engine_calls += 1
+        by_index = dict(zip(unique, outs, strict=True))
         n = len(requests)
-        return [self._completion(o, req, n) for o, req in zip(outs, requests, strict=True)]
+        return [self._completion(by_index[j], req, n, shared=j != i)
+                for i, (req, j) in enumerate(zip(requests, source, strict=True))]
 
-    async def _prompt_logprobs(self, rows: list[list[int]]) -> list[Any]:
+    async def _prompt_logprobs(self, rows: list[list[int]], *, read_cache: bool) -> list[Any]:
         if self._closed:
             raise PolicyError(f"{self.name}: the policy was closed.")
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        self._queue.put((_ScoreJob(rows), fut))  # the worker thread owns the engine
+        self._queue.put((_ScoreJob(rows, read_cache), fut))  # the worker thread owns the engine
         return await asyncio.wrap_future(fut)
 
     def _run_score_job(self, job: _ScoreJob) -> list[Any]:
         t0 = time.perf_counter()
-        params = self._scoring_params()
+        params = self._scoring_params(job.read_cache)
         outs = self._engine.generate([{"prompt_token_ids": r} for r in job.rows], [params] * len(job.rows),
                                      use_tqdm=False)
         self.stats.generate_seconds += time.perf_counter() - t0
         self.stats.engine_calls += 1
-        return [o.prompt_logprobs for o in outs]
+        return list(outs)
 
     def _serve(self) -> None:
         """Worker thread: take every waiting request (waiting ``max_wait_ms`` after the first),

@@ -146,8 +146,10 @@ def _own_family() -> set[int]:
 
 class LoadMeter:
     """The other processes' busy cores over a stretch of time: :meth:`start`, then :meth:`stop`
-    returns a :class:`MachineLoad` for that stretch (this process's own CPU, its reaped children
-    included, is taken out of the machine's busy time)."""
+    returns a :class:`MachineLoad` for that stretch (this process's own CPU, with its reaped
+    children and its live descendants, is taken out of the machine's busy time; stop it before
+    the run's worker processes end, since an exited child that is not reaped yet is counted by
+    nobody)."""
 
     def __init__(self) -> None:
         self._t0: float | None = None
@@ -176,8 +178,15 @@ class LoadMeter:
         own = _own_seconds() - self._own0
         procs = _process_ticks()
         family = _own_family()
+        me = os.getpid()
         per_proc = []
         for pid, (name, ticks) in procs.items():
+            if pid in family and pid != me:
+                # a live descendant (an engine's worker process): its CPU is not in os.times()
+                # until it is reaped, but it is this run's own work
+                before = self._procs0[pid][1] if pid in self._procs0 else 0
+                own += (ticks - before) / _CLK_TCK
+                continue
             if pid in family or pid not in self._procs0:
                 continue
             used = (ticks - self._procs0[pid][1]) / _CLK_TCK / wall

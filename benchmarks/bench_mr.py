@@ -6,12 +6,15 @@ plain-text replies) and the interactivity judge (prefilled replies), the verl re
 (2 user turns, 3 assistant turns); math accuracy by rule.
 
 **3 futures vs 1** (the headline): the MR of the same reply is scored with ``num_rollouts=1`` and
-with ``num_rollouts=3`` (``MultiturnAwareReward.score_reply``: the futures advance together, so
-each stage of every future goes to the model at once, then every judge call at once). The two
-are timed ``--repeats`` times in alternating order, each time from a fresh reset with its own
-seed (so the futures differ between repeats and one cannot replay another's cache), and the
-script prints the median ratio ``time(3) / time(1)``. On a batch-efficient backend (vLLM with
-prefix caching, a GPU) a batch of 3 costs little more than 1: the target is at most 1.3x.
+with ``num_rollouts=3`` (``MultiturnAwareReward.score_reply``: the futures are played
+concurrently, each model call of each future goes to the backend as soon as its turn comes, so
+the backend batches what is in flight, then every judge call at once). Each of the ``--repeats``
+pairs resets both envs with the same seed, so the single future is the first of the three (same
+policy seeds: the script checks that it is identical), and times the two in alternating order,
+each from an empty prefix cache (vLLM: ``AsyncVLLMPolicy.reset_prefix_cache``), so neither
+replays the other's KV. The script prints the median ratio ``time(3) / time(1)``: what two more
+futures of the same reply cost. On a batch-efficient backend (vLLM with prefix caching, a GPU) a
+batch of 3 costs little more than 1: the target is at most 1.3x.
 
 **Concurrent vs sequential** (``--sequential``): the same 3 futures (same seeds: sampling is
 seeded per row, so batching does not change a token) rolled and scored one after the other;
@@ -26,7 +29,7 @@ included.
 
 Usage::
 
-    python benchmarks/bench_mr.py [--backend hf|vllm] [--rollouts 3] [--repeats 3] [--max-new-tokens 48]
+    python benchmarks/bench_mr.py [--backend hf|vllm] [--rollouts 3] [--repeats 5] [--max-new-tokens 48]
     .venv-vllm/bin/python benchmarks/bench_mr.py --backend vllm --out benchmarks/results/mr_vllm_embedded.json
 """
 
@@ -102,6 +105,8 @@ def make_policy(args):
 
             model = str(embedded_model_dir())
         engine = dict(VLLM_CPU_ENGINE) if args.device == "cpu" else {"gpu_memory_utilization": 0.3}
+        if args.dtype is not None:
+            engine["dtype"] = args.dtype
         return AsyncVLLMPolicy(model, enable_prefix_caching=not args.no_prefix_caching, engine_kwargs=engine)
     if args.model == "embedded":
         from collab_env.agents.embedded import EmbeddedPolicy
@@ -137,8 +142,13 @@ async def take_reply(env, seed: int) -> tuple[int, int]:
     return start, step
 
 
-async def timed_score(env, model, seed: int) -> dict:
+async def timed_score(env, model, seed: int, cold: bool = False) -> dict:
+    """Take the reply on a reset with ``seed``, then time its MR (``cold``: from an empty prefix
+    cache, where the backend has one)."""
     start, step = await take_reply(env, seed)
+    reset = getattr(model, "reset_prefix_cache", None)
+    if cold and reset is not None and not await reset():
+        raise RuntimeError("vLLM did not reset its prefix cache (requests still running?)")
     s0, t0 = _stats(model), time.perf_counter()
     result, extra = await env.score_reply(start=start, step=step)
     seconds = time.perf_counter() - t0
@@ -170,7 +180,7 @@ async def sequential_check(env, model, seed: int, rollouts: int) -> dict:
             "ratio_sequential_over_concurrent": t_seq / conc["seconds"]}
 
 
-async def run(args) -> dict:
+async def run(args, meter: LoadMeter) -> dict:
     tmp = Path(tempfile.mkdtemp())
     data = tmp / "rows.jsonl"
     data.write_text(json.dumps(ROW) + "\n")
@@ -183,10 +193,17 @@ async def run(args) -> dict:
     for k in range(args.repeats):
         order = [1, args.rollouts] if k % 2 == 0 else [args.rollouts, 1]
         row = {"order": order}
-        for r in order:
-            out = await timed_score(envs[r], model, seed=100 + 10 * k + r)  # fresh futures every time
+        futures = {}
+        for r in order:  # the same seed: the single future is the first of the many
+            out = await timed_score(envs[r], model, seed=100 + 10 * k, cold=True)
             row[str(r)] = {key: out[key] for key in ("seconds", "calls", "reward", "faults")}
+            futures[r] = out["futures"]
         row["ratio"] = row[str(args.rollouts)]["seconds"] / row["1"]["seconds"]
+        # seeded per row, so batching changes no token, up to float rounding that may flip a near-tie
+        row["same_first_future"] = futures[1][0] == futures[args.rollouts][0]
+        if not row["same_first_future"]:
+            print(f"note: repeat {k + 1}: the single future differs from the first of the {args.rollouts} "
+                  "(a near-tie flipped by the batch's rounding); the pair still times one MR each")
         rows.append(row)
         print(f"repeat {k + 1} ({' then '.join(map(str, order))}): 1 future {row['1']['seconds']:.2f} s, "
               f"{args.rollouts} futures {row[str(args.rollouts)]['seconds']:.2f} s, ratio {row['ratio']:.2f}x")
@@ -198,14 +215,22 @@ async def run(args) -> dict:
     ratios = [row["ratio"] for row in rows]
     print(f"{args.rollouts} futures / 1 future wall time: median {statistics.median(ratios):.2f}x over "
           f"{args.repeats} repeats (min {min(ratios):.2f}x, max {max(ratios):.2f}x); target <= 1.3x")
+    same = sum(row["same_first_future"] for row in rows)
+    print(f"the single future was the first of the {args.rollouts} in {same} of {len(rows)} pairs")
     out = {"repeats": rows, "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
-           "ratio_max": max(ratios), "policy": getattr(model, "name", type(model).__name__)}
+           "ratio_max": max(ratios), "same_first_future": same,
+           "policy": getattr(model, "name", type(model).__name__)}
+    if hasattr(model.stats, "shared_requests"):
+        out["engine_stats"] = model.stats.to_dict()
     if args.sequential:
         seq = await sequential_check(envs[args.rollouts], model, seed=7, rollouts=args.rollouts)
         out["sequential"] = seq
         print(f"concurrent {seq['concurrent_s']:.2f} s vs sequential {seq['sequential_s']:.2f} s "
               f"({seq['ratio_sequential_over_concurrent']:.2f}x); identical futures: {seq['identical_futures']}; "
               f"identical metric values: {seq['identical_values']}")
+    # measured while the engine's worker process is alive: an exited child not yet reaped is
+    # counted by nobody (see _machine.LoadMeter)
+    out["load_during"] = meter.stop()
     close = getattr(model, "close", None) or getattr(model, "aclose", None)
     if close is not None:
         res = close()
@@ -221,9 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="embedded", help="'embedded' or a model folder")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--rollouts", type=int, default=3, help="futures of the many-futures run (default 3)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed pairs, in alternating order (default 3)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed pairs, in alternating order (default 5)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--no-prefix-caching", action="store_true", help="vLLM: turn prefix caching off")
+    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                        help="vLLM: the model's dtype (default: float32 on a CPU, the engine's choice on a GPU; "
+                             "bfloat16 is fast on a CPU with AVX512-BF16 or AMX)")
     parser.add_argument("--sequential", action="store_true",
                         help="also roll the futures one after the other and check they are identical")
     parser.add_argument("--on-fault", default="drop", choices=("drop", "raise", "zero"),
@@ -239,9 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.rollouts < 2 or args.repeats < 1:
         raise SystemExit("--rollouts must be >= 2 and --repeats >= 1")
     load = check(args)
-    meter = LoadMeter().start()
-    result = asyncio.run(run(args))
-    during = meter.stop()
+    result = asyncio.run(run(args, LoadMeter().start()))
+    during = result.pop("load_during")
     print(f"machine during the run: {during.describe()}")
     if args.out:
         import torch

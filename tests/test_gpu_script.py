@@ -109,3 +109,23 @@ def test_load_meter_sees_a_busy_process_that_is_not_its_own():
     assert shares.get(busy_pid, 0.0) > 0.0, load  # it ran (however loaded the machine is)
     assert os.getpid() not in shares
     assert load.other_busy_cores >= shares[busy_pid] - 0.05  # the machine total includes it
+
+
+def test_load_meter_counts_a_live_child_as_this_runs_own(monkeypatch):
+    # An engine's worker process (vLLM's EngineCore) is this run's child and still alive when the
+    # meter stops: its CPU is not in os.times() (not reaped), yet it is not another process's.
+    me, child, other = os.getpid(), 4242, 777
+    ticks = iter([{me: ("python", 0), child: ("EngineCore", 100), other: ("stress", 0)},
+                  {me: ("python", 0), child: ("EngineCore", 100 + 300), other: ("stress", 100)}])
+    busy = iter([1000, 1000 + 600])  # the machine: 6 s of CPU over the 2 s stretch (100 ticks/s)
+    own = iter([10.0, 12.0])  # this process: 2 s; the child: 3 s; the other process: 1 s
+    clock = iter([0.0, 2.0])
+    monkeypatch.setattr(_machine, "_CLK_TCK", 100)
+    monkeypatch.setattr(_machine, "_process_ticks", lambda: next(ticks))
+    monkeypatch.setattr(_machine, "_machine_busy_ticks", lambda: next(busy))
+    monkeypatch.setattr(_machine, "_own_seconds", lambda: next(own))
+    monkeypatch.setattr(_machine, "_own_family", lambda: {me, child})
+    monkeypatch.setattr(_machine.time, "monotonic", lambda: next(clock))
+    load = _machine.LoadMeter().start().stop()
+    assert load.other_busy_cores == pytest.approx(0.5)  # (6 - 2 - 3) s over 2 s: the other one only
+    assert [(p, round(c, 3)) for p, _, c in load.busiest] == [(other, 0.5)]

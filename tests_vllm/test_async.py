@@ -41,3 +41,42 @@ def test_prefix_caching_on_async_engine(async_policy):
     asyncio.run(async_policy.act(chats(["Hi"], system=system), temperature=0, max_new_tokens=2))
     (c,) = asyncio.run(async_policy.act(chats(["Hello"], system=system), temperature=0, max_new_tokens=2))
     assert c.meta["cached_tokens"] > 0
+
+
+def test_identical_deterministic_requests_in_flight_are_generated_once(async_policy):
+    obs = chats(["Name three rivers of Europe."])
+    kw = dict(temperature=0, max_new_tokens=24)
+    before = async_policy.stats.shared_requests
+
+    async def many(n, **sampling):
+        return [r[0] for r in await asyncio.gather(*(async_policy.act(obs, **sampling) for _ in range(n)))]
+
+    out = asyncio.run(many(3, **kw))
+    assert async_policy.stats.shared_requests == before + 2
+    assert sorted(c.meta["shared"] for c in out) == [False, True, True]
+    assert len({c.token_ids for c in out}) == 1 and len(out[0].token_ids) > 0
+    # nothing stays in flight: the same request later is generated again, to the same tokens
+    (again,) = asyncio.run(async_policy.act(obs, **kw))
+    assert again.meta["shared"] is False and again.token_ids == out[0].token_ids
+    # sampled without a seed: never shared
+    before = async_policy.stats.shared_requests
+    asyncio.run(many(3, temperature=1.0, max_new_tokens=8))
+    assert async_policy.stats.shared_requests == before
+
+
+def test_a_cancelled_caller_does_not_cancel_the_request_it_shares(async_policy):
+    obs = chats(["Describe a lighthouse in two sentences."])
+    kw = dict(temperature=0, max_new_tokens=32)
+
+    async def cancel_one():
+        a = asyncio.ensure_future(async_policy.act(obs, **kw))
+        b = asyncio.ensure_future(async_policy.act(obs, **kw))
+        await asyncio.sleep(0.2)
+        a.cancel()
+        return a, await b
+
+    a, (b,) = asyncio.run(cancel_one())
+    assert a.cancelled()
+    assert b.meta["shared"] is True and len(b.token_ids) > 0
+    (alone,) = asyncio.run(async_policy.act(obs, **kw))
+    assert alone.token_ids == b.token_ids

@@ -130,6 +130,28 @@ def test_seed_makes_sampling_reproducible_and_rows_distinct(policy):
     assert [x.meta["seed"] for x in a] == [x.meta["seed"] for x in b]
 
 
+def test_identical_deterministic_requests_in_one_batch_are_generated_once(policy):
+    obs = chats(["Name three rivers of Europe."])
+    before = policy.stats.shared_requests
+    out = act(policy, obs * 3, temperature=0, max_new_tokens=16)
+    assert policy.stats.shared_requests == before + 2
+    assert [c.meta["shared"] for c in out] == [False, True, True]
+    assert len({c.token_ids for c in out}) == 1 and len(out[0].token_ids) > 0
+    (alone,) = act(policy, obs, temperature=0, max_new_tokens=16)
+    assert alone.token_ids == out[0].token_ids and alone.meta["shared"] is False
+    # sampled rows, each with its own seed, are not shared; two calls with one seed are
+    before = policy.stats.shared_requests
+    rows = act(policy, obs * 3, temperature=1.0, max_new_tokens=8, seed=5)
+    assert policy.stats.shared_requests == before and not any(c.meta["shared"] for c in rows)
+
+    async def same_seed():
+        return await asyncio.gather(*(policy.act(obs, temperature=1.0, max_new_tokens=8, seed=9) for _ in range(2)))
+
+    a, b = (r[0] for r in asyncio.run(same_seed()))
+    assert a.token_ids == b.token_ids
+    assert policy.stats.shared_requests - before == int(a.meta["batch_size"] == 2)  # shared when batched together
+
+
 def test_concurrent_act_calls_share_batches(policy, greedy):
     async def many():
         return await asyncio.gather(*(policy.act([o], temperature=0, max_new_tokens=24) for o in chats()))

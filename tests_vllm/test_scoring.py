@@ -71,7 +71,8 @@ def test_offline_engine_scores_like_a_direct_forward_pass(scorer, expected):
     assert can_score_continuations(policy)
     calls = policy.stats.engine_calls
     got = asyncio.run(policy.score_continuations([PLAIN, PREFILLED], CONTINUATIONS))
-    assert policy.stats.engine_calls == calls + 1  # every candidate in one engine call
+    # prefix caching is on: one row per observation first (it caches the prompt), then the rest
+    assert policy.scoring_reads_cache and policy.stats.engine_calls == calls + 2
     assert [len(g) for g in got] == [4, 3]
     for g, e in zip(got, expected, strict=True):
         assert g == pytest.approx(e, abs=ATOL)
@@ -85,6 +86,56 @@ def test_async_engine_scores_the_same(async_policy, expected):
     got = asyncio.run(async_policy.score_continuations([PLAIN, PREFILLED], CONTINUATIONS))
     for g, e in zip(got, expected, strict=True):
         assert g == pytest.approx(e, abs=ATOL)
+
+
+# A prompt of several KV blocks (vLLM's CPU block is 128 tokens): the rows of its continuations
+# share it through the prefix cache.
+LONG = Conversation.from_chat([{"role": "user", "content": " ".join(
+    f"Fact {i}: the {i}th box in the shed holds {i * 7 % 13} red marbles and {i * 5 % 11} blue ones."
+    for i in range(24)) + " How many red marbles are in box 5?"}], viewer="assistant")
+ANSWERS = ["There are 9 red marbles.", "Box 5 holds 9.", "I do not know.", "9"]
+
+
+def test_rows_of_one_prompt_share_its_cached_blocks_and_score_the_same(scorer, model_dir):
+    before = dict(scorer.stats.to_dict())
+    got = asyncio.run(scorer.score_continuations([LONG, PLAIN], [ANSWERS, CONTINUATIONS[0]]))
+    after = scorer.stats.to_dict()
+    prompt = len(scorer.prompt_ids(LONG))
+    assert prompt > 3 * 128
+    block = (prompt - 1) // 128 * 128  # the full blocks of the prompt before its last token
+    # the three rows after the first read every full block of the prompt from the cache
+    assert after["scored_cached_tokens"] - before["scored_cached_tokens"] >= 3 * block
+    assert after["rescored_rows"] == before["rescored_rows"]
+    expected = direct(model_dir, [LONG, PLAIN], [ANSWERS, CONTINUATIONS[0]])
+    for g, e in zip(got, expected, strict=True):
+        assert g == pytest.approx(e, abs=ATOL)
+
+
+def test_continuations_with_a_long_common_start_read_it_from_the_first_row(scorer, async_policy, model_dir):
+    # The two continuations agree for more than a block: the second row finds the first row's
+    # blocks past the prompt in the cache and never computes those tokens' log-probs; they are
+    # the first row's (same tokens before them), and nothing is scored again.
+    common = " ".join(f"Step {i}: add {i} to the running total and write it down." for i in range(20))
+    conts = [common + " The total is 190.", common + " The total is 200."]
+    expected = direct(model_dir, [PLAIN], [conts])
+    for policy in (scorer, async_policy):
+        before = policy.stats.to_dict()
+        got = asyncio.run(policy.score_continuations([PLAIN], [conts]))
+        after = policy.stats.to_dict()
+        assert after["scored_cached_tokens"] - before["scored_cached_tokens"] >= 128
+        assert after["rescored_rows"] == before["rescored_rows"]
+        assert got[0] == pytest.approx(expected[0], abs=10 * ATOL)  # ~140 tokens, each to ~1e-4
+
+
+def test_a_repeated_request_whose_cache_hit_covers_its_scored_span_is_scored_again(scorer, model_dir):
+    conts = [" ".join(f"Line {i} of a long answer about the capital." for i in range(30))]
+    expected = direct(model_dir, [PLAIN], [conts])
+    first = asyncio.run(scorer.score_continuations([PLAIN], [conts]))
+    rescored = scorer.stats.rescored_rows
+    again = asyncio.run(scorer.score_continuations([PLAIN], [conts]))  # now cached past the prompt
+    assert scorer.stats.rescored_rows == rescored + 1
+    assert again[0] == pytest.approx(first[0], abs=1e-6)
+    assert again[0] == pytest.approx(expected[0], abs=10 * ATOL)
 
 
 def test_bad_arguments(scorer):
