@@ -75,9 +75,12 @@ ROW = {
 }
 REPLY = "Happy to help. Which numbers would you like to add?"
 
-#: vLLM engine settings for a CPU (as in tests_vllm): fp32, no torch.compile, a fixed KV cache.
+#: vLLM engine settings for a CPU (as in tests_vllm): fp32, no torch.compile, a fixed KV cache,
+#: and KV blocks of 32 tokens instead of the CPU default 128: the prefix cache shares whole blocks,
+#: and the futures' prompts and their judges' prompts share prefixes that 128-token blocks cut
+#: short (measured here: 1.41x -> 1.30x, 5 pairs each, before the judge overlap).
 VLLM_CPU_ENGINE = {"dtype": "float32", "max_model_len": 2048, "kv_cache_memory_bytes": 512 << 20,
-                   "enforce_eager": True}
+                   "enforce_eager": True, "block_size": 32}
 
 
 def _stats(policy) -> dict[str, float]:
@@ -107,6 +110,8 @@ def make_policy(args):
         engine = dict(VLLM_CPU_ENGINE) if args.device == "cpu" else {"gpu_memory_utilization": 0.3}
         if args.dtype is not None:
             engine["dtype"] = args.dtype
+        if args.block_size is not None:
+            engine["block_size"] = args.block_size
         return AsyncVLLMPolicy(model, enable_prefix_caching=not args.no_prefix_caching, engine_kwargs=engine)
     if args.model == "embedded":
         from collab_env.agents.embedded import EmbeddedPolicy
@@ -180,7 +185,7 @@ async def sequential_check(env, model, seed: int, rollouts: int) -> dict:
             "ratio_sequential_over_concurrent": t_seq / conc["seconds"]}
 
 
-async def run(args, meter: LoadMeter) -> dict:
+async def run(args, meter: LoadMeter | None = None) -> dict:
     tmp = Path(tempfile.mkdtemp())
     data = tmp / "rows.jsonl"
     data.write_text(json.dumps(ROW) + "\n")
@@ -230,7 +235,8 @@ async def run(args, meter: LoadMeter) -> dict:
               f"identical metric values: {seq['identical_values']}")
     # measured while the engine's worker process is alive: an exited child not yet reaped is
     # counted by nobody (see _machine.LoadMeter)
-    out["load_during"] = meter.stop()
+    if meter is not None:
+        out["load_during"] = meter.stop()
     close = getattr(model, "close", None) or getattr(model, "aclose", None)
     if close is not None:
         res = close()
@@ -249,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=5, help="timed pairs, in alternating order (default 5)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--no-prefix-caching", action="store_true", help="vLLM: turn prefix caching off")
+    parser.add_argument("--block-size", type=int, default=None,
+                        help="vLLM: tokens per KV block, the prefix cache's granularity (default: 32 on a CPU, "
+                             "see VLLM_CPU_ENGINE; the engine's own on a GPU)")
     parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                         help="vLLM: the model's dtype (default: float32 on a CPU, the engine's choice on a GPU; "
                              "bfloat16 is fast on a CPU with AVX512-BF16 or AMX)")

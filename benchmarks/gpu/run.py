@@ -13,7 +13,8 @@ own status (``ok``, ``skipped: why`` or ``failed: error``), wall time and figure
   pushed into the engine after every optimiser step); skipped where vLLM is not installed.
 * ``grpo_vs_trl``: ``benchmarks/bench_grpo_vs_trl.py``'s paired comparison (ours alone where
   TRL is not installed: the GPU machines here have no package registry).
-* ``mr_cost``: ``benchmarks/bench_mr.py``: the multiturn-aware reward with 3 futures vs 1 (wall time).
+* ``mr_cost``: ``benchmarks/bench_mr.py``: the multiturn-aware reward with 3 futures vs 1 (wall time), on
+  transformers, and on vLLM too when it is installed and the device is a GPU.
 * ``learning``: a short MAGRPO run on ``length-ratio`` (reward of the first and last steps).
 
 It writes ``run.json`` (everything) and ``run.md`` (one table) into ``--out``.
@@ -36,6 +37,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -290,17 +292,30 @@ def section_mr_cost(ctx: Context) -> dict:
 
     import bench_mr
 
-    args = bench_mr.build_parser().parse_args([
-        "--backend", "hf", "--model", str(ctx.model_dir), "--device", ctx.device, "--repeats", "1",
-        "--max-new-tokens", str(ctx.max_new_tokens if ctx.tiny else 48),
-        # a random model's user turns can be unreadable: counted as faults, the futures still run
-        "--on-fault", "zero" if ctx.note_random else "drop"])
-    res = asyncio.run(bench_mr.run(args))
+    from collab_env.adapters.common.vllm_engine import vllm_available
+
+    def measure(backend: str, repeats: int) -> dict:
+        args = bench_mr.build_parser().parse_args([
+            "--backend", backend, "--model", str(ctx.model_dir), "--device", ctx.device, "--repeats", str(repeats),
+            "--max-new-tokens", str(ctx.max_new_tokens if ctx.tiny else 48),
+            # a random model's user turns can be unreadable: counted as faults, the futures still run
+            "--on-fault", "zero" if ctx.note_random else "drop"])
+        return asyncio.run(bench_mr.run(args))
+
+    res = measure("hf", 1)
     row = res["repeats"][0]
-    return {"one_future_s": round(row["1"]["seconds"], 3), "three_futures_s": round(row["3"]["seconds"], 3),
-            "ratio_3_over_1": round(res["ratio_median"], 3), "faults_3": row["3"]["faults"],
-            "model_calls_1": row["1"]["calls"]["model_calls"], "requests_1": row["1"]["calls"]["requests"],
-            "model_calls_3": row["3"]["calls"]["model_calls"], "requests_3": row["3"]["calls"]["requests"]}
+    out = {"one_future_s": round(row["1"]["seconds"], 3), "three_futures_s": round(row["3"]["seconds"], 3),
+           "ratio_3_over_1": round(res["ratio_median"], 3), "faults_3": row["3"]["faults"],
+           "model_calls_1": row["1"]["calls"]["model_calls"], "requests_1": row["1"]["calls"]["requests"],
+           "model_calls_3": row["3"]["calls"]["model_calls"], "requests_3": row["3"]["calls"]["requests"]}
+    # vLLM (continuous batching, prefix caching) is where 3 futures should cost little more than
+    # 1; on a CPU bench_mr measures it in .venv-vllm instead
+    if ctx.device == "cuda" and vllm_available():
+        v = measure("vllm", 3)
+        out.update(vllm_ratio_3_over_1=round(v["ratio_median"], 3),
+                   vllm_one_future_s=round(statistics.median(r["1"]["seconds"] for r in v["repeats"]), 3),
+                   vllm_three_futures_s=round(statistics.median(r["3"]["seconds"] for r in v["repeats"]), 3))
+    return out
 
 
 def section_learning(ctx: Context) -> dict:

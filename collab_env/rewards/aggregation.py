@@ -196,35 +196,60 @@ class MetricSet:
                     start: int, faults: Sequence[dict[str, Any]] = (),
                     cost: Mapping[str, float] | None = None, player: str | None = None) -> ScoredFutures:
         """Score every conversation (``None``: a future that already faulted), all metrics of
-        all conversations concurrently, and aggregate the ones that scored.
+        all conversations concurrently, and aggregate the ones that scored
+        (:meth:`evaluate` each, then :meth:`combine`).
+
+        Raises:
+            RewardError: No conversation could be scored.
+        """
+        async def none() -> None:
+            return None
+
+        results = await asyncio.gather(*(none() if c is None else self.evaluate(c, item, start=start, player=player)
+                                         for c in conversations))
+        return self.combine(results, faults=faults, cost=cost)
+
+    async def evaluate(self, conversation: Conversation, item: Mapping[str, Any], *, start: int,
+                       player: str | None = None) -> dict[str, Any]:
+        """Every metric of one conversation, concurrently: ``{metric: its result, or the fault
+        that stopped it}``. A caller with several futures can start each one's metrics as soon
+        as that future ends, and :meth:`combine` them.
+
+        Raises:
+            Exception: A metric's fault with ``on_fault="raise"``, or a
+                :class:`~collab_env.errors.FatalPolicyError` always.
+        """
+        if self.strip_think:
+            conversation = strip_think_conversation(conversation)
+        ctx = {**self.ctx, **({"player": player} if player is not None and "player" not in self.ctx else {})}
+
+        async def one(m: str):
+            try:
+                return await self.metrics[m](conversation, item, start=start, **ctx)
+            except FAULT_ERRORS as exc:
+                if self.on_fault == "raise" or isinstance(exc, FatalPolicyError):
+                    raise  # a rejected request (no API key...) fails every future alike
+                return exc
+
+        results = await asyncio.gather(*(one(m) for m in self.metrics))
+        return dict(zip(self.metrics, results, strict=True))
+
+    def combine(self, results: Sequence[Mapping[str, Any] | None], *, faults: Sequence[dict[str, Any]] = (),
+                cost: Mapping[str, float] | None = None) -> ScoredFutures:
+        """Aggregate the :meth:`evaluate` results of each future (``None``: a future that already
+        faulted), with the futures' ``faults`` and ``cost`` so far.
 
         Raises:
             RewardError: No conversation could be scored.
         """
         faults = list(faults)
         total = dict(cost or {})
-        if self.strip_think:
-            conversations = [None if c is None else strip_think_conversation(c) for c in conversations]
-        ctx = {**self.ctx, **({"player": player} if player is not None and "player" not in self.ctx else {})}
-        jobs = [(r, m) for r, conv in enumerate(conversations) if conv is not None for m in self.metrics]
-
-        async def one(r: int, m: str):
-            try:
-                return await self.metrics[m](conversations[r], item, start=start, **ctx)
-            except FAULT_ERRORS as exc:
-                if self.on_fault == "raise" or isinstance(exc, FatalPolicyError):
-                    raise  # a rejected request (no API key...) fails every future alike
-                return exc
-
-        results = await asyncio.gather(*(one(r, m) for r, m in jobs))
-        by_rollout: dict[int, dict[str, Any]] = {}
-        for (r, m), res in zip(jobs, results, strict=True):
-            by_rollout.setdefault(r, {})[m] = res
         values: dict[str, list[float]] = {m: [] for m in self.metrics}
         details: list[dict[str, Any]] = []
         scored: list[int] = []
-        for r in sorted(by_rollout):
-            res = by_rollout[r]
+        for r, res in enumerate(results):
+            if res is None:
+                continue
             for m_res in res.values():
                 if not isinstance(m_res, Exception):
                     add_usage(total, m_res.usage)

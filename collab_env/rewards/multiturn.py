@@ -287,13 +287,21 @@ class MultiturnAwareReward(EnvWrapper):
         immediate = self.window_is_zero or state.done  # (verl gave 0 above to a truncating reply)
         if immediate:
             convs: list[Conversation | None] = [state.conversation]
-            faults: list[dict[str, Any]] = []
-            cost: dict[str, float] = {}
             turns, dropped = [0], [0]
+            result = await self.metric_set.score(convs, state.item, start=start, player=self.player)
         else:
+            reply_tokens = self._count_tokens(reply)
+
+            async def roll_and_evaluate(r: int, fork: Any) -> dict[str, Any]:
+                out = await self.roll_future(fork, r, step, reply_tokens)
+                # this future's metrics (its judge calls) start as soon as it ends, while the
+                # others still play: a batching backend takes them with the others' turns
+                out["metrics"] = None if out["fault"] is not None else await self.metric_set.evaluate(
+                    out["conversation"], state.item, start=start, player=self.player)
+                return out
+
             forks = [self.env.clone() for _ in range(self.num_rollouts)]
-            outs = await asyncio.gather(*(self.roll_future(f, r, step, self._count_tokens(reply))
-                                          for r, f in enumerate(forks)))
+            outs = await asyncio.gather(*(roll_and_evaluate(r, f) for r, f in enumerate(forks)))
             convs, faults, cost, turns, dropped = [], [], {}, [], []
             for r, out in enumerate(outs):
                 add_usage(cost, out["usage"])
@@ -305,8 +313,7 @@ class MultiturnAwareReward(EnvWrapper):
                     convs.append(None)
                 else:
                     convs.append(out["conversation"])
-        result = await self.metric_set.score(convs, state.item, start=start, faults=faults, cost=cost,
-                                             player=self.player)
+            result = self.metric_set.combine([out["metrics"] for out in outs], faults=faults, cost=cost)
         futures = [None if c is None else [m.to_dict() for m in c.messages[start:]] for c in convs]
         return result, {"num_rollouts": len(convs), "future_turns": turns, "dropped_turns": dropped,
                         "zero_reason": None, "immediate": immediate, "futures": futures}
