@@ -78,7 +78,7 @@ REPLY = "Happy to help. Which numbers would you like to add?"
 #: vLLM engine settings for a CPU (as in tests_vllm): fp32, no torch.compile, a fixed KV cache,
 #: and KV blocks of 32 tokens instead of the CPU default 128: the prefix cache shares whole blocks,
 #: and the futures' prompts and their judges' prompts share prefixes that 128-token blocks cut
-#: short (measured here: 1.41x -> 1.30x, 5 pairs each, before the judge overlap).
+#: short (measured here, 10 pairs each: 1.45x with 128, 1.31x with 32; results/mr_vllm_embedded*.json).
 VLLM_CPU_ENGINE = {"dtype": "float32", "max_model_len": 2048, "kv_cache_memory_bytes": 512 << 20,
                    "enforce_eager": True, "block_size": 32}
 
@@ -91,6 +91,31 @@ def _stats(policy) -> dict[str, float]:
                 "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens}
     return {"model_calls": s.engine_calls, "requests": s.requests, "prompt_tokens": s.prompt_tokens,
             "completion_tokens": s.completion_tokens, "cached_tokens": s.cached_tokens}
+
+
+def median_ci(values: list[float], *, resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """A 95% percentile-bootstrap interval of the median of ``values`` (seeded: the same file
+    gives the same interval)."""
+    import random
+
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return meds[int(0.025 * resamples)], meds[int(0.975 * resamples) - 1]
+
+
+def summarize(path: str) -> dict:
+    """The summary of a results file this script wrote: medians, the ratio's median and its
+    interval (``--summarize FILE``)."""
+    record = json.loads(Path(path).read_text())
+    rows, n = record["repeats"], str(record["rollouts"])
+    ratios = [row["ratio"] for row in rows]
+    lo, hi = median_ci(ratios)
+    out = {"pairs": len(rows), "one_future_median_s": statistics.median(r["1"]["seconds"] for r in rows),
+           f"{n}_futures_median_s": statistics.median(r[n]["seconds"] for r in rows),
+           "ratio_median": statistics.median(ratios), "ratio_ci95": [lo, hi],
+           "ratio_min": min(ratios), "ratio_max": max(ratios)}
+    print(json.dumps(out, indent=2))
+    return out
 
 
 def _diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
@@ -218,12 +243,14 @@ async def run(args, meter: LoadMeter | None = None) -> dict:
         print(f"{r} future(s): median {statistics.median(secs):.2f} s; last repeat: "
               + ", ".join(f"{key} {v:.0f}" for key, v in calls.items()))
     ratios = [row["ratio"] for row in rows]
+    lo, hi = median_ci(ratios)
     print(f"{args.rollouts} futures / 1 future wall time: median {statistics.median(ratios):.2f}x over "
-          f"{args.repeats} repeats (min {min(ratios):.2f}x, max {max(ratios):.2f}x); target <= 1.3x")
+          f"{args.repeats} pairs (95% bootstrap interval {lo:.2f}x-{hi:.2f}x; min {min(ratios):.2f}x, "
+          f"max {max(ratios):.2f}x); target <= 1.3x")
     same = sum(row["same_first_future"] for row in rows)
     print(f"the single future was the first of the {args.rollouts} in {same} of {len(rows)} pairs")
-    out = {"repeats": rows, "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
-           "ratio_max": max(ratios), "same_first_future": same,
+    out = {"repeats": rows, "ratio_median": statistics.median(ratios), "ratio_ci95": [lo, hi],
+           "ratio_min": min(ratios), "ratio_max": max(ratios), "same_first_future": same,
            "policy": getattr(model, "name", type(model).__name__)}
     if hasattr(model.stats, "shared_requests"):
         out["engine_stats"] = model.stats.to_dict()
@@ -267,12 +294,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the MR's fault rule (zero: a failed user turn becomes an empty message, counted; "
                              "for random test models)")
     parser.add_argument("--out", default=None, help="write the results here as JSON")
+    parser.add_argument("--summarize", default=None, metavar="FILE",
+                        help="print the summary (medians, the ratio's 95%% bootstrap interval) of a results file and exit")
     add_load_arguments(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.summarize:
+        summarize(args.summarize)
+        return 0
     if args.rollouts < 2 or args.repeats < 1:
         raise SystemExit("--rollouts must be >= 2 and --repeats >= 1")
     load = check(args)

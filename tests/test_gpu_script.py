@@ -129,3 +129,19 @@ def test_load_meter_counts_a_live_child_as_this_runs_own(monkeypatch):
     load = _machine.LoadMeter().start().stop()
     assert load.other_busy_cores == pytest.approx(0.5)  # (6 - 2 - 3) s over 2 s: the other one only
     assert [(p, round(c, 3)) for p, _, c in load.busiest] == [(other, 0.5)]
+
+
+def test_bench_mr_summary_reads_a_results_file_and_bounds_the_median(tmp_path, capsys):
+    import bench_mr
+
+    ratios = [1.28, 1.14, 1.41, 1.71, 1.33, 1.29, 1.38, 1.26, 1.25, 1.42]
+    rows = [{"1": {"seconds": 6.0}, "3": {"seconds": 6.0 * r}, "ratio": r} for r in ratios]
+    path = tmp_path / "mr.json"
+    path.write_text(json.dumps({"rollouts": 3, "repeats": rows}))
+    out = bench_mr.summarize(str(path))
+    assert out["pairs"] == 10 and out["ratio_median"] == pytest.approx(1.31)  # (1.29 + 1.33) / 2
+    lo, hi = out["ratio_ci95"]
+    assert min(ratios) <= lo <= out["ratio_median"] <= hi <= max(ratios) and lo < hi
+    assert bench_mr.median_ci(ratios) == (lo, hi)  # seeded: the same file, the same interval
+    assert out["3_futures_median_s"] == pytest.approx(6.0 * 1.31)
+    assert '"ratio_median"' in capsys.readouterr().out
