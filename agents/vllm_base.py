@@ -83,11 +83,12 @@ class VLLMStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    #: Requests answered by an identical request (same prompt and deterministic sampling: greedy,
+    #: or the same seed) of the same batch or in flight: no engine work of their own. The four
+    #: counts above include them (they count what callers received).
+    shared_requests: int = 0
     #: Tokens of the scoring rows (prompt + continuation), those the prefix cache served, and
     #: rows scored again without the cache (their cache hit reached into the scored span).
-    #: Requests answered by an identical request (same prompt and deterministic sampling: greedy,
-    #: or the same seed) of the same batch or in flight: no engine work of their own.
-    shared_requests: int = 0
     scored_tokens: int = 0
     scored_cached_tokens: int = 0
     rescored_rows: int = 0
