@@ -8,12 +8,13 @@ plain-text replies) and the interactivity judge (prefilled replies), the verl re
 **3 futures vs 1** (the headline): the MR of the same reply is scored with ``num_rollouts=1`` and
 with ``num_rollouts=3`` (``MultiturnAwareReward.score_reply``: the futures are played
 concurrently, each model call of each future goes to the backend as soon as its turn comes, so
-the backend batches what is in flight, then every judge call at once). Each of the ``--repeats``
+the backend batches what is in flight, and each future's judge calls start when it ends). Each of the ``--repeats``
 pairs resets both envs with the same seed, so the single future is the first of the three (same
 policy seeds: the script checks that it is identical), and times the two in alternating order,
 each from an empty prefix cache (vLLM: ``AsyncVLLMPolicy.reset_prefix_cache``), so neither
-replays the other's KV. The script prints the median ratio ``time(3) / time(1)``: what two more
-futures of the same reply cost. On a batch-efficient backend (vLLM with prefix caching, a GPU) a
+replays the other's KV. The script prints the median ratio ``time(3) / time(1)``, what two more
+futures of the same reply cost, with a 95% bootstrap interval (``--summarize FILE`` reprints it
+from a results file). On a batch-efficient backend (vLLM with prefix caching, a GPU) a
 batch of 3 costs little more than 1: the target is at most 1.3x.
 
 **Concurrent vs sequential** (``--sequential``): the same 3 futures (same seeds: sampling is
@@ -30,7 +31,8 @@ included.
 Usage::
 
     python benchmarks/bench_mr.py [--backend hf|vllm] [--rollouts 3] [--repeats 5] [--max-new-tokens 48]
-    .venv-vllm/bin/python benchmarks/bench_mr.py --backend vllm --out benchmarks/results/mr_vllm_embedded.json
+    .venv-vllm/bin/python benchmarks/bench_mr.py --backend vllm --repeats 10 --sequential --out mr.json
+    python benchmarks/bench_mr.py --summarize benchmarks/results/mr_vllm_embedded.json
 """
 
 from __future__ import annotations
