@@ -35,6 +35,7 @@ __all__ = [
     "BACKEND_PREFIXES",
     "ContinuationScorer",
     "can_score_continuations",
+    "common_prefix_length",
     "continuation_token_ids",
     "continuation_jobs",
     "EMBEDDED_NAMES",
@@ -85,6 +86,16 @@ def check_continuations(observations: Sequence[Any], continuations: Sequence[Seq
             )
 
 
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading token ids ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def continuation_token_ids(tokenizer: Any, prompt_text: str, continuations: Sequence[str]) -> tuple[list[list[int]], int]:
     """Token ids of ``prompt_text + c`` for every continuation ``c``, and the index of the first
     token to score, the same for all of them.
@@ -101,13 +112,7 @@ def continuation_token_ids(tokenizer: Any, prompt_text: str, continuations: Sequ
     """
     prompt_ids = list(tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
     rows = [list(tokenizer(prompt_text + c, add_special_tokens=False)["input_ids"]) for c in continuations]
-    start = len(prompt_ids)
-    for ids in rows:
-        k = 0
-        limit = min(len(ids), len(prompt_ids))
-        while k < limit and ids[k] == prompt_ids[k]:
-            k += 1
-        start = min(start, k)
+    start = min([len(prompt_ids)] + [common_prefix_length(ids, prompt_ids) for ids in rows])
     if start < 1:
         raise ConfigError("the prompt of a continuation score has no token of its own to condition on.")
     return rows, start

@@ -23,6 +23,7 @@ from collab_env.agents.base import (
     EMBEDDED_NAMES,
     SamplingParams,
     check_continuations,
+    common_prefix_length,
     continuation_jobs,
 )
 from collab_env.agents.tokens import (
@@ -365,14 +366,6 @@ class VLLMBase:
                 n = getattr(out, "num_cached_tokens", None) if read_cache else 0
                 cached[i] = len(rows[i]) if n is None else int(n)  # unknown: treat all as cached
 
-        def common(a: list[int], b: list[int]) -> int:
-            n = 0
-            for x, y in zip(a, b):
-                if x != y:
-                    break
-                n += 1
-            return n
-
         if not self.scoring_reads_cache:
             await send(list(range(len(rows))), read_cache=False)
         else:
@@ -380,7 +373,8 @@ class VLLMBase:
             await send(first_rows, read_cache=True)
             await send([i for i in range(len(rows)) if firsts[i] != i], read_cache=True)
             redo = [i for i in range(len(rows)) if cached[i] >= starts[i] and (
-                firsts[i] == i or cached[firsts[i]] >= starts[i] or cached[i] >= common(rows[i], rows[firsts[i]]))]
+                firsts[i] == i or cached[firsts[i]] >= starts[i]
+                or cached[i] >= common_prefix_length(rows[i], rows[firsts[i]]))]
             if redo:
                 await send(redo, read_cache=False)
                 self.stats.rescored_rows += len(redo)

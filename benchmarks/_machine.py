@@ -187,7 +187,7 @@ class LoadMeter:
                 before = self._procs0[pid][1] if pid in self._procs0 else 0
                 own += (ticks - before) / _CLK_TCK
                 continue
-            if pid in family or pid not in self._procs0:
+            if pid == me or pid not in self._procs0:
                 continue
             used = (ticks - self._procs0[pid][1]) / _CLK_TCK / wall
             if used > 0.01:

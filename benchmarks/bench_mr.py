@@ -95,14 +95,13 @@ def _stats(policy) -> dict[str, float]:
             "completion_tokens": s.completion_tokens, "cached_tokens": s.cached_tokens}
 
 
-def median_ci(values: list[float], *, resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
-    """A 95% percentile-bootstrap interval of the median of ``values`` (seeded: the same file
-    gives the same interval)."""
-    import random
+def median_ci(values: list[float]) -> tuple[float, float]:
+    """The 95% percentile-bootstrap interval of the median of ``values``: the leaderboard's
+    :func:`~collab_env.leaderboard.stats.bootstrap` (seeded: the same file, the same interval)."""
+    from collab_env.leaderboard.stats import bootstrap
 
-    rng = random.Random(seed)
-    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
-    return meds[int(0.025 * resamples)], meds[int(0.975 * resamples) - 1]
+    _, lo, hi = bootstrap(values, statistics.median)
+    return lo, hi
 
 
 def summarize(path: str) -> dict:

@@ -202,11 +202,10 @@ class MetricSet:
         Raises:
             RewardError: No conversation could be scored.
         """
-        async def none() -> None:
-            return None
+        async def one(conversation: Conversation | None) -> dict[str, Any] | None:
+            return None if conversation is None else await self.evaluate(conversation, item, start=start, player=player)
 
-        results = await asyncio.gather(*(none() if c is None else self.evaluate(c, item, start=start, player=player)
-                                         for c in conversations))
+        results = await asyncio.gather(*(one(c) for c in conversations))
         return self.combine(results, faults=faults, cost=cost)
 
     async def evaluate(self, conversation: Conversation, item: Mapping[str, Any], *, start: int,
