@@ -61,7 +61,7 @@ def test_list_unknown_suite_is_an_error(capsys):
 def test_info_text_and_json():
     rc, out = run(["info", "hidden-facts-easy"])
     assert rc == 0
-    assert out.splitlines()[0] == "hidden-facts-easy-v0"
+    assert out.splitlines()[0] == "hidden-facts-easy-v1"
     assert "trainable         assistant" in out
     assert "collab_env.tasks.hidden_facts:HiddenFactsUser" in out
     assert "num_objects=1" in out

@@ -48,7 +48,7 @@ def test_spec_is_data_and_validated():
     s = spec("hidden-facts")
     d = s.to_dict()
     assert d["players"] == ["assistant", "user"] and d["trainable"] == ["assistant"]
-    assert s.name == "hidden-facts" and s.version == 0 and s.gym_id == "collab_env/hidden-facts-v0"
+    assert s.name == "hidden-facts" and s.version == 1 and s.gym_id == "collab_env/hidden-facts-v1"
     with pytest.raises(ConfigError, match="name-vN"):
         EnvSpec(id="NoVersion", entry_point="x:y")
     with pytest.raises(ConfigError, match="trainable"):

@@ -71,6 +71,32 @@ _COLLABLLM = {
 }
 
 
+#: The make keywords that pin a hidden-facts v0 id to its legacy user (see the Version history in
+#: collab_env.tasks.hidden_facts).
+_HF_LEGACY = {"user_rule": "keyword", "guess_is_wrong": False}
+
+
+def _register_hidden_facts(register, EnvSpec, cards, name, d, version, rule) -> None:
+    register(
+        EnvSpec(
+            id=f"{name}-v{version}",
+            entry_point="collab_env.tasks.hidden_facts:make_env",
+            kwargs={**d["kwargs"], **rule},
+            players=("assistant", "user"),
+            turn_order=_CHAT,
+            trainable=("assistant",),
+            default_policies={"user": "collab_env.tasks.hidden_facts:HiddenFactsUser"},
+            reward={"accuracy": 1.0},
+            reward_range=(0.0, 1.0),
+            limits={"max_steps": 12},
+            description=d["description"] + (" Legacy v0: the user reveals to any clause naming the "
+                                             "object and an attribute keyword." if version == 0 else ""),
+            suite="builtin",
+            card=cards[f"{name}-v{version}"],
+        )
+    )
+
+
 def register_builtin() -> None:
     """Register the built-in suites' envs and their policies' short names (``import collab_env``
     does this; calling it again re-registers the same entries)."""
@@ -81,24 +107,11 @@ def register_builtin() -> None:
     for name, entry_point in TASK_POLICIES.items():
         register_policy(name, entry_point)
 
+    # hidden-facts v1 (issue 23): the user reveals a fact only to a question for it and a guess at
+    # a withheld value counts as a wrong answer; v0 (legacy) keeps the keyword user.
     for name, d in _HIDDEN_FACTS.items():
-        register(
-            EnvSpec(
-                id=f"{name}-v0",
-                entry_point="collab_env.tasks.hidden_facts:make_env",
-                kwargs=d["kwargs"],
-                players=("assistant", "user"),
-                turn_order=_CHAT,
-                trainable=("assistant",),
-                default_policies={"user": "collab_env.tasks.hidden_facts:HiddenFactsUser"},
-                reward={"accuracy": 1.0},
-                reward_range=(0.0, 1.0),
-                limits={"max_steps": 12},
-                description=d["description"],
-                suite="builtin",
-                card=BUILTIN_CARDS[f"{name}-v0"],
-            )
-        )
+        for version, rule in ((0, _HF_LEGACY), (1, {})):
+            _register_hidden_facts(register, EnvSpec, BUILTIN_CARDS, name, d, version, rule)
 
     register(
         EnvSpec(

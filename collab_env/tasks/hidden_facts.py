@@ -1,8 +1,9 @@
 """hidden-facts: the built-in collaboration suite, where asking is the only way to the answer.
 
 The user wants one number (a total cost, a total weight, the sugar for a bake sale) but the
-opening request withholds the quantities only the user knows. The user reveals a fact when the
-assistant asks about it; the assistant answers with ``\\boxed{N}``, checked exactly. Items are
+opening request withholds the quantities only the user knows. The user reveals a fact only when
+the assistant asks a question for it (v1; a statement, a guess or a keyword list earns nothing);
+the assistant answers with ``\\boxed{N}``, checked exactly. Items are
 generated from a seed (unlimited, no download), so everything runs offline.
 
 Players
@@ -20,16 +21,30 @@ Rewards
     When the assistant's message contains ``\\boxed{...}`` the episode terminates and both
     players get ``1.0`` if the boxed number equals the answer, else ``0.0``
     (component ``accuracy``), minus ``cost_per_turn`` for every assistant turn after the first.
-    Every other step gives 0.
+    A message without a box that guesses a withheld value (v1, ``guess_is_wrong``) ends the
+    episode as a wrong answer: accuracy 0, minus the same turn cost. Every other step gives 0.
 Episode end
-    Terminated: the assistant answered (``"answered"``) or the user sent the termination signal
-    (``"user_terminated"``, reward 0). Truncated: ``max_steps`` (default 12: six assistant turns).
+    Terminated: the assistant answered (``"answered"``), guessed a withheld value
+    (``"guessed"``, v1) or the user sent the termination signal (``"user_terminated"``,
+    reward 0). Truncated: ``max_steps`` (default 12: six assistant turns).
 Arguments
     See :class:`HiddenFactsConfig`: ``num_objects``, ``vagueness`` (share of needed facts
     withheld), ``vague_objects`` (the opening does not even name the objects),
     ``num_distractors`` (irrelevant numbers in the opening), value ranges, ``split``.
 Version history
-    v0: initial release.
+    v1 (issue 23): the user reveals a fact only to a question for it
+    (:mod:`collab_env.tasks.questions`: an interrogative clause or an explicit "tell me", in the
+    assistant's own words, not a keyword dump, naming the object and the attribute, at most two
+    objects per question; a question naming an object the user does not hold reveals nothing);
+    a statement, a guess, the opening copied back or a keyword dump earns nothing; a message
+    that guesses a withheld value ends the episode as a wrong answer (``"guessed"``, accuracy 0;
+    :func:`guessed_facts`). The reference :class:`AskThenAnswer` asks the same questions and
+    still scores 1.
+    v0 (legacy; ``user_rule="keyword"``, ``guess_is_wrong=False``): initial release. The user
+    revealed a fact to any clause naming its object and an attribute keyword, so a statement
+    ("you would multiply the number of pancakes by the sugar per batch") or a keyword list got
+    it; the only real-model learning result on v0 learned exactly that. Kept registered for
+    old results.
 """
 
 from __future__ import annotations
@@ -45,14 +60,21 @@ import numpy as np
 from collab_env.env import CollabEnv, EpisodeState, Outcome, Start, Task, env_message
 from collab_env.errors import ConfigError
 from collab_env.policy import ScriptedPolicy
+from collab_env.tasks import questions
 from collab_env.tasks._common import build_config, split_env_kwargs
 from collab_env.tasks.cards import docstring_cards
 from collab_env.types import Conversation, Message
 
 # The env cards: data in collab_env.tasks.cards (the registry's), text here for help() and pydoc.
-__doc__ = (__doc__ or "") + docstring_cards("hidden-facts-v0", "hidden-facts-easy-v0", "hidden-facts-hard-v0")
+__doc__ = (__doc__ or "") + docstring_cards(
+    "hidden-facts-v1", "hidden-facts-easy-v1", "hidden-facts-hard-v1",
+    "hidden-facts-v0", "hidden-facts-easy-v0", "hidden-facts-hard-v0",
+)
 
 __all__ = [
+    "USER_RULES",
+    "MAX_OBJECTS_PER_QUESTION",
+    "guessed_facts",
     "HiddenFactsConfig",
     "HiddenFactsTask",
     "HiddenFactsUser",
@@ -65,6 +87,9 @@ __all__ = [
 ]
 
 TERMINATION_SIGNAL = "[[TERMINATE CHAT]]"
+
+#: The scripted user's reveal rules: ``"question"`` (v1) and ``"keyword"`` (legacy, v0).
+USER_RULES = ("question", "keyword")
 
 ASSISTANT_PROMPT = (
     "You are a helpful assistant. The user needs a number computed. Some information you need "
@@ -199,6 +224,13 @@ class HiddenFactsConfig:
         cost_per_turn: Subtracted from the reward for every assistant turn after the first.
         assistant_system_prompt: The assistant's system prompt (``None`` for none).
         termination_signal: Text with which the user ends the chat.
+        user_rule: How the scripted user decides what was asked for: ``"question"`` (v1: only an
+            interrogative request for a fact, :mod:`collab_env.tasks.questions`) or
+            ``"keyword"`` (legacy v0: any clause naming the object and an attribute keyword).
+            The env writes it into the user's hidden goal; :class:`HiddenFactsUser` follows it.
+        guess_is_wrong: A message that states a value for a quantity the user never gave
+            (:func:`guessed_facts`) ends the episode as a wrong answer (``"guessed"``,
+            accuracy 0). Only with ``user_rule="question"``.
     """
 
     num_objects: int = 2
@@ -213,6 +245,8 @@ class HiddenFactsConfig:
     cost_per_turn: float = 0.0
     assistant_system_prompt: str | None = ASSISTANT_PROMPT
     termination_signal: str = TERMINATION_SIGNAL
+    user_rule: str = "question"
+    guess_is_wrong: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_objects <= 4:
@@ -237,6 +271,11 @@ class HiddenFactsConfig:
             raise ConfigError(f"cost_per_turn must be >= 0, got {self.cost_per_turn}.")
         if not self.termination_signal:
             raise ConfigError("termination_signal must be a non-empty string.")
+        if self.user_rule not in USER_RULES:
+            raise ConfigError(f"user_rule must be one of {USER_RULES}, got {self.user_rule!r}.")
+        if self.guess_is_wrong and self.user_rule != "question":
+            raise ConfigError("guess_is_wrong needs user_rule='question' (the legacy keyword user "
+                              "has no notion of a guess); pass guess_is_wrong=False.")
 
 
 _SPLIT_STREAM = {"train": 0x7A11, "test": 0x7E57}
@@ -334,6 +373,7 @@ class HiddenFactsTask(Task):
             "list_sentence": sc.list_say.format(objects=_join(item["plurals"])),
             "distractors": item["distractors"],
             "termination_signal": cfg.termination_signal,
+            "user_rule": cfg.user_rule,
         }
         messages.append(env_message(goal, role="system", audience=("user",), meta={"hidden": hidden}))
         # The opening request is the user's line, written from the item (not by a policy).
@@ -354,6 +394,15 @@ class HiddenFactsTask(Task):
                     components={"assistant": comp, "user": comp},
                     terminated=True,
                     reason="answered",
+                )
+            if cfg.guess_is_wrong and guessed_facts(state.item, moves["assistant"], _user_texts(state.messages)):
+                penalty = cfg.cost_per_turn * (state.moves["assistant"] - 1)
+                comp = {"accuracy": 0.0, "turn_cost": -penalty}
+                return Outcome(
+                    rewards={"assistant": -penalty, "user": -penalty},
+                    components={"assistant": comp, "user": comp},
+                    terminated=True,
+                    reason="guessed",
                 )
         if "user" in moves and cfg.termination_signal in moves["user"]:
             comp = {"accuracy": 0.0, "turn_cost": 0.0}
@@ -394,14 +443,108 @@ def _mentions(clause: str, word: str) -> bool:
     return re.search(r"\b" + re.escape(word.lower()) + r"\b", clause) is not None
 
 
+def _user_texts(messages: Sequence[Message]) -> list[str]:
+    """What the user has said (its opening and replies): the words that are not the assistant's
+    own, and the values that count as told."""
+    return [m.content for m in messages if m.author == "user" and m.role != "system"]
+
+
+#: Every object word of every scenario (singular and plural): a question naming one the user
+#: does not hold is a guess at the objects.
+_ALL_OBJECTS = tuple(w for sc in _SCENARIOS for pair in sc.objects for w in pair)
+#: A question may target the quantities of at most this many objects (both attributes each).
+MAX_OBJECTS_PER_QUESTION = 2
+
+
+def _objects_named(clause: questions.Clause) -> set[str]:
+    """The singular forms of the objects (of any scenario) a clause names in its own words."""
+    out = set()
+    for sc in _SCENARIOS:
+        for one, many in sc.objects:
+            if clause.names(one) or clause.names(many):
+                out.add(one)
+    return out
+
+
+def _told_numbers(user_texts: Sequence[str]) -> set[int]:
+    told = set()
+    for t in user_texts:
+        told |= questions.numbers_in(t)
+    # A product of told values (a line of the sum) is arithmetic, no guess.
+    return told | {a * b for a in told for b in told}
+
+
+def _withheld(facts: Sequence[Mapping[str, Any]], user_texts: Sequence[str]) -> list[Mapping[str, Any]]:
+    said = " ".join(user_texts)
+    return [f for f in facts if f["sentence"] not in said]
+
+
+def guessed_facts(item: Mapping[str, Any], text: str, user_texts: Sequence[str]) -> list[tuple[str, str]]:
+    """The withheld quantities an assistant message states a value for (a guess).
+
+    A clause that does not ask (:attr:`collab_env.tasks.questions.Clause.asks` is false) guesses
+    the quantity ``(object, kind)`` when the quantity is withheld (its sentence is in no user
+    message), the clause names the object in its own words and holds a number (digits or two..
+    twenty; never 1) that the user has not said (nor a product of two told values), and either that number stands within three words before the object's name
+    ("let's say 4 apples": the count) or the clause names a keyword of the quantity ("I assume
+    apples cost $3": the unit value). A boxed answer is the task's business, not a guess.
+
+    Args:
+        item: A hidden-facts item (``facts``, ``scenario``).
+        text: The assistant's message.
+        user_texts: The user's messages so far (the opening included).
+    """
+    if _BOXED.search(text):
+        return []
+    sc = _SCENARIO_BY_NAME[item["scenario"]]
+    told = _told_numbers(user_texts)
+    withheld = {(f["object"], f["kind"]): f for f in _withheld(item["facts"], user_texts)}
+    out: list[tuple[str, str]] = []
+    for c in questions.parse(text, quoted=user_texts):
+        if c.asks:
+            continue
+        nums = [(i, questions.numbers_in(w)) for i, w in enumerate(c.words) if c.own[i]]
+        untold = [(i, n) for i, ns in nums for n in ns if n not in told]
+        if not untold:
+            continue
+        for f in item["facts"]:
+            key = (f["object"], f["kind"])
+            if key not in withheld or key in out:
+                continue
+            names = [i for i, w in enumerate(c.words)
+                     if c.own[i] and w in (f["object"], f["plural"])]
+            if not names:
+                continue
+            attr = sc.count if f["kind"] == "count" else sc.unit
+            near = any(0 < j - i <= 3 for i, _ in untold for j in names)
+            if (f["kind"] == "count" and near) or (f["kind"] == "unit" and c.names_any(attr.keywords)
+                                                   and not near):
+                out.append(key)
+    return out
+
+
 class HiddenFactsUser(ScriptedPolicy):
     """The scripted user of hidden-facts (deterministic under a seed).
 
-    It reads its hidden facts from its own observation. Each reply: if the assistant's last
-    message asks (in one clause) about an object and an attribute, it states those facts; if it
-    asks which objects are involved, it names them; once the assistant gives a boxed answer, or
-    after ``patience`` replies that revealed nothing, it ends the chat with the termination
-    signal. Otherwise it nudges the assistant, sometimes (``chattiness``) adding a distractor.
+    It reads its hidden facts, and the env's reveal rule (``user_rule``), from its own
+    observation.
+
+    Rule ``"question"`` (v1). Only clauses that *ask* count (:mod:`collab_env.tasks.questions`:
+    interrogative or an explicit request, in the assistant's own words, not a keyword dump). A
+    fact is revealed when one asking clause names its object (singular or plural) and a keyword
+    of its attribute; a clause naming more than :data:`MAX_OBJECTS_PER_QUESTION` objects asks for
+    none. The objects are named in reply to an asking clause with a list keyword ("which items
+    ...?"). A message whose asking clauses name an object the user does not hold is a guess at
+    the objects: the user says so and reveals nothing. A guess at a withheld value
+    (:func:`guessed_facts`) is never confirmed ("I haven't told you that"); with
+    ``guess_is_wrong`` the env has already ended the episode as a wrong answer.
+
+    Rule ``"keyword"`` (legacy, v0 ids): a fact is revealed whenever one clause mentions its
+    object and an attribute keyword, whatever the clause says.
+
+    Either way: once the assistant gives a boxed answer, or after ``patience`` replies that
+    revealed nothing, it ends the chat with the termination signal. Otherwise it nudges the
+    assistant, sometimes (``chattiness``) adding a distractor.
 
     Args:
         patience: Unhelpful assistant turns tolerated before the user gives up.
@@ -426,6 +569,24 @@ class HiddenFactsUser(ScriptedPolicy):
         asked = last.content if last is not None and last.author != "user" else ""
         if _BOXED.search(asked):
             return f"Thanks, that's what I needed. {signal}"
+        if hidden.get("user_rule", "question") == "keyword":
+            reply = self._keyword_reveal(hidden, asked, said)
+        else:
+            reply = self._question_reveal(hidden, asked, _user_texts(list(observation)))
+        if reply and not reply[0].startswith(_UNHELPFUL):
+            if self.chattiness and rng.random() < self.chattiness and hidden["distractors"]:
+                reply.append(hidden["distractors"][int(rng.integers(len(hidden["distractors"])))])
+            return " ".join(reply)
+        # Count earlier nudges from the transcript itself: the user keeps no state of its own.
+        unhelpful = sum(1 for m in observation if m.author == "user" and m.content.startswith(_UNHELPFUL))
+        if unhelpful + 1 >= self.patience:
+            return f"I don't think we're getting anywhere. {signal}"
+        if reply:  # a guess or a foreign object: said so, and it counts as unhelpful
+            return " ".join(reply)
+        return _NUDGES[int(rng.integers(len(_NUDGES)))] + " Can you work it out for me?"
+
+    @staticmethod
+    def _keyword_reveal(hidden: Mapping[str, Any], asked: str, said: str) -> list[str]:
         reply = []
         clauses = _clauses(asked)
         names_known = hidden["objects_named"] or hidden["list_sentence"] in said
@@ -440,22 +601,49 @@ class HiddenFactsUser(ScriptedPolicy):
                 for c in clauses
             ):
                 reply.append(f["sentence"])
-        if reply:
-            if self.chattiness and rng.random() < self.chattiness and hidden["distractors"]:
-                reply.append(hidden["distractors"][int(rng.integers(len(hidden["distractors"])))])
-            return " ".join(reply)
-        # Count earlier nudges from the transcript itself: the user keeps no state of its own.
-        unhelpful = sum(1 for m in observation if m.author == "user" and m.content.startswith(_NUDGES))
-        if unhelpful + 1 >= self.patience:
-            return f"I don't think we're getting anywhere. {signal}"
-        return _NUDGES[int(rng.integers(len(_NUDGES)))] + " Can you work it out for me?"
+        return reply
+
+    @staticmethod
+    def _question_reveal(hidden: Mapping[str, Any], asked: str, user_texts: Sequence[str]) -> list[str]:
+        said = " ".join(user_texts)
+        asking = questions.request_clauses(asked, quoted=user_texts)
+        mine = set(hidden["objects"])
+        foreign = sorted({o for c in asking for o in _objects_named(c)} - mine)
+        if foreign:
+            many = {one: m for sc in _SCENARIOS for one, m in sc.objects}
+            return [_NOT_MINE.format(objects=_join([many[o] for o in foreign]))]
+        reply = []
+        names_known = hidden["objects_named"] or hidden["list_sentence"] in said
+        if not names_known and any(c.names_any(_list_keywords(hidden)) for c in asking):
+            reply.append(hidden["list_sentence"])
+        targets = set()
+        for c in asking:
+            objs = _objects_named(c)
+            if len(objs) > MAX_OBJECTS_PER_QUESTION:
+                continue
+            for one in objs:
+                for kind in ("count", "unit"):
+                    if c.names_any(_attr_keywords(hidden["scenario"], kind)):
+                        targets.add((one, kind))
+        for f in hidden["facts"]:
+            if f["sentence"] not in said and (f["object"], f["kind"]) in targets:
+                reply.append(f["sentence"])
+        if not reply:
+            item = {"scenario": hidden["scenario"], "facts": hidden["facts"]}
+            if guessed_facts(item, asked, user_texts):
+                return [_NOT_TOLD]
+        return reply
 
 
+_NOT_TOLD = "Hmm, I haven't told you that, and I won't confirm a guess."
+_NOT_MINE = "Hmm, there are no {objects} in this."
 _NUDGES = (
     "Hmm, I'm not sure what you mean.",
     "I just want the number, please.",
     "Sorry, I don't follow.",
 )
+# Replies that revealed nothing (they count against ``patience``).
+_UNHELPFUL = _NUDGES + ("Hmm, I haven't told you that", "Hmm, there are no ")
 
 
 def _attr_keywords(scenario: str, kind: str) -> tuple[str, ...]:
