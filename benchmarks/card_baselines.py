@@ -9,6 +9,12 @@ The numbers go to ``benchmarks/results/card_baselines.json``; the cards in
 Scores only (no timing), so no load check is needed::
 
     .venv/bin/python -m benchmarks.card_baselines --episodes 200
+    .venv/bin/python -m benchmarks.card_baselines --episodes 200 --ids hidden-facts-v1 hidden-facts-easy-v1
+
+``--ids`` measures only those ids and merges them into the existing file (the other ids' numbers
+are kept; the episode count must match the file's). On the hidden-facts v1 ids the generic
+gaming policies of :mod:`collab_env.testing.gaming` (a keyword dump, the task restated) are
+measured too: the user answers questions only, so they must score no better than the naive set.
 """
 
 from __future__ import annotations
@@ -21,12 +27,17 @@ from pathlib import Path
 import collab_env
 from collab_env.eval import evaluate
 from collab_env.policy import FixedTextPolicy
+from collab_env.testing.gaming import KeywordDump, RestateTask
 
 OUT = Path(__file__).resolve().parent / "results" / "card_baselines.json"
 
 #: A reply both length-ratio agents give in the naive set: the ratio is 1, outside [2, 3],
 #: so the joint reward is exp(-(2 - 1)) = exp(-1) on every prompt.
 SAME_TEXT = "A short answer, the same for both of us."
+#: What a hostile learner on hidden-facts could know: every attribute keyword of every scenario.
+HF_VOCABULARY = ("how many", "number of", "quantity", "count", "price", "cost", "how much", "each",
+                 "per", "batches", "sugar", "grams", "per batch", "each batch", "boxes", "weigh",
+                 "weight", "kg", "what items", "which items", "what exactly")
 
 
 def baseline_runs() -> dict[str, dict[str, dict[str, object]]]:
@@ -37,6 +48,13 @@ def baseline_runs() -> dict[str, dict[str, dict[str, object]]]:
             "ask-then-answer": {"assistant": "ask-then-answer"},
             "answer-at-once": {"assistant": "answer-at-once"},
         }
+    for env_id in ("hidden-facts-easy-v1", "hidden-facts-v1", "hidden-facts-hard-v1"):
+        runs[env_id] = {
+            "ask-then-answer": {"assistant": "ask-then-answer"},
+            "answer-at-once": {"assistant": "answer-at-once"},
+            "keyword-dump (gaming)": {"assistant": KeywordDump("what", vocabulary=HF_VOCABULARY)},
+            "restate-task (gaming)": {"assistant": RestateTask("one-clause")},
+        }
     runs["length-ratio-v0"] = {
         "length-ratio-partner x2": {"agent_0": "length-ratio-partner", "agent_1": "length-ratio-partner"},
         "same text x2": {"agent_0": FixedTextPolicy(SAME_TEXT), "agent_1": FixedTextPolicy(SAME_TEXT)},
@@ -44,10 +62,17 @@ def baseline_runs() -> dict[str, dict[str, dict[str, object]]]:
     return runs
 
 
-def measure(episodes: int) -> dict[str, object]:
-    """Run every baseline; returns the results document written to :data:`OUT`."""
+def measure(episodes: int, ids: list[str] | None = None) -> dict[str, object]:
+    """Run every baseline (of ``ids`` only, when given); returns the results document written
+    to :data:`OUT`."""
     results: dict[str, object] = {}
-    for env_id, sets in baseline_runs().items():
+    runs = baseline_runs()
+    unknown = sorted(set(ids or ()) - set(runs))
+    if unknown:
+        raise SystemExit(f"--ids: no baselines for {unknown}; choose from {sorted(runs)}")
+    for env_id, sets in runs.items():
+        if ids and env_id not in ids:
+            continue
         per_env = {}
         for name, policies in sets.items():
             r = evaluate(env_id, policies, num_episodes=episodes, seed=0, progress=False)
@@ -69,8 +94,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--episodes", type=int, default=200)
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--ids", nargs="+", default=None,
+                   help="measure only these ids and merge them into the existing --out file")
     args = p.parse_args(argv)
-    doc = measure(args.episodes)
+    doc = measure(args.episodes, args.ids)
+    if args.ids and args.out.exists():
+        old = json.loads(args.out.read_text())
+        if old["episodes"] != args.episodes:
+            raise SystemExit(f"--ids merges into {args.out}, measured with {old['episodes']} episodes: "
+                             f"pass --episodes {old['episodes']}")
+        doc = {**old, "results": {**old["results"], **doc["results"]}}
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0

@@ -109,6 +109,15 @@ _HF_BASELINES = {
 }
 
 
+#: The generic gaming policies (collab_env.testing.gaming) on the v1 ids: (return, success) of
+#: KeywordDump("what", every scenario's keywords) and RestateTask("one-clause"); same file.
+_HF_GAMING = {
+    "hidden-facts-v1": (("0.000", "0.000"), ("0.000", "0.000")),
+    "hidden-facts-easy-v1": (("0.000", "0.000"), ("0.000", "0.000")),
+    "hidden-facts-hard-v1": (("0.000", "0.000"), ("0.000", "0.000")),
+}
+
+
 def baseline_text(mean_return: str, episodes: int, success: str | None = None) -> str:
     """One baseline entry: ``"mean return R[, success S] (N ep, seeds 0-(N-1))"``."""
     s = f"mean return {mean_return}" + (f", success {success}" if success is not None else "")
@@ -131,6 +140,10 @@ def hidden_facts_card(env_id: str) -> EnvCard:
         baselines={
             "ask-then-answer": baseline_text(ask_r, 200, ask_s),
             "answer-at-once": baseline_text(once_r, 200, once_s),
+            **({} if legacy else {
+                "keyword-dump (gaming)": baseline_text(_HF_GAMING[env_id][0][0], 200, _HF_GAMING[env_id][0][1]),
+                "restate-task (gaming)": baseline_text(_HF_GAMING[env_id][1][0], 200, _HF_GAMING[env_id][1][1]),
+            }),
         },
     )
 
