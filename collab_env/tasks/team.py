@@ -34,9 +34,10 @@ Actions
     The user's reply is split on ``@agent_k:`` markers and each part delivered to that agent only;
     text before the first marker goes to every agent that asked in the round.
 Question accounting (exact, no judge)
-    A question *names* the fact (object, kind) when one of its clauses (split on ``? . ! ;`` and
-    line breaks) mentions the object (singular or plural, whole word) and a keyword of the kind
-    (unit keywords are checked first). Agents are taken in player order. The question's target
+    A question *names* the fact (object, kind) when one of its clauses that asks (v1:
+    :func:`collab_env.tasks.questions.request_clauses`, the opening as the user's words; v0: any
+    clause, split on ``? . ! ;`` and line breaks) mentions the object (singular or plural, whole
+    word) and a keyword of the kind (unit keywords are checked first). Agents are taken in player order. The question's target
     is the first named fact, in problem order, that the team has not obtained yet (stated in the
     opening, or asked for earlier in the episode, or earlier in this round); the target becomes
     obtained (status ``"new"``). A question that names facts but only obtained ones is a
@@ -73,8 +74,14 @@ Card
     Each id's card is its registry entry (``collab-env info team-facts-easy``); the reference
     teams' numbers come from ``benchmarks/bench_team_references.py``.
 Version history
-    v0: initial release (scenarios party, trip, garden; one question per agent per round;
-    private answers; duplicate and useless questions cost 0.1 each).
+    v1 (issue 23): a question names a fact only when it asks for it (``question_rule=
+    "question"``, :mod:`collab_env.tasks.questions`: an interrogative clause or an explicit "tell
+    me", the object and the fact's keyword in the agent's own words, not copied from the
+    opening, not a keyword dump); a statement, a guess, the opening copied back or a keyword
+    list is a useless question. The reference teams ask the same questions and score the same.
+    v0 (legacy; ``question_rule="keyword"``): initial release (scenarios party, trip, garden; one
+    question per agent per round; private answers; duplicate and useless questions cost 0.1
+    each). Any clause naming an object and a keyword counted as a question about it.
 """
 
 from __future__ import annotations
@@ -94,6 +101,7 @@ from collab_env.registry import EnvCard
 from collab_env.tasks._common import build_config, split_env_kwargs
 from collab_env.tasks.cards import cards_section
 from collab_env.tasks.hidden_facts import extract_boxed
+from collab_env.tasks.questions import request_clauses
 from collab_env.types import Conversation, Message
 
 __all__ = [
@@ -116,6 +124,8 @@ __all__ = [
 
 #: The captain: the only agent whose boxed answer counts.
 CAPTAIN = "agent_0"
+#: How a question names a fact: ``"question"`` (v1) or ``"keyword"`` (legacy v0).
+QUESTION_RULES = ("question", "keyword")
 #: The simulated user's player id.
 USER = "user"
 
@@ -213,6 +223,11 @@ class TeamFactsConfig:
         num_items: Make the suite finite (items ``0..num_items-1``); ``None`` for unlimited.
         duplicate_cost: Charged to the team for every duplicate question.
         useless_cost: Charged to the team for every question that names no fact.
+        question_rule: When does a question name a fact: ``"question"`` (v1: only a clause that
+            asks, :mod:`collab_env.tasks.questions`, naming the object and a keyword of the kind
+            in the agent's own words; a statement, a guess, the opening copied back or a keyword
+            dump names nothing and is a useless question) or ``"keyword"`` (legacy v0: any
+            clause naming the object and a keyword).
     """
 
     num_agents: int = 2
@@ -225,6 +240,7 @@ class TeamFactsConfig:
     num_items: int | None = None
     duplicate_cost: float = 0.1
     useless_cost: float = 0.1
+    question_rule: str = "question"
 
     def __post_init__(self) -> None:
         for name, lo, hi in (("num_agents", 2, 6), ("num_objects", 1, 4)):
@@ -248,6 +264,8 @@ class TeamFactsConfig:
             raise ConfigError(f"split must be 'train' or 'test', got {self.split!r}.")
         if self.num_items is not None and self.num_items < 1:
             raise ConfigError(f"num_items must be >= 1 or None, got {self.num_items}.")
+        if self.question_rule not in QUESTION_RULES:
+            raise ConfigError(f"question_rule must be one of {QUESTION_RULES}, got {self.question_rule!r}.")
         for name in ("duplicate_cost", "useless_cost"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -295,6 +313,7 @@ def generate_item(config: TeamFactsConfig, index: int) -> dict[str, Any]:
         "answer": answer,
         "duplicate_cost": float(config.duplicate_cost),
         "useless_cost": float(config.useless_cost),
+        "question_rule": config.question_rule,
     }
 
 
@@ -305,17 +324,33 @@ def _mentions(clause: str, word: str) -> bool:
     return re.search(r"\b" + re.escape(word.lower()) + r"\b", clause) is not None
 
 
-def named_facts(question: str, scenario: str, objects: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+def named_facts(question: str, scenario: str, objects: Sequence[tuple[str, str]], *,
+                rule: str = "question", quoted: Sequence[str] = ()) -> list[tuple[str, str]]:
     """The facts ``(object, kind)`` a question names, in problem order (see the module docstring).
 
     Args:
         question: The question text.
         scenario: The scenario name.
         objects: ``(singular, plural)`` of the problem's objects, in problem order.
+        rule: ``"question"`` (v1): only clauses that ask
+            (:func:`collab_env.tasks.questions.request_clauses`, with ``quoted`` as the user's
+            words) count, and the object and the keyword must be the agent's own words;
+            ``"keyword"`` (legacy v0): every clause.
+        quoted: The user's texts (the opening): words copied from them name nothing.
     """
     sc = _SCENARIO_BY_NAME[scenario]
-    clauses = [c.strip().lower() for c in re.split(r"[?.!;\n]+", question) if c.strip()]
     named: set[tuple[str, str]] = set()
+    if rule == "question":
+        for c in request_clauses(question, quoted=quoted):
+            for one, many in objects:
+                if not (c.names(one) or c.names(many)):
+                    continue
+                if c.names_any(sc.unit.keywords):
+                    named.add((one, "unit"))
+                elif c.names_any(sc.count.keywords):
+                    named.add((one, "count"))
+        return [(one, kind) for one, _ in objects for kind in _KINDS if (one, kind) in named]
+    clauses = [c.strip().lower() for c in re.split(r"[?.!;\n]+", question) if c.strip()]
     for c in clauses:
         for one, many in objects:
             if not (_mentions(c, one) or _mentions(c, many)):
@@ -358,7 +393,9 @@ def account_questions(
     for a in agents:
         if not questions.get(a):
             continue
-        named = [index[k] for k in named_facts(questions[a], item["scenario"], objects)]
+        named = [index[k] for k in named_facts(questions[a], item["scenario"], objects,
+                                               rule=item.get("question_rule", "question"),
+                                               quoted=(item["opening"],))]
         fresh = [i for i in named if i not in obtained]
         if fresh:
             obtained.add(fresh[0])
@@ -763,8 +800,8 @@ TEAM_POLICIES: dict[str, str] = {
 
 #: The registered levels: id -> make keywords, the default reward's range, the card's
 #: ``tests`` sentence, a description.
-TEAM_FACTS_LEVELS: dict[str, dict[str, Any]] = {
-    "team-facts-easy-v0": dict(
+_TEAM_LEVELS: dict[str, dict[str, Any]] = {
+    "team-facts-easy": dict(
         kwargs={"num_agents": 2, "num_objects": 2, "num_stated": 1, "max_steps": 6},
         reward_range=(-0.6, 1.0),
         tests=("Cooperation between agents serving one user: two agents split three withheld "
@@ -777,7 +814,7 @@ TEAM_FACTS_LEVELS: dict[str, dict[str, Any]] = {
             "6 steps."
         ),
     ),
-    "team-facts-hard-v0": dict(
+    "team-facts-hard": dict(
         kwargs={"num_agents": 3, "num_objects": 3, "num_stated": 0, "max_steps": 6},
         reward_range=(-0.9, 1.0),
         tests=("Cooperation between agents serving one user, hard: three agents split six "
@@ -790,6 +827,18 @@ TEAM_FACTS_LEVELS: dict[str, dict[str, Any]] = {
     ),
 }
 
+#: v1 (issue 23): a question names a fact only when it asks for it; v0 (legacy) keeps the keyword
+#: rule (``question_rule="keyword"``).
+TEAM_FACTS_LEVELS: dict[str, dict[str, Any]] = {
+    **{f"{name}-v0": {**level, "kwargs": {**level["kwargs"], "question_rule": "keyword"},
+                      "tests": "Legacy (v0, keyword rule: use v1). " + level["tests"],
+                      "description": level["description"] + " Legacy v0: any clause naming an object "
+                                     "and a keyword counts as a question."}
+       for name, level in _TEAM_LEVELS.items()},
+    **{f"{name}-v1": {**level, "tests": level["tests"] + " A question counts only when it asks."}
+       for name, level in _TEAM_LEVELS.items()},
+}
+
 #: Measured reference teams (benchmarks/results/team_references.json: 200 episodes, seeds 0-199):
 #: policy -> (mean return, success rate).
 _BASELINES: dict[str, dict[str, tuple[str, str]]] = {
@@ -799,6 +848,16 @@ _BASELINES: dict[str, dict[str, tuple[str, str]]] = {
         "team-random": ("-0.083", "0.000"),
     },
     "team-facts-hard-v0": {
+        "team-coordinated": ("1.000", "1.000"),
+        "team-naive": ("-0.600", "0.000"),
+        "team-random": ("-0.071", "0.000"),
+    },
+    "team-facts-easy-v1": {
+        "team-coordinated": ("1.000", "1.000"),
+        "team-naive": ("-0.300", "0.000"),
+        "team-random": ("-0.081", "0.000"),
+    },
+    "team-facts-hard-v1": {
         "team-coordinated": ("1.000", "1.000"),
         "team-naive": ("-0.600", "0.000"),
         "team-random": ("-0.071", "0.000"),
@@ -817,8 +876,16 @@ def team_facts_card(env_id: str) -> EnvCard:
     players = {a: ("trainable; the captain: the only agent whose \\boxed{N} answer counts" if a == CAPTAIN
                    else "trainable; asks the user and passes what it learns to the captain in TEAM: lines")
                for a in agents}
+    legacy = env_id.endswith("-v0")
     players[USER] = ("simulated (default TeamFactsUser, scripted): holds every fact and answers each "
-                     "agent's question privately, one fact per question")
+                     "agent's question privately, one fact per question" + (
+                         "; legacy keyword rule: any clause naming an object and a keyword counts as "
+                         "a question, statements and keyword lists included (use v1)" if legacy else
+                         "; a question counts only when it asks (collab_env.tasks.questions: a clause "
+                         "phrased as a question or an explicit 'tell me', naming the object and the "
+                         "fact's keyword in the agent's own words); a statement, a guess, the opening "
+                         "copied back or a keyword dump is a useless question (charged, answered "
+                         "'Sorry, I don't know what you mean', never confirmed)"))
     sees = {a: ("its system prompt (protocol, team, captain), the opening request, its own messages, "
                 "its teammates' questions and TEAM: notes, and the user's answers to it only; "
                 "never the user's hidden facts, other agents' private answers or the answer")
@@ -833,7 +900,8 @@ def team_facts_card(env_id: str) -> EnvCard:
         sees=sees,
         reward=(f"default: per agent round every player gets accuracy (1 when the captain's boxed "
                 f"number equals the answer) - 0.1 x duplicate questions - 0.1 x useless questions "
-                f"of that round; user rounds 0; return = accuracy - 0.1 x (D + U) over the episode, "
+                f"of that round (a guessed value is no answer: it is a useless question, charged; only "
+                f"the captain's box is scored); user rounds 0; return = accuracy - 0.1 x (D + U) over the episode, "
                 f"lowest when all {n} agents ask a useless question in each of the "
                 f"{rounds} asking rounds. joint-shared / joint-per_agent / joint-difference: "
                 f"JointReward(env, team_round_reward[_per_agent], mode) scores each agent round "

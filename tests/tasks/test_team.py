@@ -267,3 +267,97 @@ def test_card_baselines_are_the_measured_numbers():
                 f"mean return {r['mean_return']:.3f}, success {r['success']:.3f} (200 ep, seeds 0-199)")
     ref = doc["results"]["team-facts-hard-v0"]
     assert ref["team-coordinated"]["success"] == 1.0 and ref["team-naive"]["success"] == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# v1 (issue 23): a question counts only when it asks; gaming policies get no fact
+# ---------------------------------------------------------------------------------------------
+from collab_env.policy import ScriptedPolicy  # noqa: E402
+from collab_env.rollout import run_episode  # noqa: E402
+from collab_env.tasks import team as team_mod  # noqa: E402
+from collab_env.testing.gaming import DUMP_STYLES, RESTATE_STYLES, KeywordDump, RestateTask  # noqa: E402
+
+V1 = ["team-facts-easy-v1", "team-facts-hard-v1"]
+VOCAB = tuple(dict.fromkeys(k for sc in team_mod._SCENARIOS for kind in (sc.count, sc.unit) for k in kind.keywords))
+
+
+def play_team(env_id, policy, seeds=range(20)):
+    env = collab_env.make(env_id)
+    agents = spec(env_id).trainable
+    return [run_episode(env, {**dict.fromkeys(agents, policy), "user": TeamFactsUser()}, seed=s) for s in seeds]
+
+
+def facts_told(env_id, ep):
+    """Hidden facts the user's private answers gave away over the episode."""
+    kwargs = {k: v for k, v in spec(env_id).kwargs.items() if k != "max_steps"}
+    item = generate_item(team_mod.TeamFactsConfig(**kwargs), ep.index)
+    told = " ".join(m.content for m in ep.conversation if m.content.startswith("The user (to you):"))
+    return sum(f["sentence"] in told for f in item["facts"] if not f["stated"])
+
+
+class TeamStatement(ScriptedPolicy):
+    """States the method, names every object and keyword, asks nothing."""
+
+    def respond(self, observation, rng):
+        kn = team_mod.read_knowledge(observation)
+        if kn.scenario is None:
+            return "TEAM: nothing"
+        return " ".join(f"You would multiply the number of {many} by the {kn.scenario.unit.keywords[0]} of "
+                        f"each {one}." for one, many in kn.objects)
+
+
+class TeamGuess(ScriptedPolicy):
+    def respond(self, observation, rng):
+        kn = team_mod.read_knowledge(observation)
+        return " ".join(f"Let's say 89 {many}, and each {one} has a {kn.scenario.unit.keywords[0]} of 97."
+                        for one, many in kn.objects) if kn.scenario else "Hi."
+
+
+@pytest.mark.parametrize("env_id", V1)
+@pytest.mark.parametrize("gamer", [*(f"dump-{s}" for s in DUMP_STYLES), *(f"restate-{s}" for s in RESTATE_STYLES),
+                                   "statement", "guess"])
+def test_gaming_policies_get_no_fact(env_id, gamer):
+    kind, _, style = gamer.partition("-")
+    policy = {"dump": lambda: KeywordDump(style, vocabulary=VOCAB), "restate": lambda: RestateTask(style),
+              "statement": TeamStatement, "guess": TeamGuess}[kind]()
+    eps = play_team(env_id, policy)
+    assert [facts_told(env_id, e) for e in eps] == [0] * len(eps), gamer
+    assert all(e.returns["agent_0"] < 0 for e in eps)  # every question was useless, none answered
+
+
+@pytest.mark.parametrize("env_id", V1)
+def test_coordinated_team_still_scores_one(env_id):
+    eps = play_team(env_id, CoordinatedTeam(), seeds=range(50))
+    assert np.mean([e.returns["agent_0"] for e in eps]) == 1.0
+
+
+@pytest.mark.parametrize("question,fact", [
+    ("Could you tell me how many buses we booked?", ("bus", "count")),
+    ("Tell me the number of coaches.", ("coach", "count")),
+    ("what's the capacity of a bus", ("bus", "unit")),
+    ("OK, and how many passengers fit in one coach?", ("coach", "unit")),
+])
+def test_real_questions_in_other_words_name_the_fact(question, fact):
+    objects = [("bus", "buses"), ("coach", "coaches")]
+    assert named_facts(question, "trip", objects) == [fact]
+
+
+@pytest.mark.parametrize("text", [
+    "You would multiply the number of buses by the seats of each coach.",
+    "buses coaches seats how many count?", "Let's say 4 buses.",
+    "I'm booking buses and coaches for our school trip, how many seats will we have in total?",
+])
+def test_shapes_that_name_no_fact(text):
+    objects = [("bus", "buses"), ("coach", "coaches")]
+    opening = "I'm booking buses and coaches for our school trip. How many seats will we have in total?"
+    assert named_facts(text, "trip", objects, quoted=(opening,)) == []
+
+
+def test_legacy_ids_keep_the_keyword_rule():
+    objects = [("bus", "buses"), ("coach", "coaches")]
+    text = "You would multiply the number of buses by the seats of each coach."
+    assert named_facts(text, "trip", objects, rule="keyword") == [("bus", "unit"), ("coach", "unit")]
+    assert collab_env.make("team-facts-easy-v0").task.config.question_rule == "keyword"
+    assert collab_env.make("team-facts-easy").task.config.question_rule == "question"
+    eps = play_team("team-facts-easy-v0", TeamStatement())
+    assert sum(facts_told("team-facts-easy-v0", e) for e in eps) > 0  # the old hole, kept
