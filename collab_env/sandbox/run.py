@@ -28,7 +28,7 @@ from collab_env.sandbox.config import SandboxLimits, SandboxResult
 from collab_env.sandbox.processes import allocate_uid, kill_uid, list_processes, release_uid
 from collab_env.sandbox.verdict import decide
 
-__all__ = ["run_python", "arun_python"]
+__all__ = ["run_python", "arun_python", "run_driver"]
 
 _STATUS_CAP = 1 << 20  # bytes of status records kept; more is the code writing garbage
 
@@ -39,6 +39,14 @@ def _python_paths() -> list[str]:
     paths.update(p for p in sys.path if p)
     paths.add(os.path.dirname(os.path.realpath(sys.executable)))
     return sorted({os.path.realpath(p) for p in paths if os.path.isdir(p)})
+
+
+def _hidden_paths(limits: SandboxLimits) -> tuple[str, ...]:
+    """``limits.hidden_paths``, or the default answer-key set, as real existing directories."""
+    from collab_env.sandbox.config import default_hidden_paths
+
+    paths = default_hidden_paths() if limits.hidden_paths is None else limits.hidden_paths
+    return tuple(sorted({os.path.realpath(p) for p in paths if os.path.isdir(p)}))
 
 
 def _decode(data: bytearray) -> str:
@@ -90,13 +98,32 @@ async def arun_python(
     return await asyncio.to_thread(run_python, code, tests=tests, stdin=stdin, limits=limits)
 
 
+def run_driver(
+    code: str, limits: SandboxLimits, *, driver: str, config: dict, pass_fds: tuple[int, ...] = ()
+) -> tuple[SandboxResult, dict[str, dict]]:
+    """One sandboxed run of a :mod:`collab_env.sandbox.harness` driver instead of code then tests.
+
+    ``driver`` is the driver's source (run where the code would run, as the sandbox user, after
+    every limit); ``config`` its extra config keys; ``pass_fds`` the channel fds it talks on
+    (closed here once the child holds them). Returns the result and the run's signed status
+    records by kind (the driver's own records among them).
+    """
+    run = _Run(code, None, "", limits, extra={**config, "driver": driver}, pass_fds=pass_fds)
+    return run.execute(), run.records
+
+
 class _Run:
     """One sandboxed run, parent side: spawn, pump pipes, enforce limits, clean up."""
 
-    def __init__(self, code: str, tests: str | None, stdin: str, limits: SandboxLimits) -> None:
+    def __init__(self, code: str, tests: str | None, stdin: str, limits: SandboxLimits, *,
+                 extra: dict | None = None, pass_fds: tuple[int, ...] = ()) -> None:
         self.code, self.tests, self.limits = code, tests, limits
         self.stdin = stdin.encode()
         self.root = os.geteuid() == 0
+        # collab_env.sandbox.harness: a driver (config keys "driver", ...) and the channel fds it
+        # talks on; the fds are closed here once the child holds them.
+        self.extra, self.pass_fds = dict(extra or {}), tuple(pass_fds)
+        self.records: dict[str, dict] = {}
 
     def _nproc_limit(self) -> int:
         if self.root:
@@ -133,7 +160,9 @@ class _Run:
             "nproc": self._nproc_limit(), "disk_mb": limits.disk_mb,
             "python_paths": _python_paths(),
             "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"},
+            "hidden_paths": list(_hidden_paths(limits)),
         }
+        config.update(self.extra)
         cfg_r, cfg_w = os.pipe()
         st_r, st_w = os.pipe()
         argv = [sys.executable, "-I", "-B", "-c", BOOTSTRAP,
@@ -141,7 +170,7 @@ class _Run:
         try:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                pass_fds=(cfg_r, st_w), cwd=workdir, env=dict(config["env"]),
+                pass_fds=(cfg_r, st_w, *self.pass_fds), cwd=workdir, env=dict(config["env"]),
                 start_new_session=True,  # own session and process group: killpg reaches all
             )
         except OSError as exc:
@@ -152,6 +181,8 @@ class _Run:
             if "proc" in locals():
                 os.close(cfg_r)
                 os.close(st_w)
+            for fd in self.pass_fds:
+                os.close(fd)
         try:
             return self._supervise(proc, start, config, cfg_w, st_r, nonce, uid)
         finally:
@@ -264,6 +295,7 @@ class _Run:
                 continue
             if isinstance(rec, dict) and rec.get("nonce") == nonce:
                 records[rec.get("kind", "")] = rec  # the last one of each kind wins
+        self.records = records
         if "setup_error" in records:
             raise SandboxError(
                 f"the sandbox could not set up the child: {records['setup_error'].get('error')}. "
@@ -280,7 +312,9 @@ class _Run:
             tests=self.tests is not None, limits=limits, killed_for=killed_for, records=records,
             bootstrap_code=proc.returncode, stderr=stderr,
         )
-        isolation = records.get("setup", {}).get("isolation", {})
+        isolation = dict(records.get("setup", {}).get("isolation", {}))
+        if config["hidden_paths"] and "hidden" not in isolation:
+            isolation["hidden"] = "not hidden (no mount namespace): " + ", ".join(config["hidden_paths"])
         return SandboxResult(
             status=status_, returncode=returncode, stdout=_decode(out), stderr=stderr,
             duration_s=time.monotonic() - start, truncated=truncated, detail=detail,

@@ -53,7 +53,6 @@ from __future__ import annotations
 import ast
 import functools
 import re
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -63,7 +62,7 @@ import numpy as np
 from collab_env.env import CollabEnv
 from collab_env.errors import ConfigError
 from collab_env.policy import ScriptedPolicy
-from collab_env.sandbox import SandboxJob, SandboxLimits, SandboxPool, SandboxResult
+from collab_env.sandbox import SandboxLimits
 from collab_env.tasks._common import build_config, split_env_kwargs
 from collab_env.tasks.cards import cards_section
 from collab_env.tasks.code_cards import CODE_CARDS
@@ -320,53 +319,37 @@ def ignored_aux_calls(main_func: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # Running the asserts in the sandbox
 # ---------------------------------------------------------------------------------------------
-_POOL: SandboxPool | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> SandboxPool:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = SandboxPool(limits=TEST_LIMITS)
-        return _POOL
-
-
-def _error_of(result: SandboxResult) -> tuple[str, str]:
-    """(error type, message) of a failed assert run, as the reference reports an exception."""
-    if result.status == "timeout":
-        return "TimeoutException", "test execution timed out"
-    if result.status != "failed":
-        return result.status, result.detail
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-    last = lines[-1].strip() if lines else result.detail
-    kind, _, message = last.partition(":")
-    return (kind.strip(), message.strip()) if re.fullmatch(r"[\w.]+", kind.strip()) else ("Error", last)
-
-
 def run_asserts(code: str, asserts: Sequence[str]) -> list[dict[str, str]]:
-    """Run each assert after ``code`` in its own sandboxed process (``math`` imported first, as
-    the reference's namespace has it); results in order as ``{"status": "pass"|"fail", "case",
-    "error_type", "error_message"}``; after :data:`MAX_TIMEOUTS` timeouts the rest are not
-    reported (the reference stops there).
+    """Score each assert against ``code`` with :func:`collab_env.sandbox.harness.run_tests`: the
+    asserts run in a trusted harness (``math`` imported, as the reference's namespace has it),
+    the program alone in the sandbox (``math`` imported first too), called through proxies that
+    return plain data, each call in a process of its own with :data:`TEST_LIMITS`; one test
+    per assert. Results in order as ``{"status": "pass"|"fail", "case", "error_type",
+    "error_message"}``; after :data:`MAX_TIMEOUTS` timeouts the rest are not reported (the
+    reference stops there).
 
     Raises:
         SandboxError: The sandbox could not run (never turned into failed asserts).
     """
+    from collab_env.sandbox.harness import run_tests
+
     if not asserts:
         return []
-    program = "import math\n" + code
-    results = _pool().map([SandboxJob(program, tests=a, limits=TEST_LIMITS) for a in asserts])
+    result = run_tests("import math\n" + code, list(asserts), style="calls", prelude="import math\n",
+                       limits=TEST_LIMITS, max_timeouts=MAX_TIMEOUTS)
     details: list[dict[str, str]] = []
-    timeouts = 0
-    for case, r in zip(asserts, results):
-        if timeouts >= MAX_TIMEOUTS:
+    for case, t in zip(asserts, result.tests):
+        if t.status == "not_run":
             break
-        if r.passed:
+        if t.passed:
             details.append({"status": "pass", "case": case})
             continue
-        kind, message = _error_of(r)
-        timeouts += r.status == "timeout"
+        if t.status == "timeout":
+            kind, message = "TimeoutException", "test execution timed out"
+        else:
+            head, _, message = t.detail.partition(":")
+            kind, message = (head.strip(), message.strip()) if re.fullmatch(r"[\w.]+", head.strip()) \
+                else ("Error", t.detail)
         details.append({"status": "fail", "case": case, "error_type": kind, "error_message": message})
     return details
 

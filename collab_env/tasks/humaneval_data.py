@@ -11,12 +11,15 @@ Data
     the ``entry_point`` (the function's name).
 
 Tests
-    :func:`arun_tests` runs a complete program, then the problem's ``check(<entry_point>)``, in
-    the sandbox, and says what happened as a :class:`HumanEvalVerdict`: passed or not, the
-    sandbox status, and for a failure the first failing assert (its source line in the tests)
-    with the error it raised. A sandbox that cannot run at all raises
-    :class:`~collab_env.errors.SandboxError`: an infrastructure fault is reported, never scored
-    as a failed program.
+    :func:`arun_tests` scores a complete program against the problem's ``check(<entry_point>)``
+    with :func:`collab_env.sandbox.harness.run_tests`: the program runs alone in the sandbox,
+    the tests run in a trusted harness process that calls it through a proxy and compares plain
+    data (the prompt's helper functions, such as ``poly`` of HumanEval/32, are the harness's own
+    trusted copies), so nothing the program does can pass a test it does not solve. The result
+    is a :class:`HumanEvalVerdict`: passed or not, the status, and for a failure the first
+    failing assert (its source line in the tests) with the error it raised. A sandbox that
+    cannot run at all raises :class:`~collab_env.errors.SandboxError`: an infrastructure fault
+    is reported, never scored as a failed program.
 
 Example::
 
@@ -38,7 +41,7 @@ from typing import Any
 
 from collab_env._async import run_sync
 from collab_env.errors import ConfigError, DataSchemaError, MissingDependencyError
-from collab_env.sandbox import SandboxLimits, SandboxPool, SandboxResult, arun_python
+from collab_env.sandbox import SandboxLimits, SandboxPool, SandboxResult
 
 __all__ = [
     "HUMANEVAL_EXTRA",
@@ -80,8 +83,19 @@ class HumanEvalProblem:
         return self.prompt + self.canonical_solution
 
     def check_program(self) -> str:
-        """The test code run after a solution: ``test`` followed by ``check(<entry_point>)``."""
-        return f"{self.test}\n\ncheck({self.entry_point})\n"
+        """The problem's whole test program: the prompt's trusted helpers and imports
+        (:meth:`prelude`), ``test``, then ``check(<entry_point>)``. Self-contained, so a harness
+        that holds only this text (``humaneval-chat``'s ``pass_rate``) defines the helpers the
+        tests call (``poly``, ``encode_cyclic``...) itself instead of asking the candidate."""
+        prelude = self.prelude()
+        return f"{prelude}\n{self.test}\n\ncheck({self.entry_point})\n" if prelude else \
+            f"{self.test}\n\ncheck({self.entry_point})\n"
+
+    def prelude(self) -> str:
+        """The prompt without the entry point: its imports and helper functions (trusted code)."""
+        from collab_env.sandbox.harness import prompt_prelude
+
+        return prompt_prelude(self.prompt, self.entry_point)
 
     def as_item(self) -> dict[str, Any]:
         """The problem as a plain task item (a dict with the five fields)."""
@@ -212,7 +226,7 @@ async def arun_tests(
     limits: SandboxLimits | None = None,
     pool: SandboxPool | None = None,
 ) -> HumanEvalVerdict:
-    """Run ``program`` and then ``check(<entry_point>)`` of ``problem`` in the sandbox.
+    """Score ``program`` against ``check(<entry_point>)`` of ``problem`` (trusted harness, see above).
 
     Args:
         program: A complete program defining ``problem.entry_point`` (e.g.
@@ -235,17 +249,32 @@ async def arun_tests(
         raise ConfigError(f"program must be a str, got {type(program).__name__}.")
     if not isinstance(problem, HumanEvalProblem):
         raise ConfigError(f"problem must be a HumanEvalProblem, got {type(problem).__name__}.")
+    from collab_env.sandbox.harness import arun_tests as harness_run
+
     tests = problem.check_program()
+    kw = {"entry_point": problem.entry_point, "style": "calls"}
     if pool is not None:
-        result = await pool.run(program, tests=tests, limits=limits)
+        result = await pool.run_tests(program, tests, limits=limits, **kw)
     else:
-        result = await arun_python(program, tests=tests, limits=limits or SandboxLimits())
+        result = await harness_run(program, tests, limits=limits or SandboxLimits(), **kw)
+    failure = None
+    if not result.passed:
+        outcome = next(o for o in result.tests if not o.passed) if result.tests else None
+        source = tests.splitlines()
+        if result.load_error:
+            failure = result.load_error
+        elif outcome is not None and outcome.line and 1 <= outcome.line <= len(source) \
+                and outcome.status == "failed":
+            failure = f"{source[outcome.line - 1].strip()} -> {outcome.detail}"
+        else:
+            failure = result.detail or result.status
+    cand = result.candidate
     return HumanEvalVerdict(
         passed=result.passed,
         status=result.status,
-        first_failure=first_failure_of(result, tests),
-        stdout=_tail(result.stdout),
-        stderr=_tail(result.stderr),
+        first_failure=failure,
+        stdout=_tail(cand.stdout if cand else ""),
+        stderr=_tail((cand.stderr if cand else "") + (result.harness.stderr if result.harness else "")),
         duration_s=result.duration_s,
     )
 

@@ -1,5 +1,11 @@
 """The ``pass_rate`` metric: the assistant's final Python code block against the item's tests,
-run in :mod:`collab_env.sandbox`."""
+scored by :func:`collab_env.sandbox.harness.run_tests`.
+
+Function-call tests (assert scripts, HumanEval's ``check`` program) run in a trusted harness that
+calls the program, sandboxed on its own, through proxies returning plain data; unittest suites
+(``class TestCases(unittest.TestCase)``, BigCodeBench and CollabLLM's bigcodebench rows) run one
+fresh sandboxed process per test method and score passed methods over found methods (see the
+harness module for the same-process residual risk)."""
 
 from __future__ import annotations
 
@@ -25,17 +31,22 @@ def extract_code_block(text: str) -> str | None:
     return blocks[-1] if blocks else None
 
 
-def _tests_of(item: Mapping[str, Any]) -> str:
+def _tests_of(item: Mapping[str, Any]) -> tuple[str, str | None]:
     meta = item.get("single_turn_metadata")
     if isinstance(meta, str):
         try:
             meta = json.loads(meta)
         except ValueError:
             meta = None
+    entry = None
+    if isinstance(meta, Mapping) and isinstance(meta.get("entry_point"), str):
+        entry = meta["entry_point"] or None
+    elif isinstance(item.get("entry_point"), str):
+        entry = item["entry_point"] or None
     if isinstance(meta, Mapping) and isinstance(meta.get("test"), str):
-        return meta["test"]
+        return meta["test"], entry
     if isinstance(item.get("tests"), str):
-        return item["tests"]
+        return item["tests"], entry
     raise ConfigError(
         "pass_rate needs the item's tests: item['single_turn_metadata']['test'] or item['tests'] "
         f"(a string of Python that raises on failure); the item has {sorted(item)}."
@@ -44,16 +55,24 @@ def _tests_of(item: Mapping[str, Any]) -> str:
 
 async def pass_rate(conversation: Conversation, item: Mapping[str, Any], *, start: int = 0,
                     **ctx: Any) -> MetricResult:
-    """1.0 when the final Python code block passes the item's tests in the sandbox, else 0.0.
+    """The fraction of the item's tests the final Python code block passes.
 
-    The code is the last fenced block of the last assistant message that has one (with
-    :func:`extract_then`: of the extracted text, or the whole text). ctx: ``sandbox`` (a
+    Function-call tests (an assert script, a ``check`` program) are one test: 1.0 or 0.0. A
+    unittest suite counts each test method: passed methods over methods found. The code is the
+    last fenced block of the last assistant message that has one (with :func:`extract_then`: of
+    the extracted text, or the whole text). ctx: ``sandbox`` (a
     :class:`~collab_env.sandbox.SandboxPool`, optional), ``sandbox_limits``.
-    ``detail["status"]`` is the sandbox status; a broken sandbox raises ``SandboxError``.
-    """
-    from collab_env.sandbox import SandboxLimits, arun_python
+    ``detail``: ``status`` (the harness status), ``passed``/``total`` tests, ``style``.
 
-    tests = _tests_of(item)
+    Raises:
+        SandboxError: The sandbox could not run.
+        DataSchemaError: The item's unittest suite has no test method (never scored as a pass).
+    """
+    from collab_env.errors import DataSchemaError
+    from collab_env.sandbox import SandboxLimits
+    from collab_env.sandbox.harness import arun_tests
+
+    tests, entry_point = _tests_of(item)
     if ctx.get("extracted") is not None:
         text = str(ctx["extracted"])
         code = extract_code_block(text)
@@ -69,8 +88,10 @@ async def pass_rate(conversation: Conversation, item: Mapping[str, Any], *, star
     pool = ctx.get("sandbox")
     limits = ctx.get("sandbox_limits")
     if pool is not None:
-        res = await pool.run(code, tests=tests, limits=limits)
+        res = await pool.run_tests(code, tests, limits=limits, entry_point=entry_point)
     else:
-        res = await arun_python(code, tests=tests, limits=limits or SandboxLimits())
-    return MetricResult(1.0 if res.status == "passed" else 0.0,
-                        {"status": res.status, "detail": res.detail, "duration_s": res.duration_s})
+        res = await arun_tests(code, tests, limits=limits or SandboxLimits(), entry_point=entry_point)
+    if res.status == "error":
+        raise DataSchemaError(f"pass_rate: the item's tests cannot score anything: {res.detail}.")
+    return MetricResult(res.pass_rate, {"status": res.status, "detail": res.detail, "passed": res.num_passed,
+                                        "total": res.total, "style": res.style, "duration_s": res.duration_s})
