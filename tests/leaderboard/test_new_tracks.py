@@ -37,7 +37,7 @@ def test_every_suite_env_has_a_current_track():
     current = {t.env_id for t in tracks.values() if track_status(t, tracks) == "current"}
     envs = [s for suite in SUITES for s in _newest_package_envs(suite)]
     # The registry really is what drives this test: the issue-13 ids are among the envs checked.
-    assert {"team-facts-easy-v0", "team-facts-hard-v0", "humaneval-v0", "coop-humaneval-v0", "math-chat-v0",
+    assert {"team-facts-easy-v1", "team-facts-hard-v1", "humaneval-v0", "coop-humaneval-v0", "math-chat-v0",
             "humaneval-chat-v0", "hidden-facts-v1", "length-ratio-v0"} <= {s.id for s in envs}
     missing = [f"{s.id} (suite {s.suite})" for s in envs if s.id not in current]
     assert not missing, (
@@ -69,9 +69,11 @@ def test_team_tracks_succeed_exactly_when_the_captain_is_right():
     1 - 0.1 x 8 = 0.2 (hard: 3 x 3 - 1); a wrong or missing one at most 0 (accuracy 0 minus
     costs). The threshold must lie in (0, worst right answer]."""
     tracks = {t.env_id: t for t in _team_tracks()}
-    assert set(tracks) == {"team-facts-easy-v0", "team-facts-hard-v0"}
+    assert set(tracks) == {"team-facts-easy-v0", "team-facts-hard-v0", "team-facts-easy-v1", "team-facts-hard-v1"}
     assert _worst_right_answer(tracks["team-facts-easy-v0"]) == pytest.approx(0.5, abs=1e-12)
     assert _worst_right_answer(tracks["team-facts-hard-v0"]) == pytest.approx(0.2, abs=1e-12)
+    assert _worst_right_answer(tracks["team-facts-easy-v1"]) == pytest.approx(0.5, abs=1e-12)
+    assert _worst_right_answer(tracks["team-facts-hard-v1"]) == pytest.approx(0.2, abs=1e-12)
     for t in tracks.values():
         assert 0.0 < t.success_threshold <= _worst_right_answer(t) - 1e-9, t.id
 
@@ -122,9 +124,9 @@ def test_worst_right_answer_is_a_success_and_a_wrong_one_is_not(env_id, worst):
 
 
 def test_team_facts_round_trip_with_the_scripted_teams(tmp_path):
-    """run -> verify -> board on team-facts-easy@v1, the first 8 of its 100 episodes (a custom
+    """run -> verify -> board on team-facts-easy@v2, the first 8 of its 100 episodes (a custom
     entry), the coordinated team against the naive one."""
-    track = "team-facts-easy@v1"
+    track = "team-facts-easy@v2"
     for ref in ("team-coordinated", "team-naive"):
         run_submission(track, {"agent_0": ref, "agent_1": ref}, out=tmp_path / ref, name=ref, episodes=8,
                        progress=False, concurrency=4)
