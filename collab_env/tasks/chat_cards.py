@@ -32,8 +32,12 @@ _SEES = {
             "sees); not the answer, the canonical solution or the tests",
 }
 _USER = ("simulated: default the LLM user simulator on the embedded SmolLM2-135M "
-         "(chat-llm-user, plain replies); chat-sentence-user is the scripted one (reveals the "
-         "problem's next sentence when asked, ends the chat after a delivered answer)")
+         "(chat-llm-user, plain replies); chat-question-user is the scripted one (reveals the "
+         "problem's next sentence only to a real question: a clause phrased as a question or an "
+         "explicit 'tell me', not a keyword list, with words of the assistant's own, so '?' "
+         "alone or the opening copied back gets nothing; ends the chat after a delivered answer, "
+         "and a boxed guess is the answer, scored as such); chat-sentence-user is its legacy "
+         "form (any '?' gets the next sentence), kept for the v1 scripted-user tracks")
 _LIMITS = ("mode train (default): starts after the user's opening, assistant on turn; eval: the "
            "user opens. Ends when the user's message holds [[TERMINATE CHAT]] (terminated) or "
            "after 6 assistant / 6 user messages (max_assistant_turns, max_user_turns; "

@@ -59,7 +59,11 @@ Arguments (``make`` keywords)
     ``humaneval-chat``: ``task_ids`` (a subset of ``"HumanEval/<n>"``, default all 164).
 
 Version history
-    * v0: first version.
+    * v0: first version. The envs are unchanged by issue 23 (their default user is the LLM
+      simulator); the scripted user gained the question rule under a new policy name:
+      ``"chat-question-user"`` (:class:`SentenceRevealUser`, reveals only to a real question)
+      while ``"chat-sentence-user"`` (:class:`LegacySentenceRevealUser`, any ``?``) keeps the
+      behaviour the published v1 scripted-user tracks were played with.
 """
 
 from __future__ import annotations
@@ -85,6 +89,7 @@ from collab_env.tasks.collabllm import (
     CollabLLMTask,
 )
 from collab_env.tasks.math_problems import KINDS, math_problem
+from collab_env.tasks.questions import request_clauses
 from collab_env.types import Completion, Conversation
 
 __doc__ = (__doc__ or "") + cards_section(CHAT_CARDS, "collab_env.tasks.chat_cards")
@@ -95,6 +100,8 @@ __all__ = [
     "HumanEvalChatConfig",
     "ChatTask",
     "SentenceRevealUser",
+    "LegacySentenceRevealUser",
+    "MIN_OWN_WORDS",
     "EmbeddedChatUser",
     "MathChatSolver",
     "problem_units",
@@ -123,6 +130,10 @@ CODE_SYSTEM_PROMPT = DEFAULT_SYSTEM_PROMPT + (
 )
 
 _MODES = ("train", "eval")
+
+#: An asking clause must hold this many of the assistant's own words for the scripted user to
+#: answer it ("?" alone or a copied opening asks nothing).
+MIN_OWN_WORDS = 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -382,21 +393,39 @@ class SentenceRevealUser(ScriptedPolicy):
     1. opens with the first unit when nobody has spoken yet (``mode="eval"``);
     2. ends the chat (``"Thanks, that settles it. <signal>"``) when the assistant's last message
        delivers (:func:`has_final_answer`: a ``\\boxed{}`` answer or a fenced code block);
-    3. when that message asks something (contains ``?``): reveals the next ``per_turn`` units
-       not yet said (a unit counts as said when some user message of the chat contains it,
-       the opening included), or says ``"That is everything I know."`` when none is left;
+    3. when that message asks something: reveals the next ``per_turn`` units not yet said (a
+       unit counts as said when some user message of the chat contains it, the opening
+       included), or says ``"That is everything I know."`` when none is left;
     4. otherwise asks for the result: ``"Could you give me the final answer?"``.
+
+    "Asks something" depends on ``rule``. ``"question"`` (the default, ``"chat-question-user"``):
+    the message has a clause that asks (:func:`collab_env.tasks.questions.request_clauses`:
+    phrased as a question or an explicit "tell me", not a keyword dump) with at least
+    :data:`MIN_OWN_WORDS` words of the assistant's own (not copied from the user's messages), so
+    a bare ``?``, a keyword list with a ``?`` or the opening copied back reveals nothing.
+    ``"legacy"`` (``"chat-sentence-user"``, the name the published v1 tracks pin): the message
+    contains ``?`` anywhere.
 
     Args:
         per_turn: Units revealed per question (default 1).
+        rule: ``"question"`` or ``"legacy"``.
     """
 
-    name = "chat-sentence-user"
+    name = "chat-question-user"
 
-    def __init__(self, per_turn: int = 1) -> None:
+    def __init__(self, per_turn: int = 1, rule: str = "question") -> None:
         if isinstance(per_turn, bool) or not isinstance(per_turn, int) or per_turn < 1:
             raise ConfigError(f"per_turn must be an int >= 1, got {per_turn!r}.")
+        if rule not in ("question", "legacy"):
+            raise ConfigError(f"rule must be 'question' or 'legacy', got {rule!r}.")
         self.per_turn = per_turn
+        self.rule = rule
+
+    def asks(self, text: str, user_texts: Sequence[str]) -> bool:
+        """Whether ``text`` asks something under this user's ``rule``."""
+        if self.rule == "legacy":
+            return "?" in text
+        return any(sum(c.own) >= MIN_OWN_WORDS for c in request_clauses(text, quoted=user_texts))
 
     def respond(self, observation: Conversation, rng: np.random.Generator) -> str:
         goal = _goal(observation)
@@ -410,10 +439,21 @@ class SentenceRevealUser(ScriptedPolicy):
         last = next((m.content for m in reversed(chat) if m.author != me), "")
         if has_final_answer(last):
             return f"Thanks, that settles it. {signal}"
-        if "?" in last:
+        if self.asks(last, said):
             left = [u for u in units if not any(u in s for s in said)]
             return " ".join(left[:self.per_turn]) if left else "That is everything I know."
         return "Could you give me the final answer?"
+
+
+class LegacySentenceRevealUser(SentenceRevealUser):
+    """:class:`SentenceRevealUser` with ``rule="legacy"`` (any ``?`` is a question): the
+    ``"chat-sentence-user"`` that the published v1 scripted-user tracks pin. Gameable (a bare
+    ``?`` gets the next sentence); new tracks use ``"chat-question-user"``."""
+
+    name = "chat-sentence-user"
+
+    def __init__(self, per_turn: int = 1) -> None:
+        super().__init__(per_turn, rule="legacy")
 
 
 #: What each kind of math-chat question asks, and how many numbers its facts state.

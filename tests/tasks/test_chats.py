@@ -346,3 +346,59 @@ def test_recorded_embedded_episode_replays_bit_identically(env_id, tmp_path):
     assert json.dumps(ep.to_dict(), sort_keys=True) == json.dumps(recorded["episode"], sort_keys=True)
     users = [m for m in ep.conversation if m.author == "user" and m.role != "system"]
     assert len(users) >= 2  # the LLM user spoke after the opening
+
+
+# -- issue 23: the scripted user reveals only to a real question -------------------------------
+from collab_env.policy import FixedTextPolicy as _Fixed  # noqa: E402
+from collab_env.rollout import run_episode as _run  # noqa: E402
+from collab_env.tasks.chats import LegacySentenceRevealUser, MathChatSolver  # noqa: E402
+from collab_env.testing.gaming import DUMP_STYLES, RESTATE_STYLES, KeywordDump, RestateTask  # noqa: E402
+
+MATH_VOCAB = ("how many", "how much", "price", "cost", "each", "dollars", "numbers", "details", "facts")
+
+
+def _units_revealed(ep) -> int:
+    goal = next(m for m in ep.conversation if m.role == "system" and m.meta.get("single_turn_prompt"))
+    units = problem_units(goal.meta["single_turn_prompt"])
+    replies = [t.text for t in ep.turns if t.player == "user"]
+    return sum(any(u in r for r in replies) for u in units[1:])
+
+
+def _play_chat(assistant, user, seeds=range(20)):
+    env = collab_env.make("math-chat", num_problems=50)
+    return [_run(env, {"assistant": assistant, "user": user}, seed=s) for s in seeds]
+
+
+@pytest.mark.parametrize("gamer", [*(f"dump-{s}" for s in DUMP_STYLES), *(f"restate-{s}" for s in RESTATE_STYLES),
+                                   "bare-?", "statement"])
+def test_question_user_gives_gaming_policies_nothing(gamer):
+    kind, _, style = gamer.partition("-")
+    policy = {"dump": lambda: KeywordDump(style, vocabulary=MATH_VOCAB), "restate": lambda: RestateTask(style),
+              "bare": lambda: _Fixed("?"),
+              "statement": lambda: _Fixed("You would add up the numbers and subtract the rest.")}[kind]()
+    eps = _play_chat(policy, SentenceRevealUser())
+    assert [_units_revealed(e) for e in eps] == [0] * len(eps), gamer
+
+
+@pytest.mark.parametrize("text", ["What else should I know?", "Could you tell me the next detail?",
+                                  "Tell me more about the problem.", "How many notebooks does she buy"])
+def test_question_user_answers_real_questions(text):
+    eps = _play_chat(_Fixed(text), SentenceRevealUser(), seeds=range(5))
+    assert all(_units_revealed(e) >= 1 for e in eps), text
+
+
+def test_math_chat_solver_still_solves_with_the_question_user():
+    eps = _play_chat(MathChatSolver(), SentenceRevealUser(), seeds=range(50))
+    assert all(e.end_reason == "user_terminated" for e in eps)
+    env = collab_env.make("math-chat", num_problems=50)
+    for e in eps:
+        assert has_final_answer(e.turns[-2].text)
+        item = env.task.get_item(e.index)
+        assert item["single_turn_completion"] in e.turns[-2].text
+
+
+def test_legacy_sentence_user_keeps_the_any_question_mark_rule():
+    assert isinstance(resolve_policy("chat-sentence-user"), LegacySentenceRevealUser)
+    assert type(resolve_policy("chat-question-user")) is SentenceRevealUser
+    eps = _play_chat(_Fixed("?"), LegacySentenceRevealUser(), seeds=range(5))
+    assert all(_units_revealed(e) >= 1 for e in eps)  # the old hole, kept for the v1 tracks
