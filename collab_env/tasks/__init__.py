@@ -142,30 +142,32 @@ def register_builtin() -> None:
             name = f"collabllm-{ds}{'-large' if large else ''}"
             # v1: default collaborative system prompt, -large sessions layout, recipe BLEU (see
             # the Version history in collab_env.tasks.collabllm). v0 had no published results.
-            register(
-                EnvSpec(
-                    id=f"{name}-v1",
-                    entry_point="collab_env.tasks.collabllm:make_env",
-                    kwargs={"dataset": f"collabllm/collabllm-multiturn-{ds}{'-large' if large else ''}"},
-                    players=("assistant", "user"),
-                    turn_order=_CHAT,
-                    trainable=("assistant",),
-                    default_policies={"user": "collab_env.tasks.collabllm:SessionReplayUser"},
-                    reward=metrics,
-                    reward_range=(0.0, 0.0),  # the env's own reward; the card gives mr's and conversation's
-                    # Episode budgets (the recipe's 3/2 turns are the reward's future window).
-                    limits={"max_assistant_turns": 10, "max_user_turns": 10, "max_steps": 20},
-                    description=(
-                        f"CollabLLM {ds}{' (large, as in the paper)' if large else ''}: the assistant "
-                        "collaborates with a simulated user who holds the hidden single-turn prompt. "
-                        "Reads collabllm/collabllm-multiturn-"
-                        f"{ds}{'-large' if large else ''} from the hub, or data_files= offline."
-                    ),
-                    suite="collabllm",
-                    needs_data=True,
-                    card=BUILTIN_CARDS[f"{name}-v1"],
+            # bigcodebench v2: pass_rate runs the unittest suites (v1 legacy: it never did).
+            for version in ((1, 2) if ds == "bigcodebench" else (1,)):
+                register(
+                    EnvSpec(
+                        id=f"{name}-v{version}",
+                        entry_point="collab_env.tasks.collabllm:make_env",
+                        kwargs={"dataset": f"collabllm/collabllm-multiturn-{ds}{'-large' if large else ''}"},
+                        players=("assistant", "user"),
+                        turn_order=_CHAT,
+                        trainable=("assistant",),
+                        default_policies={"user": "collab_env.tasks.collabllm:SessionReplayUser"},
+                        reward=metrics,
+                        reward_range=(0.0, 0.0),  # the env's own reward; the card gives mr's and conversation's
+                        # Episode budgets (the recipe's 3/2 turns are the reward's future window).
+                        limits={"max_assistant_turns": 10, "max_user_turns": 10, "max_steps": 20},
+                        description=(
+                            f"CollabLLM {ds}{' (large, as in the paper)' if large else ''}: the assistant "
+                            "collaborates with a simulated user who holds the hidden single-turn prompt. "
+                            "Reads collabllm/collabllm-multiturn-"
+                            f"{ds}{'-large' if large else ''} from the hub, or data_files= offline."
+                        ),
+                        suite="collabllm",
+                        needs_data=True,
+                        card=BUILTIN_CARDS[f"{name}-v{version}"],
+                    )
                 )
-            )
 
     # team-facts (issue 13): one simulated user, a team of agents; cards in collab_env.tasks.team.
     from collab_env.tasks.team import TEAM_FACTS_LEVELS, TEAM_POLICIES, team_facts_card

@@ -207,12 +207,38 @@ _CL_METRIC = {
 }
 
 
-def collabllm_card(ds: str, large: bool) -> EnvCard:
-    """The card of ``collabllm-<ds>[-large]-v1``."""
+#: collabllm-bigcodebench-v2's pass_rate, and the residual risk of its same-process suites.
+_BCB_V2 = (
+    " pass_rate (v2): each unittest test method of the row's tests is found from the test "
+    "text's syntax tree and run in a fresh sandboxed process (collab_env.sandbox.harness); "
+    "pass_rate = passed methods / found methods, and a suite with no test method is an error, "
+    "never a pass. The runner is set up before the program (saved unittest machinery, an audit "
+    "hook refusing tracing, gc object walks, ctypes and /proc/*/mem), restores builtins, "
+    "unittest and sys.modules after the program, fails a method when they change again, when a "
+    "thread is left, when it is skipped, when an assert gets a value whose comparison the "
+    "program wrote, or when the process exits first. Residual risk: the tests patch the "
+    "program's module with mocks, so program and tests share one process; a program written "
+    "against this runner can walk its frames' f_back chain to the runner and forge its signed "
+    "record (collab_env.testing.hostile_code.RESIDUAL_UNITTEST_PROGRAMS does), and bare "
+    "assert statements in a test method compare the program's own objects. Generic attacks "
+    "(patching unittest, skipping, exits, always-equal values, forged records) score 0."
+)
+_BCB_LEGACY = ("legacy: under v1, pass_rate did not run unittest suites (it executed the "
+               "TestCases class definition only, so every program, right or wrong, scored 1.0); "
+               "the id is kept for old results and now scores with v2's pass_rate. ")
+
+
+def collabllm_card(ds: str, large: bool, version: int = 1) -> EnvCard:
+    """The card of ``collabllm-<ds>[-large]-v<version>`` (bigcodebench has a v2)."""
     name = f"collabllm-multiturn-{ds}{'-large' if large else ''}"
     metric, hi = _CL_METRIC[ds]
+    if ds == "bigcodebench":
+        metric = metric.replace("passes the tests in the sandbox: 0/1", "passed test methods / methods, "
+                                "one sandboxed process per method")
+    legacy = _BCB_LEGACY if ds == "bigcodebench" and version == 1 else ""
     return EnvCard(
-        tests=_CL_TESTS[ds] + (" The paper's large set." if large else ""),
+        tests=legacy + _CL_TESTS[ds] + (" The paper's large set." if large else "")
+        + (_BCB_V2 if ds == "bigcodebench" else ""),
         players={
             "assistant": "trainable; collaborates with the user (a collaborative system prompt "
                          "by default)",
@@ -260,6 +286,8 @@ BUILTIN_CARDS: dict[str, EnvCard] = {
     "length-ratio-v0": LENGTH_RATIO_CARD,
     **{f"collabllm-{ds}{'-large' if large else ''}-v1": collabllm_card(ds, large)
        for ds in _CL_TESTS for large in (False, True)},
+    **{f"collabllm-bigcodebench{'-large' if large else ''}-v2": collabllm_card("bigcodebench", large, 2)
+       for large in (False, True)},
 }
 
 

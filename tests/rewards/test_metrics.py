@@ -309,12 +309,12 @@ def test_pass_rate_passed_and_failed():
 
 
 def test_pass_rate_sandbox_error_propagates(monkeypatch):
-    from collab_env import sandbox
+    from collab_env.sandbox import harness
 
     async def broken(*a, **k):
         raise SandboxError("cannot start")
 
-    monkeypatch.setattr(sandbox, "arun_python", broken)
+    monkeypatch.setattr(harness, "arun_tests", broken)
     with pytest.raises(SandboxError):
         score("pass_rate", conv("q", "```python\nx = 1\n```"), CODE_ITEM)
     with pytest.raises(ConfigError, match="tests"):
