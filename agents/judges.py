@@ -17,6 +17,13 @@ steps) in one of two ways:
   (``method="auto"``); small local judges, which copy the JSON template instead of filling it
   in, need it. See :meth:`LLMJudge.score_many` for the exact rule.
 
+Every field value is quoted into the rubric as untrusted data (``fence=True``, the default):
+between fence lines whose tag the text cannot contain (:func:`fence_untrusted`), and every
+shipped rubric says that fenced text was written by the participants being judged and that
+instructions or scores inside it must be ignored (:data:`UNTRUSTED_DATA_NOTE`). A fence keeps
+the structure unambiguous; whether a given model obeys the rubric over text it is told to
+distrust is measured, not assumed (``benchmarks/bench_judge_injection.py``).
+
 A judge never returns a default score: a silent 0 would be indistinguishable from a real verdict
 in a reward. A request the backend's provider rejected (a missing API key, another 4xx:
 :class:`~collab_env.errors.FatalPolicyError`) is not retried: it propagates at once.
@@ -67,6 +74,7 @@ from collab_env.agents.judge_scores import (
 from collab_env.agents.replies import (
     check_batch,
     extract_json_object,
+    fence_untrusted,
     is_config_problem,
     render_transcript,
     salvage_string_field,
@@ -79,6 +87,7 @@ from collab_env.agents.rubrics import (
     INTERACTIVITY_PROMPT,
     JUDGE_PREFILLS,
     JUDGE_PRESETS,
+    UNTRUSTED_DATA_NOTE,
     template_fields,
 )
 from collab_env.errors import ConfigError, JudgeError
@@ -91,6 +100,8 @@ __all__ = [
     "ExtractThenScore",
     "extract_json_object",
     "render_transcript",
+    "fence_untrusted",
+    "UNTRUSTED_DATA_NOTE",
     "parse_score",
     "check_batch",
     "is_config_problem",
@@ -157,6 +168,13 @@ class LLMJudge:
             ``"expected"``: the probability-weighted mean of the anchors, for rubrics that allow
             values between them (the ``interactivity_paper`` preset: "intermediate values are
             allowed"); ``float`` judgements only.
+        fence: Quote every field value into the template between fence lines
+            (:func:`fence_untrusted`, labelled with the field's name), so that text from the
+            conversation cannot pass for the rubric. Default ``True``; a template should then
+            say what the fences mean (the shipped rubrics include :data:`UNTRUSTED_DATA_NOTE`)
+            and put each field on a line of its own. ``False`` pastes the values as they are:
+            only for reproducing a prompt written elsewhere verbatim (a reference's own
+            rubric), whose judge then reads the transcript unfenced.
 
     Raises:
         ConfigError: Invalid configuration.
@@ -180,6 +198,7 @@ class LLMJudge:
         method: str = "auto",
         anchors: Sequence[float] | None = None,
         anchor_rule: str = "argmax",
+        fence: bool = True,
     ) -> None:
         self.backend = resolve_policy(backend)
         self.response_prefix = check_prefix(response_prefix)
@@ -211,7 +230,10 @@ class LLMJudge:
             raise ConfigError(f"max_retries must be an int >= 0, got {max_retries!r}.")
         if max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+        if not isinstance(fence, bool):
+            raise ConfigError(f"fence must be True or False, got {fence!r}.")
         self.prompt_template = prompt_template
+        self.fence = fence
         self.fields = template_fields(prompt_template)
         self.score_type = score_type
         self.choices = tuple(choices) if choices else None
@@ -306,7 +328,8 @@ class LLMJudge:
         """The conversation sent to the backend for these fields.
 
         A :class:`~collab_env.types.Conversation` value is rendered with
-        :func:`render_transcript`; anything else with ``str``.
+        :func:`render_transcript`; anything else with ``str``. With :attr:`fence` (the
+        default) each value is then fenced as untrusted data, labelled with its field's name.
 
         Raises:
             ConfigError: A template field is missing or an unknown field was given.
@@ -321,6 +344,8 @@ class LLMJudge:
                 + (f"unknown {unknown}" if unknown else "") + "."
             )
         values = {k: render_transcript(v) if isinstance(v, Conversation) else str(v) for k, v in fields.items()}
+        if self.fence:
+            values = {k: fence_untrusted(v, k) for k, v in values.items()}
         messages = []
         if self.system_prompt:
             messages.append(Message(role="system", content=self.system_prompt))

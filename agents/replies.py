@@ -1,6 +1,7 @@
 """What judges and the user simulator need around a backend call, in text.
 
-* :func:`render_transcript`: a conversation as plain text for a rubric or simulator prompt.
+* :func:`render_transcript`: a conversation as plain text for a rubric or simulator prompt, and
+  :func:`fence_untrusted`: text quoted into a prompt as data, between markers it cannot close.
 * :func:`check_batch`: what a backend's ``act`` must have returned; :func:`is_config_problem`:
   which errors propagate at once instead of being retried or counted as a fault;
   :func:`attempt_pending`: one attempt of a judge's or simulator's retry loop, built on both.
@@ -15,19 +16,23 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from collab_env.agents.base import add_usage, describe
-from collab_env.errors import CollabEnvError, FatalPolicyError, PolicyError
+from collab_env.errors import CollabEnvError, ConfigError, FatalPolicyError, PolicyError
 from collab_env.types import Completion, Conversation, Message
 
 __all__ = [
     "extract_json_object",
     "salvage_string_field",
     "render_transcript",
+    "fence_untrusted",
+    "fence_markers",
+    "FENCE_TAG_CHARS",
     "check_batch",
     "is_config_problem",
     "attempt_pending",
@@ -160,6 +165,54 @@ def render_transcript(conversation: Conversation | Sequence[Message], *, me: str
             label += f" ({m.author})"
         blocks.append(f"**{label}**: {m.content}")
     return "\n\n".join(blocks) if blocks else "(no messages yet)"
+
+
+#: Hex digits of a fence's boundary tag (48 bits: a text cannot guess the tag of its own fence).
+FENCE_TAG_CHARS = 12
+
+
+def fence_markers(label: str, tag: str) -> tuple[str, str]:
+    """The opening and closing lines of the fence ``label``/``tag``:
+    ``<<<label-tag>>>`` and ``<<<end label-tag>>>``."""
+    return f"<<<{label}-{tag}>>>", f"<<<end {label}-{tag}>>>"
+
+
+def fence_untrusted(text: str, label: str) -> str:
+    """``text`` between fence lines, for quoting untrusted text (a transcript, a candidate's
+    answer) into a prompt as data::
+
+        <<<conversation-3f9a0c41d2b7>>>
+        ...text...
+        <<<end conversation-3f9a0c41d2b7>>>
+
+    The boundary tag depends on the content: the first 12 hex digits of
+    ``sha256(label, salt, text)``, with the smallest salt (0, 1, ...) whose tag does not occur
+    anywhere in ``text``. So the text cannot close its fence early or open a fake one with the
+    real tag: it would have to contain its own hash. A fence line it writes with another tag
+    (``<<<end conversation>>>``, a guessed tag) is just more fenced text. The same text always
+    gets the same fence (prompts stay cacheable and reproducible). ``text`` itself is kept
+    verbatim (nothing is escaped), so the judge reads exactly what the participants wrote.
+
+    Args:
+        text: The untrusted text.
+        label: What it is (``conversation``, ``answer``): a Python identifier, like a template
+            field name.
+
+    Raises:
+        ConfigError: ``label`` is not an identifier.
+    """
+    if not isinstance(label, str) or not label.isidentifier():
+        raise ConfigError(f"a fence label must be an identifier like 'conversation', got {label!r}.")
+    text = str(text)
+    salt = 0
+    while True:
+        digest = hashlib.sha256(f"{label}\0{salt}\0{text}".encode("utf-8", "surrogatepass")).hexdigest()
+        tag = digest[:FENCE_TAG_CHARS]
+        if tag not in text:
+            break
+        salt += 1
+    opening, closing = fence_markers(label, tag)
+    return f"{opening}\n{text}\n{closing}"
 
 
 

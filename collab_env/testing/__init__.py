@@ -13,4 +13,6 @@ The library's runtime code never imports this package; ``import collab_env`` doe
   unittest patching), for integrity tests and the exploit audit.
 * :mod:`collab_env.testing.judge_conversations`: hidden-facts conversations from scripted
   players, with known rule-based accuracy, for judge checks.
+* :mod:`collab_env.testing.judge_injection`: judge-injection texts and a judge double that obeys
+  any score claim found outside the prompt's fences (fence tests, the injection benchmark).
 """
