@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import re
+
 from collab_env.types import Completion
+
+
+def fenced(prompt: str, label: str) -> str:
+    """The text of the first ``label`` fence of a judge prompt (``fence_untrusted``'s
+    ``<<<label-TAG>>>`` ... ``<<<end label-TAG>>>``)."""
+    m = re.search(r"^<<<" + label + r"-([0-9a-f]+)>>>\n(.*?)\n<<<end " + label + r"-\1>>>$", prompt,
+                  re.DOTALL | re.MULTILINE)
+    assert m is not None, f"no {label} fence in the prompt"
+    return m.group(2)
 
 
 class JsonJudgeBackend:

@@ -24,7 +24,7 @@ from collab_env.rewards.mr import (
 )
 from collab_env.testing.collabllm_fixtures import write_collabllm_fixture
 from collab_env.types import FAULT, Completion
-from tests._judges import JsonJudgeBackend
+from tests._judges import JsonJudgeBackend, fenced
 
 
 # ---------------------------------------------------------------------------------------------
@@ -436,7 +436,7 @@ def test_default_reward_of_math_hard(math_env):
     assert rewards["assistant"] == pytest.approx(1 + 2 / 3 - 8e-4)
     assert infos["assistant"]["mr"]["cost"]["judge_calls"] == 6.0
     # the judge never sees the hidden goal message
-    assert not any("HIDDEN-GOAL" in p.split("<conversation>")[1].split("</conversation>")[0] for p in judge.prompts)
+    assert not any("HIDDEN-GOAL" in fenced(p, "conversation") for p in judge.prompts)
 
 
 def test_default_reward_needs_a_judge_for_judge_metrics(math_env):
