@@ -17,9 +17,13 @@ way for ``HiddenFactsUser``, ``TeamFactsUser`` and the chat users:
    (:data:`INTERROGATIVES`: what, how, which, when, where, who, why, ...) or an auxiliary
    (:data:`AUXILIARIES`: could, can, would, do, does, is, are, ...); or starts with an imperative
    request verb (:data:`REQUEST_VERBS`: tell, give, share, provide, list, ...); or contains an
-   explicit request phrase anywhere (:data:`REQUEST_PHRASES`: "tell me", "let me know", "i need
-   to know", ...); or ends in ``?`` (an elliptical "and the price of a pear?"). A ``?`` alone, or
-   a clause with no words, is not a request.
+   explicit request phrase (:data:`REQUEST_PHRASES`: "tell me", "let me know", "i need to know",
+   ...), and then only the words from the phrase on ask ("I multiply the pears by the price,
+   tell me" asks for nothing); or ends in ``?`` and is elliptical: at most
+   :data:`MAX_ELLIPTICAL` words and none of :data:`STATEMENT_WORDS` ("and the price of a
+   pear?"). A statement with a ``?`` or a tag appended ("you would multiply the number of pears
+   by the price per pear?", "..., right?") is a statement. A ``?`` alone, or a clause with no
+   words, is not a request.
 4. **Keyword dump.** A request clause is a dump, and asks nothing, when fewer than
    :data:`MIN_FUNCTION_SHARE` (40%) of its words are function words (:data:`FUNCTION_WORDS`:
    articles, pronouns, prepositions, auxiliaries, question words), i.e. it is a list of
@@ -57,6 +61,8 @@ __all__ = [
     "FILLERS",
     "COPY_RUN",
     "MAX_REQUESTS",
+    "MAX_ELLIPTICAL",
+    "STATEMENT_WORDS",
     "MIN_FUNCTION_SHARE",
 ]
 
@@ -91,6 +97,15 @@ FUNCTION_WORDS = frozenset(
 )
 COPY_RUN = 4
 MAX_REQUESTS = 8
+#: Longest clause that asks by its ``?`` alone (an elliptical "and the weight of a crate?").
+MAX_ELLIPTICAL = 7
+#: Words that make a ``?``-ended clause a statement with a question mark, not an elliptical
+#: question: subjects and finite verbs of a claim ("you would multiply ...?", "so it is ...?").
+STATEMENT_WORDS = frozenset(
+    """i you we they he she it this that there is are was were be would will should must
+    multiply multiplied times plus add adding added minus divide divided equals equal makes
+    gives total assume assuming suppose guess say right correct""".split()
+)
 MIN_FUNCTION_SHARE = 0.4
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
@@ -185,12 +200,24 @@ def _own_mask(words: Sequence[str], quoted_grams: set[tuple[str, ...]]) -> tuple
     return tuple(own)
 
 
-def _interrogative(words: Sequence[str], question_mark: bool) -> bool:
+def _interrogative(words: Sequence[str], question_mark: bool) -> int | None:
+    """Where the clause's request starts (rule 3), or ``None`` when it asks nothing.
+
+    A request phrase inside the clause ("to total it, I need to know the price of a pear")
+    starts the request there: only the words from the phrase on ask, so "I multiply the pears
+    by the price, tell me" asks for nothing. A clause that only ends in ``?`` asks when it is
+    elliptical (:data:`MAX_ELLIPTICAL` words at most, with no subject word of a statement:
+    "and the price of a pear?"); a statement with a ``?`` appended ("you would multiply the
+    number of pears by the price per pear?", "..., right?") is still a statement.
+    """
     if not words:
-        return False
+        return None
     text = " ".join(words)
-    if any(re.search(r"\b" + re.escape(p) + r"\b", text) for p in REQUEST_PHRASES):
-        return True
+    starts = []
+    for p in REQUEST_PHRASES:
+        m = re.search(r"\b" + re.escape(p) + r"\b", text)
+        if m:
+            starts.append(text[:m.start()].count(" ") if m.start() else 0)
     i = skipped = 0
     while skipped < 3 and i < len(words) - 1:
         phrase = next((p for p in FILLER_PHRASES if tuple(words[i:i + len(p)]) == p), None)
@@ -201,12 +228,16 @@ def _interrogative(words: Sequence[str], question_mark: bool) -> bool:
         else:
             break
         skipped += 1
-    if i >= len(words):
-        return question_mark
-    first = words[i]
-    if first in INTERROGATIVES or first in AUXILIARIES or first in REQUEST_VERBS:
-        return True
-    return question_mark
+    if i < len(words):
+        first = words[i]
+        if first in INTERROGATIVES or first in AUXILIARIES or first in REQUEST_VERBS:
+            return 0
+    if starts:
+        return min(starts)
+    rest = words[i:]
+    if question_mark and rest and len(rest) <= MAX_ELLIPTICAL and not STATEMENT_WORDS & set(rest):
+        return 0
+    return None
 
 
 def _dump(words: Sequence[str]) -> bool:
@@ -244,12 +275,16 @@ def parse(text: str, quoted: Iterable[str] = ()) -> list[Clause]:
         if not words:
             continue
         qm = "?" in sep
+        own = _own_mask(words, grams)
+        start = _interrogative(words, qm)
+        if start:  # a request phrase inside the clause: only what follows it asks
+            words, own = words[start:], own[start:]
         out.append(Clause(
             text=body,
             words=words,
-            own=_own_mask(words, grams),
+            own=own,
             question_mark=qm,
-            interrogative=_interrogative(words, qm),
+            interrogative=start is not None,
             dump=_dump(words),
         ))
     return out

@@ -313,6 +313,8 @@ def test_real_questions_in_other_words_reveal(env_id, phrasing):
     ("OK, and how many {many}?", {"count"}),
     ("What are the prices and numbers of {many} and {other}?", {"unit", "count"}),
     ("I'd like to know the price of a {one}", {"unit"}),
+    ("And the price of a {one}?", {"unit"}),
+    ("To total it, I need to know the price of a {one}.", {"unit"}),
 ])
 def test_question_shapes_that_reveal(question, kinds):
     env = collab_env.make("hidden-facts", scenarios=("shopping",))
@@ -329,6 +331,10 @@ def test_question_shapes_that_reveal(question, kinds):
     "What are the prices of {many}, {other}, mugs and towels?", "How many {many} and mugs do you need?",
     "The price of one {one} matters. The number of {many} too.",
     "I'm buying {many} and {other}, how much will it all cost, in dollars?",
+    # statements with a "?" or a request tag appended (what the trained model learned to write)
+    "You would multiply the number of {many} by the price per {one}?",
+    "The total is the number of {many} times the price of a {one}, right?",
+    "I multiply the number of {many} by the price of a {one}, tell me.",
 ])
 def test_shapes_that_reveal_nothing(text):
     env = collab_env.make("hidden-facts", scenarios=("shopping",))
