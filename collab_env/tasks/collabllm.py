@@ -147,7 +147,8 @@ from collab_env.types import Conversation, Message
 
 # The env cards: data in collab_env.tasks.cards (the registry's), text here for help() and pydoc.
 __doc__ = (__doc__ or "") + docstring_cards(*(f"collabllm-{ds}{large}-v1" for ds in ("math-hard", "medium", "bigcodebench")
-                                               for large in ("", "-large")))
+                                               for large in ("", "-large")),
+                                             "collabllm-bigcodebench-v2", "collabllm-bigcodebench-large-v2")
 
 __all__ = [
     "CollabLLMConfig",
