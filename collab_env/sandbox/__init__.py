@@ -48,7 +48,12 @@ How a run is contained (best effort, each layer reported in ``SandboxResult.isol
   is down, so no connection can leave. In every mode an audit hook also refuses ``connect``,
   ``bind``, ``sendto`` and ``sendmsg`` on internet sockets, which makes the attempt visible
   (status ``"forbidden"``); without a namespace that hook is the only barrier (``ctypes`` can
-  bypass it).
+  bypass it). AF_UNIX sockets: abstract ones belong to a network namespace, so the host's are
+  out of reach; a path socket is reachable only where the code can see it, and the hiding
+  below covers ``/run``, ``/var``, the home directories and every other top-level directory
+  outside the system roots (``tests/rewards/test_sandbox_containment.py`` connects through
+  ``socket`` and through ``ctypes`` and must fail). Not covered: a world-writable socket the
+  host keeps under a system root (``/dev/log``, say); no seccomp filter denies AF_UNIX.
 * **Filesystem.** As root, in a new mount namespace: ``/tmp`` is a private, size-limited tmpfs
   holding the sandbox directory ``/tmp/sandbox`` (cwd, ``HOME`` and ``TMPDIR``), ``/dev/shm`` is
   another private tmpfs, and every other mount is remounted read-only. Directories the sandbox
