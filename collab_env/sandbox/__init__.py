@@ -74,6 +74,13 @@ How a run is contained (best effort, each layer reported in ``SandboxResult.isol
 * **Resources.** ``RLIMIT_CPU``, ``RLIMIT_AS``, ``RLIMIT_FSIZE``, ``RLIMIT_NPROC`` (which counts
   threads too), ``RLIMIT_NOFILE`` and ``RLIMIT_CORE=0`` are set in ``G`` before any untrusted code
   runs; the parent enforces the wall-clock limit and the output limit by killing the whole tree.
+  As root, the run also gets its own memory cgroup (:mod:`collab_env.sandbox.cgroup`: v2
+  ``memory.max`` where the controller is delegated, else v1 ``memory.limit_in_bytes``) of
+  ``memory_mb`` for the whole run, joined before the bootstrap reads its config, so six forked
+  children of 100 MB, or a ``memfd`` filled past the limit, are bounded where ``RLIMIT_AS``
+  (per process, address space) is not; a run whose process the group's OOM killer ended is
+  ``"out_of_memory"``. ``SandboxResult.isolation["memory"]`` names the mode, or says that only
+  the per-process limit holds.
 
 How the status is decided, first match wins:
 
@@ -82,8 +89,9 @@ How the status is decided, first match wins:
    spending its ``cpu_s``.
 3. ``"forbidden"``: the code tried a network operation (even if it caught the error), or it died
    of ``BlockingIOError`` while trying to start a process beyond ``max_processes``.
-4. ``"out_of_memory"``: a ``MemoryError`` escaped, or the process died with an allocation failure
-   message on stderr.
+4. ``"out_of_memory"``: the run's memory cgroup killed one of its processes (unless the tests
+   still ran to their end), a ``MemoryError`` escaped, or the process died with an allocation
+   failure message on stderr.
 5. ``"crashed"``: killed by a signal (a segfault, ``os.kill``); without tests also any exception
    or non-zero exit.
 6. With tests: ``"passed"`` when the solution and then the tests ran to their end, ``"failed"``

@@ -84,7 +84,11 @@ class SandboxLimits:
     Attributes:
         cpu_s: CPU seconds of the main process (``RLIMIT_CPU``; each forked process has its own).
         wall_s: Wall-clock seconds for the whole run, enforced by the parent.
-        memory_mb: Address-space limit per process in MiB (``RLIMIT_AS``).
+        memory_mb: Address-space limit per process in MiB (``RLIMIT_AS``), and, where the
+            sandbox can make a memory cgroup (as root, cgroup v2 with the memory controller
+            delegated, or cgroup v1), the bound on what the whole run holds: every process,
+            ``memfd`` and tmpfs page together (:mod:`collab_env.sandbox.cgroup`;
+            ``SandboxResult.isolation["memory"]`` says which).
         file_size_mb: Largest file the code may write, in MiB (``RLIMIT_FSIZE``).
         max_processes: Processes *and threads* the sandbox uid may have (``RLIMIT_NPROC``).
         max_output_bytes: Bytes of stdout and stderr together before the run is stopped.

@@ -24,6 +24,7 @@ import time
 
 from collab_env.errors import ConfigError, SandboxError
 from collab_env.sandbox.bootstrap import BOOTSTRAP
+from collab_env.sandbox.cgroup import MemoryGroup
 from collab_env.sandbox.config import SandboxLimits, SandboxResult
 from collab_env.sandbox.processes import allocate_uid, kill_uid, list_processes, release_uid
 from collab_env.sandbox.verdict import decide
@@ -167,6 +168,17 @@ class _Run:
         st_r, st_w = os.pipe()
         argv = [sys.executable, "-I", "-B", "-c", BOOTSTRAP,
                 str(cfg_r), str(st_w)]
+        # The whole run's memory bound (collab_env.sandbox.cgroup): the bootstrap joins the group
+        # before it reads its config, so everything the code starts is inside.
+        group = MemoryGroup(limits.memory_mb, "collab_env_sandbox_" + nonce[:16])
+        if self.root:
+            group.create()
+        try:
+            return self._spawn(argv, config, cfg_r, cfg_w, st_r, st_w, nonce, uid, workdir, start, group)
+        finally:
+            group.remove()
+
+    def _spawn(self, argv, config, cfg_r, cfg_w, st_r, st_w, nonce, uid, workdir, start, group) -> SandboxResult:
         try:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -183,6 +195,8 @@ class _Run:
                 os.close(st_w)
             for fd in self.pass_fds:
                 os.close(fd)
+        group.add(proc.pid)
+        self.group = group
         try:
             return self._supervise(proc, start, config, cfg_w, st_r, nonce, uid)
         finally:
@@ -310,9 +324,10 @@ class _Run:
         stderr = _decode(err)
         status_, returncode, detail = decide(
             tests=self.tests is not None, limits=limits, killed_for=killed_for, records=records,
-            bootstrap_code=proc.returncode, stderr=stderr,
+            bootstrap_code=proc.returncode, stderr=stderr, oom_killed=self.group.oom_killed(),
         )
         isolation = dict(records.get("setup", {}).get("isolation", {}))
+        isolation["memory"] = self.group.mode
         if config["hidden_paths"] and "hidden" not in isolation:
             isolation["hidden"] = "not hidden (no mount namespace): " + ", ".join(config["hidden_paths"])
         return SandboxResult(

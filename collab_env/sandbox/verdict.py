@@ -33,6 +33,7 @@ def decide(
     records: dict[str, dict],
     bootstrap_code: int,
     stderr: str,
+    oom_killed: bool = False,
 ) -> tuple[Status, int | None, str]:
     """The status, the code's return code and the detail line (see the module docstring)."""
     exit_rec = records.get("exit")
@@ -56,6 +57,11 @@ def decide(
     if outcome is not None:
         if outcome.get("forbidden"):
             return "forbidden", returncode, "blocked operation: " + "; ".join(outcome["forbidden"][:3])
+    if oom_killed and not (tests and outcome is not None and outcome["outcome"] == "completed"
+                           and returncode == 0):
+        return "out_of_memory", returncode, (
+            f"the run's memory cgroup (memory_mb={limits.memory_mb} for the whole run) killed a process")
+    if outcome is not None:
         if outcome["outcome"] == "exception":
             kind, msg = outcome["type"], outcome.get("message", "")
             if kind == "BlockingIOError" and outcome.get("spawned"):

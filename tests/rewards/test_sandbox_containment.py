@@ -128,3 +128,58 @@ def test_an_abstract_socket_of_the_host_cannot_be_reached():
         assert _nothing_arrived(server)
     finally:
         server.close()
+
+
+# ---- the whole run's memory bound (collab_env.sandbox.cgroup) ----
+
+_FORKED_HOGS = """
+import os, time
+kids = []
+for i in range(6):
+    pid = os.fork()
+    if pid == 0:
+        b = bytearray(100 * 2**20)  # 100 MiB each, under the 128 MiB per-process limit
+        for j in range(0, len(b), 4096):
+            b[j] = 1
+        time.sleep(2)
+        os._exit(0)
+    kids.append(pid)
+print("clean exits", sum(os.waitpid(k, 0)[1] == 0 for k in kids))
+"""
+
+_MEMFD_HOG = """
+import os
+fd = os.memfd_create("hog")
+chunk = b"x" * 2**20
+for i in range(384):
+    os.write(fd, chunk)
+print("held 384 MiB")
+"""
+
+
+def _memory_bound_or_skip() -> None:
+    r = run_python("pass", limits=FAST)
+    if not r.isolation.get("memory", "").startswith("cgroup"):
+        pytest.skip(f"no memory cgroup here: {r.isolation.get('memory')}")
+
+
+def test_forked_children_cannot_hold_more_than_the_runs_memory():
+    _memory_bound_or_skip()
+    r = run_python(_FORKED_HOGS, limits=SandboxLimits(cpu_s=10, wall_s=30, memory_mb=128))
+    assert r.status == "out_of_memory", r
+    clean = int(r.stdout.split()[-1]) if "clean exits" in r.stdout else 0
+    assert clean <= 1, r.stdout  # 6 x 100 MiB never fit in 128 MiB at once
+    assert r.isolation["memory"].startswith("cgroup")
+
+
+def test_a_memfd_cannot_hold_more_than_the_runs_memory():
+    _memory_bound_or_skip()
+    r = run_python(_MEMFD_HOG, limits=SandboxLimits(cpu_s=10, wall_s=30, memory_mb=128, file_size_mb=1024))
+    assert "held 384 MiB" not in r.stdout, r
+    assert r.status in ("out_of_memory", "crashed"), r
+
+
+def test_a_run_within_its_memory_still_passes():
+    r = run_python("b = bytearray(40 * 2**20)\nprint(len(b))", tests="assert len(b) == 40 * 2**20",
+                   limits=SandboxLimits(cpu_s=10, wall_s=30, memory_mb=128))
+    assert r.status == "passed", r
