@@ -52,8 +52,12 @@ How a run is contained (best effort, each layer reported in ``SandboxResult.isol
   out of reach; a path socket is reachable only where the code can see it, and the hiding
   below covers ``/run``, ``/var``, the home directories and every other top-level directory
   outside the system roots (``tests/rewards/test_sandbox_containment.py`` connects through
-  ``socket`` and through ``ctypes`` and must fail). Not covered: a world-writable socket the
-  host keeps under a system root (``/dev/log``, say); no seccomp filter denies AF_UNIX.
+  ``socket`` and through ``ctypes`` and must fail). The audit hook also refuses (status
+  ``"forbidden"``) a ``connect``, ``sendto`` or ``sendmsg`` on an AF_UNIX path outside the
+  sandbox directory, symbolic links resolved, and on an abstract name when the run has no
+  network namespace; sockets inside the sandbox directory work. Not covered: a ``ctypes``
+  connect to a world-writable socket the host keeps under a system root (``/dev/log``, say):
+  no seccomp filter denies AF_UNIX.
 * **Filesystem.** As root, in a new mount namespace: ``/tmp`` is a private, size-limited tmpfs
   holding the sandbox directory ``/tmp/sandbox`` (cwd, ``HOME`` and ``TMPDIR``), ``/dev/shm`` is
   another private tmpfs, and every other mount is remounted read-only. Directories the sandbox

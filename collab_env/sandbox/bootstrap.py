@@ -173,16 +173,35 @@ def _set_limits(cfg):
     resource.setrlimit(resource.RLIMIT_NPROC, (cfg["nproc"],) * 2)
 
 
-def _install_guard(forbidden, spawned):
+def _unix_outside(address, workdir, abstract_ok):
+    """Whether an AF_UNIX address lies outside the sandbox's own tree (abstract: unless its
+    network namespace makes abstract names private to the run)."""
+    if isinstance(address, (bytes, bytearray)):
+        address = bytes(address).decode("utf-8", "surrogateescape")
+    if not isinstance(address, str):
+        return True
+    if address.startswith("\0") or address == "":
+        return not abstract_ok
+    real = os.path.realpath(os.path.join(os.getcwd(), address))
+    return not (real == workdir or real.startswith(workdir.rstrip("/") + "/"))
+
+
+def _install_guard(forbidden, spawned, workdir, abstract_ok):
     inet = (socket.AF_INET, socket.AF_INET6)
+    unix = getattr(socket, "AF_UNIX", None)
     spawn_events = ("os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.system",
                     "subprocess.Popen", "os.spawn")
 
     def hook(event, args):
         if event in ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"):
-            if getattr(args[0], "family", None) in inet:
+            family = getattr(args[0], "family", None)
+            if family in inet:
                 forbidden.append("network: %s %r" % (event, args[1] if len(args) > 1 else ""))
                 raise PermissionError(1, "network access is disabled in the sandbox")
+            if (family == unix and event != "socket.bind" and len(args) > 1 and args[1] is not None
+                    and _unix_outside(args[1], workdir, abstract_ok)):
+                forbidden.append("unix socket outside the sandbox: %s %r" % (event, args[1]))
+                raise PermissionError(1, "sockets outside the sandbox directory are disabled")
         elif event in spawn_events:
             spawned.append(event)
     sys.addaudithook(hook)
@@ -193,7 +212,8 @@ def _run_code(cfg, report):
     _RUNNING_CODE[0] = True
     me = os.getpid()
     forbidden, spawned = [], []
-    _install_guard(forbidden, spawned)
+    _install_guard(forbidden, spawned, os.path.realpath(cfg["workdir"]),
+                   cfg.get("network_namespace", False))
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     stages = [("solution", cfg["code"]), ("tests", cfg["tests"])]
     if cfg.get("driver") is not None:
@@ -291,6 +311,7 @@ def main():
         if cfg["namespaces"]:
             if libc.unshare(CLONE_NEWNET) == 0:
                 modes["network"] = "namespace + audit hook"
+                cfg["network_namespace"] = True
             newns = libc.unshare(CLONE_NEWNS) == 0
             if libc.unshare(CLONE_NEWPID) == 0:
                 modes["processes"] = "pid_namespace"
