@@ -144,7 +144,8 @@ async def run_judge(name: str, backend, convs, injected_convs, families, old, ba
 
 async def run(args) -> dict:
     from collab_env.testing.judge_conversations import judged_conversations
-    from collab_env.testing.judge_injection import INJECTIONS, FenceReadingJudge, inject
+    from collab_env.exploits.policies import INJECTIONS
+    from collab_env.testing.judge_injection import FenceReadingJudge, inject
 
     old = old_rubrics(args.before_commit)
     pool = judged_conversations(args.items * 2 + 8)

@@ -13,7 +13,7 @@ Scores only (no timing), so no load check is needed::
 
 ``--ids`` measures only those ids and merges them into the existing file (the other ids' numbers
 are kept; the episode count must match the file's). On the hidden-facts v1 ids the generic
-gaming policies of :mod:`collab_env.testing.gaming` (a keyword dump, the task restated) are
+gaming policies of :mod:`collab_env.exploits.policies` (a keyword dump, the task restated) are
 measured too: the user answers questions only, so they must score no better than the naive set.
 """
 
@@ -27,13 +27,11 @@ from pathlib import Path
 import collab_env
 from collab_env.eval import evaluate
 from collab_env.policy import FixedTextPolicy
-from collab_env.testing.gaming import KeywordDump, RestateTask
+from collab_env.exploits.policies import KeywordDump, RestateTask
+from collab_env.tasks.cards import SAME_TEXT
 
 OUT = Path(__file__).resolve().parent / "results" / "card_baselines.json"
 
-#: A reply both length-ratio agents give in the naive set: the ratio is 1, outside [2, 3],
-#: so the joint reward is exp(-(2 - 1)) = exp(-1) on every prompt.
-SAME_TEXT = "A short answer, the same for both of us."
 #: What a hostile learner on hidden-facts could know: every attribute keyword of every scenario.
 HF_VOCABULARY = ("how many", "number of", "quantity", "count", "price", "cost", "how much", "each",
                  "per", "batches", "sugar", "grams", "per batch", "each batch", "boxes", "weigh",

@@ -18,6 +18,9 @@ Checks (each named in the report):
   :class:`~collab_env.errors.EnvStateError`.
 * ``gymnasium_view``: Gymnasium's ``check_env`` on the single-agent view of every trainable
   player (skipped when a non-controlled player has no policy).
+* ``exploits`` (with ``exploits=True``, registered ids): the exploit audit
+  (:func:`collab_env.exploits.audit_exploits`): every generic gaming policy must score no better
+  than the card's naive baseline under every reward option; ``report.exploits`` holds its table.
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ class CheckResult:
 class CheckReport:
     env_id: str
     results: list[CheckResult] = field(default_factory=list)
+    #: The exploit audit's report (:class:`collab_env.exploits.ExploitReport`), with ``exploits=True``.
+    exploits: Any = None
 
     @property
     def failed(self) -> list[CheckResult]:
@@ -253,6 +258,8 @@ def check_env(
     cycles: int = 200,
     steps: int = 40,
     raise_on_failure: bool = True,
+    exploits: bool = False,
+    exploit_kwargs: Mapping[str, Any] | None = None,
 ) -> CheckReport:
     """Run every conformance check on an environment.
 
@@ -265,6 +272,10 @@ def check_env(
         steps: Steps per seed for the twin-env determinism test.
         raise_on_failure: Raise :class:`EnvCheckError` when a check fails (default); otherwise
             return the report.
+        exploits: Also run the exploit audit (a registered id only: the audit reads the card's
+            naive baseline; register your env with a card whose ``audit`` names one).
+        exploit_kwargs: Keywords for :func:`collab_env.exploits.audit_exploits` (``episodes``,
+            ``reward_kwargs``, ``naive``...).
     """
     from collab_env.compose import make as make_registered
 
@@ -315,6 +326,23 @@ def check_env(
             report.results.append(CheckResult("gymnasium_view", True, _check_gym_views(make_view, viewable)))
         except Exception as exc:
             report.results.append(CheckResult("gymnasium_view", False, f"{type(exc).__name__}: {exc}"))
+    if exploits:
+        if not isinstance(env, str):
+            report.results.append(CheckResult(
+                "exploits", False, "the exploit audit needs a registered id (it reads the card's naive "
+                "baseline): collab_env.register(...) your env with a card, then check_env(id, exploits=True)"))
+        else:
+            from collab_env.exploits import audit_exploits
+
+            try:
+                audit = audit_exploits(env_id, make_kwargs=kwargs, **dict(exploit_kwargs or {}))
+                report.exploits = audit
+                detail = audit.summary()
+                if not audit.ok:
+                    detail += "\n" + audit.format(only_failed=True)
+                report.results.append(CheckResult("exploits", audit.ok, detail))
+            except CollabEnvError as exc:
+                report.results.append(CheckResult("exploits", False, f"{type(exc).__name__}: {exc}"))
     if raise_on_failure and report.failed:
         raise EnvCheckError(report)
     return report

@@ -159,7 +159,8 @@ def _cmd_info(args: argparse.Namespace, out: TextIO) -> int:
     print("card", file=out)
     for heading, value in (("tests", c.tests), ("players", c.players), ("sees", c.sees),
                            ("reward", c.reward), ("reward range", ranges), ("limits", c.limits),
-                           ("data", c.data), ("licence", c.licence), ("baselines", c.baselines)):
+                           ("data", c.data), ("licence", c.licence), ("baselines", c.baselines),
+                           ("exploit audit", c.exploits or "not audited (collab-env check ID --exploits)")):
         if isinstance(value, str):
             print(textwrap.fill(value, width=88, initial_indent=f"  {heading.ljust(14)}",
                                 subsequent_indent=" " * 16), file=out)
@@ -181,11 +182,28 @@ def _cmd_check(args: argparse.Namespace, out: TextIO) -> int:
         if args.cycles < 1:
             raise ConfigError(f"--cycles must be >= 1, got {args.cycles}.")
         kwargs["cycles"] = args.cycles
+    if args.exploits:
+        ekw: dict[str, Any] = {}
+        if args.episodes is not None:
+            ekw["episodes"] = args.episodes
+        if args.judge:
+            audit = s.card.audit if s.card is not None else {}
+            rkw = {k: dict(v) for k, v in dict(audit.get("reward_kwargs", {})).items()}
+            for option in ("mr", "conversation"):
+                rkw.setdefault(option, {})["judge"] = args.judge
+            ekw["reward_kwargs"] = rkw
+        kwargs.update(exploits=True, exploit_kwargs=ekw)
+    elif args.episodes is not None or args.judge:
+        raise ConfigError("--episodes and --judge are options of the exploit audit: add --exploits.")
     print(f"checking {s.id} ...", file=out, flush=True)
     # The report, not the exception: every check gets its line, failed or not.
     report = check_env(s.id, raise_on_failure=False, **kwargs)
     status = {True: "PASS", False: "FAIL", None: "SKIP"}
     for r in report.results:
+        if r.name == "exploits" and report.exploits is not None:
+            print(f"{status[r.passed]}  exploits: {report.exploits.summary()}", file=out)
+            print(report.exploits.format(), file=out)
+            continue
         print(f"{status[r.passed]}  {r.name}" + (f": {r.detail}" if r.detail else ""), file=out)
     n_failed = len(report.failed)
     print(f"{s.id}: " + (f"{n_failed} check(s) failed" if n_failed else "all checks passed"),
@@ -530,6 +548,11 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("check", help="run the conformance checker on an environment")
     q.add_argument("id")
     q.add_argument("--cycles", type=int, help="episodes/steps the checker plays")
+    q.add_argument("--exploits", action="store_true",
+                   help="also run the exploit audit: every gaming policy against the card's naive baseline")
+    q.add_argument("--episodes", type=int, help="episodes per exploit and reward option (with --exploits)")
+    q.add_argument("--judge", metavar="SPEC",
+                   help="judge for the mr/conversation options of the audit, e.g. 'embedded' (with --exploits)")
     env_args(q)
 
     q = sub.add_parser("play", help="play one player yourself; the others run their policies")

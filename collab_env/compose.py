@@ -5,7 +5,9 @@ sits above it and above the reward wrappers and the single-agent view, and appli
 
 * ``reward=``: ``"mr"`` (the multiturn-aware reward) or ``"conversation"`` (scored at the
   episode's end), built from the spec's reward weights by
-  :func:`collab_env.rewards.mr.default_reward`;
+  :func:`collab_env.rewards.mr.default_reward`; or one of the spec's own ``reward_options``
+  (e.g. ``"joint-shared"``: :class:`~collab_env.rewards.joint.JointReward` with the task's
+  reward function);
 * ``view=<player>``: the single-agent Gymnasium view of that player
   (:class:`collab_env.wrappers.single_agent.SingleAgentEnv`), the other players driven by
   ``policies=`` merged over the spec's default policies.
@@ -48,7 +50,8 @@ def make(
         render_mode: ``"ansi"`` or ``"human"``.
         reward: ``None`` (the env's own reward), ``"mr"`` (the multiturn-aware reward) or
             ``"conversation"`` (scored at the episode's end), built from the spec's reward
-            weights by :func:`collab_env.rewards.mr.default_reward`.
+            weights by :func:`collab_env.rewards.mr.default_reward`; or an option of the spec's
+            ``reward_options`` (``"joint-shared"``...: ``reward_kwargs`` go to ``JointReward``).
         reward_kwargs: Keywords for that builder: ``judge``, ``user``, ``policy`` (an API model
             string, ``"embedded"`` or a policy object), ``num_rollouts``, ``aggregation``...
             ``reward="mr"`` on an env whose default user ignores the reply (the ``collabllm-*``
@@ -62,12 +65,21 @@ def make(
         ConfigError: ``reward`` is not one of :data:`REWARDS`, ``reward_kwargs`` without a
             reward, ``policies`` without a view, or a bad keyword.
     """
-    if reward not in REWARDS:
-        raise ConfigError(f"reward must be None, 'mr' or 'conversation', got {reward!r}.")
+    own = spec(env_id).reward_options
+    if reward not in REWARDS and reward not in own:
+        choices = ", ".join(repr(r) for r in (*REWARDS, *own))
+        raise ConfigError(f"reward must be one of {choices} for {env_id}, got {reward!r}.")
     if reward is None and reward_kwargs:
-        raise ConfigError("reward_kwargs= needs reward='mr' or reward='conversation'.")
+        raise ConfigError("reward_kwargs= needs a reward (reward='mr', 'conversation' or an option of the spec).")
     env = make_base_env(env_id, render_mode=render_mode, **overrides)
-    if reward is not None:
+    if reward in own:
+        from collab_env.registry import load_entry_point
+        from collab_env.rewards.joint import JointReward
+
+        how = own[reward]
+        env = JointReward(env, load_entry_point(how["joint"]), mode=how.get("mode", "shared"),
+                          **dict(reward_kwargs or {}))
+    elif reward is not None:
         from collab_env.rewards.mr import default_reward
 
         env = default_reward(env, reward, **dict(reward_kwargs or {}))

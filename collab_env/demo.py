@@ -12,8 +12,9 @@
    episodes' calls are merged into batched ``generate`` calls.
    ``--proactive`` adds CollabLLM's collaborative system prompt on the base model (the paper's
    "Proactive Base"). Below the table: questions asked per episode, and the share of episodes
-   in which the user revealed the withheld fact (what the adapter learned; the 135M model does
-   not learn to box the exact total, so success stays 0).
+   in which the user revealed the withheld fact. On the question-only user the adapter has
+   learned nothing useful yet (its replies collapsed to a few tokens; success stays 0):
+   ``benchmarks/results/embedded_learning.md`` says how it was measured.
 
 The user is the suite's scripted user. Each episode is appended to
 ``runs/demo/<time>/<env>/<policy>.jsonl`` as it ends. A progress bar (on a terminal) runs over

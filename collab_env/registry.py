@@ -59,6 +59,26 @@ class FrozenDict(dict):
         return hash(tuple(sorted(self.items())))
 
 
+_AUDIT_KEYS = ("naive", "policies", "reward_kwargs", "rewards", "episodes")
+
+
+def _deep_frozen(value: Any) -> Any:
+    """Mappings (nested too) as :class:`FrozenDict`, lists as tuples: a card stays hashable."""
+    if isinstance(value, Mapping):
+        return FrozenDict({k: _deep_frozen(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(_deep_frozen(v) for v in value)
+    return value
+
+
+def _thawed(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _thawed(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_thawed(v) for v in value]
+    return value
+
+
 def _frozen_mapping(value: Any, what: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise ConfigError(f"EnvCard.{what} must be a mapping, got {type(value).__name__}.")
@@ -88,6 +108,14 @@ class EnvCard:
         licence: The data's licence (or where to read it).
         baselines: Reference policy (or policy set) -> its measured score with the number of
             episodes, e.g. ``"success 1.000 (200 ep)"``; or why there is no measurement.
+        audit: The exploit audit's settings (:func:`collab_env.exploits.audit_exploits`):
+            ``"naive"`` (player -> policy of the naive baseline: an honest policy that does not
+            collaborate; ``{"fixed": TEXT}`` always replies ``TEXT``), optionally ``"policies"``
+            (the simulated players' policies), ``"reward_kwargs"`` (reward option ->
+            ``reward_kwargs``), ``"rewards"`` (the options audited, default all) and
+            ``"episodes"``. Empty: the env has no naive baseline to audit against.
+        exploits: The audit's result as the card quotes it
+            (:meth:`~collab_env.exploits.ExploitReport.card_text`); empty when not audited.
     """
 
     tests: str
@@ -99,6 +127,8 @@ class EnvCard:
     data: str
     licence: str
     baselines: Mapping[str, str]
+    audit: Mapping[str, Any] = field(default_factory=dict)
+    exploits: str = ""
 
     def __post_init__(self) -> None:
         for name in _CARD_TEXT_FIELDS:
@@ -115,6 +145,14 @@ class EnvCard:
                     raise ConfigError(f"EnvCard.{name}[{k!r}] must map a name to a non-empty "
                                       f"string, got {v!r}.")
             object.__setattr__(self, name, m)
+        audit = _frozen_mapping(self.audit, "audit")
+        unknown = sorted(set(audit) - set(_AUDIT_KEYS))
+        if unknown or (audit and "naive" not in audit):
+            raise ConfigError(f"EnvCard.audit takes the keys {list(_AUDIT_KEYS)} ('naive' required), "
+                              f"got {sorted(audit)}.")
+        object.__setattr__(self, "audit", _deep_frozen(audit))
+        if not isinstance(self.exploits, str):
+            raise ConfigError(f"EnvCard.exploits must be a string, got {type(self.exploits).__name__}.")
         ranges = _frozen_mapping(self.reward_range, "reward_range")
         if DEFAULT_REWARD not in ranges:
             raise ConfigError(f"EnvCard.reward_range needs a {DEFAULT_REWARD!r} entry (the env's "
@@ -144,13 +182,16 @@ class EnvCard:
             "data": self.data,
             "licence": self.licence,
             "baselines": dict(self.baselines),
+            "audit": _thawed(self.audit),
+            "exploits": self.exploits,
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EnvCard:
         """The card of :meth:`to_dict`'s output; unknown or missing keys are an error."""
         names = [f.name for f in cls.__dataclass_fields__.values()]
-        unknown, missing = sorted(set(d) - set(names)), sorted(set(names) - set(d))
+        optional = {"audit", "exploits"}
+        unknown, missing = sorted(set(d) - set(names)), sorted(set(names) - set(d) - optional)
         if unknown or missing:
             raise ConfigError(f"EnvCard.from_dict: unknown keys {unknown}, missing keys {missing}; "
                               f"a card has {names}.")
@@ -183,6 +224,7 @@ class EnvCard:
             ("data", self.data),
             ("licence", self.licence),
             ("baselines", each(self.baselines)),
+            *([("exploit audit", self.exploits)] if self.exploits else []),
         ]
 
     def to_docstring(self, env_id: str) -> str:
@@ -213,6 +255,11 @@ class EnvSpec:
             offline).
         card: The env card (:class:`EnvCard`): what it tests, who sees what, the reward's range
             under every reward option, data and licence, measured baselines.
+        reward_options: The env's own reward options beyond ``"mr"`` and ``"conversation"``, as
+            data: option -> ``{"joint": "module:reward_func", "mode": "shared" | "per_agent" |
+            "difference"}``; ``collab_env.make(id, reward=option)`` wraps the env in
+            :class:`~collab_env.rewards.joint.JointReward` with that function and mode (the
+            card's ``joint-*`` ranges are these options).
     """
 
     id: str
@@ -229,6 +276,7 @@ class EnvSpec:
     suite: str = "custom"
     needs_data: bool = False
     card: EnvCard | None = None
+    reward_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         m = _ID_RE.match(self.id)
@@ -242,6 +290,15 @@ class EnvSpec:
         for p in self.default_policies:
             if p not in self.players:
                 raise ConfigError(f"{self.id}: default policy for unknown player {p!r}.")
+        for option, how in self.reward_options.items():
+            if option in (DEFAULT_REWARD, "mr", "conversation") or not isinstance(how, Mapping) \
+                    or set(how) - {"joint", "mode"} or not isinstance(how.get("joint"), str) \
+                    or how.get("mode", "shared") not in ("shared", "per_agent", "difference"):
+                raise ConfigError(
+                    f"{self.id}: reward_options[{option!r}] must be a new option name mapped to "
+                    "{'joint': 'module:reward_func', 'mode': 'shared' | 'per_agent' | 'difference'}, "
+                    f"got {how!r}."
+                )
         if self.card is not None:
             self._check_card(self.card)
 
@@ -298,6 +355,7 @@ class EnvSpec:
             "needs_data": self.needs_data,
             "description": self.description,
             "card": None if self.card is None else self.card.to_dict(),
+            "reward_options": {k: dict(v) for k, v in self.reward_options.items()},
         }
 
 

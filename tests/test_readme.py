@@ -50,6 +50,13 @@ def test_driver_snippet_runs(capsys):
     assert capsys.readouterr().out.startswith("until [('assistant', 'How many apples?'), ('user', ")
 
 
+def test_exploit_audit_snippet_runs(capsys):
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"## Exploit audit\n\n.*?```python\n(.*?)```", readme, re.S).group(1)
+    exec(compile(code, "README.md:exploit-audit", "exec"), {})
+    assert "none beats the naive baseline" in capsys.readouterr().out
+
+
 def test_training_snippet_is_valid_python_with_real_names():
     """The snippet names the real trainer and config (running it needs minutes of training)."""
     import ast

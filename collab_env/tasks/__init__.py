@@ -134,6 +134,11 @@ def register_builtin() -> None:
             ),
             suite="comlrl",
             card=BUILTIN_CARDS["length-ratio-v0"],
+            reward_options={
+                "joint-shared": {"joint": "collab_env.tasks.cooperative:length_ratio_reward", "mode": "shared"},
+                "joint-difference": {"joint": "collab_env.tasks.cooperative:length_ratio_reward",
+                                     "mode": "difference"},
+            },
         )
     )
 
@@ -194,6 +199,13 @@ def register_builtin() -> None:
                 description=level["description"],
                 suite="builtin",
                 card=team_facts_card(env_id),
+                reward_options={
+                    "joint-shared": {"joint": "collab_env.tasks.team:team_round_reward", "mode": "shared"},
+                    "joint-per_agent": {"joint": "collab_env.tasks.team:team_round_reward_per_agent",
+                                        "mode": "per_agent"},
+                    "joint-difference": {"joint": "collab_env.tasks.team:team_round_reward",
+                                         "mode": "difference"},
+                },
             )
         )
 
@@ -236,6 +248,8 @@ def register_builtin() -> None:
     from collab_env.tasks.code_cards import CODE_CARDS
 
     register_policy("humaneval-canonical", "collab_env.tasks.coop_code:CanonicalCoder")
+    # The exploit audit's naive baseline on code envs: the function defined to return None.
+    register_policy("stub-code", "collab_env.exploits.policies:StubCode")
     register(
         EnvSpec(
             id="humaneval-v0",

@@ -30,6 +30,7 @@ import math
 from collections.abc import Mapping
 
 from collab_env.registry import EnvCard
+from collab_env.tasks.exploit_quotes import EXPLOIT_QUOTES
 
 __all__ = ["BUILTIN_CARDS", "hidden_facts_card", "LENGTH_RATIO_CARD", "collabllm_card", "docstring_cards", "cards_section",
            "baseline_text"]
@@ -109,7 +110,7 @@ _HF_BASELINES = {
 }
 
 
-#: The generic gaming policies (collab_env.testing.gaming) on the v1 ids: (return, success) of
+#: The generic gaming policies (collab_env.exploits.policies) on the v1 ids: (return, success) of
 #: KeywordDump("what", every scenario's keywords) and RestateTask("one-clause"); same file.
 _HF_GAMING = {
     "hidden-facts-v1": (("0.000", "0.000"), ("0.000", "0.000")),
@@ -145,8 +146,13 @@ def hidden_facts_card(env_id: str) -> EnvCard:
                 "restate-task (gaming)": baseline_text(_HF_GAMING[env_id][1][0], 200, _HF_GAMING[env_id][1][1]),
             }),
         },
+        audit={"naive": {"assistant": "answer-at-once"}},
+        exploits=EXPLOIT_QUOTES.get(env_id, ""),
     )
 
+
+#: The reply both agents of the "same text x2" baseline give (the ratio is 1: exp(-1)).
+SAME_TEXT = "A short answer, the same for both of us."
 
 LENGTH_RATIO_CARD = EnvCard(
     tests="Coordination without communication (CoMLRL's length-ratio task): two agents answer "
@@ -184,6 +190,8 @@ LENGTH_RATIO_CARD = EnvCard(
         "length-ratio-partner x2": baseline_text("1.000", 200),
         "same text x2": baseline_text("0.368", 200) + "; exp(-1) = 0.368 by hand (ratio 1)",
     },
+    audit={"naive": {"agent_0": {"fixed": SAME_TEXT}, "agent_1": {"fixed": SAME_TEXT}}},
+    exploits=EXPLOIT_QUOTES.get("length-ratio-v0", ""),
 )
 
 _CL_TESTS = {
@@ -219,7 +227,7 @@ _BCB_V2 = (
     "program wrote, or when the process exits first. Residual risk: the tests patch the "
     "program's module with mocks, so program and tests share one process; a program written "
     "against this runner can walk its frames' f_back chain to the runner and forge its signed "
-    "record (collab_env.testing.hostile_code.RESIDUAL_UNITTEST_PROGRAMS does), and bare "
+    "record (collab_env.exploits.hostile_code.RESIDUAL_UNITTEST_PROGRAMS does), and bare "
     "assert statements in a test method compare the program's own objects. Generic attacks "
     "(patching unittest, skipping, exits, always-equal values, forged records) score 0."
 )
@@ -277,6 +285,9 @@ def collabllm_card(ds: str, large: bool, version: int = 1) -> EnvCard:
                              "LLM simulator (API model); the recorded-turn user with scripted "
                              "assistants would measure the replay, not the task",
         },
+        exploits=("not audited here: the rows need the hub download and the rewards an LLM judge "
+                  "and a user simulator; with local rows, register a card whose audit names a "
+                  "naive baseline and run collab-env check ID --exploits --judge MODEL"),
     )
 
 

@@ -22,6 +22,7 @@ conversation reward; ``benchmarks/results/chats_baselines.json``) and
 from __future__ import annotations
 
 from collab_env.registry import EnvCard
+from collab_env.tasks.exploit_quotes import EXPLOIT_QUOTES
 
 __all__ = ["CHAT_CARDS"]
 
@@ -74,6 +75,9 @@ CHAT_CARDS: dict[str, EnvCard] = {
             "embedded assistant with chat-llm-user": "conversation -0.065, accuracy 0.000 (1 recorded "
                                                      "ep, benchmarks/results/chats_math_episode.json)",
         },
+        audit={"naive": {"assistant": {"fixed": "The answer is \\boxed{10}."}},
+               "policies": {"user": "chat-question-user"}},
+        exploits=EXPLOIT_QUOTES.get("math-chat-v0", ""),
     ),
     "humaneval-chat-v0": EnvCard(
         tests="CollabLLM-style coding chat, offline: the user holds a HumanEval problem as its "
@@ -106,5 +110,9 @@ CHAT_CARDS: dict[str, EnvCard] = {
                                                      "recorded ep, "
                                                      "benchmarks/results/chats_humaneval_episode.json)",
         },
+        audit={"naive": {"assistant": "stub-code"}, "policies": {"user": "chat-question-user"},
+               "reward_kwargs": {"conversation": {"weights": {"pass_rate": 1.0, "token_amount": -1e-4}}},
+               "rewards": ["default", "conversation"], "episodes": 8},
+        exploits=EXPLOIT_QUOTES.get("humaneval-chat-v0", ""),
     ),
 }

@@ -5,6 +5,7 @@ nothing heavy). Baselines are measured by ``benchmarks/bench_coop_humaneval.py``
 from __future__ import annotations
 
 from collab_env.registry import EnvCard
+from collab_env.tasks.exploit_quotes import EXPLOIT_QUOTES
 
 __all__ = ["CODE_CARDS"]
 
@@ -34,6 +35,8 @@ CODE_CARDS = {
                    "mean return 2.959 over the 164 problems, 1 turn (HumanEval's check passes 164/164; "
                    "benchmarks/results/coop_humaneval_canonical.json)",
                    "empty replies": "0.000 by the formula (check passes 0/164)"},
+        audit={"naive": {"aux": "stub-code", "main": "stub-code"}, "episodes": 8},
+        exploits=EXPLOIT_QUOTES.get("coop-humaneval-v0", ""),
     ),
     "humaneval-v0": EnvCard(
         tests="One agent writing the function of a HumanEval problem (the baseline of coop-humaneval).",
@@ -48,5 +51,7 @@ CODE_CARDS = {
         baselines={"humaneval-canonical (prompt + canonical solution)":
                    "mean return 1.999 over the 164 problems, 1 turn (humaneval_reward of each)",
                    "empty replies": "0.000 by the formula"},
+        audit={"naive": {"main": "stub-code"}, "episodes": 8},
+        exploits=EXPLOIT_QUOTES.get("humaneval-v0", ""),
     ),
 }

@@ -8,9 +8,6 @@ The library's runtime code never imports this package; ``import collab_env`` doe
   127.0.0.1 with fault injection and API-key checks (needs ``aiohttp``; extra: ``testing``).
 * :mod:`collab_env.testing.collabllm_fixtures`: small CollabLLM data files in the published
   schemas (plain and ``-large`` session layouts; jsonl, json, parquet, a local hub folder).
-* :mod:`collab_env.testing.hostile_code`: hostile programs that solve nothing and attack the
-  code rewards (builtins, frames, forged records, always-equal values, answer keys, exits,
-  unittest patching), for integrity tests and the exploit audit.
 * :mod:`collab_env.testing.judge_conversations`: hidden-facts conversations from scripted
   players, with known rule-based accuracy, for judge checks.
 * :mod:`collab_env.testing.judge_injection`: judge-injection texts and a judge double that obeys

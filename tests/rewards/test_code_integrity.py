@@ -18,7 +18,7 @@ from collab_env.sandbox.harness import (
     find_unittest_methods,
     run_tests,
 )
-from collab_env.testing.hostile_code import (
+from collab_env.exploits.hostile_code import (
     FAMILIES,
     HOSTILE_PROGRAMS,
     HOSTILE_UNITTEST_PROGRAMS,

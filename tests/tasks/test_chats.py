@@ -352,7 +352,7 @@ def test_recorded_embedded_episode_replays_bit_identically(env_id, tmp_path):
 from collab_env.policy import FixedTextPolicy as _Fixed  # noqa: E402
 from collab_env.rollout import run_episode as _run  # noqa: E402
 from collab_env.tasks.chats import LegacySentenceRevealUser, MathChatSolver  # noqa: E402
-from collab_env.testing.gaming import DUMP_STYLES, RESTATE_STYLES, KeywordDump, RestateTask  # noqa: E402
+from collab_env.exploits.policies import DUMP_STYLES, RESTATE_STYLES, KeywordDump, RestateTask  # noqa: E402
 
 MATH_VOCAB = ("how many", "how much", "price", "cost", "each", "dollars", "numbers", "details", "facts")
 

@@ -156,7 +156,7 @@ def test_gymnasium_view_plays_a_full_episode():
 from collab_env.policy import ScriptedPolicy  # noqa: E402
 from collab_env.tasks import hidden_facts as hf  # noqa: E402
 from collab_env.tasks.hidden_facts import guessed_facts, visible_facts  # noqa: E402
-from collab_env.testing.gaming import DUMP_STYLES, RESTATE_STYLES, KeywordDump, RestateTask  # noqa: E402
+from collab_env.exploits.policies import DUMP_STYLES, RESTATE_STYLES, KeywordDump, RestateTask  # noqa: E402
 
 V1 = ["hidden-facts-easy-v1", "hidden-facts-v1", "hidden-facts-hard-v1"]
 V0 = ["hidden-facts-easy-v0", "hidden-facts-v0", "hidden-facts-hard-v0"]

@@ -275,7 +275,7 @@ def test_card_baselines_are_the_measured_numbers():
 from collab_env.policy import ScriptedPolicy  # noqa: E402
 from collab_env.rollout import run_episode  # noqa: E402
 from collab_env.tasks import team as team_mod  # noqa: E402
-from collab_env.testing.gaming import DUMP_STYLES, RESTATE_STYLES, KeywordDump, RestateTask  # noqa: E402
+from collab_env.exploits.policies import DUMP_STYLES, RESTATE_STYLES, KeywordDump, RestateTask  # noqa: E402
 
 V1 = ["team-facts-easy-v1", "team-facts-hard-v1"]
 VOCAB = tuple(dict.fromkeys(k for sc in team_mod._SCENARIOS for kind in (sc.count, sc.unit) for k in kind.keywords))
