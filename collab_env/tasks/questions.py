@@ -200,6 +200,9 @@ def _own_mask(words: Sequence[str], quoted_grams: set[tuple[str, ...]]) -> tuple
     return tuple(own)
 
 
+_REQUEST_RE = re.compile(r"\b(?:" + "|".join(re.escape(p) for p in REQUEST_PHRASES) + r")\b")
+
+
 def _interrogative(words: Sequence[str], question_mark: bool) -> int | None:
     """Where the clause's request starts (rule 3), or ``None`` when it asks nothing.
 
@@ -212,12 +215,6 @@ def _interrogative(words: Sequence[str], question_mark: bool) -> int | None:
     """
     if not words:
         return None
-    text = " ".join(words)
-    starts = []
-    for p in REQUEST_PHRASES:
-        m = re.search(r"\b" + re.escape(p) + r"\b", text)
-        if m:
-            starts.append(text[:m.start()].count(" ") if m.start() else 0)
     i = skipped = 0
     while skipped < 3 and i < len(words) - 1:
         phrase = next((p for p in FILLER_PHRASES if tuple(words[i:i + len(p)]) == p), None)
@@ -232,8 +229,11 @@ def _interrogative(words: Sequence[str], question_mark: bool) -> int | None:
         first = words[i]
         if first in INTERROGATIVES or first in AUXILIARIES or first in REQUEST_VERBS:
             return 0
-    if starts:
-        return min(starts)
+    # The leftmost request phrase (one alternation: its leftmost match is the earliest phrase).
+    text = " ".join(words)
+    m = _REQUEST_RE.search(text)
+    if m:
+        return text[:m.start()].count(" ")
     rest = words[i:]
     if question_mark and rest and len(rest) <= MAX_ELLIPTICAL and not STATEMENT_WORDS & set(rest):
         return 0
