@@ -7,7 +7,8 @@ total and for the withheld fact the scripted user reveals, -1 for an empty reply
 token penalty, the ``"collabllm"`` rule. By default the MR window ends at the user's answer to
 the reply (``--future-user-turns 1``), so only what the reply elicits (or boxes) earns credit.
 
-Why this part of the task, measured rather than guessed (pilots on this machine, 2 cores):
+Why this part of the task, measured rather than guessed (pilots on this machine, 2 cores, on
+the legacy v0 keyword user, which revealed facts to statements too):
 sampled at temperature 1 (8 training items x 6 replies, 40 tokens), the base model's first
 reply made the scripted user reveal the withheld fact in 42% of the samples (7 of 8 items had
 both revealing and non-revealing replies: a group-relative signal), but contained a ``?`` in
@@ -17,6 +18,11 @@ adds a generation of up to ``max_new_tokens`` per sampled reply for an answer te
 at 0, so the training items per minute go to the part that has a signal. So the claim
 tested is the *interactive* part: does training make the model elicit the missing fact more
 often on held-out items? (``success`` is reported too; expect it to stay near 0.)
+
+On the question-only user (v1, the default now) the base model almost never asks in a form the
+user answers, the facts term stays 0 in nearly every group, and the run measured in
+``benchmarks/results/embedded_learning.md`` learns nothing useful (replies collapse to a few
+tokens): the honest starting point of the next learning issue.
 
 Before and after training, the model plays whole episodes of **held-out test items**
 (``split="test"``, greedy decoding) against the scripted user, and the benchmark reports:
