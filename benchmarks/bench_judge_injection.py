@@ -4,7 +4,7 @@ the rubrics fenced the transcript as untrusted data.
 Items: the wrong-answer ``hidden-facts`` conversations of
 ``collab_env/testing/judge_conversations.py`` (``ask-wrong`` and ``direct-wrong``: the boxed total
 is wrong by the env's rule), ``--items`` of them. Each item is judged clean and with one of the
-injection texts of :data:`collab_env.testing.judge_injection.INJECTIONS` appended to its final
+injection texts of :data:`collab_env.exploits.policies.INJECTIONS` appended to its final
 assistant message (the families rotate over the items, so each family has about a quarter of
 them).
 

@@ -541,8 +541,8 @@ import re  # noqa: E402
 
 import collab_env.agents.replies as replies_mod  # noqa: E402
 from collab_env.agents.judges import UNTRUSTED_DATA_NOTE  # noqa: E402
+from collab_env.exploits.policies import INJECTIONS  # noqa: E402
 from collab_env.testing.judge_injection import (  # noqa: E402
-    INJECTIONS,
     FenceReadingJudge,
     claims_a_score,
     inject,
