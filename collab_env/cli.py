@@ -381,6 +381,10 @@ def _cmd_leaderboard(args: argparse.Namespace, out: TextIO) -> int:
         eps = sub["episodes"]
         print(f"{sub['track']}: {eps['recorded']}/{eps['requested']} episodes recorded, "
               f"{sub['kind']} entry; submission in {path}", file=out)
+        if eps["recorded"]:
+            from collab_env.leaderboard.board import entry_row_text
+
+            print(f"row: {entry_row_text(path)}", file=out)
         if eps["failed"]:
             print(f"{PROG}: {len(eps['failed'])} episode(s) failed: {eps['failed'][:10]}; rerun the same "
                   "command to retry them.", file=sys.stderr)
@@ -395,7 +399,8 @@ def _cmd_leaderboard(args: argparse.Namespace, out: TextIO) -> int:
     # build
     from collab_env.leaderboard.board import board_data
 
-    data = board_data(args.directory, verify=not args.no_verify, reverify=args.reverify)
+    data = board_data(args.directory, verify=not args.no_verify, reverify=args.reverify,
+                      progress=lambda line: print(line, file=sys.stderr, flush=True))
     target = Path(args.out) if args.out else Path(args.directory) / "index.html"
     try:
         from collab_env.leaderboard.page import build_page
@@ -403,7 +408,10 @@ def _cmd_leaderboard(args: argparse.Namespace, out: TextIO) -> int:
         raise ConfigError(f"the page builder collab_env.leaderboard.page is not available ({exc}).") from exc
     written = build_page(data, target)
     n_ok = sum(e["verified"] for e in data["entries"])
-    print(f"{len(data['entries'])} entries ({n_ok} verified) on {len(data['tracks'])} tracks: {written}", file=out)
+    n_failed = sum(bool(e.get("failed")) for e in data["entries"])
+    extra = "".join([f", {n_failed} failed" if n_failed else "",
+                     f"; {len(data['rejected'])} folder(s) rejected" if data.get("rejected") else ""])
+    print(f"{len(data['entries'])} entries ({n_ok} verified{extra}) on {len(data['tracks'])} tracks: {written}", file=out)
     return 0
 
 

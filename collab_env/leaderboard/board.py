@@ -7,6 +7,12 @@ The folder holds submission folders (each with ``submission.json``) at any depth
 that fails is still listed, with ``"verified": false`` and the first problems in
 ``"problems"``. Its shape is checked by :func:`~collab_env.leaderboard.schema.validate_board_data`.
 
+One bad entry never breaks the build: an entry that cannot be read or summarised (a malformed
+trajectory line, a string episode id, a NaN return, a symlinked or oversized file...) is listed
+with ``"failed": true``, no statistics and the reason in ``"problems"``; a folder whose
+``submission.json`` is unreadable or names an unknown track goes to ``"rejected"`` (path and
+reason), which the page lists too. ``progress`` gets one line per entry and a summary.
+
 Re-playing every submission is slow (a code track re-runs every test in the sandbox), so each
 verdict is kept in ``<directory>/.verified.json``, keyed by the entry's folder and a digest of
 what the verdict depends on: every file of the submission, the track's content hash and
@@ -21,7 +27,7 @@ import datetime as _dt
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +41,7 @@ from collab_env.leaderboard.submission import (
 )
 from collab_env.leaderboard.tracks import Track, builtin_tracks, get_track, track_status
 
-__all__ = ["board_data", "track_row", "board_trajectory", "verification_key", "MAX_TRAJECTORIES", "STAMPS_FILE"]
+__all__ = ["board_data", "entry_row_text", "track_row", "board_trajectory", "verification_key", "MAX_TRAJECTORIES", "STAMPS_FILE"]
 
 #: The verdicts of earlier builds, in the board's folder (see the module docstring).
 STAMPS_FILE = ".verified.json"
@@ -94,18 +100,38 @@ def _entries(directory: Path) -> list[Path]:
 
 def verification_key(folder: Path, t: Track) -> str:
     """The digest a verdict of ``folder`` on ``t`` depends on: the SHA-256 of every file in the
-    submission folder (by relative path), the track's content hash and collab_env's version."""
+    submission folder (by relative path; a symbolic link by its target, so a stamp taken before a
+    file was replaced by a link never covers it), the track's content hash and collab_env's version."""
     import collab_env
 
     h = hashlib.sha256()
-    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
-        h.update(f"{f.relative_to(folder).as_posix()}\0{file_sha256(f)}\n".encode())
+    for f in sorted(p for p in folder.rglob("*") if p.is_file() or p.is_symlink()):
+        rel = f.relative_to(folder).as_posix()
+        if f.is_symlink():  # a link is part of what was verified: a stamp never covers a new one
+            h.update(f"{rel}\0link {os.readlink(f)}\n".encode())
+        else:
+            h.update(f"{rel}\0{file_sha256(f)}\n".encode())
     h.update(f"track {t.id} {t.content_hash()}\ncollab_env {collab_env.__version__}\n".encode())
     return h.hexdigest()
 
 
+def _failed_entry(eid: str, t: Track, folder: Path, sub: Mapping[str, Any], problems: list[str]) -> dict[str, Any]:
+    """The board row of an entry that could not be summarised: listed, marked failed, no numbers."""
+    def text(key: str) -> str:
+        v = sub.get(key)
+        return v if isinstance(v, str) else str(folder.name)
+
+    kind = sub.get("kind") if sub.get("kind") in ("standard", "custom") else "custom"
+    return {"id": eid, "track": t.id, "name": text("name"), "model": text("model"), "kind": kind,
+            "verified": False, "failed": True, "metrics": {}, "pass_k": {}, "cost_per_episode": None,
+            "cost_unit": None, "simulator_fault_rate": 0.0, "judge_fault_rate": 0.0, "seeds": 0,
+            "episodes": 0, "tasks": 0, "policies": {}, "sampling": {}, "code_version": None,
+            "custom_reasons": [], "problems": problems[:5], "path": str(folder), "trajectories": []}
+
+
 def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: int = 0,
-               num_boot: int | None = None, reverify: bool = False) -> dict[str, Any]:
+               num_boot: int | None = None, reverify: bool = False,
+               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The board of every submission under ``directory`` (see the module docstring).
 
     Args:
@@ -115,11 +141,16 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
             :data:`STAMPS_FILE` (which are then rewritten).
         seed: Seed of the bootstrap intervals.
         num_boot: Bootstrap resamples (default :data:`~collab_env.leaderboard.stats.NUM_BOOT`).
+        progress: Called with one line per entry (``[i/N] entry: verdict (time)``) and a
+            summary line at the end (``collab-env leaderboard build`` prints them).
 
     Returns:
         The board dict (the shape of :func:`~collab_env.leaderboard.schema.validate_board_data`).
     """
+    import time
+
     from collab_env.eval import load_results
+    from collab_env.leaderboard.schema import BOARD_SHAPE, check_shape
     from collab_env.leaderboard.stats import NUM_BOOT
     from collab_env.leaderboard.verify import verify_submission
 
@@ -135,56 +166,54 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
     tracks = dict(builtin_tracks())
     entries: list[dict[str, Any]] = []
     records_of: dict[str, list[dict[str, Any]]] = {}
-    for folder in _entries(directory):
-        sub = load_submission(folder)
+    rejected: list[dict[str, str]] = []
+    folders = _entries(directory)
+    say = progress or (lambda line: None)
+    t_all = time.perf_counter()
+    for i, folder in enumerate(folders, start=1):
+        rel = folder.relative_to(directory).as_posix()
+        t0 = time.perf_counter()
         try:
+            sub = load_submission(folder)
             t = tracks.get(sub["track"]) or get_track(sub["track"])
-        except Exception:  # noqa: BLE001 - an entry on an unknown track is skipped, not fatal
+        except Exception as exc:  # noqa: BLE001 - an unreadable entry is rejected, never fatal
+            rejected.append({"path": rel, "reason": f"{type(exc).__name__}: {exc}"[:300]})
+            say(f"[{i}/{len(folders)}] {rel}: REJECTED ({rejected[-1]['reason'][:120]})")
+            continue
+        eid = f"{t.id}/{folder.name}"
+        if eid in records_of:
+            rejected.append({"path": rel, "reason": f"a second entry {eid!r} (entry ids are track/folder name): "
+                                                    "rename the folder"})
+            say(f"[{i}/{len(folders)}] {rel}: REJECTED ({rejected[-1]['reason'][:120]})")
             continue
         tracks.setdefault(t.id, t)
-        requested = int((sub.get("episodes") or {}).get("requested", 0))
-        records = [r for r in load_results(folder / TRAJECTORIES_FILE)
-                   if r.get("status") == "ok" and r.get("episode_id", requested) < requested]
+        how = "not verified"
         problems: list[str] = []
-        verified = False
-        if verify:
-            rel, key = folder.relative_to(directory).as_posix(), verification_key(folder, t)
-            stamp = stamps.get(rel)
-            if not (isinstance(stamp, Mapping) and stamp.get("key") == key):
-                v = verify_submission(folder, track=t)
-                stamp = {"key": key, "ok": v.ok, "episodes": v.episodes, "problems": v.problems[:5]}
-            fresh[rel] = stamp
-            verified, problems = bool(stamp["ok"]), list(stamp["problems"])
-        st = entry_statistics(records, submitted=t.submitted, threshold=t.success_threshold,
-                              metrics=t.metrics, k=t.k, seed=seed, num_boot=num_boot or NUM_BOOT)
-        cost = sub.get("cost") or {}
-        n = max(len(records), 1)
-        usd = float(cost.get("cost", 0.0) or 0.0)
-        tokens = float(cost.get("prompt_tokens", 0.0) or 0.0) + float(cost.get("completion_tokens", 0.0) or 0.0)
-        if usd > 0:
-            cpe, unit = usd / n, "usd"
-        elif tokens > 0:
-            cpe, unit = tokens / n, "tokens"
-        else:
-            cpe, unit = None, None
-        faults = sub.get("faults") or {}
-        judged = len(records) + int(faults.get("judge_episodes", 0))
-        eid = f"{t.id}/{folder.name}"
+        try:
+            verified = False
+            if verify:
+                key = verification_key(folder, t)
+                stamp = stamps.get(rel)
+                how = "verified (kept verdict)"
+                if not (isinstance(stamp, Mapping) and stamp.get("key") == key):
+                    v = verify_submission(folder, track=t)
+                    stamp = {"key": key, "ok": v.ok, "episodes": v.episodes, "problems": v.problems[:5]}
+                    how = "verified (re-played)"
+                fresh[rel] = stamp
+                verified, problems = bool(stamp["ok"]), list(stamp["problems"])
+                if not verified:
+                    how = "NOT verified: " + (problems[0] if problems else "no reason given")[:120]
+            entry, records = _entry(folder, sub, t, eid, verified, problems, seed, num_boot or NUM_BOOT,
+                                    load_results)
+            check_shape(entry, BOARD_SHAPE["entries"][0], f"entry {eid}")
+            json.dumps(entry, allow_nan=False)  # plain JSON: a NaN in a submitted field is refused here
+        except Exception as exc:  # noqa: BLE001 - one bad entry never breaks the build
+            reason = f"the entry could not be read or summarised: {type(exc).__name__}: {exc}"[:300]
+            entry, records = _failed_entry(eid, t, folder, sub, [*problems, reason]), []
+            how = "FAILED: " + reason[:120]
         records_of[eid] = records
-        entries.append({
-            "id": eid, "track": t.id, "name": str(sub.get("name")), "model": str(sub.get("model")),
-            "kind": sub.get("kind", "custom"), "verified": verified,
-            "metrics": st["metrics"], "pass_k": st["pass_k"],
-            "cost_per_episode": cpe, "cost_unit": unit,
-            "simulator_fault_rate": (faults.get("simulator_episodes", 0) / len(records)) if records else 0.0,
-            "judge_fault_rate": (faults.get("judge_episodes", 0) / judged) if judged else 0.0,
-            "seeds": st["seeds"], "episodes": st["episodes"], "tasks": st["tasks"],
-            "policies": dict(sub.get("policies") or {}), "sampling": sub.get("sampling") or {},
-            "code_version": sub.get("code_version"), "custom_reasons": list(sub.get("custom_reasons") or []),
-            "problems": problems, "path": str(folder),
-            "trajectories": [board_trajectory(r, t.submitted, t.success_threshold)
-                             for r in sorted(records, key=lambda r: r["episode_id"])[:MAX_TRAJECTORIES]],
-        })
+        entries.append(entry)
+        say(f"[{i}/{len(folders)}] {eid}: {how} ({time.perf_counter() - t0:.1f} s)")
     comparisons = []
     for tid in dict.fromkeys(e["track"] for e in entries):
         t = tracks[tid]
@@ -200,10 +229,73 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
                                     "tasks": c["tasks"]})
     if verify and fresh != stamps:
         stamps_path.write_text(json.dumps(fresh, indent=1, sort_keys=True) + "\n")
+    n_ok = sum(e["verified"] for e in entries)
+    n_failed = sum(bool(e.get("failed")) for e in entries)
+    say(f"{len(entries)} entries: {n_ok} verified, {len(entries) - n_ok - n_failed} not verified, "
+        f"{n_failed} failed; {len(rejected)} folder(s) rejected ({time.perf_counter() - t_all:.1f} s)")
     return {
         "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "code_version": code_version(),
         "tracks": [track_row(t, tracks) for t in tracks.values()],
         "entries": entries,
         "comparisons": comparisons,
+        "rejected": rejected,
     }
+
+
+def _entry(folder: Path, sub: Mapping[str, Any], t: Track, eid: str, verified: bool, problems: list[str],
+           seed: int, num_boot: int, load_results: Callable[..., Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The board row of one readable entry and its scored records (raises on a malformed one)."""
+    requested = int((sub.get("episodes") or {}).get("requested", 0))
+    records = [r for r in load_results(folder / TRAJECTORIES_FILE)
+               if r.get("status") == "ok" and r.get("episode_id", requested) < requested]
+    st = entry_statistics(records, submitted=t.submitted, threshold=t.success_threshold,
+                          metrics=t.metrics, k=t.k, seed=seed, num_boot=num_boot)
+    cost = sub.get("cost") or {}
+    n = max(len(records), 1)
+    usd = float(cost.get("cost", 0.0) or 0.0)
+    tokens = float(cost.get("prompt_tokens", 0.0) or 0.0) + float(cost.get("completion_tokens", 0.0) or 0.0)
+    if usd > 0:
+        cpe, unit = usd / n, "usd"
+    elif tokens > 0:
+        cpe, unit = tokens / n, "tokens"
+    else:
+        cpe, unit = None, None
+    faults = sub.get("faults") or {}
+    judged = len(records) + int(faults.get("judge_episodes", 0))
+    entry = {
+        "id": eid, "track": t.id, "name": str(sub.get("name")), "model": str(sub.get("model")),
+        "kind": sub.get("kind", "custom"), "verified": verified, "failed": False,
+        "metrics": st["metrics"], "pass_k": st["pass_k"],
+        "cost_per_episode": cpe, "cost_unit": unit,
+        "simulator_fault_rate": (faults.get("simulator_episodes", 0) / len(records)) if records else 0.0,
+        "judge_fault_rate": (faults.get("judge_episodes", 0) / judged) if judged else 0.0,
+        "seeds": st["seeds"], "episodes": st["episodes"], "tasks": st["tasks"],
+        "policies": dict(sub.get("policies") or {}), "sampling": sub.get("sampling") or {},
+        "code_version": sub.get("code_version"), "custom_reasons": list(sub.get("custom_reasons") or []),
+        "problems": problems, "path": str(folder),
+        "trajectories": [board_trajectory(r, t.submitted, t.success_threshold)
+                         for r in sorted(records, key=lambda r: r["episode_id"])[:MAX_TRAJECTORIES]],
+    }
+    return entry, records
+
+
+def entry_row_text(folder: str | os.PathLike[str], *, seed: int = 0, num_boot: int | None = None) -> str:
+    """The board row of one submission folder as text (what ``collab-env leaderboard run``
+    prints when it ends): every metric of the track with its 95% interval and n, and pass^k.
+    Not verified here: ``collab-env leaderboard verify FOLDER`` re-plays it."""
+    from collab_env.eval import load_results
+    from collab_env.leaderboard.stats import NUM_BOOT
+
+    folder = Path(folder)
+    if folder.name == SUBMISSION_FILE:
+        folder = folder.parent
+    sub = load_submission(folder)
+    t = get_track(sub["track"])
+    entry, _ = _entry(folder, sub, t, f"{t.id}/{folder.name}", False, [], seed, num_boot or NUM_BOOT,
+                      load_results)
+    cells = [f"{name} {m['mean']:.3f} [{m['lo']:.3f}, {m['hi']:.3f}] (n={m['n']})"
+             for name, m in entry["metrics"].items()]
+    cells += [f"pass^{k} {m['mean']:.3f} [{m['lo']:.3f}, {m['hi']:.3f}]" for k, m in entry["pass_k"].items()]
+    return (f"{entry['id']} ({entry['kind']}, {entry['episodes']} episodes, {entry['seeds']} trials per task): "
+            + "; ".join(cells))

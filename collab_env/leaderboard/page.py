@@ -94,6 +94,11 @@ def render_page(data: Mapping[str, Any]) -> str:
     ]
     for index, track in enumerate(board.tracks):
         parts.append(_track_section(board, index, track))
+    rejected = data.get("rejected") or []
+    if rejected:
+        items = "".join(f"<li><code>{_e(r['path'])}</code>: {_e(r['reason'])}</li>\n" for r in rejected)
+        parts.append(f'<section id="rejected">\n<h2>Rejected folders</h2>\n<p>These folders hold a '
+                     f"submission.json the build could not list as an entry.</p>\n<ul>\n{items}</ul>\n</section>\n")
     parts.append(_footer(board))
     parts.append('<script type="application/json" id="board-data">')
     parts.append(_embedded_json(data))
@@ -318,8 +323,15 @@ def _table(board: _Board, index: int, track: Mapping[str, Any],
     rows = []
     for rank, entry in enumerate(entries, start=1):
         cells = [f'<td data-value="{rank}">{rank}</td>']
-        verified = ('<span class="ok" title="verified">verified</span>' if entry["verified"]
-                    else '<span class="warn" title="not verified">unverified</span>')
+        problems = [str(x) for x in entry.get("problems") or []]
+        if entry.get("failed"):
+            verified = (f'<span class="warn" title="{_e("; ".join(problems))}">failed: '
+                        f'{_e(problems[-1][:160] if problems else "unreadable")}</span>')
+        elif entry["verified"]:
+            verified = '<span class="ok" title="verified">verified</span>'
+        else:
+            verified = (f'<span class="warn" title="{_e("; ".join(problems) or "not verified")}">unverified'
+                        f'{": " + _e(problems[0][:160]) if problems else ""}</span>')
         cells.append(
             f'<td class="entry" data-value="{_e(str(entry["name"]).lower())}"><span class="name">'
             f'{_e(entry["name"])}</span><br><small>{_e(entry["id"])} &middot; '

@@ -16,7 +16,7 @@ from typing import Any
 
 from collab_env.errors import ConfigError
 
-__all__ = ["validate_board_data", "BOARD_SHAPE"]
+__all__ = ["validate_board_data", "check_shape", "BOARD_SHAPE", "REJECTED_SHAPE"]
 
 NUM = "number"
 INT = "int"
@@ -45,6 +45,15 @@ BOARD_SHAPE: dict[str, Any] = {
     "comparisons": [{"track": STR, "a": STR, "b": STR, "metric": STR, "diff": NUM, "lo": NUM, "hi": NUM,
                      "n": INT}],
 }
+#: Folders the build could not list as entries (unreadable submission.json, unknown track):
+#: optional in older board data.
+REJECTED_SHAPE = [{"path": STR, "reason": STR}]
+
+
+def check_shape(x: Any, shape: Any, path: str) -> None:
+    """Raise :class:`ConfigError` naming ``path`` when ``x`` does not have ``shape`` (one part of
+    the board, e.g. one entry against ``BOARD_SHAPE["entries"][0]``)."""
+    _check(x, shape, path)
 
 
 def _check(x: Any, shape: Any, path: str) -> None:
@@ -120,6 +129,8 @@ def validate_board_data(d: Any) -> None:
         ConfigError: The first problem, with its path.
     """
     _check(d, BOARD_SHAPE, "")
+    if "rejected" in d:
+        _check(d["rejected"], REJECTED_SHAPE, "rejected")
     try:
         json.dumps(d, allow_nan=False)
     except (TypeError, ValueError) as exc:

@@ -178,7 +178,13 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
     if sub.get("track_content", {}) and {k: sub["track_content"].get(k) for k in t.fixed()} != t.fixed():
         v.problems.append(f"track: the track content recorded in submission.json differs from {t.id}'s")
         return v
-    # 2. Files and the episode set.
+    # 2. Files and the episode set. A link in a submission could point anywhere (another entry's
+    # file, a file of the machine that builds the board): every file must be a plain file.
+    links = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_symlink())
+    if links:
+        v.problems.append(f"files: {', '.join(links[:5])} is a symbolic link; a submission holds plain "
+                          "files only (copy the file into the folder)")
+        return v
     traj = folder / TRAJECTORIES_FILE
     if not traj.is_file():
         v.problems.append(f"files: {traj} is missing")

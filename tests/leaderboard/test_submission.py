@@ -278,3 +278,86 @@ def test_code_version_is_the_commit_and_says_dirty_for_changed_code(tmp_path):
     assert code_version(tmp_path) == sha
     (tmp_path / "collab_env" / "x.py").write_text("A = 2\n")
     assert code_version(tmp_path) == sha + "+dirty"
+
+
+def _corrupt_board(board, tmp_path):
+    """A copy of the board with one good entry and one bad entry of each kind."""
+    import shutil
+
+    root = tmp_path / "bad-board"
+    good = board / "hfe" / "ask-then-answer"
+    shutil.copytree(good, root / "good")
+
+    def bad(name, edit_line=None, edit_sub=None):
+        d = root / name
+        shutil.copytree(good, d)
+        if edit_line is not None:
+            lines = (d / "trajectories.jsonl").read_text().splitlines()
+            rec = json.loads(lines[0])
+            edit_line(rec)
+            lines[0] = json.dumps(rec)
+            (d / "trajectories.jsonl").write_text("\n".join(lines) + "\n")
+        if edit_sub is not None:
+            sub = json.loads((d / "submission.json").read_text())
+            edit_sub(sub)
+            (d / "submission.json").write_text(json.dumps(sub))
+        return d
+
+    bad("string-id", lambda r: r.update(episode_id="0"))
+    bad("nan-return", lambda r: r["returns"].update(assistant=float("nan")))
+    d = bad("symlinked")
+    real = tmp_path / "elsewhere.jsonl"
+    (d / "trajectories.jsonl").rename(real)
+    (d / "trajectories.jsonl").symlink_to(real)
+    bad("nan-sampling", edit_sub=lambda s: s.update(sampling={"assistant": {"temperature": float("nan")}}))
+    bad("unknown-track", edit_sub=lambda s: s.update(track="no-such-track@v9"))
+    (bad("not-json") / "submission.json").write_text("{ not json")
+    return root
+
+
+def test_one_bad_entry_never_breaks_the_build(board, tmp_path, capsys):
+    root = _corrupt_board(board, tmp_path)
+    out = tmp_path / "page.html"
+    assert main(["leaderboard", "build", str(root), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    html = out.read_text(encoding="utf-8")
+    data = board_data(root, num_boot=100)
+    validate_board_data(data)
+    by_name = {Path(e["path"]).name: e for e in data["entries"]}
+    assert by_name["good"]["verified"] and not by_name["good"]["failed"]
+    for name in ("string-id", "nan-return", "symlinked", "nan-sampling"):
+        e = by_name[name]
+        assert not e["verified"], name
+        assert e["problems"], name
+        assert f"hidden-facts-easy@v1/{name}" in html
+    assert by_name["string-id"]["failed"] and by_name["nan-sampling"]["failed"]
+    assert {r["path"] for r in data["rejected"]} == {"unknown-track", "not-json"}
+    assert "Rejected folders" in html and "not-json" in html and "failed: " in html
+    # A progress line per folder on stderr and a summary; the row count on stdout.
+    err = captured.err
+    assert err.count("] ") >= 7 and "[1/7]" in err and "folder(s) rejected" in err
+    assert "REJECTED" in err and "FAILED" in err
+    assert "folder(s) rejected" in captured.out and "7 entries" not in captured.out
+
+
+def test_a_kept_verdict_never_covers_a_file_replaced_by_a_link(board, tmp_path):
+    import shutil
+
+    root = tmp_path / "b"
+    shutil.copytree(board / "hfe" / "ask-then-answer", root / "e")
+    assert board_data(root, num_boot=50)["entries"][0]["verified"]  # stamp written
+    traj = root / "e" / "trajectories.jsonl"
+    same = tmp_path / "same.jsonl"
+    shutil.copy(traj, same)
+    traj.unlink()
+    traj.symlink_to(same)  # identical bytes behind a link
+    (e,) = board_data(root, num_boot=50)["entries"]
+    assert not e["verified"] and "symbolic link" in e["problems"][0]
+
+
+def test_run_prints_the_entry_row(tmp_path, capsys):
+    assert main(["leaderboard", "run", "length-ratio", "--policy", "agent_0=length-ratio-partner",
+                 "--policy", "agent_1=length-ratio-partner", "--out", str(tmp_path / "e"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("row: "))
+    assert "length-ratio@v1/e" in row and "reward 1.000 [1.000, 1.000] (n=32)" in row and "pass^" in row
