@@ -246,6 +246,13 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
         v.problems.append("kind: marked standard but lists reasons to be custom")
     if (missing or requested < int((sub.get("episodes") or {}).get("full", requested))) and sub.get("kind") == "standard":
         v.problems.append("kind: tasks are omitted or failed, so the entry cannot be standard")
+    # The track, not the submission, says how many episodes a standard entry plays.
+    track_full = t.episodes if t.episodes is not None else (tasks * t.trials if isinstance(tasks, int) else None)
+    full = (sub.get("episodes") or {}).get("full")
+    if sub.get("kind") == "standard" and track_full is not None and (requested != track_full or full != track_full):
+        v.problems.append(f"kind: a standard entry on {t.id} plays the track's {track_full} episodes "
+                          f"({tasks} tasks x {t.trials} trials); this one records requested {requested}, "
+                          f"full {full}")
     # 3-4. Re-play every episode.
     problems = asyncio.run(_replay_all(t, sub, by_id, cache_path if needs_cache else None, data_files))
     v.problems.extend(problems)

@@ -361,3 +361,16 @@ def test_run_prints_the_entry_row(tmp_path, capsys):
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("row: "))
     assert "length-ratio@v1/e" in row and "reward 1.000 [1.000, 1.000] (n=32)" in row and "pass^" in row
+
+
+def test_a_standard_entry_must_cover_the_track_not_what_it_says_it_covers(board, tmp_path):
+    import shutil
+
+    d = tmp_path / "half"
+    shutil.copytree(board / "hfe" / "ask-then-answer", d)
+    sub = json.loads((d / "submission.json").read_text())
+    sub["episodes"].update(requested=50, full=50)
+    (d / "submission.json").write_text(json.dumps(sub))
+    v = verify_submission(d)
+    assert not v.ok
+    assert any("plays the track's 100 episodes" in p and "requested 50, full 50" in p for p in v.problems)
