@@ -68,6 +68,7 @@ from typing import Literal
 
 from collab_env.errors import ConfigError, SandboxError
 from collab_env.sandbox.config import SandboxLimits, SandboxResult
+from collab_env.sandbox.pyparse import parse_python
 
 __all__ = [
     "TestOutcome",
@@ -736,7 +737,7 @@ def find_unittest_methods(tests: str) -> list[tuple[str, str]]:
     inherited ones, in source order. ``[]`` for text that does not parse or has none.
     """
     try:
-        tree = ast.parse(tests)
+        tree = parse_python(tests)
     except SyntaxError:
         return []
     classes: dict[str, list[str]] = {}
@@ -763,7 +764,7 @@ def test_style(tests: str | Sequence[str]) -> Literal["calls", "unittest"]:
     """``"unittest"`` when the text defines a ``unittest.TestCase`` class, else ``"calls"``."""
     if isinstance(tests, str):
         try:
-            tree = ast.parse(tests)
+            tree = parse_python(tests)
         except SyntaxError:
             return "calls"
         for node in tree.body:
@@ -776,7 +777,7 @@ def prompt_prelude(prompt: str, entry_point: str) -> str:
     """The trusted part of a HumanEval-style prompt: its imports and every top-level definition
     except ``entry_point`` (helpers such as ``poly`` that the tests call). ``""`` if it does not parse."""
     try:
-        tree = ast.parse(prompt)
+        tree = parse_python(prompt)
     except SyntaxError:
         return ""
     keep = [n for n in tree.body
@@ -806,10 +807,10 @@ def _bound_names(tree: ast.AST) -> set[str]:
 def _proxy_names(tests: Sequence[str], prelude: str, entry_point: str | None) -> list[str]:
     """The names the tests use but neither they nor the prelude define: the candidate's."""
     free: set[str] = set()
-    defined = _bound_names(ast.parse(prelude)) if prelude else set()
+    defined = _bound_names(parse_python(prelude)) if prelude else set()
     for src in tests:
         try:
-            tree = ast.parse(src)
+            tree = parse_python(src)
         except SyntaxError:
             continue  # fails in the harness, as a test of its own
         loads = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
@@ -898,7 +899,7 @@ def _run_calls(code, tests, entry_point, prelude, limits, max_timeouts, start) -
     if not tests:
         return _result("error", "calls", [], "no test to run", None, None, start)
     try:
-        ast.parse(prelude)
+        parse_python(prelude)
     except SyntaxError as exc:
         raise ConfigError(f"the prelude does not parse: {exc}") from exc
     names = _proxy_names(tests, prelude, entry_point)

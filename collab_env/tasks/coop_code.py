@@ -63,6 +63,7 @@ from collab_env.env import CollabEnv
 from collab_env.errors import ConfigError
 from collab_env.policy import ScriptedPolicy
 from collab_env.sandbox import SandboxLimits
+from collab_env.sandbox.pyparse import parse_python
 from collab_env.tasks._common import build_config, split_env_kwargs
 from collab_env.tasks.cards import cards_section
 from collab_env.tasks.code_cards import CODE_CARDS
@@ -217,7 +218,7 @@ def check_syntax(code: str) -> tuple[bool, str, dict[str, Any] | None]:
     """``(ok, message, error)``: whether ``code`` parses; ``error`` has the SyntaxError's
     ``line``, ``offset`` and ``msg``."""
     try:
-        ast.parse(code)
+        parse_python(code)
     except SyntaxError as exc:
         return False, f"syntax error: {exc}", {"line": exc.lineno, "offset": exc.offset, "msg": exc.msg}
     return True, "parses", None
@@ -650,7 +651,7 @@ class _Transition:
 # The canonical solutions split as the task prescribes, and a policy that plays them
 # ---------------------------------------------------------------------------------------------
 def _entry_node(problem: HumanEvalProblem) -> ast.FunctionDef:
-    tree = ast.parse(problem.canonical_program())
+    tree = parse_python(problem.canonical_program())
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name == problem.entry_point:
             return node
@@ -683,7 +684,7 @@ def canonical_split(problem: HumanEvalProblem) -> tuple[str, str]:
     """
     program = problem.canonical_program()
     lines = program.split("\n")
-    tree = ast.parse(program)
+    tree = parse_python(program)
     entry = _entry_node(problem)
     params = ast.unparse(entry.args)
     helpers = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name != problem.entry_point]
@@ -715,7 +716,7 @@ def solution_program(item: Mapping[str, Any], aux_text: str, main_text: str) -> 
                             prompt_imports(item.get("prompt", "")))
     program = item["prompt"] + item.get("canonical_solution", "")
     try:
-        tree = ast.parse(program)
+        tree = parse_python(program)
     except SyntaxError:
         return code
     given = [ast.get_source_segment(program, n) for n in tree.body
