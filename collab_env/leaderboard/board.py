@@ -149,7 +149,6 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
     """
     import time
 
-    from collab_env.eval import load_results
     from collab_env.leaderboard.schema import BOARD_SHAPE, check_shape
     from collab_env.leaderboard.stats import NUM_BOOT
     from collab_env.leaderboard.verify import verify_submission
@@ -203,8 +202,7 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
                 verified, problems = bool(stamp["ok"]), list(stamp["problems"])
                 if not verified:
                     how = "NOT verified: " + (problems[0] if problems else "no reason given")[:120]
-            entry, records = _entry(folder, sub, t, eid, verified, problems, seed, num_boot or NUM_BOOT,
-                                    load_results)
+            entry, records = _entry(folder, sub, t, eid, verified, problems, seed, num_boot or NUM_BOOT)
             check_shape(entry, BOARD_SHAPE["entries"][0], f"entry {eid}")
             json.dumps(entry, allow_nan=False)  # plain JSON: a NaN in a submitted field is refused here
         except Exception as exc:  # noqa: BLE001 - one bad entry never breaks the build
@@ -244,8 +242,10 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
 
 
 def _entry(folder: Path, sub: Mapping[str, Any], t: Track, eid: str, verified: bool, problems: list[str],
-           seed: int, num_boot: int, load_results: Callable[..., Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+           seed: int, num_boot: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The board row of one readable entry and its scored records (raises on a malformed one)."""
+    from collab_env.eval import load_results
+
     requested = int((sub.get("episodes") or {}).get("requested", 0))
     records = [r for r in load_results(folder / TRAJECTORIES_FILE)
                if r.get("status") == "ok" and r.get("episode_id", requested) < requested]
@@ -284,7 +284,6 @@ def entry_row_text(folder: str | os.PathLike[str], *, seed: int = 0, num_boot: i
     """The board row of one submission folder as text (what ``collab-env leaderboard run``
     prints when it ends): every metric of the track with its 95% interval and n, and pass^k.
     Not verified here: ``collab-env leaderboard verify FOLDER`` re-plays it."""
-    from collab_env.eval import load_results
     from collab_env.leaderboard.stats import NUM_BOOT
 
     folder = Path(folder)
@@ -292,8 +291,7 @@ def entry_row_text(folder: str | os.PathLike[str], *, seed: int = 0, num_boot: i
         folder = folder.parent
     sub = load_submission(folder)
     t = get_track(sub["track"])
-    entry, _ = _entry(folder, sub, t, f"{t.id}/{folder.name}", False, [], seed, num_boot or NUM_BOOT,
-                      load_results)
+    entry, _ = _entry(folder, sub, t, f"{t.id}/{folder.name}", False, [], seed, num_boot or NUM_BOOT)
     cells = [f"{name} {m['mean']:.3f} [{m['lo']:.3f}, {m['hi']:.3f}] (n={m['n']})"
              for name, m in entry["metrics"].items()]
     cells += [f"pass^{k} {m['mean']:.3f} [{m['lo']:.3f}, {m['hi']:.3f}]" for k, m in entry["pass_k"].items()]
