@@ -64,6 +64,9 @@ __all__ = [
     "submitted_usage",
     "load_submission",
     "data_file_digests",
+    "submission_files",
+    "SUBMISSION_FILES",
+    "MAX_FILE_BYTES",
 ]
 
 SUBMISSION_FILE = "submission.json"
@@ -273,6 +276,25 @@ def episode_faults(record: Mapping[str, Any], submitted: Sequence[str]) -> dict[
     return {"simulator": sim, "policy": pol}
 
 
+#: The files a submission folder may hold besides ``submission.json``, by key of its
+#: ``"files"`` block: every one present is hashed there, and ``verify`` refuses any other file.
+SUBMISSION_FILES = {"trajectories": TRAJECTORIES_FILE, "failures": TRAJECTORIES_FILE + ".failures.jsonl",
+                    "cache": CACHE_FILE}
+#: The largest file ``verify`` reads (bytes); a larger one is refused unread.
+MAX_FILE_BYTES = 512 * 2**20
+
+
+def submission_files(folder: Path) -> dict[str, dict[str, Any]]:
+    """The ``"files"`` block of ``submission.json``: for every file of :data:`SUBMISSION_FILES`
+    present in ``folder``, its name, size and SHA-256 (the integrity digest of the folder)."""
+    out = {}
+    for key, name in SUBMISSION_FILES.items():
+        f = Path(folder) / name
+        if f.is_file() and not f.is_symlink():
+            out[key] = {"file": name, "bytes": f.stat().st_size, "sha256": file_sha256(f)}
+    return out
+
+
 def data_file_digests(paths: Sequence[str] | None) -> list[dict[str, str]]:
     out = []
     for p in paths or ():
@@ -455,7 +477,7 @@ def run_submission(
         "faults": {**faults, "end_reasons": dict(sorted(end_reasons.items()))},
         "cache": cache_info,
         "data_files": data,
-        "files": {"trajectories": {"file": TRAJECTORIES_FILE, "sha256": file_sha256(traj)}},
+        "files": submission_files(out),
     }
     tmp = out / (SUBMISSION_FILE + ".tmp")
     tmp.write_text(json.dumps(sub, indent=2, sort_keys=False) + "\n", encoding="utf-8")

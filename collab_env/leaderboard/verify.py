@@ -33,6 +33,9 @@ from typing import Any
 from collab_env.errors import CacheMissError, CollabEnvError, ConfigError, UnknownEnvError
 from collab_env.leaderboard.submission import (
     CACHE_FILE,
+    MAX_FILE_BYTES,
+    SUBMISSION_FILE,
+    SUBMISSION_FILES,
     TRAJECTORIES_FILE,
     episode_faults,
     file_sha256,
@@ -80,13 +83,15 @@ class Verification:
 class RecordedMoves:
     """A policy that plays one player's recorded moves of one episode, in order.
 
-    It is how verification re-plays a submitted policy without running it. Asked for more moves
-    than were recorded (the episode went differently), it raises a :class:`ConfigError`.
+    It is how verification re-plays a submitted policy without running it. Each move is the
+    recorded completion (text, token ids, usage), so the re-played episode's costs are rebuilt
+    from the same per-call usage the trajectory records. Asked for more moves than were recorded
+    (the episode went differently), it raises a :class:`ConfigError`.
     """
 
-    def __init__(self, player: str, texts: Sequence[str]) -> None:
+    def __init__(self, player: str, moves: Sequence[Any]) -> None:
         self.player = player
-        self.texts = list(texts)
+        self.moves = list(moves)
         self.name = f"recorded({player})"
 
     async def act(self, observations: Sequence[Any], **sampling: Any) -> list[Any]:
@@ -94,9 +99,18 @@ class RecordedMoves:
 
         out = []
         for _ in observations:
-            if not self.texts:
+            if not self.moves:
                 raise ConfigError(f"{self.player} is on turn once more than the trajectory records")
-            out.append(Completion(text=self.texts.pop(0)))
+            m = self.moves.pop(0)
+            if isinstance(m, str):
+                out.append(Completion(text=m))
+                continue
+            comp = m.get("completion")
+            try:
+                out.append(Completion.from_dict({**comp, "text": m.get("text", "")}) if isinstance(comp, Mapping)
+                           else Completion(text=str(m.get("text", ""))))
+            except (TypeError, ValueError, CollabEnvError) as exc:
+                raise ConfigError(f"{self.player}'s recorded completion at step {m.get('step')} is malformed: {exc}") from exc
         return out
 
 
@@ -108,8 +122,33 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def _compare(k: int, rec: Mapping[str, Any], ep: Mapping[str, Any]) -> list[str]:
-    """Differences between a recorded episode and its re-play, as problems of episode ``k``."""
+_USAGE_KEYS = ("model_calls", "prompt_tokens", "completion_tokens", "cost")
+#: The message fields the trajectory viewer shows or the board counts, compared one by one.
+_MESSAGE_FIELDS = ("role", "author", "content", "audience", "trainable", "meta")
+
+
+def _usage_problems(where: str, player: str, step: Any, comp: Mapping[str, Any]) -> list[str]:
+    """A submitted move's recorded usage, checked against what the move itself shows: counts are
+    finite and non-negative, and the token counts equal the recorded token ids where there are some."""
+    out = []
+    usage = comp.get("usage") or {}
+    if not isinstance(usage, Mapping):
+        return [f"{where}: {player}'s usage at step {step} is not a mapping ({usage!r:.60})"]
+    for key in _USAGE_KEYS:
+        x = usage.get(key, 0)
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
+            out.append(f"{where}: {player}'s usage.{key} at step {step} is {x!r}, not a finite count >= 0")
+    for key, ids in (("completion_tokens", "token_ids"), ("prompt_tokens", "prompt_token_ids")):
+        if isinstance(comp.get(ids), list) and key in usage and usage[key] != len(comp[ids]):
+            out.append(f"{where}: {player}'s usage.{key} at step {step} is {usage[key]!r}, but the move records "
+                       f"{len(comp[ids])} {ids}")
+    return out
+
+
+def _compare(k: int, rec: Mapping[str, Any], ep: Mapping[str, Any], submitted: Sequence[str] = ()) -> list[str]:
+    """Differences between a recorded episode and its re-play, as problems of episode ``k``, each
+    naming the field: every move (player, step, text, reward, components, usage), every message
+    of the conversation the page shows, the returns, rewards, components, costs and end reason."""
     where = f"episode {k} (seed {rec.get('seed')}, task {rec.get('index')})"
     out = []
     rt, et = rec.get("turns", []), ep.get("turns", [])
@@ -129,13 +168,56 @@ def _compare(k: int, rec: Mapping[str, Any], ep: Mapping[str, Any]) -> list[str]
         if (a.get("components") or {}) != (b.get("components") or {}):
             out.append(f"{where}: {a['player']}'s reward components at step {a['step']} are {a.get('components')} "
                        f"in the trajectory, re-scored {b.get('components')}")
+        ca, cb = a.get("completion") or {}, b.get("completion") or {}
+        if a.get("player") in submitted:
+            if isinstance(ca, Mapping) and ca:
+                out.extend(_usage_problems(where, a["player"], a.get("step"), ca))
+        elif (ca.get("usage") if isinstance(ca, Mapping) else None) != (cb.get("usage") if isinstance(cb, Mapping) else None):
+            out.append(f"{where}: {a['player']}'s usage at step {a['step']} is "
+                       f"{ca.get('usage') if isinstance(ca, Mapping) else ca!r} in the trajectory, the recorded "
+                       f"call says {cb.get('usage') if isinstance(cb, Mapping) else cb!r}")
     if len(rt) != len(et):
         out.append(f"{where}: the trajectory has {len(rt)} moves, the re-play {len(et)}")
+    out.extend(_compare_conversation(where, rec.get("conversation"), ep.get("conversation")))
     for key in ("returns", "rewards", "components"):
         if rec.get(key) != ep.get(key):
             out.append(f"{where}: {key} are {rec.get(key)} in the trajectory, re-scored {ep.get(key)}")
-    if rec.get("end_reason") != ep.get("end_reason"):
-        out.append(f"{where}: ended by {rec.get('end_reason')!r} in the trajectory, {ep.get('end_reason')!r} when re-played")
+    rc, ec = rec.get("costs") or {}, ep.get("costs") or {}
+    if not isinstance(rc, Mapping):
+        out.append(f"{where}: costs are {rc!r:.60} in the trajectory, not a mapping")
+    else:
+        for key in sorted(set(rc) | set(ec)):
+            if not _same(rc.get(key), ec.get(key)):
+                out.append(f"{where}: costs.{key} is {rc.get(key)!r} in the trajectory, re-played "
+                           f"{ec.get(key)!r} (the sum of the recorded calls' usage)")
+    for key in ("end_reason", "terminated", "truncated"):
+        if rec.get(key) != ep.get(key):
+            out.append(f"{where}: {key} is {rec.get(key)!r} in the trajectory, {ep.get(key)!r} when re-played")
+    return out
+
+
+def _compare_conversation(where: str, rec: Any, ep: Any) -> list[str]:
+    """The recorded conversation (what the trajectory viewer and the hidden-goal panel show)
+    against the re-played one, message by message and field by field."""
+    rm = (rec or {}).get("messages") if isinstance(rec, Mapping) else None
+    em = (ep or {}).get("messages") or []
+    if not isinstance(rm, list):
+        return [f"{where}: conversation has no message list in the trajectory"]
+    out = []
+    for i, (a, b) in enumerate(zip(rm, em)):
+        if not isinstance(a, Mapping):
+            return [f"{where}: conversation message {i} is not a message ({a!r:.60})"]
+        for f in _MESSAGE_FIELDS:
+            if a.get(f) != b.get(f):
+                out.append(f"{where}: conversation message {i} ({b.get('author') or b.get('role')}): {f} is "
+                           f"{str(a.get(f))[:60]!r} in the trajectory, {str(b.get(f))[:60]!r} when re-played")
+                if len(out) >= 5:
+                    return out
+    if len(rm) != len(em):
+        out.append(f"{where}: conversation has {len(rm)} messages in the trajectory, {len(em)} when re-played")
+    if (rec or {}).get("viewer") != (ep or {}).get("viewer"):
+        out.append(f"{where}: conversation viewer is {(rec or {}).get('viewer')!r} in the trajectory, "
+                   f"{(ep or {}).get('viewer')!r} when re-played")
     return out
 
 
@@ -185,12 +267,38 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
         v.problems.append(f"files: {', '.join(links[:5])} is a symbolic link; a submission holds plain "
                           "files only (copy the file into the folder)")
         return v
+    # The integrity digest covers every file: only the known files, each of them hashed.
+    known = {name: key for key, name in SUBMISSION_FILES.items()}
+    stray = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                   if p.name != SUBMISSION_FILE and p.relative_to(folder).as_posix() not in known)
+    if stray:
+        v.problems.append(f"files: {', '.join(stray[:5])} is not a submission file; a submission folder holds "
+                          f"only {SUBMISSION_FILE} and {', '.join(sorted(known))} (remove the others)")
+        return v
+    big = [p.name for p in folder.iterdir() if p.is_file() and p.stat().st_size > MAX_FILE_BYTES]
+    if big:
+        v.problems.append(f"files: {', '.join(big)} is larger than {MAX_FILE_BYTES >> 20} MiB; refused unread")
+        return v
     traj = folder / TRAJECTORIES_FILE
     if not traj.is_file():
         v.problems.append(f"files: {traj} is missing")
         return v
-    recorded_sha = (sub.get("files", {}).get("trajectories") or {}).get("sha256")
-    traj_changed = recorded_sha != file_sha256(traj)
+    recorded = dict(sub.get("files") or {})
+    if sub.get("cache") and "cache" not in recorded:  # submissions before the files block hashed every file
+        recorded["cache"] = {"file": CACHE_FILE, "sha256": (sub.get("cache") or {}).get("sha256")}
+    changed = set()
+    for name, key in known.items():
+        f = folder / name
+        want = (recorded.get(key) or {}).get("sha256") if isinstance(recorded.get(key), Mapping) else None
+        if f.is_file() and want is None:
+            v.problems.append(f"files: {name} is in the folder but not hashed in {SUBMISSION_FILE}")
+        elif f.is_file() and want != file_sha256(f):
+            changed.add(key)
+        elif not f.is_file() and want is not None:
+            v.problems.append(f"files: {name} is hashed in {SUBMISSION_FILE} but missing")
+    if v.problems:
+        return v
+    traj_changed = "trajectories" in changed
     cache_path = folder / CACHE_FILE
     cache_info = sub.get("cache")
     needs_cache = t.judge is not None or any("simulator" in h for h in t.players.values())
@@ -198,9 +306,12 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
         if not cache_info or not cache_path.is_file():
             v.problems.append(f"files: track {t.id} records model calls, but the submission has no {CACHE_FILE}")
             return v
-        if cache_info.get("sha256") != file_sha256(cache_path):
+        if "cache" in changed or cache_info.get("sha256") != file_sha256(cache_path):
             v.problems.append(f"files: {CACHE_FILE} is not the file recorded in submission.json (SHA-256 differs): "
                               "a recorded call was changed")
+    if "failures" in changed:
+        v.problems.append(f"files: {SUBMISSION_FILES['failures']} is not the file recorded in "
+                          "submission.json (SHA-256 differs)")
     data = []
     if t.data:
         from collab_env.leaderboard.submission import data_file_digests as digest
@@ -304,7 +415,7 @@ async def _replay_all(t: Track, sub: Mapping[str, Any], by_id: Mapping[int, Mapp
         for k in sorted(by_id):
             rec = by_id[k]
             where = f"episode {k} (seed {rec.get('seed')}, task {rec.get('index')})"
-            moves = {p: RecordedMoves(p, [m.get("text", "") for m in rec.get("turns", []) if m.get("player") == p])
+            moves = {p: RecordedMoves(p, [m for m in rec.get("turns", []) if m.get("player") == p])
                      for p in t.submitted}
             env = make(t.env_id, **env_kwargs)
             try:
@@ -322,7 +433,7 @@ async def _replay_all(t: Track, sub: Mapping[str, Any], by_id: Mapping[int, Mapp
                 continue
             finally:
                 env.close()
-            problems.extend(_compare(k, rec, ep.to_dict()))
+            problems.extend(_compare(k, rec, ep.to_dict(), t.submitted))
     finally:
         fp.close()
     return problems
