@@ -393,7 +393,8 @@ def _cmd_leaderboard(args: argparse.Namespace, out: TextIO) -> int:
     if args.lb_command == "verify":
         from collab_env.leaderboard.verify import verify_submission
 
-        v = verify_submission(args.submission, track=args.track, data_files=args.data_files)
+        v = verify_submission(args.submission, track=args.track, data_files=args.data_files,
+                              regenerate=args.regenerate, full=args.full)
         print(v.report(), file=out)
         return 0 if v.ok else 1
     # build
@@ -611,6 +612,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("submission", help="submission folder")
     v.add_argument("--track", help="track file to check against (default: the registered track it names)")
     v.add_argument("--data-files", nargs="+", metavar="F", help="the track's data files (tracks on data)")
+    v.add_argument("--regenerate", type=int, metavar="N",
+                   help="on tracks with an LLM user or judge: regenerate N random episodes with the track's own "
+                        "pinned models (default 2)")
+    v.add_argument("--full", action="store_true", help="regenerate every episode with the track's own models")
     b = lb.add_parser("build", help="write the static HTML page of a folder of submissions")
     b.add_argument("directory", help="folder of submission folders (e.g. benchmarks/leaderboard)")
     b.add_argument("--out", help="HTML file (default DIRECTORY/index.html)")

@@ -215,12 +215,19 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
     comparisons = []
     for tid in dict.fromkeys(e["track"] for e in entries):
         t = tracks[tid]
-        ranked = sorted((e for e in entries if e["track"] == tid and "reward" in e["metrics"]),
+        # An entry that failed verification is not compared: its records may not pair with the
+        # track's episodes, and it is already listed with its problems.
+        ranked = sorted((e for e in entries if e["track"] == tid and "reward" in e["metrics"]
+                         and not e.get("failed") and (e["verified"] or not verify)),
                         key=lambda e: -e["metrics"]["reward"]["mean"])
         for a, b in zip(ranked, ranked[1:]):
-            c = paired_comparison(records_of[a["id"]], records_of[b["id"]], submitted=t.submitted,
-                                  threshold=t.success_threshold, metric="reward", seed=seed,
-                                  num_boot=num_boot or NUM_BOOT)
+            try:
+                c = paired_comparison(records_of[a["id"]], records_of[b["id"]], submitted=t.submitted,
+                                      threshold=t.success_threshold, metric="reward", seed=seed,
+                                      num_boot=num_boot or NUM_BOOT)
+            except Exception as exc:  # noqa: BLE001 - never breaks the build
+                say(f"{tid}: {a['id']} vs {b['id']} not compared ({type(exc).__name__}: {exc})"[:200])
+                continue
             if c["n"]:
                 comparisons.append({"track": tid, "a": a["id"], "b": b["id"], "metric": "reward",
                                     "diff": c["diff"], "lo": c["lo"], "hi": c["hi"], "n": c["n"],

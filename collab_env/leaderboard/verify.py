@@ -16,6 +16,23 @@
 4. compares the re-played episode with the recorded one: every move's text, every reward and
    reward component, the returns and the end reason; then the submission's aggregate numbers.
 
+5. on a track with an LLM user or judge, **regenerates** a random sample of episodes
+   (:data:`REGENERATE_SAMPLE`, ``full=True`` for all; the draw is the verifier's, not the
+   submitter's) with the track's *own* pinned models, every call compared: the recorded calls are
+   the submitter's file, and a reply the track's simulator never wrote, edited into both the
+   cache and the trajectory, would otherwise replay cleanly. API tracks are replayed only (an
+   API model's replies cannot be reproduced bit for bit); the report says so.
+
+What a digest proves and what only the replay proves
+    The SHA-256 of every file in ``submission.json`` (``"files"``; only the known files may be
+    in the folder, no links, none over :data:`~collab_env.leaderboard.submission.MAX_FILE_BYTES`)
+    proves only that the files are the ones the submission.json names: anyone who edits a file
+    can rewrite its digest. That the numbers follow from the moves is proved by the replay (every
+    move, reward, message of the shown conversation, per-call usage and cost re-derived, named by
+    episode and field); that the track's players said what they are recorded saying, by the
+    regeneration, for the episodes it draws. A submitted policy's own usage is self-reported,
+    except that token counts must equal the recorded token ids.
+
 It returns a :class:`Verification` listing every problem with the episode it concerns and why;
 ``ok`` is true only when there is none. The CLI prints them and exits 1.
 """
@@ -45,7 +62,7 @@ from collab_env.leaderboard.submission import (
 )
 from collab_env.leaderboard.tracks import Track, get_track
 
-__all__ = ["Verification", "verify_submission", "RecordedMoves"]
+__all__ = ["Verification", "verify_submission", "RecordedMoves", "REGENERATE_SAMPLE"]
 
 
 @dataclass
@@ -63,6 +80,8 @@ class Verification:
     track: str
     episodes: int = 0
     problems: list[str] = field(default_factory=list)
+    regenerated: list[int] = field(default_factory=list)
+    regeneration: str = ""
 
     @property
     def ok(self) -> bool:
@@ -72,7 +91,8 @@ class Verification:
     def report(self) -> str:
         """Human-readable verdict."""
         if self.ok:
-            return f"{self.submission}: verified ({self.episodes} episodes of {self.track} re-played, every score matches)."
+            return (f"{self.submission}: verified ({self.episodes} episodes of {self.track} re-played, every score "
+                    f"matches{'; ' + self.regeneration if self.regeneration else ''}).")
         lines = [f"{self.submission}: REJECTED, {len(self.problems)} problem(s):"]
         lines += [f"  - {p}" for p in self.problems[:50]]
         if len(self.problems) > 50:
@@ -145,7 +165,13 @@ def _usage_problems(where: str, player: str, step: Any, comp: Mapping[str, Any])
     return out
 
 
-def _compare(k: int, rec: Mapping[str, Any], ep: Mapping[str, Any], submitted: Sequence[str] = ()) -> list[str]:
+#: Usage counts that depend on how calls were batched (a batched call's ``model_calls`` is its
+#: share of the batch), not on what was generated: not compared when regenerating.
+_BATCH_DEPENDENT = ("model_calls",)
+
+
+def _compare(k: int, rec: Mapping[str, Any], ep: Mapping[str, Any], submitted: Sequence[str] = (),
+             ignore: Sequence[str] = ()) -> list[str]:
     """Differences between a recorded episode and its re-play, as problems of episode ``k``, each
     naming the field: every move (player, step, text, reward, components, usage), every message
     of the conversation the page shows, the returns, rewards, components, costs and end reason."""
@@ -172,7 +198,8 @@ def _compare(k: int, rec: Mapping[str, Any], ep: Mapping[str, Any], submitted: S
         if a.get("player") in submitted:
             if isinstance(ca, Mapping) and ca:
                 out.extend(_usage_problems(where, a["player"], a.get("step"), ca))
-        elif (ca.get("usage") if isinstance(ca, Mapping) else None) != (cb.get("usage") if isinstance(cb, Mapping) else None):
+        elif _without(ca.get("usage") if isinstance(ca, Mapping) else None, ignore) != \
+                _without(cb.get("usage") if isinstance(cb, Mapping) else None, ignore):
             out.append(f"{where}: {a['player']}'s usage at step {a['step']} is "
                        f"{ca.get('usage') if isinstance(ca, Mapping) else ca!r} in the trajectory, the recorded "
                        f"call says {cb.get('usage') if isinstance(cb, Mapping) else cb!r}")
@@ -186,7 +213,7 @@ def _compare(k: int, rec: Mapping[str, Any], ep: Mapping[str, Any], submitted: S
     if not isinstance(rc, Mapping):
         out.append(f"{where}: costs are {rc!r:.60} in the trajectory, not a mapping")
     else:
-        for key in sorted(set(rc) | set(ec)):
+        for key in sorted((set(rc) | set(ec)) - set(ignore)):
             if not _same(rc.get(key), ec.get(key)):
                 out.append(f"{where}: costs.{key} is {rc.get(key)!r} in the trajectory, re-played "
                            f"{ec.get(key)!r} (the sum of the recorded calls' usage)")
@@ -194,6 +221,10 @@ def _compare(k: int, rec: Mapping[str, Any], ep: Mapping[str, Any], submitted: S
         if rec.get(key) != ep.get(key):
             out.append(f"{where}: {key} is {rec.get(key)!r} in the trajectory, {ep.get(key)!r} when re-played")
     return out
+
+
+def _without(usage: Any, keys: Sequence[str]) -> Any:
+    return {k: v for k, v in usage.items() if k not in keys} if isinstance(usage, Mapping) else usage
 
 
 def _compare_conversation(where: str, rec: Any, ep: Any) -> list[str]:
@@ -221,8 +252,14 @@ def _compare_conversation(where: str, rec: Any, ep: Any) -> list[str]:
     return out
 
 
+#: Episodes whose track calls (user simulator, judge) :func:`verify_submission` regenerates
+#: with the track's pinned models by default; ``full=True`` regenerates all of them.
+REGENERATE_SAMPLE = 2
+
+
 def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | None = None,
-                      data_files: Sequence[str] | None = None) -> Verification:
+                      data_files: Sequence[str] | None = None, regenerate: int | None = None,
+                      full: bool = False, sample_seed: int | None = None) -> Verification:
     """Re-score a submission offline and replay its recorded calls (see the module docstring).
 
     Args:
@@ -230,6 +267,12 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
         track: The track to check against (default: the registered track the submission names;
             pass a track file for tracks outside the package).
         data_files: The track's data files, for tracks on data.
+        regenerate: On a track with an LLM user or judge, how many episodes (drawn at random)
+            are played again with the track's *own* pinned models instead of the submission's
+            recorded calls, every call compared (default :data:`REGENERATE_SAMPLE`; 0: none).
+        full: Regenerate every episode.
+        sample_seed: Seed of the draw (default: drawn from the system, so a submitter cannot
+            know which episodes are regenerated).
 
     Returns:
         The :class:`Verification` (``ok`` or the problems).
@@ -359,15 +402,32 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
         v.problems.append("kind: tasks are omitted or failed, so the entry cannot be standard")
     # The track, not the submission, says how many episodes a standard entry plays.
     track_full = t.episodes if t.episodes is not None else (tasks * t.trials if isinstance(tasks, int) else None)
-    full = (sub.get("episodes") or {}).get("full")
-    if sub.get("kind") == "standard" and track_full is not None and (requested != track_full or full != track_full):
+    claimed_full = (sub.get("episodes") or {}).get("full")
+    if sub.get("kind") == "standard" and track_full is not None and (requested != track_full or claimed_full != track_full):
         v.problems.append(f"kind: a standard entry on {t.id} plays the track's {track_full} episodes "
                           f"({tasks} tasks x {t.trials} trials); this one records requested {requested}, "
-                          f"full {full}")
+                          f"full {claimed_full}")
     # 3-4. Re-play every episode.
     problems = asyncio.run(_replay_all(t, sub, by_id, cache_path if needs_cache else None, data_files))
     v.problems.extend(problems)
     v.episodes = len(by_id)
+    # The track's own players, regenerated: the recorded calls are the submitter's file, so a
+    # reply the track's simulator never wrote could have been edited into both the cache and the
+    # trajectory. Played again from the pinned models, such an episode differs.
+    if needs_cache:
+        n_regen = len(by_id) if full else min(len(by_id), REGENERATE_SAMPLE if regenerate is None else max(0, regenerate))
+        if t.kind == "api":
+            v.regeneration = ("calls replayed, not regenerated: the track's simulator or judge is an API model, "
+                              "whose replies cannot be reproduced bit for bit")
+        elif n_regen:
+            import random
+
+            rng = random.Random(sample_seed) if sample_seed is not None else random.SystemRandom()
+            v.regenerated = sorted(rng.sample(sorted(by_id), n_regen))
+            v.problems.extend(asyncio.run(_replay_all(t, sub, {k: by_id[k] for k in v.regenerated}, None,
+                                                      data_files, regenerate=True)))
+            v.regeneration = (f"{n_regen} of {len(by_id)} episodes regenerated with the track's own "
+                              f"{'models' if t.judge is not None else 'user simulator'}, every call compared")
     # Aggregates of submission.json against the trajectories.
     usage = {"model_calls": 0.0, "prompt_tokens": 0.0, "completion_tokens": 0.0, "cost": 0.0}
     sim = 0
@@ -399,14 +459,31 @@ def _cause(exc: BaseException, kind: type[BaseException]) -> BaseException | Non
 
 
 async def _replay_all(t: Track, sub: Mapping[str, Any], by_id: Mapping[int, Mapping[str, Any]],
-                      cache_path: Path | None, data_files: Sequence[str] | None) -> list[str]:
+                      cache_path: Path | None, data_files: Sequence[str] | None, *,
+                      regenerate: bool = False) -> list[str]:
+    """Re-play the episodes ``by_id``: the track's players from the submission's recorded calls
+    (``cache_path``), or, with ``regenerate``, from the track's pinned models themselves (their
+    calls go to a scratch cache that is thrown away)."""
+    import tempfile
+
     from collab_env.compose import make
     from collab_env.rollout import arun_episode
 
     problems: list[str] = []
     backends = (sub.get("cache") or {}).get("backends") or {}
-    fp = fixed_players(t, cache_path, mode="replay", backends=backends) if cache_path is not None else \
-        fixed_players(t, None)
+    scratch = None
+    if regenerate:
+        scratch = tempfile.TemporaryDirectory(prefix="collab-env-regenerate-")
+        try:
+            fp = fixed_players(t, Path(scratch.name) / CACHE_FILE, mode="record")
+        except Exception as exc:  # noqa: BLE001 - a model that cannot be loaded is a problem, not a crash
+            scratch.cleanup()
+            return [f"regenerate: the track's pinned models could not be loaded ({type(exc).__name__}: {exc}); "
+                    "verify on a machine that has them"]
+    elif cache_path is not None:
+        fp = fixed_players(t, cache_path, mode="replay", backends=backends)
+    else:
+        fp = fixed_players(t, None)
     env_kwargs = {**dict(t.env_kwargs), **fp.env_kwargs}
     if data_files:
         env_kwargs["data_files"] = list(data_files) if len(data_files) > 1 else data_files[0]
@@ -433,7 +510,13 @@ async def _replay_all(t: Track, sub: Mapping[str, Any], by_id: Mapping[int, Mapp
                 continue
             finally:
                 env.close()
-            problems.extend(_compare(k, rec, ep.to_dict(), t.submitted))
+            found = _compare(k, rec, ep.to_dict(), t.submitted, _BATCH_DEPENDENT if regenerate else ())
+            if regenerate:
+                found = [f"{p} (regenerated with the track's own pinned models: the recorded call is not what "
+                         "the track's model writes)" for p in found]
+            problems.extend(found)
     finally:
         fp.close()
+        if scratch is not None:
+            scratch.cleanup()
     return problems
