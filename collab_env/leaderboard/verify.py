@@ -312,8 +312,8 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
         return v
     # The integrity digest covers every file: only the known files, each of them hashed.
     known = {name: key for key, name in SUBMISSION_FILES.items()}
-    stray = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
-                   if p.name != SUBMISSION_FILE and p.relative_to(folder).as_posix() not in known)
+    stray = sorted(rel for rel in (p.relative_to(folder).as_posix() for p in folder.rglob("*"))
+                   if rel != SUBMISSION_FILE and rel not in known)
     if stray:
         v.problems.append(f"files: {', '.join(stray[:5])} is not a submission file; a submission folder holds "
                           f"only {SUBMISSION_FILE} and {', '.join(sorted(known))} (remove the others)")
@@ -329,15 +329,15 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
     recorded = dict(sub.get("files") or {})
     if sub.get("cache") and "cache" not in recorded:  # submissions before the files block hashed every file
         recorded["cache"] = {"file": CACHE_FILE, "sha256": (sub.get("cache") or {}).get("sha256")}
+    actual = {key: file_sha256(folder / name) for name, key in known.items() if (folder / name).is_file()}
     changed = set()
     for name, key in known.items():
-        f = folder / name
         want = (recorded.get(key) or {}).get("sha256") if isinstance(recorded.get(key), Mapping) else None
-        if f.is_file() and want is None:
+        if key in actual and want is None:
             v.problems.append(f"files: {name} is in the folder but not hashed in {SUBMISSION_FILE}")
-        elif f.is_file() and want != file_sha256(f):
+        elif key in actual and want != actual[key]:
             changed.add(key)
-        elif not f.is_file() and want is not None:
+        elif key not in actual and want is not None:
             v.problems.append(f"files: {name} is hashed in {SUBMISSION_FILE} but missing")
     if v.problems:
         return v
@@ -349,7 +349,7 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
         if not cache_info or not cache_path.is_file():
             v.problems.append(f"files: track {t.id} records model calls, but the submission has no {CACHE_FILE}")
             return v
-        if "cache" in changed or cache_info.get("sha256") != file_sha256(cache_path):
+        if "cache" in changed or cache_info.get("sha256") != actual["cache"]:
             v.problems.append(f"files: {CACHE_FILE} is not the file recorded in submission.json (SHA-256 differs): "
                               "a recorded call was changed")
     if "failures" in changed:
