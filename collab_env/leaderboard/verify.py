@@ -407,8 +407,12 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
         v.problems.append(f"kind: a standard entry on {t.id} plays the track's {track_full} episodes "
                           f"({tasks} tasks x {t.trials} trials); this one records requested {requested}, "
                           f"full {claimed_full}")
-    # 3-4. Re-play every episode.
-    problems = asyncio.run(_replay_all(t, sub, by_id, cache_path if needs_cache else None, data_files))
+    # 3-4. Re-play every episode. A program recorded in several trials of a task is scored once
+    # (the verdict is a function of the program and the trusted tests).
+    from collab_env.sandbox.harness import reuse_test_results
+
+    with reuse_test_results():
+        problems = asyncio.run(_replay_all(t, sub, by_id, cache_path if needs_cache else None, data_files))
     v.problems.extend(problems)
     v.episodes = len(by_id)
     # The track's own players, regenerated: the recorded calls are the submitter's file, so a

@@ -59,11 +59,14 @@ from __future__ import annotations
 import ast
 import asyncio
 import builtins
+import contextlib
+import contextvars
 import dataclasses
+import hashlib
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Literal
 
 from collab_env.errors import ConfigError, SandboxError
@@ -75,6 +78,7 @@ __all__ = [
     "TestRunResult",
     "run_tests",
     "arun_tests",
+    "reuse_test_results",
     "find_unittest_methods",
     "test_style",
     "prompt_prelude",
@@ -871,12 +875,43 @@ def run_tests(
         raise ConfigError(f"limits must be a SandboxLimits, got {type(limits).__name__}.")
     if style == "auto":
         style = test_style(tests)
+    memo = _MEMO.get()
+    key = None
+    if memo is not None:
+        key = hashlib.sha256(repr((code, seq, entry_point, style, prelude, limits, max_timeouts)).encode(
+            "utf-8", "surrogatepass")).hexdigest()
+        if key in memo:
+            return memo[key]
     start = time.monotonic()
     if style == "unittest":
         if len(seq) != 1:
             raise ConfigError("unittest tests are one module text, not a sequence.")
-        return _run_unittest(code, seq[0], limits, start)
-    return _run_calls(code, seq, entry_point, prelude, limits, max_timeouts, start)
+        result = _run_unittest(code, seq[0], limits, start)
+    else:
+        result = _run_calls(code, seq, entry_point, prelude, limits, max_timeouts, start)
+    if memo is not None:
+        memo[key] = result
+    return result
+
+
+#: The results of :func:`run_tests` kept inside :func:`reuse_test_results` (``None`` outside).
+_MEMO: contextvars.ContextVar[dict[str, TestRunResult] | None] = contextvars.ContextVar("run_tests_memo", default=None)
+
+
+@contextlib.contextmanager
+def reuse_test_results() -> Iterator[dict[str, TestRunResult]]:
+    """Inside this block, :func:`run_tests` runs each distinct (code, tests, limits...) once and
+    answers a repeat with the first result (threads started inside, such as :func:`arun_tests`,
+    share it). For re-scoring recorded programs, where the same program recurs across trials
+    (``leaderboard verify`` re-plays every trial of a task): a verdict is a function of the
+    program and the trusted tests, so a repeat is the same verdict, minus the sandbox runs. Not
+    for training, where a program whose behaviour is random should be run each time. An error
+    (``SandboxError``) is never kept: the next repeat runs again."""
+    token = _MEMO.set({} if _MEMO.get() is None else _MEMO.get())
+    try:
+        yield _MEMO.get()  # type: ignore[misc]
+    finally:
+        _MEMO.reset(token)
 
 
 async def arun_tests(code: str, tests: str | Sequence[str], **kwargs) -> TestRunResult:

