@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from collab_env.leaderboard.stats import entry_statistics, paired_comparison
+from collab_env.leaderboard.stats import entry_statistics, noise_statistics, paired_comparison
 from collab_env.leaderboard.submission import (
     SUBMISSION_FILE,
     TRAJECTORIES_FILE,
@@ -41,7 +41,8 @@ from collab_env.leaderboard.submission import (
 )
 from collab_env.leaderboard.tracks import Track, builtin_tracks, get_track, track_status
 
-__all__ = ["board_data", "entry_row_text", "track_row", "board_trajectory", "verification_key", "MAX_TRAJECTORIES", "STAMPS_FILE"]
+__all__ = ["board_data", "entry_row_text", "track_row", "board_trajectory", "verification_key", "simulator_identity",
+           "MAX_TRAJECTORIES", "STAMPS_FILE"]
 
 #: The verdicts of earlier builds, in the board's folder (see the module docstring).
 STAMPS_FILE = ".verified.json"
@@ -50,14 +51,60 @@ STAMPS_FILE = ".verified.json"
 MAX_TRAJECTORIES = 12
 
 
+def _backend_identity(backend: str) -> str:
+    if backend == "embedded":
+        from collab_env.agents.embedded import embedded_weights_identity
+        from collab_env.errors import MissingDependencyError
+
+        try:
+            return f"embedded {embedded_weights_identity()}"
+        except MissingDependencyError:
+            return "embedded SmolLM2-135M-Instruct (its weights are not installed where this board was built)"
+    if backend.startswith("litellm:"):
+        return f"{backend.split(':', 1)[1]} via litellm (an API model: the version the provider served)"
+    return backend
+
+
+def _settings(how: Mapping[str, Any]) -> str:
+    parts = [f"{k}={v}" for k, v in sorted((how.get("sampling") or {}).items())]
+    parts += [f"{k}={v}" for k, v in sorted((how.get("options") or {}).items())]
+    return ", ".join(parts)
+
+
+def simulator_identity(t: Track) -> dict[str, str | None]:
+    """The pinned identity of a track's fixed players and judge, as shown on every row of it:
+    ``{"user": ..., "judge": ...}``. A scripted player is named with the collab_env version
+    that defines it; an LLM one with its model (the embedded model by the SHA-256 of its
+    weights file), its sampling and its options; ``judge`` is ``None`` on a rule-scored track.
+    Entries are ranked and compared only against entries with the same identity."""
+    import collab_env
+
+    players = []
+    for p, how in sorted(t.players.items()):
+        if "policy" in how:
+            players.append(f"{p}: {how['policy']} (scripted, collab_env {collab_env.__version__})")
+        else:
+            settings = _settings(how)
+            players.append(f"{p}: {how.get('simulator', 'llm-user')} on {_backend_identity(str(how['backend']))}"
+                           + (f"; {settings}" if settings else ""))
+    judge = None
+    if t.judge is not None:
+        settings = _settings(t.judge)
+        judge = (f"{t.judge.get('reward', 'judge')} judge on {_backend_identity(str(t.judge['backend']))}"
+                 + (f"; {settings}" if settings else ""))
+    return {"user": "; ".join(players) or "none (no simulated player)", "judge": judge}
+
+
 def track_row(t: Track, tracks: Mapping[str, Track] | None = None) -> dict[str, Any]:
     """One track as a row of ``board["tracks"]``."""
+    ident = simulator_identity(t)
     return {
         "id": t.id, "env_id": t.env_id, "version": t.version,
         "status": track_status(t, tracks),
         "title": t.title, "description": t.description, "metrics": list(t.metrics), "k": t.k,
         "seeds": t.trials, "episodes": t.episodes if t.episodes is not None else 0,
         "user": t.user, "judge": t.judge_name, "kind": t.kind, "hash": t.content_hash(),
+        "user_identity": ident["user"], "judge_identity": ident["judge"],
     }
 
 
@@ -126,7 +173,8 @@ def _failed_entry(eid: str, t: Track, folder: Path, sub: Mapping[str, Any], prob
             "verified": False, "failed": True, "metrics": {}, "pass_k": {}, "cost_per_episode": None,
             "cost_unit": None, "simulator_fault_rate": 0.0, "judge_fault_rate": 0.0, "seeds": 0,
             "episodes": 0, "tasks": 0, "policies": {}, "sampling": {}, "code_version": None,
-            "custom_reasons": [], "problems": problems[:5], "path": str(folder), "trajectories": []}
+            "custom_reasons": [], "problems": problems[:5], "path": str(folder), "trajectories": [],
+            "simulator": simulator_identity(t), "trials": 0, "flip_rate": None, "flip_tasks": 0, "mdd": None}
 
 
 def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: int = 0,
@@ -151,7 +199,7 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
 
     from collab_env.leaderboard.schema import BOARD_SHAPE, check_shape
     from collab_env.leaderboard.stats import NUM_BOOT
-    from collab_env.leaderboard.verify import verify_submission
+    from collab_env.leaderboard.verify import REGENERATE_SAMPLE, verify_submission
 
     directory = Path(directory)
     stamps_path = directory / STAMPS_FILE
@@ -221,6 +269,8 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
                          and not e.get("failed") and (e["verified"] or not verify)),
                         key=lambda e: -e["metrics"]["reward"]["mean"])
         for a, b in zip(ranked, ranked[1:]):
+            if a["simulator"] != b["simulator"]:  # never ranked against another simulator or judge
+                continue
             try:
                 c = paired_comparison(records_of[a["id"]], records_of[b["id"]], submitted=t.submitted,
                                       threshold=t.success_threshold, metric="reward", seed=seed,
@@ -231,7 +281,7 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
             if c["n"]:
                 comparisons.append({"track": tid, "a": a["id"], "b": b["id"], "metric": "reward",
                                     "diff": c["diff"], "lo": c["lo"], "hi": c["hi"], "n": c["n"],
-                                    "tasks": c["tasks"]})
+                                    "tasks": c["tasks"], "distinguishable": not c["lo"] <= 0.0 <= c["hi"]})
     if verify and fresh != stamps:
         stamps_path.write_text(json.dumps(fresh, indent=1, sort_keys=True) + "\n")
     n_ok = sum(e["verified"] for e in entries)
@@ -245,6 +295,7 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
         "entries": entries,
         "comparisons": comparisons,
         "rejected": rejected,
+        "verification": {"regenerate_sample": REGENERATE_SAMPLE},
     }
 
 
@@ -258,6 +309,7 @@ def _entry(folder: Path, sub: Mapping[str, Any], t: Track, eid: str, verified: b
                if r.get("status") == "ok" and r.get("episode_id", requested) < requested]
     st = entry_statistics(records, submitted=t.submitted, threshold=t.success_threshold,
                           metrics=t.metrics, k=t.k, seed=seed, num_boot=num_boot)
+    noise = noise_statistics(records, submitted=t.submitted, threshold=t.success_threshold)
     cost = sub.get("cost") or {}
     n = max(len(records), 1)
     usd = float(cost.get("cost", 0.0) or 0.0)
@@ -280,7 +332,9 @@ def _entry(folder: Path, sub: Mapping[str, Any], t: Track, eid: str, verified: b
         "seeds": st["seeds"], "episodes": st["episodes"], "tasks": st["tasks"],
         "policies": dict(sub.get("policies") or {}), "sampling": sub.get("sampling") or {},
         "code_version": sub.get("code_version"), "custom_reasons": list(sub.get("custom_reasons") or []),
-        "problems": problems, "path": str(folder),
+        "problems": problems, "path": str(folder), "simulator": simulator_identity(t),
+        "trials": noise["trials"], "flip_rate": noise["flip_rate"], "flip_tasks": noise["flip_tasks"],
+        "mdd": noise["mdd"],
         "trajectories": [board_trajectory(r, t.submitted, t.success_threshold)
                          for r in sorted(records, key=lambda r: r["episode_id"])[:MAX_TRAJECTORIES]],
     }
@@ -302,5 +356,8 @@ def entry_row_text(folder: str | os.PathLike[str], *, seed: int = 0, num_boot: i
     cells = [f"{name} {m['mean']:.3f} [{m['lo']:.3f}, {m['hi']:.3f}] (n={m['n']})"
              for name, m in entry["metrics"].items()]
     cells += [f"pass^{k} {m['mean']:.3f} [{m['lo']:.3f}, {m['hi']:.3f}]" for k, m in entry["pass_k"].items()]
+    cells.append("flip rate " + ("-" if entry["flip_rate"] is None else f"{entry['flip_rate']:.3f} "
+                                 f"(of {entry['flip_tasks']} tasks)"))
+    cells.append("minimum detectable difference (success) " + ("-" if entry["mdd"] is None else f"{entry['mdd']:.3f}"))
     return (f"{entry['id']} ({entry['kind']}, {entry['episodes']} episodes, {entry['seeds']} trials per task): "
             + "; ".join(cells))

@@ -91,6 +91,8 @@ def render_page(data: Mapping[str, Any]) -> str:
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
         "<title>collab_env leaderboard</title>\n<style>\n", PAGE_CSS, "</style>\n</head>\n<body>\n",
         _header(board),
+        _overview(board),
+        _how_to_submit(data),
     ]
     for index, track in enumerate(board.tracks):
         parts.append(_track_section(board, index, track))
@@ -249,7 +251,12 @@ the simulated user and to the judge that failed (counted, never scored as zero).
 <b>Verified</b> entries were re-scored from their recorded calls by
 <code>collab-env leaderboard verify</code>. <b>Standard</b> entries use the track's prompts
 unmodified; <b>custom</b> ones change the agent's scaffolding. <b>Legacy</b> tracks are older
-versions kept for the record. A paired comparison is significant when its interval excludes 0.</p>
+versions kept for the record. A paired comparison says <b>not distinguishable</b> when its
+interval includes 0. <b>Noise</b>: trials per task; the <b>flip rate</b>, the share of tasks whose
+verdict differs across the entry's trials; and the <b>MDD</b>, the minimum detectable difference:
+the gap in success rate that a comparison with an entry of the same noise detects (level 0.05,
+power 0.8). Each row names the user simulator and judge it was verified against (model, weights
+digest, sampling); entries are only compared on the same ones.</p>
 <p>Click a column header to sort by it (again to reverse). The tables, plots and trajectories
 need no JavaScript.</p>
 </details>
@@ -261,6 +268,76 @@ need no JavaScript.</p>
 <nav><ol>{nav}</ol></nav>
 </header>
 <main>
+"""
+
+
+def _overview(board: _Board) -> str:
+    """Model x track: each current track with entries is a row, each model a column (the
+    scripted references share one), each cell the entries' first metric with its interval and
+    verdict, linked to the track's section. Tracks are never ranked against each other."""
+    shown = [(i, t) for i, t in enumerate(board.tracks)
+             if t["status"] == "current" and board.entries[str(t["id"])]]
+    if not shown:
+        return ""
+    refs = "scripted references"
+    models: list[str] = []
+    for _, t in shown:
+        for e in board.entries[str(t["id"])]:
+            m = refs if is_reference(e) else str(e["model"])
+            if m not in models:
+                models.append(m)
+    models.sort(key=lambda m: m != refs)  # the references first: the range each track spans
+    head = "".join(f'<th scope="col">{_e(m)}</th>' for m in models)
+    rows = []
+    for i, t in shown:
+        metric = str(t["metrics"][0])
+        cells = []
+        for m in models:
+            items = []
+            for e in board.entries[str(t["id"])]:
+                if (refs if is_reference(e) else str(e["model"])) != m:
+                    continue
+                ci = e["metrics"].get(metric)
+                value = (f"{ci['mean']:.3f} <small>[{ci['lo']:.3f}, {ci['hi']:.3f}]</small>" if ci
+                         else _DASH)
+                mark = ('<span class="ok" title="verified">&#10003;</span>' if e["verified"] and not e.get("failed")
+                        else '<span class="warn" title="not verified">&#10007;</span>')
+                items.append(f'<div class="{_kind_class(e)}"><a href="#{_ids("track", i)}">{_e(e["name"])}</a> '
+                             f'{value} {mark}</div>')
+            cells.append(f'<td>{"".join(items) or _DASH}</td>')
+        rows.append(f'<tr data-track="{_e(t["id"])}"><th scope="row"><a href="#{_ids("track", i)}">'
+                    f'{_e(t["title"])}</a><br><small>{_e(t["id"])} &middot; {_e(metric)}</small></th>'
+                    + "".join(cells) + "</tr>\n")
+    return (f'<section id="overview">\n<h2>Overview</h2>\n<p>Each current track\'s first metric '
+            f"(mean [95% CI over tasks]) for every entry, by model; &#10003; verified by re-play. "
+            f"<b>Scripted references</b> are hand-written programs, not models: they show the range a "
+            f"track spans (the best a policy that asks can do, what answering at once gets). Tracks "
+            f"measure different things and are never ranked against each other.</p>\n"
+            f'<div class="scroll"><table class="overview"><thead><tr><th scope="col">track</th>{head}'
+            f"</tr></thead>\n<tbody>\n{''.join(rows)}</tbody></table></div>\n</section>\n")
+
+
+def _how_to_submit(data: Mapping[str, Any]) -> str:
+    sample = (data.get("verification") or {}).get("regenerate_sample")
+    regen = (f"On a track with an LLM user or judge, a random sample of {int(sample)} episodes per entry "
+             "is regenerated with the track's pinned models, every call compared "
+             "(<code>--full</code> regenerates all of them); the rest are re-played from the "
+             "recorded calls." if isinstance(sample, int) else "")
+    return f"""<section id="submit">
+<h2>How to submit</h2>
+<ol class="commands">
+<li>Play the track's episodes with your policy (every seat the track submits):
+<pre>collab-env leaderboard run hidden-facts-easy@v2 --policy assistant=hf:PATH/TO/MODEL \\
+    --name "my model" --model "what it is" --out benchmarks/leaderboard/hidden-facts-easy/v2/my-model</pre></li>
+<li>Check it as the board will (re-plays every episode and compares every shown field):
+<pre>collab-env leaderboard verify benchmarks/leaderboard/hidden-facts-easy/v2/my-model</pre></li>
+<li>Build the page, then open a pull request with the folder:
+<pre>collab-env leaderboard build benchmarks/leaderboard --out page.html</pre></li>
+</ol>
+<p>A <b>standard</b> entry plays every episode the track fixes (tasks &times; trials) with the
+track's prompts. {regen} Each row carries its noise: trials per task, the flip rate (tasks whose
+verdict differs across trials) and the minimum detectable difference of its success rate.</p>
+</section>
 """
 
 
@@ -306,70 +383,96 @@ def _pass_ks(track: Mapping[str, Any]) -> list[str]:
     return [str(k) for k in range(1, int(track["k"]) + 1)]
 
 
+def _verdict(entry: Mapping[str, Any]) -> str:
+    problems = [str(x) for x in entry.get("problems") or []]
+    if entry.get("failed"):
+        return (f'<span class="warn" title="{_e("; ".join(problems))}">failed: '
+                f'{_e(problems[-1][:160] if problems else "unreadable")}</span>')
+    if entry["verified"]:
+        return '<span class="ok" title="verified">verified</span>'
+    return (f'<span class="warn" title="{_e("; ".join(problems) or "not verified")}">unverified'
+            f'{": " + _e(problems[0][:160]) if problems else ""}</span>')
+
+
+def is_reference(entry: Mapping[str, Any]) -> bool:
+    """A scripted reference (its ``model`` says so): a baseline that shows the range a track
+    spans, not a model."""
+    return str(entry.get("model", "")).lower().startswith("scripted reference")
+
+
+def _ci_cell(ci: Mapping[str, Any] | None, note: str) -> str:
+    if ci is None:
+        return f'<td class="num" data-value="">{_DASH}</td>'
+    return (f'<td class="num" data-value="{float(ci["mean"])!r}"><b>{ci["mean"]:.3f}</b> '
+            f'<small class="ci">[{ci["lo"]:.3f}, {ci["hi"]:.3f}]</small>'
+            f'<small class="n">{_e(note)}</small></td>')
+
+
+def _noise_cell(entry: Mapping[str, Any]) -> str:
+    flip, mdd = entry.get("flip_rate"), entry.get("mdd")
+    flip_text = (f"flip {_percent(float(flip))} of {_count(entry.get('flip_tasks', 0))} tasks"
+                 if flip is not None else "flip: one trial per task")
+    mdd_text = f"MDD {float(mdd):.3f}" if mdd is not None else f"MDD {_DASH}"
+    return (f'<td class="num noise" data-value="{"" if mdd is None else repr(float(mdd))}">'
+            f'{_e(_count(entry.get("trials", entry["seeds"])))} trials<small class="n">{_e(flip_text)}</small>'
+            f'<small class="n">{_e(mdd_text)}</small></td>')
+
+
+def _simulator_cell(entry: Mapping[str, Any]) -> str:
+    ident = entry.get("simulator") or {}
+    user, judge = ident.get("user"), ident.get("judge")
+    faults = (f"faults: user {_percent(float(entry['simulator_fault_rate']))}, judge "
+              f"{_percent(float(entry['judge_fault_rate']))} of {_count(entry['episodes'])} ep")
+    lines = [f'<span class="ident">{_e(user) if user else _DASH}</span>']
+    if judge:
+        lines.append(f'<span class="ident">judge: {_e(judge)}</span>')
+    lines.append(f'<small class="n">{_e(faults)}</small>')
+    return f'<td class="sim">{"".join(lines)}</td>'
+
+
 def _table(board: _Board, index: int, track: Mapping[str, Any],
            entries: Sequence[Mapping[str, Any]]) -> str:
     metrics = [str(m) for m in track["metrics"]]
     ks = _pass_ks(track)
     # (label, sort type); "num" columns sort best-first on the first click.
-    heads = [("#", "num"), ("entry", "text"), ("model", "text")]
-    heads += [(m, "num") for m in metrics] + [(f"pass^{k}", "num") for k in ks]
-    heads += [("cost / episode", "num"), ("simulator faults", "num"), ("judge faults", "num"),
-              ("seeds", "num"), ("episodes", "num"), ("trajectories", "")]
-    ci_cols = set(metrics) | {f"pass^{k}" for k in ks}
+    heads = [("#", "num", ""), ("entry", "text", "")]
+    heads += [(m, "num", "mean [95% CI]") for m in metrics]
+    heads += [(f"pass^1..{ks[-1]}", "num", f"sorts by pass^{ks[-1]}"),
+              ("noise", "num", "trials, flip rate, MDD"), ("cost / episode", "num", ""),
+              ("user simulator / judge", "", "pinned identity, faults")]
     head_html = "".join(
         f'<th scope="col"{f" data-type={t}" if t else ""}>{_e(label)}'
-        f'{"<br><small>mean [95% CI]</small>" if label in ci_cols else ""}</th>'
-        for label, t in heads)
+        f'{f"<br><small>{_e(sub)}</small>" if sub else ""}</th>'
+        for label, t, sub in heads)
     rows = []
     for rank, entry in enumerate(entries, start=1):
         cells = [f'<td data-value="{rank}">{rank}</td>']
-        problems = [str(x) for x in entry.get("problems") or []]
-        if entry.get("failed"):
-            verified = (f'<span class="warn" title="{_e("; ".join(problems))}">failed: '
-                        f'{_e(problems[-1][:160] if problems else "unreadable")}</span>')
-        elif entry["verified"]:
-            verified = '<span class="ok" title="verified">verified</span>'
-        else:
-            verified = (f'<span class="warn" title="{_e("; ".join(problems) or "not verified")}">unverified'
-                        f'{": " + _e(problems[0][:160]) if problems else ""}</span>')
+        n_traj = len(entry.get("trajectories", []))
+        entry_index = board.entry_index[str(entry["id"])]
+        link = (f' &middot; <a href="#{_ids("traj", entry_index)}">{n_traj} trajectories</a>' if n_traj else "")
+        ref = ' <span class="badge ref">scripted reference</span>' if is_reference(entry) else ""
         cells.append(
             f'<td class="entry" data-value="{_e(str(entry["name"]).lower())}"><span class="name">'
-            f'{_e(entry["name"])}</span><br><small>{_e(entry["id"])} &middot; '
-            f'<span class="kind">{_e(entry["kind"])}</span> &middot; {verified}</small></td>')
-        cells.append(f'<td class="model" data-value="{_e(str(entry["model"]).lower())}">'
-                     f'{_e(entry["model"])}</td>')
+            f'{_e(entry["name"])}</span>{ref}<br><span class="model">{_e(entry["model"])}</span><br>'
+            f'<small>{_e(entry["id"])} &middot; <span class="kind">{_e(entry["kind"])}</span> &middot; '
+            f'{_verdict(entry)}{link}</small></td>')
         for metric in metrics:
             ci = entry["metrics"].get(metric)
-            if ci is None:
-                cells.append(f'<td class="num" data-value="">{_DASH}</td>')
-                continue
-            n = f"n={_count(ci['n'])}"
-            cells.append(f'<td class="num" data-value="{ci["mean"]!r}">{_interval(ci)} '
-                         f'<small class="n">{_e(n)}</small></td>')
-        for k in ks:
-            ci = entry["pass_k"].get(k)
-            if ci is None:
-                cells.append(f'<td class="num" data-value="">{_DASH}</td>')
-                continue
-            n = f"{_count(entry['seeds'])} seeds, {_count(entry['episodes'])} ep"
-            cells.append(f'<td class="num" data-value="{float(ci["mean"])!r}">{_interval(ci)} '
-                         f'<small class="n">{_e(n)}</small></td>')
+            cells.append(_ci_cell(ci, f"n={_count(ci['n'])}" if ci else ""))
+        top = entry["pass_k"].get(ks[-1])
+        lines = "".join(
+            f'<span class="pk">^{k} {entry["pass_k"][k]["mean"]:.3f} '
+            f'<small>[{entry["pass_k"][k]["lo"]:.2f}, {entry["pass_k"][k]["hi"]:.2f}]</small></span>'
+            if k in entry["pass_k"] else f'<span class="pk">^{k} {_DASH}</span>' for k in ks)
+        cells.append(f'<td class="num passk" data-value="{"" if top is None else repr(float(top["mean"]))}">'
+                     f'{lines}<small class="n">{_e(_count(entry["seeds"]))} seeds, '
+                     f'{_e(_count(entry["episodes"]))} ep</small></td>')
+        cells.append(_noise_cell(entry))
         cost, unit = entry["cost_per_episode"], _unit(entry)
         cost_key = "" if cost is None else repr(float(cost))
         cells.append(f'<td class="num" data-value="{cost_key}" data-unit="{_e(unit)}">'
                      f'{_e(_cost(cost, unit))}</td>')
-        for key in ("simulator_fault_rate", "judge_fault_rate"):
-            rate = float(entry[key])
-            cells.append(f'<td class="num" data-value="{rate!r}">{_percent(rate)} '
-                         f'<small class="n">of {_e(_count(entry["episodes"]))} ep</small></td>')
-        for key in ("seeds", "episodes"):
-            cells.append(f'<td class="num" data-value="{_e(entry[key])}">{_e(_count(entry[key]))}'
-                         "</td>")
-        n_traj = len(entry.get("trajectories", []))
-        entry_index = board.entry_index[str(entry["id"])]
-        link = (f'<a href="#{_ids("traj", entry_index)}">view {n_traj}</a>' if n_traj
-                else _DASH)
-        cells.append(f"<td>{link}</td>")
+        cells.append(_simulator_cell(entry))
         rows.append(f'<tr class="{_kind_class(entry)}" data-entry="{_e(entry["id"])}">'
                     + "".join(cells) + "</tr>\n")
     return (f'<div class="scroll"><table class="board sortable" id="{_ids("table", index)}">\n'
@@ -553,7 +656,7 @@ def _comparisons(board: _Board, track: Mapping[str, Any],
         elif hi < 0:
             verdict, css = f"{b['name']} higher", "ok"
         else:
-            verdict, css = "not separated (interval contains 0)", "muted"
+            verdict, css = "not distinguishable (interval includes 0)", "muted"
         classes = " ".join(sorted({_kind_class(a), _kind_class(b)}))
         rows.append(
             f'<tr class="{classes}"><td>{_e(a["name"])}</td><td>{_e(b["name"])}</td>'
@@ -655,10 +758,18 @@ th button { font: inherit; background: none; border: 0; padding: 0; cursor: poin
 th[aria-sort=ascending] button::after { content: " \\25B2"; }
 th[aria-sort=descending] button::after { content: " \\25BC"; }
 td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
-td.num small.n { display: block; font-size: 0.75rem; }
+td.num small.n, td.num small.ci, td.sim .ident, td.sim small.n, td.passk .pk { display: block; }
+td.num small.n { font-size: 0.75rem; }
+td.passk .pk small { font-size: 0.72rem; }
+td.sim { max-width: 17rem; font-size: 0.75rem; overflow-wrap: anywhere; }
+table.board, table.overview { width: 100%; }
+table.overview td div { white-space: nowrap; } table.overview td, table.overview th { font-size: 0.8rem; }
+.badge.ref { background: #e3e8ef; }
+.commands pre { background: var(--bg-alt); padding: 0.4rem 0.6rem; overflow-x: auto; }
+#submit, #overview { max-width: 100%; }
 tbody tr:nth-child(even) { background: var(--bg-alt); }
 .name { font-weight: 600; }
-td.entry { min-width: 11rem; } td.model { min-width: 7rem; }
+td.entry { min-width: 11rem; max-width: 19rem; overflow-wrap: anywhere; }
 .ok { color: var(--ok); } .warn { color: var(--warn); }
 .plots { display: flex; flex-wrap: wrap; gap: 1.5rem; margin-top: 1rem; }
 .plot { margin: 0; width: 440px; max-width: 100%; }

@@ -37,13 +37,15 @@ BOARD_SHAPE: dict[str, Any] = {
     "code_version": STR,
     "tracks": [{"id": STR, "env_id": STR, "version": INT, "status": ("current", "legacy"), "title": STR,
                 "description": STR, "metrics": [STR], "k": INT, "seeds": INT, "episodes": INT,
-                "user": STR, "judge": (STR, None)}],
+                "user": STR, "judge": (STR, None), "user_identity": STR, "judge_identity": (STR, None)}],
     "entries": [{"id": STR, "track": STR, "name": STR, "model": STR, "kind": ("standard", "custom"),
                  "verified": BOOL, "metrics": {"*": _STAT}, "pass_k": {"*": _PASS},
                  "cost_per_episode": (NUM, None), "simulator_fault_rate": NUM, "judge_fault_rate": NUM,
-                 "seeds": INT, "episodes": INT, "trajectories": [_TRAJ]}],
+                 "seeds": INT, "episodes": INT, "trajectories": [_TRAJ],
+                 "simulator": {"user": STR, "judge": (STR, None)}, "trials": INT,
+                 "flip_rate": (NUM, None), "flip_tasks": INT, "mdd": (NUM, None)}],
     "comparisons": [{"track": STR, "a": STR, "b": STR, "metric": STR, "diff": NUM, "lo": NUM, "hi": NUM,
-                     "n": INT}],
+                     "n": INT, "distinguishable": BOOL}],
 }
 #: Folders the build could not list as entries (unreadable submission.json, unknown track):
 #: optional in older board data.
@@ -153,6 +155,9 @@ def validate_board_data(d: Any) -> None:
             if not s["lo"] <= s["hi"]:
                 raise ConfigError(f"entries[{i}].metrics.{name}: interval [{s['lo']}, {s['hi']}] has lo > hi.")
     for i, c in enumerate(d["comparisons"]):
+        if c["distinguishable"] != (not c["lo"] <= 0.0 <= c["hi"]):
+            raise ConfigError(f"comparisons[{i}].distinguishable: {c['distinguishable']} but the interval is "
+                              f"[{c['lo']}, {c['hi']}] (distinguishable means it excludes 0).")
         for side in ("a", "b"):
             if c[side] not in entry_ids:
                 raise ConfigError(f"comparisons[{i}].{side}: {c[side]!r} is not an entry id.")

@@ -17,6 +17,18 @@ Definitions (``R`` is an episode's reward: the mean return of the submitted play
       number of trials per task, the plain mean over episodes);
     * paired comparison of entries A and B: only the episodes both played (same episode id,
       so the same seed and task), ``A - B`` per episode, averaged per task, then over tasks.
+      Its verdict is "not distinguishable" when the 95% interval includes 0;
+    * flip rate (:func:`noise_statistics`): the share of the tasks played at least twice whose
+      verdict (success or not) differs across the entry's trials, the between-run instability
+      that a single run hides;
+    * minimum detectable difference (MDD) of the success rate at the entry's n: the true gap
+      that a comparison with a second entry of the same noise, on the same tasks, detects at
+      two-sided level 0.05 with power 0.8: ``(z_0.975 + z_0.8) * sqrt(2 * s^2 / T)``, ``T``
+      tasks, ``s^2`` the variance over tasks of the task's success rate. So that an entry that
+      succeeds (or fails) everywhere does not claim an MDD of 0 from a few tasks, ``s^2`` is at
+      least the variance a task's rate has if its trials were independent draws at the
+      Agresti-Coull rate ``(S + 2) / (N + 4)`` (``S`` successes in ``N`` episodes): that rate
+      times its complement over the trials per task.
 """
 
 from __future__ import annotations
@@ -35,11 +47,15 @@ __all__ = [
     "episode_values",
     "entry_statistics",
     "paired_comparison",
+    "noise_statistics",
     "NUM_BOOT",
+    "MDD_Z",
 ]
 
 #: Bootstrap resamples per interval.
 NUM_BOOT = 2000
+#: ``z_0.975 + z_0.8``: the minimum detectable difference at level 0.05 and power 0.8.
+MDD_Z = 1.959963984540054 + 0.8416212335729143
 
 
 def pass_hat_k(trials: Mapping[Any, tuple[int, int]], k: int) -> float:
@@ -186,3 +202,31 @@ def paired_comparison(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, A
         n += 1
     diff, lo, hi = bootstrap(list(per_task.values()), _mean_of_task_means, seed=seed, num_boot=num_boot)
     return {"metric": metric, "diff": diff, "lo": lo, "hi": hi, "n": n, "tasks": len(per_task)}
+
+
+def noise_statistics(records: Sequence[Mapping[str, Any]], *, submitted: Sequence[str],
+                     threshold: float) -> dict[str, Any]:
+    """How noisy one entry's success rate is (see the module docstring for the definitions).
+
+    Returns:
+        ``{"trials": smallest number of trials of a task, "flip_rate": share of the tasks with
+        >= 2 trials whose verdict differs across them (``None`` when no task has two),
+        "flip_tasks": those tasks, "mdd": minimum detectable difference of the success rate
+        (``None`` under 2 tasks)}``.
+    """
+    tasks = _by_task(records)
+    counts = [(sum(episode_values(r, submitted, threshold)["success"] for r in rs), len(rs))
+              for rs in tasks.values()]
+    multi = [(c, n) for c, n in counts if n >= 2]
+    flips = sum(1 for c, n in multi if 0 < c < n)
+    out: dict[str, Any] = {"trials": min((n for _, n in counts), default=0),
+                           "flip_rate": flips / len(multi) if multi else None, "flip_tasks": len(multi),
+                           "mdd": None}
+    if len(counts) >= 2:
+        rates = np.array([c / n for c, n in counts], dtype=float)
+        total_s, total_n = float(sum(c for c, _ in counts)), float(sum(n for _, n in counts))
+        p = (total_s + 2.0) / (total_n + 4.0)
+        per_task_trials = total_n / len(counts)
+        var = max(float(np.var(rates, ddof=1)), p * (1.0 - p) / per_task_trials)
+        out["mdd"] = float(MDD_Z * math.sqrt(2.0 * var / len(counts)))
+    return out

@@ -768,8 +768,14 @@ class CodeConfig:
     """Asserts the feedback runs: the first ``n`` (``-n``: the last ``n``; ``0``: all)."""
     reward_processor: Callable[[float], float] | None = None
     """Maps every reward, e.g. ``RewardProcessors.scale(factor=...)`` (default: identity)."""
+    problems: int | None = None
+    """Play only the first ``n`` problems (HumanEval/0 .. n-1, in the wheel's order; ``None``:
+    all 164). The ``-mini`` leaderboard tracks use it to fit a CPU budget."""
 
     def __post_init__(self) -> None:
+        if self.problems is not None and (isinstance(self.problems, bool) or not isinstance(self.problems, int)
+                                          or not 1 <= self.problems <= 164):
+            raise ConfigError(f"problems must be None (all 164) or an int in [1, 164], got {self.problems!r}.")
         if isinstance(self.num_turns, bool) or not isinstance(self.num_turns, int) or self.num_turns < 1:
             raise ConfigError(f"num_turns must be an int >= 1, got {self.num_turns!r}.")
         if self.feedback not in FEEDBACK_MODES:
@@ -788,8 +794,9 @@ def _build(kwargs: dict[str, Any], where: str, formatters: list, reward: Callabl
            agent_ids: tuple[str, ...], render_mode: str | None) -> CollabEnv:
     env_kw, task_kw = split_env_kwargs(dict(kwargs))
     cfg = build_config(CodeConfig, task_kw, where=where)
+    rows = _rows()
     return from_dataset(
-        _rows(), formatters, reward,
+        rows if cfg.problems is None else rows[:cfg.problems], formatters, reward,
         num_turns=cfg.num_turns, agent_ids=agent_ids,
         external_transition=_Transition(cfg.feedback, cfg.sandbox_slice),
         reward_processor=cfg.reward_processor, reward_name="comlrl_code",
@@ -824,7 +831,7 @@ def make_coop_humaneval_env(*, render_mode: str | None = None, **kwargs: Any) ->
     Args:
         render_mode: ``"ansi"``, ``"human"`` or ``None``.
         **kwargs: The fields of :class:`CodeConfig` (``num_turns``, ``feedback``,
-            ``sandbox_slice``, ``reward_processor``) and the env budgets. Unknown keywords are an
+            ``sandbox_slice``, ``reward_processor``, ``problems``) and the env budgets. Unknown keywords are an
             error listing the valid ones.
 
     Version history

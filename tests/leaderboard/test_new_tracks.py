@@ -183,17 +183,35 @@ def test_math_chat_scripted_user_round_trip_scores_the_conversation_reward(tmp_p
 
 
 def test_humaneval_reference_plays_the_whole_program_as_the_single_agent():
-    """The humaneval@v1 reference (humaneval-canonical) as humaneval's one agent, ``main``, gives
+    """The humaneval reference (humaneval-canonical) as humaneval's one agent, ``main``, gives
     the canonical program: problem 0 scores 0.6 + 0.5 + 1.0 (every assert) = 2.1, a success at the
-    track's threshold; as coop-humaneval's ``main`` it still gives the thin wrapper over aux (3.0)."""
+    track's threshold; as coop-humaneval's ``main`` it gives the thin wrapper over aux (3.0), which
+    v1's 4.0 never counted as a success and v2's 3.0 does (issue 24: an oracle must reach the
+    definition). The v2 tracks and the mini twin play 4 trials per task."""
     import collab_env
+    from collab_env.errors import ConfigError
     from collab_env.rollout import run_episode
 
+    tracks = builtin_tracks()
     ep = run_episode(collab_env.make("humaneval-v0"), {"main": "humaneval-canonical"}, seed=1000, index=0)
-    assert ep.returns["main"] == 2.1 >= builtin_tracks()["humaneval@v1"].success_threshold
+    assert ep.returns["main"] == 2.1 >= tracks["humaneval@v2"].success_threshold
     ep = run_episode(collab_env.make("coop-humaneval-v0"), {"aux": "humaneval-canonical", "main": "humaneval-canonical"},
                      seed=1000, index=0)
-    assert ep.returns["main"] == 3.0 < builtin_tracks()["coop-humaneval@v1"].success_threshold
+    assert ep.returns["main"] == 3.0 < tracks["coop-humaneval@v1"].success_threshold
+    assert ep.returns["main"] >= tracks["coop-humaneval@v2"].success_threshold
+    assert [track_status(tracks[f"{n}@v{v}"], tracks) for n in ("humaneval", "coop-humaneval") for v in (1, 2)] == \
+        ["legacy", "current", "legacy", "current"]
+    for tid in ("humaneval@v2", "coop-humaneval@v2", "humaneval-mini@v1"):
+        assert tracks[tid].trials >= 4 and tracks[tid].k == tracks[tid].trials, tid
+    # The mini twin: the first 20 problems (the env holds exactly the track's tasks).
+    mini = tracks["humaneval-mini@v1"]
+    env = collab_env.make(mini.env_id, **mini.env_kwargs)
+    ep = run_episode(env, {"main": "humaneval-canonical"}, seed=1000, index=19)
+    assert ep.returns["main"] == 2.1 and mini.tasks == 20
+    with pytest.raises(ConfigError, match="has 20 items"):
+        run_episode(env, {"main": "humaneval-canonical"}, seed=1000, index=20)
+    with pytest.raises(ConfigError, match="problems"):
+        collab_env.make("humaneval-v0", problems=0)
 
 
 def test_humaneval_chat_v2_scores_without_a_judge_and_v1_is_legacy(tmp_path):

