@@ -76,7 +76,7 @@ def simulator_identity(t: Track) -> dict[str, str | None]:
     ``{"user": ..., "judge": ...}``. A scripted player is named with the collab_env version
     that defines it; an LLM one with its model (the embedded model by the SHA-256 of its
     weights file), its sampling and its options; ``judge`` is ``None`` on a rule-scored track.
-    Entries are ranked and compared only against entries with the same identity."""
+    Entries are ranked and compared only within one track, so only under one identity."""
     import collab_env
 
     players = []
@@ -261,6 +261,8 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
         entries.append(entry)
         say(f"[{i}/{len(folders)}] {eid}: {how} ({time.perf_counter() - t0:.1f} s)")
     comparisons = []
+    # Entries are compared only within their track, whose fixed players and judge are one
+    # pinned identity (``simulator_identity``): two simulators are never ranked together.
     for tid in dict.fromkeys(e["track"] for e in entries):
         t = tracks[tid]
         # An entry that failed verification is not compared: its records may not pair with the
@@ -269,8 +271,6 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
                          and not e.get("failed") and (e["verified"] or not verify)),
                         key=lambda e: -e["metrics"]["reward"]["mean"])
         for a, b in zip(ranked, ranked[1:]):
-            if a["simulator"] != b["simulator"]:  # never ranked against another simulator or judge
-                continue
             try:
                 c = paired_comparison(records_of[a["id"]], records_of[b["id"]], submitted=t.submitted,
                                       threshold=t.success_threshold, metric="reward", seed=seed,
