@@ -19,11 +19,17 @@ no network and no JavaScript framework:
   (or, for the embedded JSON, with ``<``, ``>`` and ``&`` written as ``\\u`` escapes, so no
   ``</script>`` can end the block).
 
+The page opens with an **overview** (a row per current track with entries, a column per model,
+the scripted references in one column of their own; each cell the entry's first metric with its
+interval and a verified mark, linked to the track's section) and **how to submit** (the three
+commands). Each track's table fits a 1400 px window without sideways scrolling.
+
 Numbers follow the statistics of :mod:`collab_env.leaderboard`: each metric is shown as
-``mean [lo, hi]`` (the bootstrap 95% interval over tasks) with its ``n`` beside it; pass^k the
-same, with the entry's seeds and episodes; cost per episode (USD, or tokens for a model with no
-price; one unit per plot axis), and the simulator's and the judge's fault rates, are their own
-columns.
+``mean [lo, hi]`` (the bootstrap 95% interval over tasks) with its ``n`` under it; pass^1..k in
+one cell, with the entry's seeds and episodes; the row's **noise** (trials per task, flip rate,
+minimum detectable difference); cost per episode (USD, or tokens for a model with no price; one
+unit per plot axis); and the **pinned user simulator and judge** the row was verified against,
+with their fault rates. Scripted references are badged as such on their rows.
 """
 
 from __future__ import annotations
