@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from collab_env.errors import ConfigError, did_you_mean
-from collab_env.leaderboard.tracks import Track, get_track
+from collab_env.leaderboard.tracks import MIN_STANDARD_TRIALS, Track, get_track
 
 __all__ = [
     "SUBMISSION_FILE",
@@ -381,6 +381,8 @@ def run_submission(
     if s.id != t.env_id:
         raise ConfigError(f"track {t.id} is played on {t.env_id}, but that id resolves to {s.id}.")
     reasons = [str(r) for r in custom]
+    if t.trials < MIN_STANDARD_TRIALS:
+        reasons.append(f"{t.id} plays {t.trials} trials per task, under the {MIN_STANDARD_TRIALS} a standard entry needs")
     built: dict[str, Any] = {}
     for p in t.submitted:
         built[p], why = build_policy(p, pols[p])

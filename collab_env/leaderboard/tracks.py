@@ -47,6 +47,7 @@ __all__ = [
     "get_track",
     "track_status",
     "locked_hashes",
+    "MIN_STANDARD_TRIALS",
 ]
 
 #: Folder of the built-in track files.
@@ -54,6 +55,10 @@ TRACKS_DIR = Path(__file__).with_name("tracks")
 #: ``{track id: content hash}`` of every published track version.
 LOCK_FILE = TRACKS_DIR / "LOCK.json"
 
+#: Trials per task a track needs before an entry on it can be *standard*: with fewer, a row's
+#: flip rate and minimum detectable difference rest on too little (issue 24). Every current
+#: track has at least this many; legacy ones with fewer take custom entries only.
+MIN_STANDARD_TRIALS = 4
 #: Fields that define what an entry is measured on: changing one needs a new version.
 FIXED_FIELDS = (
     "env_id", "env_kwargs", "kind", "submitted", "players", "judge", "seed", "tasks", "trials",

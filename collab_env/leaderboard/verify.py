@@ -60,7 +60,7 @@ from collab_env.leaderboard.submission import (
     load_submission,
     submitted_usage,
 )
-from collab_env.leaderboard.tracks import Track, get_track
+from collab_env.leaderboard.tracks import MIN_STANDARD_TRIALS, Track, get_track
 
 __all__ = ["Verification", "verify_submission", "RecordedMoves", "REGENERATE_SAMPLE"]
 
@@ -400,6 +400,9 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
         v.problems.append("kind: marked standard but lists reasons to be custom")
     if (missing or requested < int((sub.get("episodes") or {}).get("full", requested))) and sub.get("kind") == "standard":
         v.problems.append("kind: tasks are omitted or failed, so the entry cannot be standard")
+    if sub.get("kind") == "standard" and t.trials < MIN_STANDARD_TRIALS:
+        v.problems.append(f"kind: {t.id} plays {t.trials} trials per task; a standard entry needs a track with at "
+                          f"least {MIN_STANDARD_TRIALS} (play the track's current version)")
     # The track, not the submission, says how many episodes a standard entry plays.
     track_full = t.episodes if t.episodes is not None else (tasks * t.trials if isinstance(tasks, int) else None)
     claimed_full = (sub.get("episodes") or {}).get("full")

