@@ -29,7 +29,7 @@ from collab_env.errors import ConfigError
 from collab_env.leaderboard.page import build_page, render_page
 
 REPO = Path(__file__).resolve().parents[2]
-#: Where a run of the fixture's browser test leaves its screenshot (in the test's tmp folder).
+#: The name of the fixture board's screenshot, written into the test's tmp folder (not committed).
 SCREENSHOT = REPO / "benchmarks" / "results" / "leaderboard_page.png"
 #: The seeded board at 1400 x 1000 (test_seeded_board_in_headless_chromium).
 SCREENSHOTS = {"overview": REPO / "benchmarks" / "results" / "leaderboard_overview.png",
