@@ -48,7 +48,7 @@ __all__ = ["board_data", "entry_row_text", "track_row", "board_trajectory", "ver
 STAMPS_FILE = ".verified.json"
 
 #: Trajectories per entry embedded in the board (the first episodes by id).
-MAX_TRAJECTORIES = 12
+MAX_TRAJECTORIES = 6
 
 
 def _backend_identity(backend: str) -> str:
