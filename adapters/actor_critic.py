@@ -238,7 +238,7 @@ class IACConfig(ActorCriticConfig):
         "value_clip_range": 0.2, "value_loss_coef": 0.6, "normalize_advantages": True, "max_new_tokens": 256,
         "temperature": 0.6, "top_p": 0.6, "top_k": None, "num_train_epochs": 40, "critic_placement": "separate",
         "critic_type": "v", "num_agents": 2, "num_turns": 2, "external_prompt_passthrough": False,
-        "discount": 0.9, "eval_interval": 16, "eval_num_samples": 4, "eval_batch_size": 1,
+        "discount": 1.0, "eval_interval": 16, "eval_num_samples": 4, "eval_batch_size": 1,
         "early_termination_threshold": -0.2, "logging_steps": 1, "reference_kl_enabled": False,
         "reference_kl_coef": 0.1, "advantage_estimator": "td", "weight_decay": 0.01, "max_grad_norm": None,
         "num_iterations": 1, "logprob_temperature": 1.0, "prompt_format": "raw",

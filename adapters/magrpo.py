@@ -83,7 +83,7 @@ class MAGRPOConfig(TrainerConfig):
     COMLRL_DEFAULTS: ClassVar[dict[str, Any]] = {
         "num_train_epochs": 20, "learning_rate": 5e-6, "logging_steps": 50, "num_agents": 2,
         "num_generations": 4, "max_new_tokens": 256, "temperature": 0.6, "top_p": 0.6, "top_k": 50,
-        "num_turns": 2, "discount": 0.9, "joint_mode": "aligned", "early_termination_threshold": -0.2,
+        "num_turns": 2, "discount": 1.0, "joint_mode": "aligned", "early_termination_threshold": -0.2,
         "external_prompt_passthrough": False, "eval_interval": 16, "eval_num_samples": 4,
         "eval_batch_size": 1, "rollout_buffer_size": 2, "train_batch_size": None,
         "normalize_advantages": True, "reference_kl_enabled": False, "reference_kl_coef": 0.1,
