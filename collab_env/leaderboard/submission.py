@@ -64,6 +64,7 @@ __all__ = [
     "submitted_usage",
     "load_submission",
     "data_file_digests",
+    "track_env_kwargs",
     "submission_files",
     "SUBMISSION_FILES",
     "MAX_FILE_BYTES",
@@ -295,6 +296,20 @@ def submission_files(folder: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+def track_env_kwargs(t: Track, fixed: Mapping[str, Any], data_files: Sequence[str] | None) -> dict[str, Any]:
+    """The keyword arguments of ``make(t.env_id, ...)`` for a run or a replay of ``t``: the
+    track's ``env_kwargs``, the fixed players' (``fixed``), and the local ``data_files``. The
+    files passed for a track that names a ``split`` *are* that split (``{split: files}``): a
+    single file would otherwise load as ``"train"`` and the track's ``"test"`` would not be
+    found."""
+    kwargs = {**dict(t.env_kwargs), **dict(fixed)}
+    if data_files:
+        files: Any = list(data_files) if len(data_files) > 1 else data_files[0]
+        split = t.env_kwargs.get("split")
+        kwargs["data_files"] = {str(split): files} if isinstance(split, str) else files
+    return kwargs
+
+
 def data_file_digests(paths: Sequence[str] | None) -> list[dict[str, str]]:
     out = []
     for p in paths or ():
@@ -398,9 +413,7 @@ def run_submission(
     cache_path = out / CACHE_FILE
     needs_cache = t.judge is not None or any("simulator" in h for h in t.players.values())
     fp = fixed_players(t, cache_path if needs_cache else None)
-    env_kwargs = {**dict(t.env_kwargs), **fp.env_kwargs}
-    if data_files:
-        env_kwargs["data_files"] = list(data_files) if len(data_files) > 1 else data_files[0]
+    env_kwargs = track_env_kwargs(t, fp.env_kwargs, data_files)
     probe = make(t.env_id, **env_kwargs)
     try:
         num_items = getattr(probe, "unwrapped", probe).task.num_items()

@@ -59,6 +59,7 @@ from collab_env.leaderboard.submission import (
     fixed_players,
     load_submission,
     submitted_usage,
+    track_env_kwargs,
 )
 from collab_env.leaderboard.tracks import MIN_STANDARD_TRIALS, Track, get_track
 
@@ -491,9 +492,7 @@ async def _replay_all(t: Track, sub: Mapping[str, Any], by_id: Mapping[int, Mapp
         fp = fixed_players(t, cache_path, mode="replay", backends=backends)
     else:
         fp = fixed_players(t, None)
-    env_kwargs = {**dict(t.env_kwargs), **fp.env_kwargs}
-    if data_files:
-        env_kwargs["data_files"] = list(data_files) if len(data_files) > 1 else data_files[0]
+    env_kwargs = track_env_kwargs(t, fp.env_kwargs, data_files)
     sampling = {**fp.sampling, **{p: dict(kw) for p, kw in (sub.get("sampling") or {}).items() if p in t.submitted}}
     try:
         for k in sorted(by_id):

@@ -257,3 +257,27 @@ def test_humaneval_chat_v2_scores_without_a_judge_and_v1_is_legacy(tmp_path):
         assert "interactivity" not in comp and comp["pass_rate"] == 0.0
         assert comp["token_amount"] == pytest.approx(-1e-4 * words, abs=1e-12)
         assert comp["conversation"] == pytest.approx(-1e-4 * words, abs=1e-12)
+
+
+@pytest.mark.slow
+def test_a_collabllm_track_runs_and_verifies_from_the_cli_on_a_local_file(tmp_path, capsys):
+    """Issue 25: ``collab-env leaderboard run collabllm-math-hard --data-files F`` on one local
+    file. The track asks for split ``test``; a single file loads as ``train``, so the files passed
+    are taken as the track's split (one rule, ``track_env_kwargs``, for run and verify). The
+    embedded model plays the assistant, the user and the judge; then ``verify`` re-plays it and
+    regenerates its calls."""
+    from collab_env.cli import main
+    from collab_env.leaderboard.submission import track_env_kwargs
+    from collab_env.testing.collabllm_fixtures import write_collabllm_fixture
+
+    t = builtin_tracks()["collabllm-math-hard@v2"]
+    assert track_env_kwargs(t, {}, ["a.jsonl"])["data_files"] == {"test": "a.jsonl"}
+    assert track_env_kwargs(t, {}, ["a.jsonl", "b.jsonl"])["data_files"] == {"test": ["a.jsonl", "b.jsonl"]}
+    assert "data_files" not in track_env_kwargs(t, {}, None)
+    data = write_collabllm_fixture(tmp_path / "math-hard.jsonl")
+    out = tmp_path / "entry"
+    assert main(["leaderboard", "run", "collabllm-math-hard", "--data-files", str(data), "--policy",
+                 "assistant=embedded", "--episodes", "1", "--out", str(out)]) == 0
+    assert "row: collabllm-math-hard@v2/entry (custom, 1 episodes" in capsys.readouterr().out
+    assert main(["leaderboard", "verify", str(out), "--data-files", str(data)]) == 0
+    assert "verified (1 episodes of collabllm-math-hard@v2 re-played" in capsys.readouterr().out
