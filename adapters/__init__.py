@@ -71,5 +71,31 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+#: The public names of CoMLRL 1.4.3's trainer modules (``comlrl.trainers.<module>``), for the
+#: error a CoMLRL import path gets here: one import path per name, so no alias modules.
+COMLRL_MODULE_NAMES: dict[str, tuple[str, ...]] = {
+    "reinforce": ("CentralizedMAGRPOConfig", "CentralizedMAGRPOTrainer", "MAGRPOConfig", "MAGRPOTrainer",
+                  "MAREINFORCEConfig", "MAREINFORCETrainer", "MARLOOConfig", "MARLOOTrainer", "MAReMaxConfig",
+                  "MAReMaxTrainer"),
+    "actor_critic": ("ActorCriticTrainerBase", "IACConfig", "IACTrainer", "MAACConfig", "MAACTrainer",
+                     "RolloutSample"),
+}
+
+
+def comlrl_path_error(module: str, name: str) -> AttributeError | ImportError:
+    """The error for ``from collab_env.adapters.<module> import <name>``, where ``module`` is
+    also a CoMLRL module (``comlrl.trainers.reinforce``...) but ``name`` is defined elsewhere
+    here: an ``ImportError`` naming the import that works (or saying there is no counterpart);
+    for any other name the plain ``AttributeError``."""
+    short = module.rsplit(".", 1)[-1]
+    if name not in COMLRL_MODULE_NAMES.get(short, ()):
+        return AttributeError(f"module {module!r} has no attribute {name!r}")
+    if name in _EXPORTS:
+        return ImportError(f"{name} is not in {module}: CoMLRL's comlrl.trainers.{short}.{name} is, here, "
+                           f"`from collab_env.adapters import {name}` (one import path per name).", name=name)
+    return ImportError(f"collab_env has no counterpart of CoMLRL's comlrl.trainers.{short}.{name}; the trainers "
+                       f"it has are `from collab_env.adapters import ...`: {', '.join(sorted(_EXPORTS))}.", name=name)
+
+
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))

@@ -515,3 +515,11 @@ def _chat_text(tokenizer: Any, observation: Any) -> str:
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(observation.to_chat(), tokenize=False, add_generation_prompt=True)
     return observation.render()
+
+
+def __getattr__(name: str) -> Any:
+    # A CoMLRL import path (comlrl.trainers.<this module>) naming a class defined elsewhere here
+    # gets an error that names the import that works.
+    from collab_env.adapters import comlrl_path_error
+
+    raise comlrl_path_error(__name__, name)

@@ -246,3 +246,11 @@ class MAReMaxTrainer(MAREINFORCETrainer):
     :class:`MAReMaxConfig`."""
 
     config_class = MAReMaxConfig
+
+
+def __getattr__(name: str) -> Any:
+    # A CoMLRL import path (comlrl.trainers.<this module>) naming a class defined elsewhere here
+    # gets an error that names the import that works.
+    from collab_env.adapters import comlrl_path_error
+
+    raise comlrl_path_error(__name__, name)

@@ -413,3 +413,31 @@ def test_raw_prompts_are_the_formatter_strings_tokenised_one_per_turn(tiny_dir, 
     before = _params(trainer)
     trainer.train()
     assert _changed(before, trainer)
+
+
+def test_a_comlrl_module_path_names_the_import_that_works():
+    """``comlrl.trainers.reinforce`` holds MAGRPOTrainer; here one import path per name, so
+    ``collab_env.adapters.reinforce`` has none, and the error says where it is (or that there is
+    no counterpart). Other missing names stay plain AttributeErrors (``hasattr`` works)."""
+    with pytest.raises(ImportError, match=r"`from collab_env.adapters import MAGRPOTrainer`"):
+        from collab_env.adapters.reinforce import MAGRPOTrainer  # noqa: F401
+    from collab_env.adapters.reinforce import MAGRPOConfig as cfg  # its base class lives there too
+
+    assert cfg is MAGRPOConfig
+    with pytest.raises(ImportError, match="no counterpart of CoMLRL's comlrl.trainers.reinforce.CentralizedMAGRPOTrainer"):
+        from collab_env.adapters.reinforce import CentralizedMAGRPOTrainer  # noqa: F401
+    with pytest.raises(ImportError, match="no counterpart of CoMLRL's comlrl.trainers.actor_critic.ActorCriticTrainerBase"):
+        from collab_env.adapters.actor_critic import ActorCriticTrainerBase  # noqa: F401
+    from collab_env.adapters.actor_critic import IACTrainer as iac  # defined there: imports as in CoMLRL
+    from collab_env.adapters.reinforce import MAREINFORCETrainer as mar
+    assert iac is adapters.IACTrainer and mar is adapters.MAREINFORCETrainer
+    import collab_env.adapters.reinforce as reinforce
+
+    assert not hasattr(reinforce, "no_such_name") and not hasattr(reinforce, "__wrapped__")
+    # Every CoMLRL name listed is really in the installed CoMLRL module (the table is not stale).
+    pytest.importorskip("comlrl")
+    import importlib
+
+    for module, names in adapters.COMLRL_MODULE_NAMES.items():
+        mod = importlib.import_module(f"comlrl.trainers.{module}")
+        assert all(hasattr(mod, n) for n in names), module
