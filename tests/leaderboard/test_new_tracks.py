@@ -201,7 +201,7 @@ def test_humaneval_reference_plays_the_whole_program_as_the_single_agent():
     assert ep.returns["main"] >= tracks["coop-humaneval@v2"].success_threshold
     assert [track_status(tracks[f"{n}@v{v}"], tracks) for n in ("humaneval", "coop-humaneval") for v in (1, 2)] == \
         ["legacy", "current", "legacy", "current"]
-    for tid in ("humaneval@v2", "coop-humaneval@v2", "humaneval-mini@v1"):
+    for tid in ("humaneval@v2", "coop-humaneval@v2", "humaneval-mini@v1", "coop-humaneval-mini@v1"):
         assert tracks[tid].trials >= 4 and tracks[tid].k == tracks[tid].trials, tid
     # The mini twin: the first 20 problems (the env holds exactly the track's tasks).
     mini = tracks["humaneval-mini@v1"]
