@@ -357,7 +357,7 @@ def _cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_leaderboard(args: argparse.Namespace, out: TextIO) -> int:
-    """``collab-env leaderboard tracks|run|verify|build`` (see :mod:`collab_env.leaderboard`)."""
+    """``collab-env leaderboard tracks|run|verify|build|sign`` (see :mod:`collab_env.leaderboard`)."""
     from pathlib import Path
 
     if args.lb_command == "tracks":
@@ -397,6 +397,8 @@ def _cmd_leaderboard(args: argparse.Namespace, out: TextIO) -> int:
                               regenerate=args.regenerate, full=args.full)
         print(v.report(), file=out)
         return 0 if v.ok else 1
+    if args.lb_command == "sign":
+        return _cmd_sign(args, out)
     # build
     from collab_env.leaderboard.board import board_data
 
@@ -413,6 +415,26 @@ def _cmd_leaderboard(args: argparse.Namespace, out: TextIO) -> int:
     extra = "".join([f", {n_failed} failed" if n_failed else "",
                      f"; {len(data['rejected'])} folder(s) rejected" if data.get("rejected") else ""])
     print(f"{len(data['entries'])} entries ({n_ok} verified{extra}) on {len(data['tracks'])} tracks: {written}", file=out)
+    return 0
+
+
+def _cmd_sign(args: argparse.Namespace, out: _Output) -> int:
+    """``collab-env leaderboard sign DIRECTORY --key FILE``: verify the board (re-playing what this
+    machine has not verified yet) and sign every entry's verdict into DIRECTORY/verdicts.signed.json."""
+    from pathlib import Path
+
+    from collab_env.leaderboard.board import STAMPS_FILE, board_data
+    from collab_env.leaderboard.signing import SIGNED_FILE, sign_verdicts
+
+    directory = Path(args.directory)
+    data = board_data(directory, verify=True, reverify=args.reverify, num_boot=10,
+                      progress=lambda line: print(line, file=sys.stderr, flush=True))
+    stamps = json.loads((directory / STAMPS_FILE).read_text()) if (directory / STAMPS_FILE).is_file() else {}
+    signed = sign_verdicts(stamps, args.key)
+    (directory / SIGNED_FILE).write_text(json.dumps(signed, indent=1, sort_keys=True) + "\n")
+    n_ok = sum(s["ok"] for s in signed["verdicts"].values())
+    print(f"{len(signed['verdicts'])} verdicts ({n_ok} verified) of {len(data['entries'])} entries signed with "
+          f"{signed['key_id']}: {directory / SIGNED_FILE}", file=out)
     return 0
 
 
@@ -616,6 +638,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on tracks with an LLM user or judge: regenerate N random episodes with the track's own "
                         "pinned models (default 2)")
     v.add_argument("--full", action="store_true", help="regenerate every episode with the track's own models")
+    g = lb.add_parser("sign", help="verify a board and sign its verdicts (maintainers; the key stays outside the repository)")
+    g.add_argument("directory", help="folder of submission folders (e.g. benchmarks/leaderboard)")
+    g.add_argument("--key", required=True, help="the Ed25519 private key file (its public key pinned in collab_env.leaderboard.signing)")
+    g.add_argument("--reverify", action="store_true", help="re-play every entry first")
     b = lb.add_parser("build", help="write the static HTML page of a folder of submissions")
     b.add_argument("directory", help="folder of submission folders (e.g. benchmarks/leaderboard)")
     b.add_argument("--out", help="HTML file (default DIRECTORY/index.html)")

@@ -19,6 +19,9 @@ what the verdict depends on: every file of the submission, the track's content h
 collab_env's version. A later build re-plays only the entries whose digest changed (or all of
 them with ``reverify=True``). The stamps live beside the entries, not in them: a submission
 cannot bring its own verdict, and whoever builds a board verifies its folder once themselves.
+Verdicts the maintainers signed (:mod:`collab_env.leaderboard.signing`, committed with the
+entries) count too, for the folders whose digest they name: so a fresh clone builds the seeded
+board without re-playing it, and an edited file still re-plays its entry.
 """
 
 from __future__ import annotations
@@ -179,7 +182,7 @@ def _failed_entry(eid: str, t: Track, folder: Path, sub: Mapping[str, Any], prob
 
 def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: int = 0,
                num_boot: int | None = None, reverify: bool = False,
-               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+               progress: Callable[[str], None] | None = None, workers: int | None = None) -> dict[str, Any]:
     """The board of every submission under ``directory`` (see the module docstring).
 
     Args:
@@ -190,12 +193,17 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
         seed: Seed of the bootstrap intervals.
         num_boot: Bootstrap resamples (default :data:`~collab_env.leaderboard.stats.NUM_BOOT`).
         progress: Called with one line per entry (``[i/N] entry: verdict (time)``) and a
-            summary line at the end (``collab-env leaderboard build`` prints them).
+            summary line at the end (``collab-env leaderboard build`` prints them). Entries that
+            are re-played report as they finish, so their lines may come out of order.
+        workers: Entries re-played at once, each in a thread of its own (default: the CPU
+            count, at most 4). A code track's replay waits on sandbox processes, so two entries
+            overlap on two cores; ``1`` re-plays one after another.
 
     Returns:
         The board dict (the shape of :func:`~collab_env.leaderboard.schema.validate_board_data`).
     """
     import time
+    from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from collab_env.leaderboard.schema import BOARD_SHAPE, check_shape
     from collab_env.leaderboard.stats import NUM_BOOT
@@ -209,6 +217,13 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
             stamps = dict(json.loads(stamps_path.read_text()))
         except (ValueError, TypeError):
             stamps = {}  # a damaged stamps file only costs a re-play
+    signed: dict[str, Any] = {}
+    if verify and not reverify:
+        from collab_env.leaderboard.signing import signed_verdicts
+
+        signed, notes = signed_verdicts(directory)
+        for note in notes:
+            (progress or (lambda line: None))(note)
     fresh: dict[str, Any] = {}
     tracks = dict(builtin_tracks())
     entries: list[dict[str, Any]] = []
@@ -217,9 +232,12 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
     folders = _entries(directory)
     say = progress or (lambda line: None)
     t_all = time.perf_counter()
+    # 1. Read every folder; find the entries whose kept verdict no longer covers their files.
+    readable: list[tuple[int, Path, str, dict[str, Any], Track, str]] = []
+    keys: dict[str, str] = {}
+    seen: set[str] = set()
     for i, folder in enumerate(folders, start=1):
         rel = folder.relative_to(directory).as_posix()
-        t0 = time.perf_counter()
         try:
             sub = load_submission(folder)
             t = tracks.get(sub["track"]) or get_track(sub["track"])
@@ -228,27 +246,67 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
             say(f"[{i}/{len(folders)}] {rel}: REJECTED ({rejected[-1]['reason'][:120]})")
             continue
         eid = f"{t.id}/{folder.name}"
-        if eid in records_of:
+        if eid in seen:
             rejected.append({"path": rel, "reason": f"a second entry {eid!r} (entry ids are track/folder name): "
                                                     "rename the folder"})
             say(f"[{i}/{len(folders)}] {rel}: REJECTED ({rejected[-1]['reason'][:120]})")
             continue
+        seen.add(eid)
         tracks.setdefault(t.id, t)
+        readable.append((i, folder, rel, sub, t, eid))
+        if verify:
+            try:
+                keys[rel] = verification_key(folder, t)
+            except OSError:
+                keys[rel] = ""  # an unreadable file: re-played, and the replay says what is wrong
+    # 2. Re-play those entries, several at once; each verdict as it finishes.
+    replayed: dict[str, tuple[Any, float]] = {}
+    def kept(source: Mapping[str, Any], rel: str) -> bool:
+        return isinstance(source.get(rel), Mapping) and bool(keys[rel]) and source[rel].get("key") == keys[rel]
+
+    todo = [(i, folder, rel, t, eid) for i, folder, rel, _, t, eid in readable
+            if verify and not kept(stamps, rel) and not kept(signed, rel)]
+
+    def replay(folder: Path, t: Track) -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        try:
+            return verify_submission(folder, track=t), time.perf_counter() - t0
+        except Exception as exc:  # noqa: BLE001 - reported on the entry, never fatal
+            return exc, time.perf_counter() - t0
+
+    n_workers = max(1, workers if workers is not None else min(4, os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=n_workers) as pool:
+        futures = {pool.submit(replay, folder, t): (i, rel, eid) for i, folder, rel, t, eid in todo}
+        for fut in as_completed(futures):
+            i, rel, eid = futures[fut]
+            replayed[rel] = fut.result()
+            v, dt = replayed[rel]
+            how = ("could not be verified: " + f"{type(v).__name__}: {v}"[:120] if isinstance(v, Exception)
+                   else "verified (re-played)" if v.ok else "NOT verified: " + (v.problems[0] if v.problems else "")[:120])
+            say(f"[{i}/{len(folders)}] {eid}: {how} ({dt:.1f} s)")
+    # 3. Every entry's row, in folder order.
+    for i, folder, rel, sub, t, eid in readable:
+        t0 = time.perf_counter()
         how = "not verified"
         problems: list[str] = []
         try:
             verified = False
             if verify:
-                key = verification_key(folder, t)
-                stamp = stamps.get(rel)
-                how = "verified (kept verdict)"
-                if not (isinstance(stamp, Mapping) and stamp.get("key") == key):
-                    v = verify_submission(folder, track=t)
-                    stamp = {"key": key, "ok": v.ok, "episodes": v.episodes, "problems": v.problems[:5]}
-                    how = "verified (re-played)"
+                if rel in replayed:
+                    v, _ = replayed[rel]
+                    if isinstance(v, Exception):
+                        raise v
+                    stamp = {"key": keys[rel], "ok": v.ok, "episodes": v.episodes, "problems": v.problems[:5]}
+                    how = ""  # reported when it finished
+                elif kept(stamps, rel):
+                    stamp = stamps[rel]
+                    how = "verified (kept verdict)"
+                else:
+                    stamp = dict(signed[rel])
+                    how = "verified (signed verdict)"
                 fresh[rel] = stamp
                 verified, problems = bool(stamp["ok"]), list(stamp["problems"])
-                if not verified:
+                if not verified and how:
                     how = "NOT verified: " + (problems[0] if problems else "no reason given")[:120]
             entry, records = _entry(folder, sub, t, eid, verified, problems, seed, num_boot or NUM_BOOT)
             check_shape(entry, BOARD_SHAPE["entries"][0], f"entry {eid}")
@@ -259,7 +317,8 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
             how = "FAILED: " + reason[:120]
         records_of[eid] = records
         entries.append(entry)
-        say(f"[{i}/{len(folders)}] {eid}: {how} ({time.perf_counter() - t0:.1f} s)")
+        if how:
+            say(f"[{i}/{len(folders)}] {eid}: {how} ({time.perf_counter() - t0:.1f} s)")
     comparisons = []
     # Entries are compared only within their track, whose fixed players and judge are one
     # pinned identity (``simulator_identity``): two simulators are never ranked together.

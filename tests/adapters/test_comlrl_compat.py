@@ -441,3 +441,36 @@ def test_a_comlrl_module_path_names_the_import_that_works():
     for module, names in adapters.COMLRL_MODULE_NAMES.items():
         mod = importlib.import_module(f"comlrl.trainers.{module}")
         assert all(hasattr(mod, n) for n in names), module
+
+
+def test_the_readme_defaults_table_says_what_the_installed_comlrl_says():
+    """The README's "Field | CoMLRL | collab_env" table: every CoMLRL value that is a plain number
+    or bool, for a field of CoMLRL's MAGRPOConfig (under its own name or the CoMLRL name in
+    parentheses), equals the installed default; so the table cannot drift from the package."""
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    theirs = {f.name: f.default for f in dataclasses.fields(_comlrl_config("reinforce.magrpo", "MAGRPOConfig"))}
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = text[text.index("| Field | CoMLRL | collab_env | Why ours |"):]
+    table = table[:table.index("\n\n")]
+    checked = []
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        names = [re.findall(r"`([a-z_]+)`", part) for part in cells[0].split(" / ")]
+        values = [v.strip() for v in cells[1].split(" / ")]
+        for group, value in zip(names, values):
+            token = value.split()[0] if value else ""
+            try:
+                got = {"True": True, "False": False}.get(token, None)
+                got = float(token) if got is None else got
+            except ValueError:
+                continue
+            field = next((n for n in group if n in theirs), None)
+            if field is None:
+                continue
+            assert theirs[field] == got, f"README says CoMLRL's {field} is {token}; installed CoMLRL: {theirs[field]!r}"
+            checked.append(field)
+    assert {"temperature", "top_p", "top_k", "discount", "num_turns", "early_termination_threshold",
+            "num_train_epochs", "advantage_normalization"} <= set(checked), checked

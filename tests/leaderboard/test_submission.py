@@ -374,3 +374,19 @@ def test_a_standard_entry_must_cover_the_track_not_what_it_says_it_covers(board,
     v = verify_submission(d)
     assert not v.ok
     assert any("plays the track's 100 episodes" in p and "requested 50, full 50" in p for p in v.problems)
+
+
+def test_entries_replayed_in_parallel_give_the_board_of_one_after_another(board, tmp_path):
+    """``workers`` re-plays several entries at once (threads); the board is the same, entry by
+    entry and in folder order, as with one worker."""
+    import shutil
+
+    root = tmp_path / "b"
+    shutil.copytree(board / "hfe", root / "hfe")
+    lines: list[str] = []
+    one = board_data(root, num_boot=50, reverify=True, workers=1)
+    two = board_data(root, num_boot=50, reverify=True, workers=2, progress=lines.append)
+    for d in (one, two):
+        d.pop("generated")
+    assert one == two and [e["id"] for e in two["entries"]] == sorted(e["id"] for e in two["entries"])
+    assert sum("verified (re-played)" in x for x in lines) == 2 and lines[-1].startswith("2 entries: 2 verified")
