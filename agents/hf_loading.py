@@ -112,6 +112,13 @@ def load_weights(model: Any, torch_dtype: Any, *, cast_loaded: bool, invalid: st
         model = embedded_model_dir()
     if isinstance(model, (str, Path)):
         source = str(model)
+        # A path (not a hub id "org/name"): say the folder is missing, not the hub's id rules.
+        looks_local = isinstance(model, Path) or source.startswith(("./", "../", "/", "~"))
+        if looks_local and not Path(source).expanduser().exists():
+            raise ConfigError(f"no model folder at {source!r} ({Path(source).expanduser().resolve()} does not exist): "
+                              "pass the folder a trainer saved (it holds config.json), a hub id, or 'embedded'.")
+        if looks_local:
+            source = str(Path(source).expanduser())
         try:
             loaded = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
         except OSError as exc:

@@ -509,3 +509,15 @@ def test_score_continuations_rejects_bad_arguments(tiny):
         with pytest.raises(ConfigError, match="non-empty list of non-empty strings"):
             run_sync(policy.score_continuations([chat("a")], [bad]))
     assert run_sync(policy.score_continuations([], [])) == []
+
+
+def test_a_missing_local_folder_says_so_not_the_hubs_id_rules(tmp_path):
+    """``hf:./my-checkpoint`` on a folder that does not exist: the error names the folder, not
+    the hub's "Repo id must use alphanumeric chars" (issue 27)."""
+    from collab_env.errors import ConfigError
+    from collab_env.policy import resolve_policy
+
+    for spec in ("hf:./my-checkpoint", f"hf:{tmp_path / 'nope'}", "hf:~/no-such-collab-env-model"):
+        with pytest.raises(ConfigError, match="no model folder at") as err:
+            resolve_policy(spec)
+        assert "Repo id" not in str(err.value)
