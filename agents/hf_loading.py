@@ -121,7 +121,7 @@ def load_weights(model: Any, torch_dtype: Any, *, cast_loaded: bool, invalid: st
             source = str(Path(source).expanduser())
         try:
             loaded = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a folder without a model's config.json
             raise ConfigError(
                 f"could not load a causal LM from {source!r}: {exc}. Pass a local model folder "
                 "(the hub is not reachable offline), a loaded model, or 'embedded'."

@@ -354,8 +354,12 @@ def test_loads_from_a_folder_and_validates_arguments(tiny_dir, tiny):
         HFPolicy(str(tiny_dir), tok, temprature=0.5)
     with pytest.raises(ConfigError, match="unknown sampling parameter"):
         asyncio.run(policy.act([chat("hi")], max_tokens=3))
-    with pytest.raises(ConfigError, match="could not load"):
+    with pytest.raises(ConfigError, match="no model folder at"):
         HFPolicy(str(tiny_dir / "missing"), tok)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as empty, pytest.raises(ConfigError, match="could not load"):
+        HFPolicy(empty, tok)  # a folder, but no model in it
 
 
 def test_lora_adapter_from_a_folder(tiny_dir, tiny, tmp_path):
