@@ -6,7 +6,6 @@ import asyncio
 import math
 import os
 import re
-import sys
 import traceback
 from collections.abc import Iterable, Mapping
 from contextlib import aclosing
@@ -278,17 +277,11 @@ async def _run_jobs(
     result: EvalResult,
     progress: bool,
 ) -> None:
-    from tqdm.auto import tqdm
+    from collab_env._progress import progress_bar
 
-    bar = tqdm(
-        total=result.num_episodes,
-        initial=result.num_episodes - len(jobs),
-        desc=f"eval {s.id}",
-        unit="ep",
-        file=sys.stderr,
-        disable=not progress or not sys.stderr.isatty(),
-        dynamic_ncols=True,
-    )
+    # A bar on a terminal, a line every tenth of the run when stderr is redirected.
+    bar = progress_bar(result.num_episodes, f"eval {s.id}", show=None if progress else False, lines=True,
+                       initial=result.num_episodes - len(jobs))
     sink = ResultSink(result.out)
     try:
         # The rollout engine (its driver plays each episode); a fresh env per episode, as a
@@ -300,13 +293,15 @@ async def _run_jobs(
         async with aclosing(stream) as finished:
             async for job, outcome in finished:
                 _record(job, outcome, run, result, sink)
-                bar.update(1)
-                if result.failures:
-                    bar.set_postfix(failed=len(result.failures))
+                if bar is not None:
+                    if result.failures:
+                        bar.set_postfix(failed=len(result.failures))
+                    bar.update(1)
     except FatalPolicyError as exc:
         raise _stopped_run(exc, s, result) from exc
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
         sink.close()
     result.episodes = dict(sorted(result.episodes.items()))
 

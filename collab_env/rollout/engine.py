@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -327,15 +326,9 @@ class RolloutEngine:
 
     # -- progress --------------------------------------------------------------------------
     def _progress_bar(self, total: int | None) -> Any:
-        show = self.config.progress
-        if show is None:
-            show = sys.stderr.isatty()
-        if not show:
-            return None
-        from tqdm.auto import tqdm
+        from collab_env._progress import progress_bar
 
-        return tqdm(total=total, desc=self.config.desc or f"rollout {self.env_id or ''}".strip(),
-                    unit="ep", file=sys.stderr, dynamic_ncols=True)
+        return progress_bar(total, self.config.desc or f"rollout {self.env_id or ''}".strip(), show=self.config.progress)
 
     def _postfix(self) -> dict[str, Any]:
         st = self.stats

@@ -195,19 +195,10 @@ class RayRolloutEngine:
         self.start()
         it, total = normalize_jobs(jobs)
         st = self.stats
-        bar = None
-        show = self.config.progress
-        if show is None:
-            import sys
+        from collab_env._progress import progress_bar
 
-            show = sys.stderr.isatty()
-        if show:
-            import sys
-
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=total, desc=self.config.desc or f"rollout[ray] {self.env if isinstance(self.env, str) else ''}".strip(),
-                       unit="ep", file=sys.stderr, dynamic_ncols=True)
+        bar = progress_bar(total, self.config.desc or f"rollout[ray] {self.env if isinstance(self.env, str) else ''}".strip(),
+                           show=self.config.progress)
         load = [0] * len(self._workers)
         pending: dict[asyncio.Future, tuple[Any, int, dict[str, Any]]] = {}
         feeder = JobFeeder(it, self.config.concurrency, st)
