@@ -459,12 +459,11 @@ def _check_writable_dir(path: str) -> None:
 
 
 def _cmd_data(argv: Sequence[str]) -> int:
+    from collab_env.tasks.collabllm_data import RECIPE_LOCAL_DIR
     from collab_env.tasks.collabllm_data import main as data_main
 
     if not any(a in ("-h", "--help") for a in argv):
-        out_dir = _data_output_dir(argv)
-        if out_dir:
-            _check_writable_dir(out_dir)
+        _check_writable_dir(_data_output_dir(argv) or RECIPE_LOCAL_DIR)
     try:
         return data_main(list(argv))
     except SystemExit as exc:  # its --help or a usage error: argparse already printed

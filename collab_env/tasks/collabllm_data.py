@@ -105,10 +105,31 @@ Splits and files
     ``output_dir`` it writes ``<mode>_train.parquet`` and ``<mode>_validation.parquet``, the
     recipe's file names, so its training scripts find them.
 
-Command line::
+Two sets of rules
+    The rules above are this library's (``rules="collab_env"``, the default of the Python API).
+    ``rules="recipe"`` (the default of ``collab-env data`` for modes ``rl`` and ``sft``) writes
+    exactly the rows of the verl recipe's ``process_dataset.py``: the system prompt on every row
+    (default :data:`collab_env.tasks.collabllm.DEFAULT_SYSTEM_PROMPT`, this library's wording),
+    dedup on the prompt alone, ``ground_truth`` falling back to ``completion``, the recipe's
+    ``task_desc`` on every row, its columns (:data:`RECIPE_RL_COLUMNS`, :data:`RECIPE_SFT_COLUMNS`:
+    the SFT conversation in ``prompt``) and its SFT order (by ``conv_id``). Two deliberate
+    differences remain: ``index`` is the source row number (the recipe draws a random UUID, so its
+    files differ on every run), and ``extra_info`` also holds ``index`` and the normalised
+    ``sessions`` (with ``session_details`` for the ``-large`` layout).
 
-    python -m collab_env.tasks.collabllm_data --data_files math-hard.parquet --mode rl \\
-        --output_dir ~/data/collabllm-math-hard
+Command line (the recipe's, with only the program name changed)::
+
+    collab-env data --dataset collabllm/collabllm-multiturn-math-hard-large \\
+        --local_dir $HOME/data/collabllm-math-hard-large --dataset_type rl
+
+``--dataset`` is a hub id, a local dataset folder or a local file; ``--num_proc`` sets the
+workers that read the files; ``--hdfs_dir`` is refused (copy the folder with your HDFS tool).
+``python -m collab_env.tasks.collabllm_data`` is the same command.
+
+Reading RL rows back
+    :func:`~collab_env.tasks.collabllm.load_collabllm_dataset` (and so every ``collabllm-*`` env
+    and ``leaderboard run --data-files``) reads a file of RL rows back into the schema, so the
+    validation split a trainer holds out is the split an evaluation plays.
 """
 
 from __future__ import annotations
@@ -126,7 +147,11 @@ from collab_env.tasks.collabllm_load import load_collabllm_dataset
 from collab_env.tasks.collabllm_modes import (
     DPO_COLUMNS,
     MODES,
+    RECIPE_RL_COLUMNS,
+    RECIPE_SFT_COLUMNS,
+    RECIPE_TASK_DESC,
     RL_COLUMNS,
+    RULES,
     SFT_COLUMNS,
     build_dpo_dataset,
     build_rl_dataset,
@@ -138,9 +163,14 @@ if TYPE_CHECKING:  # datasets is imported lazily, inside the functions
 
 __all__ = [
     "MODES",
+    "RULES",
     "RL_COLUMNS",
+    "RECIPE_RL_COLUMNS",
     "SFT_COLUMNS",
+    "RECIPE_SFT_COLUMNS",
     "DPO_COLUMNS",
+    "RECIPE_TASK_DESC",
+    "RECIPE_LOCAL_DIR",
     "build_rl_dataset",
     "build_sft_dataset",
     "build_dpo_dataset",
@@ -150,6 +180,8 @@ __all__ = [
 ]
 
 _DEFAULT_DATASET = "collabllm/collabllm-multiturn-math-hard"
+#: The recipe's ``--local_dir`` default.
+RECIPE_LOCAL_DIR = "~/data/collabllm-math-hard"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,21 +245,30 @@ def process_collabllm_dataset(
     mode: Literal["rl", "sft", "dpo"] = "rl",
     *,
     data_files: Any = None,
-    split: str = "train",
+    split: str | None = "train",
     output_dir: str | os.PathLike[str] | None = None,
     validation_size: float | int = 0.1,
     seed: int = 42,
+    rules: Literal["collab_env", "recipe"] = "collab_env",
+    num_proc: int | None = None,
     **options: Any,
 ) -> datasets.DatasetDict:
     """Build the ``mode`` dataset, split it, and optionally write the parquet files.
 
     Args:
         data: A ``datasets.Dataset``, a list of dict rows, or a hub id / local dataset
-            directory read with :func:`~collab_env.tasks.collabllm.load_collabllm_dataset`
-            (with ``data_files`` the id only names the dataset family).
+            directory / local data file read with
+            :func:`~collab_env.tasks.collabllm.load_collabllm_dataset` (with ``data_files`` the id
+            only names the dataset family).
         mode: ``"rl"``, ``"sft"`` or ``"dpo"``; see the module docstring.
         data_files: Local parquet/json/jsonl file(s) in the CollabLLM schema (works offline).
-        split: Split to read when loading.
+        split: Split to read when loading; ``None``: every split, concatenated in name order
+            (what the recipe reads).
+        rules: ``"collab_env"`` or ``"recipe"`` (the verl recipe's ``process_dataset.py`` rules,
+            modes ``"rl"`` and ``"sft"``; see :func:`build_rl_dataset` and
+            :func:`build_sft_dataset`). The recipe has no mode ``"dpo"``.
+        num_proc: Worker processes for reading the files (``datasets.load_dataset``); the row
+            rules are one linear pass in this process. ``None``/``1``: one process.
         output_dir: When given, write ``<mode>_train.parquet`` and ``<mode>_validation.parquet``
             there (created if needed).
         validation_size: Fraction or row count held out; see :func:`train_validation_split`.
@@ -246,7 +287,16 @@ def process_collabllm_dataset(
     """
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {tuple(MODES)}, got {mode!r}.")
+    if rules not in RULES:
+        raise ConfigError(f"rules must be one of {RULES}, got {rules!r}.")
+    if rules == "recipe" and mode == "dpo":
+        raise ConfigError("the verl recipe has no mode 'dpo'; build DPO pairs with rules='collab_env' "
+                          "(collab-env data --dataset_type dpo --rules collab_env).")
+    if num_proc is not None and (isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1):
+        raise ConfigError(f"num_proc must be an int >= 1 or None, got {num_proc!r}.")
     builder = _BUILDERS[mode]
+    if mode != "dpo":
+        options["rules"] = rules
     valid = [p for p in inspect.signature(builder).parameters if p != "data"]
     for key in options:
         if key not in valid:
@@ -257,7 +307,9 @@ def process_collabllm_dataset(
         name = os.fspath(data)
         if mode == "rl":
             options.setdefault("dataset", name)
-        data = load_collabllm_dataset(name, data_files, split)
+        if data_files is None and os.path.isfile(os.path.expanduser(name)):  # --dataset FILE, as the recipe takes
+            data_files = os.path.expanduser(name)
+        data = load_collabllm_dataset(name, data_files, split, num_proc=num_proc)
     elif data_files is not None:
         raise ConfigError("data_files= is for loading files; pass either rows or data_files, not both.")
 
@@ -286,32 +338,48 @@ def _size(text: str) -> float | int:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m collab_env.tasks.collabllm_data",
+        prog="collab-env data",
         description="Build RL, SFT or DPO datasets (parquet train/validation splits) from CollabLLM "
-                    "conversations. See the collab_env.tasks.collabllm_data docstring for the columns.",
+                    "conversations. Takes the verl recipe's process_dataset.py command line as it is and, "
+                    "by default, writes the rows it writes (--rules recipe); --rules collab_env applies "
+                    "this library's stricter rules. See the collab_env.tasks.collabllm_data docstring.",
     )
     p.add_argument("--dataset", default=_DEFAULT_DATASET,
-                   help="hub id or local dataset directory; with --data_files only the family name")
+                   help="hub id, local dataset directory or local data file; with --data_files only the "
+                        "family name (default: %(default)s)")
     p.add_argument("--data_files", nargs="+", default=None,
                    help="local parquet/json/jsonl file(s) in the CollabLLM schema (offline)")
-    p.add_argument("--split", default="train", help="split to read (default: train)")
+    p.add_argument("--split", default=None, help="split to read (default: every split, concatenated, as the recipe)")
     p.add_argument("--mode", "--dataset_type", dest="mode", choices=MODES, default="rl")
-    p.add_argument("--output_dir", "--local_dir", dest="output_dir", required=True,
-                   help="where <mode>_train.parquet and <mode>_validation.parquet are written")
+    p.add_argument("--rules", choices=RULES, default=None,
+                   help="row rules: recipe (the verl recipe's, default for rl and sft) or collab_env "
+                        "(dedup on prompt and hidden goal, no completion fallback, no system prompt unless "
+                        "--system_prompt, SFT in a messages column; the only rules of --dataset_type dpo)")
+    p.add_argument("--output_dir", "--local_dir", dest="output_dir", default=RECIPE_LOCAL_DIR,
+                   help="where <mode>_train.parquet and <mode>_validation.parquet are written (default: "
+                        "%(default)s, the recipe's)")
+    p.add_argument("--hdfs_dir", default=None,
+                   help="the recipe's HDFS copy: not done here (an error); copy --local_dir with your HDFS tool")
     p.add_argument("--validation_size", type=_size, default=0.1,
                    help="fraction (<1) or row count held out (default: 0.1)")
     p.add_argument("--seed", type=int, default=42, help="split seed (default: 42)")
-    p.add_argument("--system_prompt", default=None, help="system prompt put first in every prompt")
+    p.add_argument("--num_proc", type=int, default=None,
+                   help="worker processes for reading the files (the row rules are one linear pass)")
+    p.add_argument("--system_prompt", default=None,
+                   help="system prompt put first in every prompt (recipe rules: default the collabllm envs' "
+                        "own, collab_env.tasks.collabllm.DEFAULT_SYSTEM_PROMPT)")
     g = p.add_argument_group("rl")
-    g.add_argument("--task_desc", default=None, help="task description for the user simulator")
-    g.add_argument("--ability", default=None, help="the ability column")
+    g.add_argument("--task_desc", default=None,
+                   help=f"task description for the user simulator (recipe rules: every row, default "
+                        f"{RECIPE_TASK_DESC!r}; collab_env rules: the row's, else the dataset family's)")
+    g.add_argument("--ability", default=None, help="the ability column (collab_env rules)")
     g.add_argument("--no_dedup", dest="dedup", action="store_false", default=None,
-                   help="keep rows with the same prompt and hidden goal")
-    g = p.add_argument_group("sft")
+                   help="keep rows with the same prompt (and, collab_env rules, hidden goal)")
+    g = p.add_argument_group("sft (collab_env rules)")
     g.add_argument("--select", choices=("latest", "score"), default=None)
     g.add_argument("--min_score", type=float, default=None)
     g.add_argument("--train_on", choices=("assistant", "completion"), default=None)
-    g = p.add_argument_group("dpo")
+    g = p.add_argument_group("dpo (collab_env rules)")
     g.add_argument("--min_gap", type=float, default=None)
     g.add_argument("--pairing", choices=("best_worst", "all"), default=None)
     g.add_argument("--response_format", choices=("messages", "text"), default=None)
@@ -319,7 +387,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line entry point; returns the exit status.
+    """Command line entry point (``collab-env data``); returns the exit status.
 
     Only the mode options given on the command line are passed on, so an option of another
     mode (``--min_gap`` with ``--mode rl``) is reported as an error.
@@ -331,19 +399,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         0 on success, 1 when the data or the options are rejected (the reason on stderr).
     """
     args = _parser().parse_args(argv)
-    common = ("dataset", "data_files", "split", "mode", "output_dir", "validation_size", "seed")
+    if args.hdfs_dir is not None:
+        print(f"error: --hdfs_dir is the recipe's copy to HDFS, which collab-env data does not do; write to "
+              f"--local_dir, then copy that folder to {args.hdfs_dir} with your HDFS tool (hdfs dfs -put).",
+              file=sys.stderr)
+        return 1
+    rules = args.rules or ("collab_env" if args.mode == "dpo" else "recipe")
+    common = ("dataset", "data_files", "split", "mode", "output_dir", "validation_size", "seed", "rules",
+              "hdfs_dir", "num_proc")
     options = {k: v for k, v in vars(args).items() if k not in common and v is not None}
     try:
         splits = process_collabllm_dataset(
             args.dataset, args.mode, data_files=args.data_files, split=args.split,
-            output_dir=args.output_dir, validation_size=args.validation_size, seed=args.seed, **options,
+            output_dir=args.output_dir, validation_size=args.validation_size, seed=args.seed, rules=rules,
+            num_proc=args.num_proc, **options,
         )
     except CollabEnvError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     out = os.path.expanduser(args.output_dir)
     for name, part in splits.items():
-        print(f"wrote {os.path.join(out, f'{args.mode}_{name}.parquet')} ({len(part)} rows)")
+        print(f"wrote {os.path.join(out, f'{args.mode}_{name}.parquet')} ({len(part)} rows, {rules} rules)")
+    if args.mode == "rl" and rules == "recipe":
+        fallback = sum(not r["extra_info"].get("single_turn_completion") and r["ground_truth"] == (
+            r["extra_info"].get("completion") or "") for part in splits.values() for r in part)
+        if fallback:
+            print(f"note: {fallback} row(s) have no single_turn_completion: their ground_truth is the recorded "
+                  "completion (the recipe's fallback), a reply, not a checked answer", file=sys.stderr)
     return 0
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from collab_env.errors import ConfigError, DataSchemaError, DatasetUnavailableError
-from collab_env.tasks.collabllm_rows import OPTIONAL_COLUMNS, REQUIRED_COLUMNS
+from collab_env.tasks.collabllm_rows import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, is_rl_layout, schema_row_from_rl
 
 __all__ = ["load_collabllm_dataset", "check_data_files", "data_file_list"]
 
@@ -165,14 +165,21 @@ def _probe(endpoint: str, timeout: float = _PROBE_TIMEOUT_S) -> str | None:
     return result[0]
 
 
-def load_collabllm_dataset(dataset: str, data_files: Any = None, split: str = "train"):
+def load_collabllm_dataset(dataset: str, data_files: Any = None, split: str | None = "train",
+                           *, num_proc: int | None = None):
     """Load CollabLLM rows as a ``datasets.Dataset`` and check the required columns.
+
+    Files of RL rows (the recipe's ``process_dataset.py`` output, or ``collab-env data
+    --dataset_type rl``: columns ``prompt``, ``reward_model``, ``extra_info``) are read back into
+    the schema (:func:`~collab_env.tasks.collabllm_rows.schema_row_from_rl`), so an env plays the
+    very rows a trainer trains on (their ``prompt`` keeps its system message).
 
     Args:
         dataset: Hub id (``"collabllm/collabllm-multiturn-math-hard"``) or a local dataset
             directory; ignored when ``data_files`` is given.
         data_files: Local parquet/json/jsonl file(s): a path, a list or a ``{split: paths}`` dict.
-        split: Split to return.
+        split: Split to return; ``None``: every split, concatenated in name order.
+        num_proc: Worker processes ``datasets`` reads the files with (``None``: one).
 
     Returns:
         The ``datasets.Dataset`` of that split.
@@ -191,7 +198,7 @@ def load_collabllm_dataset(dataset: str, data_files: Any = None, split: str = "t
         source = ", ".join(files)
         builder = _builder_for(files)
         try:
-            loaded = datasets.load_dataset(builder, data_files=data_files)
+            loaded = datasets.load_dataset(builder, data_files=data_files, num_proc=num_proc)
         except FileNotFoundError as exc:
             raise DatasetUnavailableError(
                 f"collabllm: data file not found ({source}): {exc}. Check the path(s) given as data_files=."
@@ -203,14 +210,21 @@ def load_collabllm_dataset(dataset: str, data_files: Any = None, split: str = "t
             ) from exc
     else:
         source = dataset
-        if os.path.isdir(dataset):
-            loaded = datasets.load_dataset(dataset)
+        if os.path.isdir(os.path.expanduser(dataset)):
+            loaded = datasets.load_dataset(os.path.expanduser(dataset), num_proc=num_proc)
         else:
-            loaded = _load_from_hub(datasets, dataset)
+            loaded = _load_from_hub(datasets, dataset, num_proc)
 
-    if split not in loaded:
+    if split is None:
+        parts = [loaded[k] for k in sorted(loaded)]
+        ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    elif split not in loaded:
         raise ConfigError(f"collabllm: {source} has no split {split!r}; splits: {sorted(loaded)}.")
-    ds = loaded[split]
+    else:
+        ds = loaded[split]
+    if is_rl_layout(ds.column_names):
+        ds = datasets.Dataset.from_list(
+            [schema_row_from_rl(row, where=f"collabllm: {source}, row {i}") for i, row in enumerate(ds)])
     missing = [c for c in REQUIRED_COLUMNS if c not in ds.column_names]
     if missing:
         raise DataSchemaError(
@@ -222,12 +236,12 @@ def load_collabllm_dataset(dataset: str, data_files: Any = None, split: str = "t
     return ds
 
 
-def _load_from_hub(datasets: Any, dataset: str):
+def _load_from_hub(datasets: Any, dataset: str, num_proc: int | None = None):
     """``load_dataset(dataset)`` that fails within seconds when the hub cannot be used."""
     if _env_offline() or datasets.config.HF_HUB_OFFLINE:
         try:
             with _ForceOffline():
-                return datasets.load_dataset(dataset)
+                return datasets.load_dataset(dataset, num_proc=num_proc)
         except Exception as exc:
             raise DatasetUnavailableError(
                 f"collabllm: offline mode is on (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) and "
@@ -245,7 +259,7 @@ def _load_from_hub(datasets: Any, dataset: str):
                 f"{dataset!r} cannot be downloaded. " + _OFFLINE_HINT
             )
     try:
-        return datasets.load_dataset(dataset)
+        return datasets.load_dataset(dataset, num_proc=num_proc)
     except Exception as exc:
         raise DatasetUnavailableError(
             f"collabllm: cannot load {dataset!r} from the Hugging Face Hub ({type(exc).__name__}: {exc}). "

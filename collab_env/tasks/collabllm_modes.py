@@ -29,9 +29,13 @@ if TYPE_CHECKING:  # datasets is imported lazily, inside the functions
 
 __all__ = [
     "MODES",
+    "RULES",
     "RL_COLUMNS",
+    "RECIPE_RL_COLUMNS",
     "SFT_COLUMNS",
+    "RECIPE_SFT_COLUMNS",
     "DPO_COLUMNS",
+    "RECIPE_TASK_DESC",
     "build_rl_dataset",
     "build_sft_dataset",
     "build_dpo_dataset",
@@ -43,8 +47,22 @@ MODES: tuple[str, ...] = ("rl", "sft", "dpo")
 RL_COLUMNS: tuple[str, ...] = (
     "data_source", "agent_name", "prompt", "ability", "reward_model", "extra_info", "index",
 )
+#: Columns of a mode ``"rl"`` dataset under ``rules="recipe"``: the verl recipe's
+#: ``process_dataset.py`` columns (``ground_truth`` and ``raw_prompt`` repeat ``reward_model`` and
+#: ``prompt``; there is no ``ability``).
+RECIPE_RL_COLUMNS: tuple[str, ...] = (
+    "prompt", "ground_truth", "raw_prompt", "extra_info", "reward_model", "data_source", "agent_name", "index",
+)
 #: Columns of a mode ``"sft"`` dataset, in order.
 SFT_COLUMNS: tuple[str, ...] = ("messages", "trainable", "conv_id", "turn_id", "score")
+#: Columns of a mode ``"sft"`` dataset under ``rules="recipe"``: the whole conversation in
+#: ``prompt``, the column the recipe's SFT script reads (``data.multiturn.messages_key=prompt``).
+RECIPE_SFT_COLUMNS: tuple[str, ...] = ("prompt",)
+#: The row rules: ``"collab_env"`` (this library's, the default of the Python API) and
+#: ``"recipe"`` (the verl recipe's ``process_dataset.py``, the default of ``collab-env data``).
+RULES: tuple[str, ...] = ("collab_env", "recipe")
+#: The recipe's ``--task_desc`` default, which it gives every row of every dataset.
+RECIPE_TASK_DESC = "solving math problems"
 #: Columns of a mode ``"dpo"`` dataset, in order.
 DPO_COLUMNS: tuple[str, ...] = (
     "prompt", "chosen", "rejected", "score_chosen", "score_rejected", "conv_id", "turn_id",
@@ -222,6 +240,7 @@ def build_rl_dataset(
     data_source: str = "collabllm",
     agent_name: str = "collabllm_agent",
     dedup: bool = True,
+    rules: Literal["collab_env", "recipe"] = "collab_env",
 ) -> datasets.Dataset:
     """verl RL rows: the policy prompt, the hidden goal for the user simulator, the reference.
 
@@ -241,15 +260,30 @@ def build_rl_dataset(
         data_source: The ``data_source`` column (verl routes rewards on it).
         agent_name: The ``agent_name`` column (verl's agent loop name).
         dedup: Keep only the first row of each (prompt, hidden goal); rows that differ only in
-            their recorded completion give the same RL prompt.
+            their recorded completion give the same RL prompt. Under ``rules="recipe"``: of each
+            prompt, as the recipe does.
+        rules: ``"collab_env"`` (the rules above) or ``"recipe"``: the verl recipe's
+            ``process_dataset.py`` rules, exactly: the system prompt on every row (``system_prompt``,
+            default :data:`~collab_env.tasks.collabllm.DEFAULT_SYSTEM_PROMPT`), dedup on the prompt
+            alone, ``ground_truth`` = the row's ``ground_truth``, else ``single_turn_completion``,
+            else ``completion``, else ``""``, every row's ``task_desc`` = ``task_desc`` or
+            :data:`RECIPE_TASK_DESC` (the row's own column is overwritten, as the recipe's map
+            does), and the columns :data:`RECIPE_RL_COLUMNS`.
 
     Returns:
-        A ``datasets.Dataset`` with the columns :data:`RL_COLUMNS`.
+        A ``datasets.Dataset`` with the columns :data:`RL_COLUMNS` (:data:`RECIPE_RL_COLUMNS`
+        under ``rules="recipe"``).
 
     Raises:
         DataSchemaError: A required column is missing or a row is malformed.
         ConfigError: An argument is invalid.
     """
+    _check_choice("rules", rules, RULES)
+    recipe = rules == "recipe"
+    if recipe and system_prompt is None:
+        from collab_env.tasks.collabllm import DEFAULT_SYSTEM_PROMPT
+
+        system_prompt = DEFAULT_SYSTEM_PROMPT
     _check_system_prompt(system_prompt)
     for name, value in (("task_desc", task_desc), ("ability", ability), ("dataset", dataset)):
         if value is not None and not isinstance(value, str):
@@ -261,19 +295,25 @@ def build_rl_dataset(
     ability = ability or _family_value(dataset, _ABILITIES, "general")
 
     records, seen = [], set()
-    for i, row in _iter_rows(data, REQUIRED_COLUMNS, "mode 'rl'"):
+    needs = ("prompt", "single_turn_prompt") if recipe else REQUIRED_COLUMNS
+    for i, row in _iter_rows(data, needs, "mode 'rl'"):
         where = _where(i, row)
         prompt = _with_system(_prompt(row, where), system_prompt)
         goal = _text(row, "single_turn_prompt", where)
-        truth = _text(row, "single_turn_completion", where)
-        desc = task_desc or row.get("task_desc") or default_desc
+        if recipe:
+            truth = _recipe_ground_truth(row, where)
+            desc = task_desc or RECIPE_TASK_DESC
+        else:
+            truth = _text(row, "single_turn_completion", where)
+            desc = task_desc or row.get("task_desc") or default_desc
         if dedup:
-            key = json.dumps([prompt, goal], sort_keys=True, ensure_ascii=False)
+            key = json.dumps(prompt if recipe else [prompt, goal], sort_keys=True, ensure_ascii=False)
             if key in seen:
                 continue
             seen.add(key)
         # Everything else the row has, for custom rewards (a shallow copy, as in the recipe).
-        extra = {k: _plain(v) for k, v in row.items() if k not in ("prompt", "single_turn_prompt", "task_desc")}
+        extra = {k: _plain(v) for k, v in row.items()
+                 if k not in ("prompt", "single_turn_prompt", "task_desc", "ground_truth", "extra_info")}
         if "sessions" in extra:
             extra["sessions"], details = normalize_sessions(row["sessions"], where=where)
             if details:  # the -large layout's per-session judge details
@@ -283,6 +323,13 @@ def build_rl_dataset(
             prompt=prompt,
             interaction_kwargs={"name": "collabllm", "single_turn_prompt": goal, "task_desc": desc},
         )
+        if recipe:
+            records.append({
+                "prompt": prompt, "ground_truth": truth, "raw_prompt": prompt, "extra_info": extra,
+                "reward_model": {"style": "rule", "ground_truth": truth}, "data_source": data_source,
+                "agent_name": agent_name, "index": i,
+            })
+            continue
         records.append({
             "data_source": data_source,
             "agent_name": agent_name,
@@ -292,7 +339,19 @@ def build_rl_dataset(
             "extra_info": extra,
             "index": i,
         })
-    return _to_dataset(records, RL_COLUMNS)
+    return _to_dataset(records, RECIPE_RL_COLUMNS if recipe else RL_COLUMNS)
+
+
+def _recipe_ground_truth(row: Mapping[str, Any], where: str) -> str:
+    """The recipe's reference answer: the first non-empty of ``ground_truth``,
+    ``single_turn_completion`` and ``completion``, else ``""``."""
+    for name in ("ground_truth", "single_turn_completion", "completion"):
+        value = row.get(name)
+        if value is not None and not isinstance(value, str):
+            raise DataSchemaError(f"{where}: {name} must be text, got {type(value).__name__}.")
+        if value:
+            return value
+    return ""
 
 
 def build_sft_dataset(
@@ -302,6 +361,7 @@ def build_sft_dataset(
     select: Literal["latest", "score"] = "latest",
     min_score: float | None = None,
     train_on: Literal["assistant", "completion"] = "assistant",
+    rules: Literal["collab_env", "recipe"] = "collab_env",
 ) -> datasets.Dataset:
     """One conversation per ``conv_id``: the best row's prompt followed by its completion.
 
@@ -321,15 +381,34 @@ def build_sft_dataset(
         train_on: ``"assistant"``: every assistant message is trainable (recorded earlier
             assistant turns included, as verl's multi-turn SFT trains them); ``"completion"``:
             only the final completion.
+        rules: ``"collab_env"`` (the rules above) or ``"recipe"``: the verl recipe's
+            ``process_dataset.py`` rules, exactly: the system prompt first (``system_prompt``,
+            default :data:`~collab_env.tasks.collabllm.DEFAULT_SYSTEM_PROMPT`), ``select="latest"``,
+            conversations sorted by ``conv_id`` (the recipe's sort), and the one column
+            :data:`RECIPE_SFT_COLUMNS` holding the whole conversation. ``select="score"``,
+            ``min_score`` and ``train_on="completion"`` are not the recipe's: an error.
 
     Returns:
         A ``datasets.Dataset`` with the columns :data:`SFT_COLUMNS`, conversations in order of
-        their first row.
+        their first row (:data:`RECIPE_SFT_COLUMNS` in ``conv_id`` order under ``rules="recipe"``).
 
     Raises:
         DataSchemaError: A required column is missing or a row is malformed.
         ConfigError: An argument is invalid.
     """
+    _check_choice("rules", rules, RULES)
+    recipe = rules == "recipe"
+    if recipe:
+        off = [f"{k}={v!r}" for k, v, default in (("select", select, "latest"), ("min_score", min_score, None),
+                                                   ("train_on", train_on, "assistant")) if v != default]
+        if off:
+            raise ConfigError(f"mode 'sft' with rules='recipe' takes none of {off}: the recipe keeps the latest "
+                              "turn of every conversation and trains on its assistant messages; use "
+                              "rules='collab_env' for these options.")
+        if system_prompt is None:
+            from collab_env.tasks.collabllm import DEFAULT_SYSTEM_PROMPT
+
+            system_prompt = DEFAULT_SYSTEM_PROMPT
     _check_system_prompt(system_prompt)
     _check_choice("select", select, ("latest", "score"))
     _check_choice("train_on", train_on, ("assistant", "completion"))
@@ -344,11 +423,17 @@ def build_sft_dataset(
             best[item["conv_id"]] = (rank, item)
 
     records = []
-    for _, item in best.values():
+    chosen = list(best.values())
+    if recipe:
+        chosen = [best[k] for k in _sorted_ids(best)]
+    for _, item in chosen:
         if min_score is not None and item["score"] < min_score:
             continue
         messages = _with_system(item["prompt"], system_prompt)
         messages.append({"role": "assistant", "content": item["completion"]})
+        if recipe:
+            records.append({"prompt": messages})
+            continue
         if train_on == "assistant":
             trainable = [m["role"] == "assistant" for m in messages]
         else:
@@ -360,7 +445,16 @@ def build_sft_dataset(
             "turn_id": item["turn_id"],
             "score": item["score"],
         })
-    return _to_dataset(records, SFT_COLUMNS)
+    return _to_dataset(records, RECIPE_SFT_COLUMNS if recipe else SFT_COLUMNS)
+
+
+def _sorted_ids(best: Mapping[Any, Any]) -> list[Any]:
+    """The conversation ids in the recipe's order (ascending, as its pandas sort on ``conv_id``)."""
+    try:
+        return sorted(best)
+    except TypeError as exc:  # mixed str and int ids: pandas cannot sort them either
+        raise DataSchemaError(f"collabllm data: conv_id values of different types ({exc}); the recipe sorts "
+                              "conversations by conv_id, so give every row a conv_id of one type.") from exc
 
 
 def build_dpo_dataset(

@@ -24,6 +24,9 @@ __all__ = [
     "normalize_messages",
     "normalize_sessions",
     "default_task_desc",
+    "RL_LAYOUT",
+    "is_rl_layout",
+    "schema_row_from_rl",
 ]
 
 REQUIRED_COLUMNS: tuple[str, ...] = ("prompt", "single_turn_prompt", "single_turn_completion")
@@ -169,3 +172,47 @@ def default_task_desc(dataset: str) -> str:
             return TASK_DESCRIPTIONS[key]
     return GENERIC_TASK_DESC
 
+
+
+#: The columns that mark a file of RL rows (the verl recipe's ``process_dataset.py`` output, or
+#: ``collab-env data --dataset_type rl``) rather than rows of the schema.
+RL_LAYOUT: tuple[str, ...] = ("prompt", "reward_model", "extra_info")
+
+
+def is_rl_layout(columns: Sequence[str]) -> bool:
+    """Whether a dataset with these columns holds RL rows (:data:`RL_LAYOUT`, no
+    ``single_turn_prompt`` column) rather than rows of the schema."""
+    return all(c in columns for c in RL_LAYOUT) and "single_turn_prompt" not in columns
+
+
+def schema_row_from_rl(row: Mapping[str, Any], *, where: str) -> dict[str, Any]:
+    """An RL row (the recipe's columns) back as a row of the schema, for an env to play.
+
+    ``prompt`` is the row's (its system message kept), the hidden goal and the task description
+    come from ``extra_info["interaction_kwargs"]``, ``single_turn_completion`` is
+    ``reward_model["ground_truth"]`` (the reference the recipe's reward scores against), and the
+    optional columns (``completion``, ``conv_id``, ``sessions``...) from ``extra_info``.
+
+    Raises:
+        DataSchemaError: ``extra_info`` has no ``interaction_kwargs`` with a ``single_turn_prompt``,
+            or ``reward_model`` no ``ground_truth`` text.
+    """
+    extra, reward = row.get("extra_info"), row.get("reward_model")
+    if not isinstance(extra, Mapping) or not isinstance(reward, Mapping):
+        raise DataSchemaError(f"{where}: an RL row needs extra_info and reward_model dicts, got "
+                              f"{type(extra).__name__} and {type(reward).__name__}.")
+    kwargs = extra.get("interaction_kwargs")
+    if not isinstance(kwargs, Mapping) or not isinstance(kwargs.get("single_turn_prompt"), str):
+        raise DataSchemaError(f"{where}: extra_info.interaction_kwargs.single_turn_prompt (the hidden goal of the "
+                              "user simulator) is missing; write RL rows with collab-env data --dataset_type rl.")
+    truth = reward.get("ground_truth")
+    if not isinstance(truth, str):
+        raise DataSchemaError(f"{where}: reward_model.ground_truth must be text, got {type(truth).__name__}.")
+    out: dict[str, Any] = {"prompt": row["prompt"], "single_turn_prompt": kwargs["single_turn_prompt"],
+                           "single_turn_completion": truth}
+    if isinstance(kwargs.get("task_desc"), str) and kwargs["task_desc"]:
+        out["task_desc"] = kwargs["task_desc"]
+    for name in OPTIONAL_COLUMNS:
+        if name not in out and extra.get(name) is not None:
+            out[name] = _drop_none(extra[name]) if name != "sessions" else extra[name]
+    return out

@@ -239,13 +239,15 @@ def _card_messages(indent: int, sequence: bool) -> str:
     return (f"{kind}:\n{pad}- name: content\n{pad}  dtype: string\n{pad}- name: role\n{pad}  dtype: string")
 
 
-def write_collabllm_hub_dir(path: str | Path, n: int = 4, *, sequence_messages: bool = False) -> Path:
+def write_collabllm_hub_dir(path: str | Path, n: int = 4, *, sequence_messages: bool = False,
+                            rows: list[dict[str, Any]] | None = None) -> Path:
     """A local copy of a ``-large`` hub dataset repository: ``README.md`` with the card's
     ``dataset_info`` (:func:`large_features`) and ``data/train-00000-of-00001.parquet`` written by
-    ``datasets`` with those features (as ``push_to_hub`` writes them). Returns the directory."""
+    ``datasets`` with those features (as ``push_to_hub`` writes them). Returns the directory.
+    ``rows``: rows of the ``-large`` layout to write instead of ``collabllm_fixture_rows(n)``."""
     path = Path(path)
     (path / "data").mkdir(parents=True, exist_ok=True)
-    rows = collabllm_fixture_rows(n, layout="large")
+    rows = collabllm_fixture_rows(n, layout="large") if rows is None else rows
     _large_dataset(rows, sequence_messages=sequence_messages).to_parquet(
         str(path / "data" / "train-00000-of-00001.parquet"))
     sessions = "\n".join(_CARD_SESSION.format(key=k, messages=_card_messages(8, sequence_messages))

@@ -13,6 +13,8 @@ import pytest
 from collab_env.errors import ConfigError, DataSchemaError
 from collab_env.tasks.collabllm_data import (
     DPO_COLUMNS,
+    RECIPE_RL_COLUMNS,
+    RECIPE_SFT_COLUMNS,
     RL_COLUMNS,
     SFT_COLUMNS,
     build_dpo_dataset,
@@ -271,21 +273,25 @@ def test_process_writes_parquet_that_reloads(tmp_path):
     assert loaded["train"][0]["extra_info"]["interaction_kwargs"]["task_desc"].startswith("writing")
 
 
-@pytest.mark.parametrize("mode", ["rl", "sft", "dpo"])
-def test_cli_writes_files_for_every_mode(tmp_path, mode, capsys):
+@pytest.mark.parametrize("mode,rules", [("rl", "recipe"), ("sft", "recipe"), ("rl", "collab_env"),
+                                        ("sft", "collab_env"), ("dpo", None)])
+def test_cli_writes_files_for_every_mode(tmp_path, mode, rules, capsys):
     src = tmp_path / "rows.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in _scored_rows() * 1), encoding="utf-8")
     out = tmp_path / "out"
     argv = ["--data_files", str(src), "--mode", mode, "--output_dir", str(out), "--validation_size", "1"]
     if mode == "dpo":
         argv += ["--min_gap", "0.1"]
-    assert main(argv) == 0
+    if rules == "collab_env":
+        argv += ["--rules", rules]
+    assert main(argv) == 0  # without --rules: the recipe's for rl and sft (dpo has only ours)
     assert f"{mode}_train.parquet" in capsys.readouterr().out
-    columns = {"rl": RL_COLUMNS, "sft": SFT_COLUMNS, "dpo": DPO_COLUMNS}[mode]
+    columns = {("rl", "recipe"): RECIPE_RL_COLUMNS, ("sft", "recipe"): RECIPE_SFT_COLUMNS,
+               ("rl", "collab_env"): RL_COLUMNS, ("sft", "collab_env"): SFT_COLUMNS, ("dpo", None): DPO_COLUMNS}
     train = datasets.load_dataset("parquet", data_files=str(out / f"{mode}_train.parquet"))["train"]
     val = datasets.load_dataset("parquet", data_files=str(out / f"{mode}_validation.parquet"))["train"]
-    assert tuple(train.column_names) == columns and len(val) == 1
-    trained_on = {"rl": "prompt", "sft": "messages", "dpo": "prompt"}[mode]
+    assert tuple(train.column_names) == columns[mode, rules] and len(val) == 1
+    trained_on = {"rl": "prompt", "sft": "prompt" if rules == "recipe" else "messages", "dpo": "prompt"}[mode]
     assert _secret_free(list(train[trained_on]) + list(val[trained_on]))
 
 
