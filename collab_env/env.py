@@ -91,7 +91,7 @@ class EpisodeState:
     """The mutable state of one episode. Tasks read it and may keep their own notes in
     ``data`` (which must be deep-copyable: :meth:`CollabEnv.clone` copies it)."""
 
-    index: int
+    index: int | None
     item: Mapping[str, Any]
     rng: np.random.Generator
     messages: list[Message] = field(default_factory=list)
@@ -167,6 +167,13 @@ class Task:
     def get_item(self, index: int) -> Mapping[str, Any]:
         """The task item at ``index`` (deterministic)."""
         raise NotImplementedError
+
+    def item_from_row(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
+        """A task item built from a caller's data row (``reset(options={"item": row})``), checked
+        like the task's own items. Tasks whose items are data rows override it; the default
+        refuses, since a generated task has no row format."""
+        raise ConfigError(f"{type(self).__name__} plays only its own items: pass options={{'index': i}}, "
+                          "not options={'item': ...}.")
 
     # -- episode hooks ---------------------------------------------------------------------
     def start(self, state: EpisodeState, options: Mapping[str, Any]) -> Start:
@@ -319,8 +326,10 @@ class CollabEnv(ParallelEnv[str, Conversation, str]):
     async def areset(
         self, seed: int | None = None, options: Mapping[str, Any] | None = None
     ) -> tuple[dict[str, Conversation], dict[str, dict[str, Any]]]:
-        """Start an episode. ``options``: ``{"index": i}`` picks task item ``i``; tasks list
-        their other keys in ``Task.option_keys``."""
+        """Start an episode. ``options``: ``{"index": i}`` picks task item ``i``;
+        ``{"item": row}`` plays a caller's data row instead (tasks of data rows only, see
+        :meth:`Task.item_from_row`; the episode's index is then ``None``); tasks list their other
+        keys in ``Task.option_keys``."""
         return self._reset(seed, options)
 
     async def astep(self, actions: Mapping[str, str]) -> tuple[
@@ -348,6 +357,7 @@ class CollabEnv(ParallelEnv[str, Conversation, str]):
         rng = self.np_random
         options = dict(options or {})
         index = options.pop("index", None)
+        row = options.pop("item", None)
         unknown = set(options) - set(self.task.option_keys)
         if unknown:
             warnings.warn(
@@ -356,7 +366,12 @@ class CollabEnv(ParallelEnv[str, Conversation, str]):
                 stacklevel=3,
             )
         n = self.task.num_items()
-        if index is None:
+        if row is not None:
+            if index is not None:
+                raise ConfigError("reset() takes options['index'] or options['item'], not both.")
+            if not isinstance(row, Mapping):
+                raise ConfigError(f"options['item'] must be a mapping (a data row), got {type(row).__name__}.")
+        elif index is None:
             index = int(rng.integers(n)) if n else int(rng.integers(2**31 - 1))
         else:
             if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
@@ -365,7 +380,8 @@ class CollabEnv(ParallelEnv[str, Conversation, str]):
             if index < 0 or (n is not None and index >= n):
                 raise ConfigError(f"options['index']={index} is out of range: the task has {n} items.")
         episode_rng = np.random.default_rng(int(rng.integers(2**63 - 1)))
-        state = EpisodeState(index=index, item=self.task.get_item(index), rng=episode_rng)
+        item = self.task.item_from_row(row) if row is not None else self.task.get_item(index)
+        state = EpisodeState(index=index, item=item, rng=episode_rng)
         state.moves = dict.fromkeys(self.possible_agents, 0)
         state.chars = dict.fromkeys(self.possible_agents, 0)
         start = self.task.start(state, {k: v for k, v in options.items() if k in self.task.option_keys})

@@ -138,10 +138,13 @@ from collab_env.tasks.collabllm_rows import (
     GENERIC_TASK_DESC,
     OPTIONAL_COLUMNS,
     REQUIRED_COLUMNS,
+    RL_LAYOUT,
     TASK_DESCRIPTIONS,
     default_task_desc,
+    is_rl_layout,
     normalize_messages,
     normalize_sessions,
+    schema_row_from_rl,
 )
 from collab_env.types import Conversation, Message
 
@@ -299,8 +302,23 @@ class CollabLLMTask(Task):
     def get_item(self, index: int) -> dict[str, Any]:
         """Row ``index`` as a dict: ``prompt`` and ``sessions`` as plain message lists,
         ``task_desc`` filled in. Raises DataSchemaError for a malformed row."""
-        row = dict(self._rows[int(index)])
-        where = f"collabllm: {self._source}, row {index}"
+        return self._item(dict(self._rows[int(index)]), f"collabllm: {self._source}, row {index}")
+
+    def item_from_row(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """A caller's row (``reset(options={"item": row})``) as an item, checked like the
+        dataset's own: a row of the schema, or an RL row as ``collab-env data`` and the verl
+        recipe write it (what verl hands an agent loop)."""
+        where = "collabllm: options['item']"
+        row = dict(row)
+        if is_rl_layout(list(row)):
+            row = schema_row_from_rl(row, where=where)
+        missing = [c for c in REQUIRED_COLUMNS if c not in row]
+        if missing:
+            raise DataSchemaError(f"{where} lacks {missing}: give a row of the CollabLLM schema (columns "
+                                  f"{list(REQUIRED_COLUMNS)}) or an RL row (columns {list(RL_LAYOUT)}).")
+        return self._item(row, where)
+
+    def _item(self, row: dict[str, Any], where: str) -> dict[str, Any]:
         if row.get("conv_id") is not None:
             where += f" (conv_id {row['conv_id']})"
         prompt = normalize_messages(row["prompt"], what="prompt", where=where)

@@ -213,3 +213,26 @@ def test_rl_files_read_back_into_the_env(recipe_run):
     assert any(m.meta.get("single_turn_prompt") == rows[0]["single_turn_prompt"] for m in goal)
     assert rows[0]["single_turn_prompt"] not in "".join(m.content for m in seen)
     env.close()
+
+
+def test_env_plays_a_row_it_is_given(recipe_run):
+    """reset(options={"item": row}) plays an RL row as verl hands it over, checked like the
+    dataset's own rows; a generated task refuses the option."""
+    folder, _, _ = recipe_run
+    row = _written(folder, "rl")["train"][0]
+    env = collab_env.make("collabllm-math-hard", data_files=str(folder / "rl_validation.parquet"), system_prompt=None)
+    obs, _ = env.reset(seed=0, options={"item": row})
+    assert env.unwrapped.episode.index is None
+    assert env.unwrapped.episode.item["single_turn_completion"] == row["reward_model"]["ground_truth"]
+    assert [m.content for m in obs["assistant"] if m.role != "system"] == [
+        m["content"] for m in row["prompt"] if m["role"] != "system"]
+    broken = {**row, "extra_info": {k: v for k, v in row["extra_info"].items() if k != "interaction_kwargs"}}
+    with pytest.raises(collab_env.errors.DataSchemaError, match="interaction_kwargs"):
+        env.reset(options={"item": broken})
+    with pytest.raises(collab_env.errors.ConfigError, match="not both"):
+        env.reset(options={"item": row, "index": 0})
+    env.close()
+    other = collab_env.make("hidden-facts")
+    with pytest.raises(collab_env.errors.ConfigError, match="plays only its own items"):
+        other.reset(options={"item": {"a": 1}})
+    other.close()
