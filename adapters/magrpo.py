@@ -22,8 +22,12 @@ The algorithm, per batch of training items:
    path) and, up to ``num_turns``, expanded into a child node (next prompts from
    ``external_transition`` / formatters with ``external_prompts``).
 2. **Returns and advantages**: a joint action's return is its reward plus ``discount`` times the
-   mean return of its child's joint actions; each agent's completions at a node get
-   group-relative advantages (mean-centred, optionally divided by the std) of their returns.
+   mean return of its child's joint actions (no child: its reward; CoMLRL's MAGRPO is this rule
+   undiscounted, ``discount=1.0`` under ``preset="comlrl"``). A completion's value is its joint
+   action's return (aligned) or, crossed, the mean (``cross_value="mean"``) or the sum
+   (``"sum"``, CoMLRL's) of the returns of the joint actions it is part of; each agent's
+   completions at a node get group-relative advantages (mean-centred, optionally divided by the
+   std) of their values.
 3. **Update**, per model, ``num_iterations`` times over the same samples: the clipped surrogate
    (ratio to the sampling policy's log-probs) plus ``beta`` times the k3 KL to the reference,
    on completion tokens only (padding and prompts are masked out), accumulated over
@@ -78,8 +82,9 @@ class MAGRPOConfig(TrainerConfig):
     }
     # CoMLRL's MAGRPOConfig defaults (comlrl/trainers/reinforce/magrpo.py), plus what its trainer
     # hard-codes: torch's AdamW (weight decay 0.01, no gradient clipping), one on-policy pass,
-    # log-probs of the raw logits, the loss -A * sum(log p) averaged over completions, and the
-    # formatter's string tokenised as it is.
+    # log-probs of the raw logits, the loss -A * sum(log p) averaged over completions, the
+    # formatter's string tokenised as it is, undiscounted returns (its discount is never read)
+    # and a crossed completion valued by the sum of its joint actions' returns.
     COMLRL_DEFAULTS: ClassVar[dict[str, Any]] = {
         "num_train_epochs": 20, "learning_rate": 5e-6, "logging_steps": 50, "num_agents": 2,
         "num_generations": 4, "max_new_tokens": 256, "temperature": 0.6, "top_p": 0.6, "top_k": 50,
@@ -87,6 +92,7 @@ class MAGRPOConfig(TrainerConfig):
         "external_prompt_passthrough": False, "eval_interval": 16, "eval_num_samples": 4,
         "eval_batch_size": 1, "rollout_buffer_size": 2, "train_batch_size": None,
         "normalize_advantages": True, "reference_kl_enabled": False, "reference_kl_coef": 0.1,
+        "cross_value": "sum",
         "per_device_train_batch_size": 1, "weight_decay": 0.01, "max_grad_norm": None,
         "num_iterations": 1, "beta": 0.0, "logprob_temperature": 1.0, "loss_type": "sum",
         "prompt_format": "raw", "lr_scheduler_type": "constant", "warmup_steps": 0,
@@ -115,7 +121,15 @@ class MAGRPOConfig(TrainerConfig):
     """How agents' completions form joint actions: ``aligned`` pairs the j-th completions
     (``G`` per node); ``cross`` takes every combination (``G ** n`` per node)."""
     discount: float = 1.0
-    """Weight of the children's mean return in a joint action's return."""
+    """Weight of the children's mean return in a joint action's return. CoMLRL's MAGRPOConfig
+    has this field too, but its trainer never reads it: its returns are always undiscounted
+    (1.0, the preset's value); a discount passed with ``preset="comlrl"`` departs from it."""
+    cross_value: Literal["mean", "sum"] = "mean"
+    """``joint_mode="cross"``: a completion's value (what its advantage comes from) is the mean
+    of the returns of the joint actions it is part of (the marginal over the other agents'
+    choices), or their sum (``"sum"``, CoMLRL's: ``num_generations ** (num_agents - 1)`` times
+    the mean, so larger advantages without ``normalize_advantages`` and a relatively smaller
+    ``reference_kl_coef`` penalty). Aligned joint actions: the same either way."""
     normalize_advantages: bool = False
     """Divide group-relative advantages by the group's std (GRPO's paper) instead of only
     centring them."""
@@ -186,6 +200,7 @@ class MAGRPOConfig(TrainerConfig):
         check_int("top_k", self.top_k, 1, allow_none=True)
         check_choice("joint_mode", self.joint_mode, ("aligned", "cross"))
         check_float("discount", self.discount, 0.0, 1.0)
+        check_choice("cross_value", self.cross_value, ("mean", "sum"))
         check_int("num_iterations", self.num_iterations, 1)
         check_float("clip_range", self.clip_range, 0.0, 1.0, low_open=True)
         check_float("clip_range_high", self.clip_range_high, 0.0, low_open=True, allow_none=True)

@@ -18,9 +18,11 @@ untrained players and their rewards' futures make to a policy with a queue (the 
 into batches across every fork of the level.
 
 The **return** of a joint action is its reward plus ``discount`` times the mean return of its
-child's joint actions; a learner turns the returns of sibling joint actions into group-relative
-advantages. The same function evaluates (``G = 1``) and samples ``k`` independent chains for
-pass@k (``G = k`` at the root, 1 below).
+child's joint actions (CoMLRL's MAGRPO: the same with discount 1); a learner turns the returns of
+sibling joint actions into group-relative advantages (a crossed completion's value: the mean or,
+as in CoMLRL, the sum of the returns of its joint actions, :func:`completion_values`). The same
+function evaluates (``G = 1``) and samples ``k`` independent chains for pass@k (``G = k`` at the
+root, 1 below).
 
 Anything with ``areset``/``astep``/``clone``/``possible_agents`` works as the environment: a
 :class:`~collab_env.env.CollabEnv`, a :func:`~collab_env.tasks.from_dataset` env, or a reward
@@ -279,14 +281,20 @@ def compute_returns(levels: Sequence[Sequence[TreeNode]], num_agents: int, disco
                 ja.returns = [ja.rewards[i] + discount * future[i] for i in range(num_agents)]
 
 
-def completion_values(node: TreeNode, agent: int) -> list[float]:
-    """Per completion of ``agent`` at ``node``, the mean return (to that agent) of the joint
-    actions that used it: exactly its joint action's return when aligned, the marginal over the
-    other agents' choices when crossed."""
+def completion_values(node: TreeNode, agent: int, reduce: Literal["mean", "sum"] = "mean") -> list[float]:
+    """Per completion of ``agent`` at ``node``, the returns (to that agent) of the joint actions
+    that used it, averaged (``reduce="mean"``: the marginal over the other agents' choices) or
+    added up (``"sum"``: CoMLRL's MAGRPO, ``G ** (n - 1)`` times the mean when ``n`` agents
+    cross ``G`` completions each). Aligned joint actions use each completion once, so both give
+    its joint action's return."""
+    if reduce not in ("mean", "sum"):
+        raise ValueError(f"reduce must be 'mean' or 'sum', got {reduce!r}.")
     g = len(node.completions[agent])
     sums, counts = [0.0] * g, [0] * g
     for ja in node.joint:
         j = ja.choice[agent]
         sums[j] += ja.returns[agent]
         counts[j] += 1
+    if reduce == "sum":
+        return sums
     return [s / c if c else 0.0 for s, c in zip(sums, counts, strict=True)]

@@ -126,8 +126,9 @@ class TreeLearner(TaskLearner):
     def rollout(self, env: Any, indices: Sequence[int], branching: Callable[[int], int], joint_mode: str,
                 sampling: Mapping[str, Any], seeds: Callable[[int], list[int]], training: bool = True):
         """The rollout trees of ``indices`` on ``env`` with the learner's models, depth
-        ``num_turns``, returns discounted by ``discount``; CoMLRL's early termination on training
-        trees only. Returns ``(roots, levels)``."""
+        ``num_turns``, returns discounted by ``discount`` (reward plus ``discount`` times the
+        mean return of the child's joint actions; CoMLRL's is this with discount 1); CoMLRL's
+        early termination on training trees only. Returns ``(roots, levels)``."""
         a = self.args
         return self.task.rollout(env, indices, self.models, branching=branching, max_depth=a.num_turns,
                                  joint_mode=joint_mode, sampling=sampling, seeds=seeds,
@@ -139,18 +140,20 @@ class TreeLearner(TaskLearner):
                     kls: Mapping[tuple[int, int], list[float]] | None = None,
                     ) -> tuple[list[tuple[int, list[Sample]]], list[int]]:
         """Per node and acting agent, its samples with ``advantages(node, agent, values)`` of
-        the completions' values (:func:`~collab_env.adapters.common.rollout.completion_values`,
-        less ``reference_kl_coef`` times their reference KL when ``kls`` has them). Returns
+        the completions' values (:func:`~collab_env.adapters.common.rollout.completion_values`
+        with the config's ``cross_value``, ``"mean"`` when it has none; less
+        ``reference_kl_coef`` times their reference KL when ``kls`` has them). Returns
         ``(groups, completion lengths)``."""
         from collab_env.adapters.common.rollout import completion_values
 
         coef = self.args.reference_kl_coef
+        reduce = getattr(self.args, "cross_value", "mean")
         groups: list[tuple[int, list[Sample]]] = []
         lengths: list[int] = []
         for nodes in levels:
             for node in nodes:
                 for agent in node.acting:
-                    values = completion_values(node, agent)
+                    values = completion_values(node, agent, reduce)
                     if kls:  # CoMLRL: the KL penalty comes off each completion's return
                         values = [v - coef * k for v, k in zip(values, kls[(id(node), agent)], strict=True)]
                     adv = advantages(node, agent, values)
