@@ -38,6 +38,10 @@ two ways of judging (:mod:`~collab_env.agents.judge_generate`,
 simulator: the tolerant JSON reader (:func:`extract_json_object`) and the transcript renderer
 (:func:`render_transcript`) (:mod:`~collab_env.agents.replies`).
 
+``LLMJudge.preset(name, backend, prompts="collabllm" | PATH)`` judges with the reference's own
+template for the preset instead of our rubric, read at run time, and reads the reply in the
+format that template asks for (see :mod:`~collab_env.agents.rubrics`).
+
 Example::
 
     judge = LLMJudge.preset("accuracy", "litellm:gpt-4o-mini")
@@ -71,6 +75,7 @@ from collab_env.agents.judge_scores import (
     score_type_name,
     spell_answer,
 )
+from collab_env.agents.reference_prompts import reference_chat_history, resolve_prompts
 from collab_env.agents.replies import (
     check_batch,
     extract_json_object,
@@ -88,6 +93,7 @@ from collab_env.agents.rubrics import (
     JUDGE_PREFILLS,
     JUDGE_PRESETS,
     UNTRUSTED_DATA_NOTE,
+    reference_judge_kwargs,
     template_fields,
 )
 from collab_env.errors import ConfigError, JudgeError
@@ -175,6 +181,16 @@ class LLMJudge:
             and put each field on a line of its own. ``False`` pastes the values as they are:
             only for reproducing a prompt written elsewhere verbatim (a reference's own
             rubric), whose judge then reads the transcript unfenced.
+        field_map: Template placeholder -> the field name callers pass, for a template whose
+            placeholders are named otherwise (a reference's ``{chat_history}`` filled from
+            ``conversation=``). Unmapped placeholders are fields of their own name.
+        constants: Template placeholder -> a fixed value (not a field callers pass).
+        transcript: How a :class:`~collab_env.types.Conversation` value is written:
+            ``"ours"`` (:func:`render_transcript`) or ``"reference"``
+            (:func:`~collab_env.agents.reference_prompts.reference_chat_history`, the
+            reference's ``**User**: ...`` lines).
+        prompt_origin: Where the template was read (a reference file), for messages;
+            ``None`` for a template written here.
 
     Raises:
         ConfigError: Invalid configuration.
@@ -199,6 +215,10 @@ class LLMJudge:
         anchors: Sequence[float] | None = None,
         anchor_rule: str = "argmax",
         fence: bool = True,
+        field_map: Mapping[str, str] | None = None,
+        constants: Mapping[str, Any] | None = None,
+        transcript: str = "ours",
+        prompt_origin: str | None = None,
     ) -> None:
         self.backend = resolve_policy(backend)
         self.response_prefix = check_prefix(response_prefix)
@@ -232,9 +252,23 @@ class LLMJudge:
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
         if not isinstance(fence, bool):
             raise ConfigError(f"fence must be True or False, got {fence!r}.")
+        if transcript not in ("ours", "reference"):
+            raise ConfigError(f"transcript must be 'ours' or 'reference', got {transcript!r}.")
         self.prompt_template = prompt_template
         self.fence = fence
-        self.fields = template_fields(prompt_template)
+        self.transcript = transcript
+        self.prompt_origin = prompt_origin
+        #: The template's own placeholders, in order.
+        self.placeholders = template_fields(prompt_template)
+        self.field_map = dict(field_map or {})
+        self.constants = {k: str(v) for k, v in dict(constants or {}).items()}
+        stray = [k for k in [*self.field_map, *self.constants] if k not in self.placeholders]
+        if stray:
+            raise ConfigError(f"field_map / constants name {stray}, which the template does not have "
+                              f"(its placeholders: {self.placeholders}).")
+        #: The fields callers pass (:meth:`build_prompt`), in order of first use.
+        self.fields = list(dict.fromkeys(self.field_map.get(p, p) for p in self.placeholders
+                                         if p not in self.constants))
         self.score_type = score_type
         self.choices = tuple(choices) if choices else None
         self.score_range = tuple(score_range) if score_range is not None else None
@@ -301,7 +335,8 @@ class LLMJudge:
 
     # -- presets ---------------------------------------------------------------------------
     @classmethod
-    def preset(cls, name: str, backend: Policy | str, *, prefill: bool = False, **overrides: Any) -> LLMJudge:
+    def preset(cls, name: str, backend: Policy | str, *, prefill: bool = False, prompts: Any = None,
+               **overrides: Any) -> LLMJudge:
         """A judge configured from :data:`JUDGE_PRESETS` (``"accuracy"``, ``"interactivity"``...).
 
         ``prefill=True`` starts the reply with the preset's first score field
@@ -311,15 +346,26 @@ class LLMJudge:
         allowed answers (``accuracy``, ``answer_match``, both interactivity rubrics) compare the
         answers' log-probs by default (``method="auto"``; pass ``method="generate"`` to parse
         generated replies instead).
+
+        ``prompts``: ``None`` / ``"collab_env"`` (our rubric), ``"collabllm"``, a path to a verl
+        checkout, or a list of them: the reference's template for the preset and its reply
+        format (:data:`~collab_env.agents.rubrics.REFERENCE_JUDGES`). A preset or a set without
+        a reference template raises :class:`~collab_env.errors.ConfigError`.
         """
         if name not in JUDGE_PRESETS:
             from collab_env.errors import did_you_mean
 
             raise ConfigError(f"unknown judge preset {name!r}; choose from {sorted(JUDGE_PRESETS)}."
                               + did_you_mean(name, JUDGE_PRESETS))
-        kw = {**JUDGE_PRESETS[name], **overrides}
+        who = f"LLMJudge.preset({name!r})"
+        prompt_set = resolve_prompts(prompts, who)
+        if prompt_set is None:
+            base, prefix = JUDGE_PRESETS[name], JUDGE_PREFILLS[name]
+        else:
+            base, prefix = reference_judge_kwargs(name, prompt_set, who)
+        kw = {**base, **overrides}
         if prefill:
-            kw.setdefault("response_prefix", JUDGE_PREFILLS[name])
+            kw.setdefault("response_prefix", prefix)
         kw.setdefault("name", f"{name}-judge({describe(backend) if not isinstance(backend, str) else backend})")
         return cls(backend, **kw)
 
@@ -334,6 +380,7 @@ class LLMJudge:
         Raises:
             ConfigError: A template field is missing or an unknown field was given.
         """
+        render = render_transcript if self.transcript == "ours" else reference_chat_history
         missing = [f for f in self.fields if f not in fields]
         unknown = [f for f in fields if f not in self.fields]
         if missing or unknown:
@@ -343,13 +390,15 @@ class LLMJudge:
                 + ("; " if missing and unknown else "")
                 + (f"unknown {unknown}" if unknown else "") + "."
             )
-        values = {k: render_transcript(v) if isinstance(v, Conversation) else str(v) for k, v in fields.items()}
+        values = {k: render(v) if isinstance(v, Conversation) else str(v) for k, v in fields.items()}
         if self.fence:
             values = {k: fence_untrusted(v, k) for k, v in values.items()}
+        filled = {p: self.constants[p] if p in self.constants else values[self.field_map.get(p, p)]
+                  for p in self.placeholders}
         messages = []
         if self.system_prompt:
             messages.append(Message(role="system", content=self.system_prompt))
-        messages.append(Message(role="user", content=self.prompt_template.format(**values), author="judge"))
+        messages.append(Message(role="user", content=self.prompt_template.format(**filled), author="judge"))
         return Conversation(tuple(messages), viewer="judge")
 
     @property

@@ -18,6 +18,34 @@ Version history of the rubrics
       compare. :data:`JUDGE_PRESETS` holds the ready configurations of
 :meth:`LLMJudge.preset <collab_env.agents.judges.LLMJudge.preset>` and :data:`JUDGE_PREFILLS`
 their reply prefixes. Re-exported by :mod:`collab_env.agents.judges` (their old path).
+
+The reference's rubrics (``prompts=``)
+    ``LLMJudge.preset(name, backend, prompts=...)`` replaces a preset's rubric with the
+    reference's template for it (read at run time by :mod:`collab_env.agents.reference_prompts`;
+    no reference text is stored here) and reads the reply in the format that template asks for
+    (:data:`REFERENCE_JUDGES`, :func:`reference_judge_kwargs`):
+
+    ====================  ===========================================  ============================
+    preset                template (component: source)                 reply read
+    ====================  ===========================================  ============================
+    ``accuracy``          ``accuracy``: verl ``metrics/accuracy.py``   ``accuracy``: 0 or 1,
+                                                                       reason ``thought``
+    ``interactivity``     ``interactivity``: verl                      ``interactivity``: [0, 1],
+                          ``metrics/interactivity.py``                 reason ``thought``
+    ``extract_answer``    ``extract``: collabllm                       ``final_completion`` (text),
+                          ``extract_multiturn_completion.txt``         reason ``thought``
+    document extractor    ``extract_document``: verl                   ``final_completion`` (text)
+    (``extract_document``)  ``metrics/bleu_score.py``, else collabllm
+                          ``extract_multiturn_completion.txt``
+    ====================  ===========================================  ============================
+
+    Placeholders map to the judge's fields: ``{chat_history}`` -> ``conversation`` (rendered as
+    the reference renders it), ``{single_turn_prompt}`` -> ``problem``, ``{ground_truth}`` ->
+    ``reference``; ``{extract_type}`` is ``"answer"`` or ``"document"`` and
+    ``{extraction_requirement}`` is empty (the reference's value without a per-item
+    requirement). The reference fences nothing, so these judges read the transcript unfenced
+    (``fence=False``). ``interactivity_paper`` and ``answer_match`` have no reference template:
+    asking for one with ``prompts=`` is an error.
 """
 
 from __future__ import annotations
@@ -37,6 +65,8 @@ __all__ = [
     "INTERACTIVITY_PAPER_PROMPT",
     "EXTRACT_ANSWER_PROMPT",
     "ANSWER_MATCH_PROMPT",
+    "REFERENCE_JUDGES",
+    "reference_judge_kwargs",
 ]
 
 
@@ -210,3 +240,73 @@ JUDGE_PREFILLS: dict[str, str] = {
     "extract_answer": '{"answer": "',
     "answer_match": '{"score":',
 }
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference's rubrics, read at run time (see the module docstring)
+# ---------------------------------------------------------------------------------------------
+_CHAT = {"chat_history": "conversation"}
+
+#: Preset -> how the reference's template replaces it: ``components`` (source -> component of
+#: :mod:`collab_env.agents.reference_prompts`; ``"*"`` for any source), ``field_map``
+#: (placeholder -> judge field), ``constants`` (placeholder -> fixed value), the judge settings
+#: that read the reply the template asks for, and ``prefill`` (the reply prefix of
+#: ``preset(..., prefill=True)``). ``extract_document`` is the BLEU metrics' document extractor
+#: (:func:`collab_env.rewards.metrics.document_extractor`), not a preset of its own.
+REFERENCE_JUDGES: dict[str, dict[str, Any]] = {
+    "accuracy": dict(
+        components={"*": "accuracy"},
+        field_map={**_CHAT, "single_turn_prompt": "problem", "ground_truth": "reference"},
+        # The template asks for 0 or 1: an int judgement, so log-prob judges compare "0" and "1".
+        judge=dict(score_type=int, score_range=(0, 1), score_keys=("accuracy",), reason_key="thought"),
+        prefill='{"accuracy":'),
+    "interactivity": dict(
+        components={"*": "interactivity"},
+        field_map=_CHAT,
+        # Any value in [0, 1] (the mean of three parts): no finite answers, so it is generated.
+        judge=dict(score_type=float, score_range=(0, 1), score_keys=("interactivity",), reason_key="thought"),
+        prefill='{"interactivity":'),
+    "extract_answer": dict(
+        components={"*": "extract"},
+        field_map=_CHAT,
+        constants={"extract_type": "answer", "extraction_requirement": ""},
+        judge=dict(score_type="text", score_range=None, score_keys=("final_completion",), reason_key="thought"),
+        prefill='{"final_completion": "'),
+    "extract_document": dict(
+        components={"verl": "extract_document", "collabllm": "extract"},
+        field_map=_CHAT,
+        constants={"extract_type": "document", "extraction_requirement": ""},
+        judge=dict(score_type="text", score_range=None, score_keys=("final_completion",), reason_key="thought"),
+        prefill='{"final_completion": "'),
+}
+
+
+def reference_judge_kwargs(name: str, prompts: Any, who: str) -> tuple[dict[str, Any], str]:
+    """``(LLMJudge keywords, reply prefix)`` of preset ``name`` with the reference's template of
+    the prompt set ``prompts`` (a :class:`~collab_env.agents.reference_prompts.PromptSet`).
+
+    Raises:
+        ConfigError: The preset has no reference template, the set has none for it, or the
+            template has a placeholder the judge cannot fill.
+    """
+    spec = REFERENCE_JUDGES.get(name)
+    if spec is None:
+        raise ConfigError(
+            f"{who}: the judge preset {name!r} is our own rubric and the reference has no template "
+            f"for it; with prompts=... use one of {sorted(k for k in REFERENCE_JUDGES if k in JUDGE_PRESETS)}, "
+            "or drop prompts= for our wording."
+        )
+    comps = spec["components"]
+    component = comps.get("*")
+    if component is None:
+        # The first source of the set (in its order) that has one of the preset's components.
+        sources = [prompts, *prompts.more]
+        component = next((comps[s.source] for s in sources if s.source in comps
+                          and comps[s.source] in s.own_components()), next(iter(comps.values())))
+    constants = dict(spec.get("constants", {}))
+    field_map = dict(spec["field_map"])
+    template = prompts.template(component, fields=[*field_map, *constants], who=who)
+    kw = dict(spec["judge"], prompt_template=template.text, field_map=field_map,
+              constants={k: v for k, v in constants.items() if k in template.fields},
+              fence=False, transcript="reference", prompt_origin=template.origin)
+    return kw, spec["prefill"]

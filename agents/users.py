@@ -37,6 +37,23 @@ Reading the reply (the *documented rule*)
     4. Anything else (broken JSON without a readable ``response``, a missing or empty
        ``response``) is unreadable and retried; it is never sent as the user's message, since
        it would leak the user's hidden thoughts or JSON syntax into the conversation.
+
+The reference's own prompt (``prompts="collabllm"`` or a verl checkout)
+    ``LLMUserSimulator(backend, prompts="collabllm")`` sends, instead of our prompt, the
+    template ``user_simulator.txt`` of the installed collabllm package (or, with
+    ``prompts=PATH``, the ``USER_PROMPT_TEMPLATE`` of a verl checkout's
+    ``verl/interactions/collabllm_interation.py``), read at construction
+    (:mod:`collab_env.agents.reference_prompts`), as the reference sends it: one user message,
+    no system message. Its placeholders are filled from the goal: ``{task_desc}`` (the goal's
+    task description, ``""`` when the env gives none), ``{single_turn_prompt}`` (the hidden
+    problem), ``{chat_history}`` (the conversation as the reference renders it, ``**User**:`` /
+    ``**Assistant**:`` lines) and ``{terminal_signal}`` / ``{termination_signal}`` (the env's
+    termination signal). The reply format it asks for is the same JSON (``current_answer``,
+    ``thought``, ``response``), read by the same rule. Our additions to the prompt have no place
+    in it: ``persona``, ``vagueness``, ``reply_format="plain"`` and ``fence_transcript=True``
+    are refused with it; ``patience`` still ends the chat (the signal is appended to the last
+    message) but adds no sentence to the prompt. A retry after an unreadable reply adds our
+    one-line correction, as with our prompt.
 """
 
 from __future__ import annotations
@@ -57,6 +74,12 @@ from collab_env.agents.base import (
     resolve_policy,
     stop_list,
     usable_prefill,
+)
+from collab_env.agents.reference_prompts import (
+    PromptSet,
+    describe_prompts,
+    reference_chat_history,
+    resolve_prompts,
 )
 from collab_env.agents.replies import (
     attempt_pending,
@@ -275,10 +298,20 @@ class LLMUserSimulator:
             embedded user (``benchmarks/results/chats_*_cache.sqlite``, replayed by
             ``tests/tasks/test_chats.py``) were made on the unfenced one. It becomes the default
             once those envs pin ``False`` on their legacy ids or the recordings are redone.
+        prompts: Whose prompt the backend gets: ``None`` / ``"collab_env"`` (default, ours),
+            ``"collabllm"`` (the installed collabllm package's ``user_simulator.txt``), a path
+            to a verl checkout, or a :class:`~collab_env.agents.reference_prompts.PromptSet`;
+            see "The reference's own prompt" in the module docstring.
 
     Raises:
-        ConfigError: Invalid arguments, or (at ``act``) an observation without a goal.
+        ConfigError: Invalid arguments, or (at ``act``) an observation without a goal; a
+            reference template with a placeholder the simulator cannot fill.
+        MissingDependencyError: ``prompts="collabllm"`` without the collabllm package.
     """
+
+    #: The placeholders a reference user-simulator template may have.
+    REFERENCE_FIELDS = ("task_desc", "single_turn_prompt", "chat_history", "terminal_signal",
+                        "termination_signal")
 
     def __init__(
         self,
@@ -296,6 +329,7 @@ class LLMUserSimulator:
         response_prefix: str | None = None,
         reply_format: Literal["json", "plain"] = "json",
         fence_transcript: bool = False,
+        prompts: str | PromptSet | None = None,
     ) -> None:
         self.backend = resolve_policy(backend)
         if reply_format not in ("json", "plain"):
@@ -331,6 +365,26 @@ class LLMUserSimulator:
         self.accept_plain_text = accept_plain_text
         self.sampling = dict(sampling)
         self.name = name or f"llm-user({describe(self.backend)})"
+        self.prompts = resolve_prompts(prompts, "LLMUserSimulator")
+        #: The reference template in use (``None``: our own prompt).
+        self.template = None
+        if self.prompts is not None:
+            ours = [k for k, v in (("persona", persona), ("vagueness", vagueness)) if v is not None]
+            ours += ["reply_format='plain'"] * (reply_format == "plain")
+            ours += ["fence_transcript=True"] * fence_transcript
+            if ours:
+                raise ConfigError(
+                    f"LLMUserSimulator: {', '.join(ours)} change our own prompt, and the reference's "
+                    f"template ({self.prompts.describe()}) has no place for them; drop them or use "
+                    "prompts=None."
+                )
+            self.template = self.prompts.template("user_simulator", fields=self.REFERENCE_FIELDS,
+                                                  who="LLMUserSimulator")
+
+    @property
+    def prompt_source(self) -> str:
+        """Which prompt the backend gets: ``collab_env (own wording)`` or the reference set."""
+        return describe_prompts(self.prompts)
 
     def __repr__(self) -> str:
         return f"LLMUserSimulator(backend={describe(self.backend)!r}, on_failure={self.on_failure!r})"
@@ -348,6 +402,8 @@ class LLMUserSimulator:
         """The conversation sent to the backend for one observation of the user."""
         goal = read_goal(observation, self.termination_signal)
         me = self._me(observation)
+        if self.template is not None:
+            return self._reference_prompt(observation, goal, me)
         sent = self._sent(observation)
         # Opening: nobody has said anything yet (a user with earlier lines continues instead).
         opening = sent == 0 and not any(m.role != "system" and m.author != me for m in observation)
@@ -381,6 +437,19 @@ class LLMUserSimulator:
             Message(role="system", content=_SYSTEM),
             Message(role="user", content="\n\n".join(parts), author="user-simulator"),
         ), viewer="user-simulator")
+
+    def _reference_prompt(self, observation: Conversation, goal: UserGoal, me: str) -> Conversation:
+        """The reference template, filled, as the one user message the reference sends."""
+        assert self.template is not None
+        text = self.template.fill(
+            task_desc=goal.task_desc or "",
+            single_turn_prompt=goal.problem,
+            chat_history=reference_chat_history(observation, me=me),
+            terminal_signal=goal.termination_signal,
+            termination_signal=goal.termination_signal,
+        )
+        return Conversation((Message(role="user", content=text, author="user-simulator"),),
+                            viewer="user-simulator")
 
     def _opening_kind(self) -> str:
         if self.vagueness is None:

@@ -33,7 +33,7 @@ from collab_env.registry import EnvCard
 from collab_env.tasks.exploit_quotes import EXPLOIT_QUOTES
 
 __all__ = ["BUILTIN_CARDS", "hidden_facts_card", "LENGTH_RATIO_CARD", "collabllm_card", "docstring_cards", "cards_section",
-           "baseline_text"]
+           "baseline_text", "PROMPTS_LINE"]
 
 _HF_PLAYERS = {
     "assistant": "trainable; must find out the withheld quantities by asking, then answer with "
@@ -236,6 +236,16 @@ _BCB_LEGACY = ("legacy: under v1, pass_rate did not run unittest suites (it exec
                "the id is kept for old results and now scores with v2's pass_rate. ")
 
 
+#: The card's line naming the prompt sets of the collabllm-* envs (the one in use:
+#: ``env.unwrapped.task.prompt_source``).
+PROMPTS_LINE = (
+    "prompts: collab_env (own wording) by default; prompts='collabllm' reads the reference's "
+    "system prompt at make from the installed collabllm package (prompts/system_prompt.txt; "
+    "pip install --no-deps collabllm), prompts=PATH from a verl checkout "
+    "(recipe/collabllm/process_dataset.py); env.unwrapped.task.prompt_source names the set in use"
+)
+
+
 def collabllm_card(ds: str, large: bool, version: int = 1) -> EnvCard:
     """The card of ``collabllm-<ds>[-large]-v<version>`` (bigcodebench has a v2)."""
     name = f"collabllm-multiturn-{ds}{'-large' if large else ''}"
@@ -249,7 +259,7 @@ def collabllm_card(ds: str, large: bool, version: int = 1) -> EnvCard:
         + (_BCB_V2 if ds == "bigcodebench" else ""),
         players={
             "assistant": "trainable; collaborates with the user (a collaborative system prompt "
-                         "by default)",
+                         "by default). " + PROMPTS_LINE,
             "user": "simulated; default SessionReplayUser replays the recorded user turns (it "
                     "ignores the replies); an LLM user simulator (LLMUserSimulator, API model "
                     "or 'embedded') makes it reactive",

@@ -67,6 +67,17 @@ System prompt
     messages of the row's ``prompt``. ``system_prompt="..."`` puts another text in its place;
     ``system_prompt=None`` adds none and keeps the row's own system messages.
 
+    ``prompts="collabllm"`` puts the reference's own system prompt in its place, read at
+    ``make`` from the installed collabllm package (its ``prompts/system_prompt.txt``; install it
+    with ``pip install --no-deps collabllm``); ``prompts=PATH`` reads it from a verl checkout
+    (the ``SYSTEM_PROMPT`` of ``recipe/collabllm/process_dataset.py``). No reference text is
+    stored in collab_env (:mod:`collab_env.agents.reference_prompts`). ``prompts`` and a
+    ``system_prompt`` of one's own exclude each other. ``env.unwrapped.task.prompt_source``
+    names the set in use (``collab_env (own wording)`` by default), and with a reference set
+    the reset info carries it as ``"prompts"``. The user simulator and the judges take their
+    own ``prompts=`` (:class:`~collab_env.agents.users.LLMUserSimulator`,
+    :meth:`LLMJudge.preset <collab_env.agents.judges.LLMJudge.preset>`).
+
 Observations
     The conversation as each player sees it. Only the user sees its hidden goal: a system message
     (``audience=("user",)``) whose ``meta`` holds ``single_turn_prompt``, ``task_desc``,
@@ -223,6 +234,13 @@ class CollabLLMConfig:
     """System prompt of the assistant (replaces the system messages of the row's prompt).
     Default: :data:`DEFAULT_SYSTEM_PROMPT`; ``None``: none added, the row's own kept."""
 
+    prompts: Any = None
+    """Whose assistant system prompt: ``None`` / ``"collab_env"`` (our wording,
+    :attr:`system_prompt`), ``"collabllm"`` (the installed collabllm package's
+    ``system_prompt.txt``, read at make) or a path to a verl checkout (its
+    ``recipe/collabllm/process_dataset.py`` ``SYSTEM_PROMPT``). Excludes a ``system_prompt``
+    of one's own."""
+
     termination_signal: str = DEFAULT_TERMINATION_SIGNAL
     """A user message containing this text ends the episode (``"user_terminated"``)."""
 
@@ -257,6 +275,15 @@ class CollabLLMConfig:
                 raise ConfigError(f"{name} must be an int >= 1 or None, got {v!r}.")
         if self.task_desc is not None and not isinstance(self.task_desc, str):
             raise ConfigError(f"task_desc must be a str or None, got {type(self.task_desc).__name__}.")
+        if self.prompts is not None and self.prompts != "collab_env":  # lazy: read only when asked
+            from collab_env.agents.reference_prompts import check_prompts_value
+
+            check_prompts_value(self.prompts, "collabllm make_env")
+            if self.system_prompt != DEFAULT_SYSTEM_PROMPT:
+                raise ConfigError(
+                    f"prompts={self.prompts!r} gives the assistant the reference's system prompt; "
+                    "system_prompt= gives it another one. Pass one of the two."
+                )
 
 
 def _continuation(session: list[dict[str, str]], prefix: list[dict[str, str]]) -> list[dict[str, str]]:
@@ -285,10 +312,24 @@ class CollabLLMTask(Task):
     user_players = ("user",)
     turn_order = (("assistant",), ("user",))
     option_keys: ClassVar[frozenset[str]] = frozenset({"mode"})
+    #: Which prompt set the env uses: ``collab_env (own wording)`` or the reference set's
+    #: :meth:`~collab_env.agents.reference_prompts.PromptSet.describe`.
+    prompt_source: str = "collab_env (own wording)"
+    #: The reference prompt set in use (``None``: our own wording).
+    prompt_set: Any = None
+    #: The reference's assistant system prompt, read at make (with :attr:`prompt_set` only).
+    reference_system_prompt: str | None = None
 
     def __init__(self, config: CollabLLMConfig) -> None:
         self.config = config
         self._source = ", ".join(data_file_list(config.data_files)) if config.data_files else config.dataset
+        if config.prompts is not None and config.prompts != "collab_env":
+            from collab_env.agents.reference_prompts import describe_prompts, resolve_prompts
+
+            self.prompt_set = prompt_set = resolve_prompts(config.prompts, "collabllm make_env")
+            self.reference_system_prompt = prompt_set.template(
+                "assistant_system", fields=(), who="collabllm make_env").text
+            self.prompt_source = describe_prompts(prompt_set)
         self._rows = load_collabllm_dataset(config.dataset, config.data_files, config.split)
         self._default_desc = default_task_desc(config.dataset)
         # Enough env steps for the assistant's budget to end the episode first.
@@ -350,20 +391,23 @@ class CollabLLMTask(Task):
         user_turns = future_user if mode == "train" else prefix_user + future_user
 
         messages: list[Message] = []
-        if cfg.system_prompt is not None:
-            messages.append(env_message(cfg.system_prompt, role="system", audience=("assistant",)))
+        system = self.reference_system_prompt if self.prompt_set is not None else cfg.system_prompt
+        if system is not None:
+            messages.append(env_message(system, role="system", audience=("assistant",)))
         messages.append(self._goal_message(item, mode, user_turns))
         for m in prefix:
             if m["role"] == "system":
-                if cfg.system_prompt is None:  # the row's own assistant system prompt
+                if system is None:  # the row's own assistant system prompt
                     messages.append(env_message(m["content"], role="system", audience=("assistant",),
                                                 meta={"from_data": True}))
             elif mode == "train":
                 messages.append(Message(role=m["role"], content=m["content"], author=m["role"],
                                         trainable=False, meta={"from_data": True}))
         on_turn = ("assistant",) if mode == "train" else ("user",)
-        return Start(messages=messages, on_turn=on_turn,
-                     info={"mode": mode, "conv_id": _jsonable(item.get("conv_id"))})
+        info = {"mode": mode, "conv_id": _jsonable(item.get("conv_id"))}
+        if self.prompt_set is not None:
+            info["prompts"] = self.prompt_source
+        return Start(messages=messages, on_turn=on_turn, info=info)
 
     def _goal_message(self, item: Mapping[str, Any], mode: str, user_turns: list[str]) -> Message:
         signal = self.config.termination_signal
@@ -452,6 +496,8 @@ def make_env(**kwargs: Any) -> CollabEnv:
         mode: ``"train"`` (start from the prompt prefix) or ``"eval"`` (the user opens).
         system_prompt: The assistant's system prompt (default :data:`DEFAULT_SYSTEM_PROMPT`;
             ``None``: none added, the row's own system messages kept).
+        prompts: ``"collabllm"`` or a verl checkout path: the reference's own system prompt,
+            read at make (default ``None``: ours; see "System prompt" above).
         termination_signal: Text that ends the chat when the user sends it.
         max_assistant_turns: Assistant messages per episode (default 10; ``None``: no limit).
         max_user_turns: User messages per episode (default 10; ``None``: no limit).

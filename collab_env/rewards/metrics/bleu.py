@@ -74,7 +74,7 @@ Reply with only a JSON object:
 {{"document": "<the final document>"}}"""
 
 
-def document_extractor(backend: Any, *, prefill: bool = False, **overrides: Any):
+def document_extractor(backend: Any, *, prefill: bool = False, prompts: Any = None, **overrides: Any):
     """An LLM judge that writes out the final document of a conversation
     (:data:`EXTRACT_DOCUMENT_PROMPT`, ``score_type="text"``), for ``ctx["document_extractor"]``
     of the BLEU metrics: the recipe extracts the document before it computes BLEU.
@@ -83,15 +83,28 @@ def document_extractor(backend: Any, *, prefill: bool = False, **overrides: Any)
         backend: A policy (or a reference ``resolve_policy`` accepts) that answers the prompt.
         prefill: Start the reply with ``{"document": "`` on backends that can continue a reply
             (small local models need it to stay in the JSON format).
+        prompts: ``None`` / ``"collab_env"`` (our rubric above), or the reference's extraction
+            template read at run time: a verl checkout's ``recipe/collabllm/metrics/bleu_score.py``
+            (``prompts=PATH``) or the collabllm package's ``extract_multiturn_completion.txt``
+            (``prompts="collabllm"``, extract type ``document``); its reply field is
+            ``final_completion`` (see :mod:`collab_env.agents.rubrics`).
         **overrides: Other ``LLMJudge`` settings (``max_new_tokens``, ``max_retries``...).
     """
     from collab_env.agents.judges import LLMJudge  # lazy: keeps `import collab_env` light
+    from collab_env.agents.reference_prompts import resolve_prompts
+    from collab_env.agents.rubrics import reference_judge_kwargs
 
-    kw: dict[str, Any] = dict(prompt_template=EXTRACT_DOCUMENT_PROMPT, score_type="text", score_range=None,
-                              score_keys=("document",), max_new_tokens=2048)
+    prompt_set = resolve_prompts(prompts, "document_extractor")
+    if prompt_set is None:
+        kw: dict[str, Any] = dict(prompt_template=EXTRACT_DOCUMENT_PROMPT, score_type="text", score_range=None,
+                                  score_keys=("document",), max_new_tokens=2048)
+        prefix = '{"document": "'
+    else:
+        kw, prefix = reference_judge_kwargs("extract_document", prompt_set, "document_extractor")
+        kw["max_new_tokens"] = 2048
     kw.update(overrides)
     if prefill:
-        kw.setdefault("response_prefix", '{"document": "')
+        kw.setdefault("response_prefix", prefix)
     kw.setdefault("name", "extract_document")
     return LLMJudge(backend, **kw)
 

@@ -1,0 +1,437 @@
+"""The reference's own prompt templates, read at run time (``prompts=`` of the prompt users).
+
+Our user simulator, judges, Proactive policy and the ``collabllm-*`` envs' assistant system
+prompt use our own wording by default. A researcher reproducing CollabLLM can ask for the
+reference's exact templates instead; this module is the one place that finds, reads and fills
+them. **No reference text is stored in this repository**: the templates are read from the
+reference's own files when asked for, and only their file names and placeholder names appear
+here.
+
+The values of ``prompts=`` (:func:`resolve_prompts`)
+    * ``None`` or ``"collab_env"`` (the default): our own wording; nothing is read.
+    * ``"collabllm"``: the templates of the installed ``collabllm`` package (PyPI ``collabllm``;
+      it installs with ``pip install --no-deps collabllm``), its ``collabllm/prompts/*.txt``.
+      The package is located with :func:`importlib.util.find_spec` and never imported (its
+      ``__init__`` imports litellm and sets up logging).
+    * a path: a checkout of the verl recipe (github.com/volcengine/verl, or a copy holding its
+      ``recipe/collabllm`` folder): the prompt constants of its Python files, read with
+      :mod:`ast` and never executed.
+    * a list or tuple of the above: the sources in that order (see below).
+    * a :class:`PromptSet` (what :func:`resolve_prompts` returns), used as it is.
+
+Which template each component reads (:data:`COLLABLLM_FILES`, :data:`VERL_CONSTANTS`)
+    ==================  ================================  ==================================================
+    component           collabllm package (prompts/)       verl checkout
+    ==================  ================================  ==================================================
+    assistant_system    ``system_prompt.txt``              ``recipe/collabllm/process_dataset.py``
+                                                           ``SYSTEM_PROMPT``
+    user_simulator      ``user_simulator.txt``             ``verl/interactions/collabllm_interation.py``
+                                                           ``USER_PROMPT_TEMPLATE``
+    proactive           ``proact_instruction.txt``         (none)
+    extract             ``extract_multiturn_completion``   (none)
+                        ``.txt``
+    accuracy            (none)                             ``recipe/collabllm/metrics/accuracy.py``
+                                                           ``ACCURACY_PROMPT``
+    interactivity       (none)                             ``recipe/collabllm/metrics/interactivity.py``
+                                                           ``INTERACTIVITY_PROMPT``
+    extract_document    (none)                             ``recipe/collabllm/metrics/bleu_score.py``
+                                                           ``EXTRACT_MULTITURN_COMPLETION_PROMPT``
+    ==================  ================================  ==================================================
+
+    A component the chosen source has no template for is a :class:`~collab_env.errors.ConfigError`
+    that names what the source holds and where the template is (never our wording in its place).
+    Sources combine: ``prompts=("collabllm", PATH)`` reads each component from the first source
+    that has a template for it (the package's user simulator, the checkout's metric rubrics).
+
+Placeholders
+    The templates are ``str.format`` templates (``{{ }}`` for literal braces). Each component
+    says which placeholders it can fill (:meth:`PromptSet.template`); a template with any other
+    placeholder is a ``ConfigError`` naming the file and the placeholder, at construction, not
+    a partly filled prompt at run time. The transcript placeholder (``chat_history``) is filled
+    the way the reference renders it (:func:`reference_chat_history`).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import importlib.util
+import os
+import string
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from collab_env.errors import ConfigError, MissingDependencyError
+from collab_env.types import Conversation, Message
+
+__all__ = [
+    "OWN_WORDING",
+    "COLLABLLM",
+    "INSTALL_HINT",
+    "COLLABLLM_FILES",
+    "VERL_CONSTANTS",
+    "PromptTemplate",
+    "PromptSet",
+    "resolve_prompts",
+    "describe_prompts",
+    "check_prompts_value",
+    "reference_chat_history",
+]
+
+#: ``prompts=`` value of our own wording (the default, like ``None``).
+OWN_WORDING = "collab_env"
+#: ``prompts=`` value of the installed collabllm package's templates.
+COLLABLLM = "collabllm"
+#: How to install the package the ``"collabllm"`` prompt set reads.
+INSTALL_HINT = "pip install --no-deps collabllm"
+
+#: Component -> file name in the collabllm package's ``prompts/`` folder (collabllm 0.0.8).
+COLLABLLM_FILES: Mapping[str, str] = {
+    "assistant_system": "system_prompt.txt",
+    "user_simulator": "user_simulator.txt",
+    "proactive": "proact_instruction.txt",
+    "extract": "extract_multiturn_completion.txt",
+}
+
+#: Component -> (file in a verl checkout, name of its string constant).
+VERL_CONSTANTS: Mapping[str, tuple[str, str]] = {
+    "assistant_system": ("recipe/collabllm/process_dataset.py", "SYSTEM_PROMPT"),
+    "user_simulator": ("verl/interactions/collabllm_interation.py", "USER_PROMPT_TEMPLATE"),
+    "accuracy": ("recipe/collabllm/metrics/accuracy.py", "ACCURACY_PROMPT"),
+    "interactivity": ("recipe/collabllm/metrics/interactivity.py", "INTERACTIVITY_PROMPT"),
+    "extract_document": ("recipe/collabllm/metrics/bleu_score.py", "EXTRACT_MULTITURN_COMPLETION_PROMPT"),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# One template
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PromptTemplate:
+    """One reference template, as read from its file.
+
+    Args:
+        component: Our name of the component it serves (``"user_simulator"``...).
+        text: The template text (a ``str.format`` template).
+        origin: Where it was read: the file, and for a Python file the constant
+            (``.../accuracy.py:ACCURACY_PROMPT``).
+        fields: Its placeholder names, each once, in order of appearance.
+    """
+
+    component: str
+    text: str
+    origin: str
+    fields: tuple[str, ...]
+
+    def fill(self, **values: Any) -> str:
+        """The template with its placeholders filled from ``values`` (extra values are ignored:
+        a component passes everything it has).
+
+        Raises:
+            ConfigError: A placeholder has no value (the message names the file and it).
+        """
+        missing = [f for f in self.fields if f not in values]
+        if missing:
+            raise ConfigError(
+                f"{self.origin}: the {self.component} template's placeholder {{{missing[0]}}} has no "
+                f"value here (placeholders {list(self.fields)}, values for {sorted(values)}); this "
+                "prompt set does not fit this component."
+            )
+        return self.text.format(**{f: values[f] for f in self.fields})
+
+
+def _placeholders(text: str, origin: str) -> tuple[str, ...]:
+    try:
+        names = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+    except ValueError as exc:
+        raise ConfigError(f"{origin}: not a valid str.format template ({exc}).") from exc
+    bad = [f for f in names if not f.isidentifier()]
+    if bad:
+        raise ConfigError(f"{origin}: the placeholder {{{bad[0]}}} is not a plain name; the "
+                          "template cannot be filled.")
+    return tuple(dict.fromkeys(names))
+
+
+# ---------------------------------------------------------------------------------------------
+# A prompt set: where the templates are read from
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PromptSet:
+    """A source of reference templates: the collabllm package or a verl checkout.
+
+    Build it with :func:`resolve_prompts`. Every :meth:`template` call reads the file again
+    (components read theirs once, at construction).
+
+    Args:
+        source: ``"collabllm"`` or ``"verl"``.
+        root: The package's ``prompts/`` folder, or the checkout's root.
+        version: The package's installed version, when its metadata says (``None`` otherwise).
+        more: Further sources, asked in order for a component this one has no template for.
+    """
+
+    source: str
+    root: Path
+    version: str | None = None
+    more: tuple[PromptSet, ...] = ()
+
+    def describe(self) -> str:
+        """One line naming the set, e.g. ``collabllm 0.0.8 from /.../collabllm/prompts``."""
+        if self.source == COLLABLLM:
+            own = f"collabllm {self.version or '(version unknown)'} from {self.root}"
+        else:
+            own = f"verl recipe checkout {self.root}"
+        return " + ".join([own, *(m.describe() for m in self.more)])
+
+    def own_components(self) -> tuple[str, ...]:
+        """The components this source itself (not :attr:`more`) has a template for."""
+        return tuple(COLLABLLM_FILES if self.source == COLLABLLM else VERL_CONSTANTS)
+
+    def components(self) -> tuple[str, ...]:
+        """The components this set has a template for."""
+        return tuple(dict.fromkeys([*self.own_components(), *(c for m in self.more for c in m.components())]))
+
+    def template(self, component: str, *, fields: Iterable[str], who: str) -> PromptTemplate:
+        """The template of ``component``, checked against the placeholders ``who`` can fill.
+
+        Args:
+            component: A key of :data:`COLLABLLM_FILES` / :data:`VERL_CONSTANTS`.
+            fields: The placeholders the caller can fill.
+            who: The caller, for messages (``"LLMUserSimulator"``...).
+
+        Raises:
+            ConfigError: The source has no template for the component, its file or constant is
+                missing or not a string, or the template has a placeholder ``who`` cannot fill.
+        """
+        if component not in self.own_components():
+            for m in self.more:
+                if component in m.components():
+                    return m.template(component, fields=fields, who=who)
+            raise self._unavailable(component, who)
+        if self.source == COLLABLLM:
+            text, origin = self._read_file(component, who)
+        else:
+            text, origin = self._read_constant(component, who)
+        names = _placeholders(text, origin)
+        allowed = set(fields)
+        unknown = [f for f in names if f not in allowed]
+        if unknown:
+            raise ConfigError(
+                f"{origin}: {who} cannot fill the placeholder {{{unknown[0]}}} of the "
+                f"{component} template (it fills {sorted(allowed) or 'none'}); a partly filled "
+                "prompt would not be the reference's. Check the package or checkout version, or "
+                "use prompts=None (our own wording)."
+            )
+        return PromptTemplate(component, text, origin, names)
+
+    def _unavailable(self, component: str, who: str) -> ConfigError:
+        held = ", ".join(self.components())
+        where = []
+        if component in COLLABLLM_FILES:
+            where.append(f"prompts='collabllm' (the package's prompts/{COLLABLLM_FILES[component]})")
+        if component in VERL_CONSTANTS:
+            rel, const = VERL_CONSTANTS[component]
+            where.append(f"prompts=PATH, a verl checkout ({rel}, {const})")
+        hint = (" The reference's template is read with " + " or ".join(where) + ".") if where else (
+            " No reference source known to collab_env has one.")
+        return ConfigError(
+            f"{who}: the prompt set {self.describe()} has no {component} template (it holds: "
+            f"{held}).{hint} Or use prompts=None (our own wording)."
+        )
+
+    def _read_file(self, component: str, who: str) -> tuple[str, str]:
+        name = COLLABLLM_FILES.get(component)
+        if name is None:
+            raise self._unavailable(component, who)
+        path = self.root / name
+        if not path.is_file():
+            raise ConfigError(
+                f"{who}: {self.describe()} has no {name} (expected at {path}); collab_env knows "
+                f"the layout of collabllm 0.0.8. Reinstall it with: {INSTALL_HINT}"
+            )
+        return path.read_text(encoding="utf-8"), str(path)
+
+    def _read_constant(self, component: str, who: str) -> tuple[str, str]:
+        if component not in VERL_CONSTANTS:
+            raise self._unavailable(component, who)
+        rel, const = VERL_CONSTANTS[component]
+        path = _find_in_checkout(self.root, rel)
+        if path is None:
+            raise ConfigError(
+                f"{who}: the verl checkout {self.root} has no {rel} (the {component} template is "
+                f"its constant {const}); pass the root of a checkout of github.com/volcengine/verl "
+                "(or a folder holding its recipe/collabllm)."
+            )
+        origin = f"{path}:{const}"
+        return string_constant(path, const, origin), origin
+
+
+def _find_in_checkout(root: Path, rel: str) -> Path | None:
+    """``root/rel``, or a shorter suffix of ``rel`` under ``root`` (a checkout of the recipe
+    alone, or its ``recipe/collabllm`` folder)."""
+    parts = Path(rel).parts
+    for i in range(len(parts)):
+        p = root.joinpath(*parts[i:])
+        if p.is_file():
+            return p
+    return None
+
+
+def string_constant(path: Path, name: str, origin: str) -> str:
+    """The string assigned to the module-level name ``name`` in the Python file ``path``, read
+    from its syntax tree (the file is never executed). Adjacent literals and ``+`` of string
+    literals are joined.
+
+    Raises:
+        ConfigError: The file does not parse, or has no such string constant.
+    """
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (SyntaxError, ValueError, OSError) as exc:
+        raise ConfigError(f"{origin}: cannot read the file as Python ({exc}).") from exc
+    for node in tree.body:
+        targets: Sequence[ast.expr] = ()
+        value = None
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = (node.target,), node.value
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            text = _literal_str(value)
+            if text is None:
+                raise ConfigError(f"{origin}: {name} is not a string literal; collab_env reads "
+                                  "it without running the file.")
+            return text
+    raise ConfigError(f"{origin}: the file assigns no {name} at module level (a different verl "
+                      "version?).")
+
+
+def _literal_str(node: ast.expr | None) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _literal_str(node.left), _literal_str(node.right)
+        if left is not None and right is not None:
+            return left + right
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding the sources
+# ---------------------------------------------------------------------------------------------
+def _collabllm_set(who: str) -> PromptSet:
+    try:
+        spec = importlib.util.find_spec(COLLABLLM)
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or ()) if spec is not None else []
+    if not locations:
+        raise MissingDependencyError(
+            f"{who}: prompts='collabllm' reads the CollabLLM reference templates from the "
+            "installed collabllm package (its collabllm/prompts/*.txt), which is not installed. "
+            f"Install it with: {INSTALL_HINT} (or pass prompts=PATH to a verl checkout, or "
+            "prompts=None for our own wording)."
+        )
+    for loc in locations:
+        folder = Path(loc) / "prompts"
+        if folder.is_dir():
+            return PromptSet(COLLABLLM, folder, _installed_version(Path(loc)))
+    raise ConfigError(
+        f"{who}: the collabllm package at {locations[0]} has no prompts/ folder (collab_env knows "
+        f"the layout of collabllm 0.0.8). Reinstall it with: {INSTALL_HINT}"
+    )
+
+
+def _installed_version(package_dir: Path) -> str | None:
+    """The version in the dist-info next to the package folder (the copy actually found)."""
+    try:
+        for dist in importlib.metadata.distributions(path=[str(package_dir.parent)]):
+            if (dist.metadata.get("Name") or "").lower() == COLLABLLM:
+                return dist.version
+    except Exception:  # broken metadata must not hide the templates
+        return None
+    return None
+
+
+def check_prompts_value(prompts: Any, who: str) -> None:
+    """Raise :class:`~collab_env.errors.ConfigError` unless ``prompts`` is a valid value of
+    ``prompts=`` (see the module docstring); reads nothing."""
+    if isinstance(prompts, (list, tuple)):
+        if not prompts:
+            raise ConfigError(f"{who}: prompts=[] names no source; use None for our own wording.")
+        for p in prompts:
+            if p is None or p == OWN_WORDING or isinstance(p, (list, tuple)):
+                raise ConfigError(f"{who}: a list of prompt sources holds 'collabllm' and paths "
+                                  f"only, got {p!r} in {prompts!r}.")
+            check_prompts_value(p, who)
+        return
+    if prompts is None or isinstance(prompts, PromptSet) or prompts in (OWN_WORDING, COLLABLLM):
+        return
+    if isinstance(prompts, (str, os.PathLike)):
+        path = Path(os.fspath(prompts)).expanduser()
+        if path.is_dir():
+            return
+        raise ConfigError(
+            f"{who}: prompts={prompts!r} is neither 'collab_env' (our wording, the default), "
+            "'collabllm' (the installed package's templates) nor an existing folder (a verl "
+            "checkout)."
+        )
+    raise ConfigError(f"{who}: prompts must be None, 'collab_env', 'collabllm' or a path, got "
+                      f"{type(prompts).__name__}.")
+
+
+def resolve_prompts(prompts: Any, who: str = "prompts") -> PromptSet | None:
+    """The prompt set ``prompts`` names, or ``None`` for our own wording.
+
+    Args:
+        prompts: ``None`` / ``"collab_env"``, ``"collabllm"``, a path to a verl checkout, a list
+            of those sources, or a :class:`PromptSet`.
+        who: The caller, for messages.
+
+    Raises:
+        MissingDependencyError: ``"collabllm"`` and the package is not installed (the message
+            says ``pip install --no-deps collabllm``).
+        ConfigError: Any other invalid value.
+    """
+    check_prompts_value(prompts, who)
+    if isinstance(prompts, (list, tuple)):
+        sets = [resolve_prompts(p, who) for p in prompts]
+        first = sets[0]
+        assert first is not None  # check_prompts_value refused None in a list
+        return PromptSet(first.source, first.root, first.version,
+                         (*first.more, *(s for s in sets[1:] if s is not None)))
+    if prompts is None or prompts == OWN_WORDING:
+        return None
+    if isinstance(prompts, PromptSet):
+        return prompts
+    if prompts == COLLABLLM:
+        return _collabllm_set(who)
+    return PromptSet("verl", Path(os.fspath(prompts)).expanduser().resolve())
+
+
+def describe_prompts(prompts: PromptSet | None) -> str:
+    """The line env cards and infos show: ``collab_env (own wording)`` or the set's
+    :meth:`PromptSet.describe`."""
+    return f"{OWN_WORDING} (own wording)" if prompts is None else prompts.describe()
+
+
+def reference_chat_history(conversation: Conversation | Sequence[Message], *, me: str | None = None) -> str:
+    """A conversation as the reference fills ``{chat_history}``: one line per message,
+    ``**User**: text`` / ``**Assistant**: text``, system messages left out, an empty string
+    when nothing was said yet.
+
+    Messages with a restricted audience (a hidden goal) are left out too. With ``me`` (the
+    player whose view this is) that player's messages are the ``User`` lines and everybody
+    else's the ``Assistant`` lines; otherwise the chat role decides.
+    """
+    lines = []
+    for m in conversation:
+        if m.role == "system" or (m.audience is not None and me is None):
+            continue
+        if me is not None:
+            label = "User" if m.author == me else "Assistant"
+        else:
+            label = "User" if m.role == "user" else "Assistant"
+        lines.append(f"**{label}**: {m.content}")
+    return "\n".join(lines)
