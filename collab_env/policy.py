@@ -58,6 +58,7 @@ __all__ = [
     "LEARNER",
     "LearnerBindable",
     "bind_learner",
+    "unbind_learner",
     "unbound_learners",
 ]
 
@@ -396,6 +397,14 @@ def bind_learner(env: Any, policies: Mapping[str, Any],
                     layer.bind_policy(player, policies[player])
                 bound += 1
     return bound
+
+
+def unbind_learner(env: Any) -> int:
+    """Undo :func:`bind_learner`: every layer of ``env``'s wrapper chain that can
+    (``unbind_learners()``) puts :data:`LEARNER` back in the slots it was built with. A learner
+    that reuses one env for samples with different policies (verl's per-sample rollout policy)
+    unbinds before the next bind. Returns how many (layer, player) slots were reset."""
+    return sum(len(layer.unbind_learners()) for layer in _bindable_layers(env) if hasattr(layer, "unbind_learners"))
 
 
 def unbound_learners(env: Any) -> list[str]:

@@ -23,10 +23,35 @@ keywords; the trained player's ``max_new_tokens`` bounds each of its turns), ``i
 (the trained player's moves per sample: after that many the episode ends; ``1`` makes a sample
 one reply scored by the multiturn-aware reward's futures, as in the CollabLLM recipe; default:
 play to the env's own end, every reply scored and summed into ``reward_score``).
+
+Rows. A row with a ``collab_env`` column (:func:`~collab_env.adapters.verl.dataset_rows`) names
+its env item by ``index`` and ``seed``. A row without one is a CollabLLM recipe row, as
+``collab-env data`` and the recipe's ``process_dataset.py`` write it (``agent_name``
+``"collabllm_agent"``, the hidden goal in ``extra_info.interaction_kwargs``, the reference in
+``reward_model.ground_truth``): the env plays that very row (``reset(options={"item": row})``),
+its system prompt kept (``system_prompt=None`` is the default of such an env). The loop is
+registered under both names, :data:`AGENT_NAMES`.
+
+Envs. Each worker keeps its envs (one per distinct ``env_id`` + ``env_kwargs``, as many as
+samples run at once) and reuses them across samples: no dataset load and no hub probe per
+sample. An env that needs data rows and is given none reads ``data.train_files`` (the recipe's
+RL file, read back into the schema).
+
+The recipe's knobs, read from verl's config (``trainer_config.config``), override the YAML:
+``actor_rollout_ref.rollout.multi_turn.max_user_turns`` / ``max_assistant_turns`` /
+``num_repeat_rollouts`` set the multiturn-aware reward's ``max_user_turns`` /
+``max_assistant_turns`` / ``num_rollouts``; ``reward_model.reward_kwargs.metric_weights`` its
+``weights``; ``reward_model.reward_kwargs.llm_judge_kwargs`` its judge (``model`` ->
+``judge="litellm:<model>"``, ``max_tokens`` -> ``max_new_tokens``, ``num_retries`` ->
+``max_retries``, ``temperature``). A knob with no meaning here (``multi_turn.interaction_config_path``
+or ``tool_config_path`` set, another ``reward_kwargs`` key, any of them on an env without the
+multiturn-aware reward) is a :class:`~collab_env.errors.ConfigError` naming it: nothing is
+silently ignored.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import time
 from collections.abc import Mapping
@@ -42,10 +67,15 @@ AgentLoopBase = _agent_loop.AgentLoopBase
 AgentLoopOutput = _agent_loop.AgentLoopOutput
 register = _agent_loop_module.register
 
-__all__ = ["AGENT_NAME", "CONFIG_KEYS", "CollabEnvAgentLoop", "episode_output", "play_episode"]
+__all__ = ["AGENT_NAME", "AGENT_NAMES", "CONFIG_KEYS", "RECIPE_AGENT_NAME", "CollabEnvAgentLoop", "EnvPool",
+           "episode_output", "play_episode", "recipe_overrides"]
 
 #: The name rows select the loop by (their ``agent_name`` column).
 AGENT_NAME = "collab_env"
+#: The agent name of the CollabLLM recipe's rows (``collab-env data``, ``process_dataset.py``).
+RECIPE_AGENT_NAME = "collabllm_agent"
+#: Every name the loop is registered under.
+AGENT_NAMES = (AGENT_NAME, RECIPE_AGENT_NAME)
 
 #: The keys of the loop's configuration (constructor keywords and a row's ``collab_env`` column).
 CONFIG_KEYS = ("env_id", "env_kwargs", "player", "policies", "sampling", "index", "seed", "system_prompt",
@@ -79,11 +109,13 @@ def trained_player(env: Any, player: str | None) -> str:
 
 async def play_episode(env: Any, policy: ServerPolicy, *, player: str, policies: Mapping[str, Any] | None = None,
                        sampling: Mapping[str, Mapping[str, Any]] | None = None, index: int | None = None,
-                       seed: int | None = None, max_player_turns: int | None = None) -> Episode:
+                       seed: int | None = None, max_player_turns: int | None = None,
+                       item: Mapping[str, Any] | None = None) -> Episode:
     """One episode of ``env`` with ``policy`` as ``player`` and the others' policies (the env spec's
     defaults with ``policies`` merged over them), through :func:`~collab_env.rollout.arun_episode`.
     ``policy`` is also bound into the env's learner slots (a multiturn-aware reward's futures).
-    ``max_player_turns``: end the episode after ``player``'s that many moves (``None``: play on)."""
+    ``max_player_turns``: end the episode after ``player``'s that many moves (``None``: play on).
+    ``item``: a data row to play instead of task item ``index`` (``reset(options={"item": ...})``)."""
     from collab_env.policy import bind_learner, policies_for
     from collab_env.rollout import arun_episode
 
@@ -94,6 +126,7 @@ async def play_episode(env: Any, policy: ServerPolicy, *, player: str, policies:
     # simulator's replies stay reproducible); ``policy`` forwards them to the server only with
     # ``pass_seed`` (so the ``rollout.n`` samples of a row differ).
     return await arun_episode(env, table, seed=seed, index=index, sampling=sampling,
+                              options=None if item is None else {"item": dict(item)},
                               max_turns=None if max_player_turns is None else {player: int(max_player_turns)})
 
 
@@ -128,7 +161,138 @@ def episode_output(episode: Episode, player: str, *, response_length: int | None
     }
 
 
-@register(AGENT_NAME)
+#: ``actor_rollout_ref.rollout.multi_turn`` keys -> the multiturn-aware reward's keywords.
+_MULTI_TURN_KEYS = {"max_user_turns": "max_user_turns", "max_assistant_turns": "max_assistant_turns",
+                    "num_repeat_rollouts": "num_rollouts"}
+#: ``multi_turn`` keys that mean verl plays the user or tools itself: refused when set.
+_MULTI_TURN_REFUSED = ("interaction_config_path", "tool_config_path", "function_tool_path")
+#: ``llm_judge_kwargs`` keys -> ``LLMJudge`` settings (``model`` becomes ``judge=``).
+_JUDGE_KEYS = {"max_tokens": "max_new_tokens", "num_retries": "max_retries", "temperature": "temperature"}
+
+
+def _section(config: Any, *path: str) -> dict[str, Any]:
+    """``config.<path>`` as a plain dict (``{}`` when a part is missing)."""
+    node = config
+    for key in path:
+        if node is None:
+            return {}
+        node = node.get(key) if hasattr(node, "get") else getattr(node, key, None)
+    node = _plain(node)
+    return dict(node) if isinstance(node, Mapping) else {}
+
+
+def recipe_overrides(trainer_config: Any) -> dict[str, Any]:
+    """The CollabLLM recipe's knobs in verl's config, as multiturn-aware reward keywords.
+
+    Reads ``actor_rollout_ref.rollout.multi_turn`` (:data:`_MULTI_TURN_KEYS`; ``None`` values
+    are verl's "unset") and ``reward_model.reward_kwargs`` (``metric_weights``,
+    ``llm_judge_kwargs``). See the module docstring.
+
+    Raises:
+        ConfigError: A knob that has no meaning here is set.
+    """
+    out: dict[str, Any] = {}
+    multi_turn = _section(trainer_config, "actor_rollout_ref", "rollout", "multi_turn")
+    for key in _MULTI_TURN_REFUSED:
+        if multi_turn.get(key):
+            raise ConfigError(f"actor_rollout_ref.rollout.multi_turn.{key} is set: with the collab_env agent loop "
+                              "the env plays the user simulator (env_kwargs.reward_kwargs.user in the agent loop "
+                              f"YAML) and has no verl tools; remove {key}.")
+    for key, name in _MULTI_TURN_KEYS.items():
+        if multi_turn.get(key) is not None:
+            out[name] = int(multi_turn[key])
+    reward_kwargs = _section(trainer_config, "reward_model", "reward_kwargs")
+    unknown = sorted(set(reward_kwargs) - {"metric_weights", "llm_judge_kwargs"})
+    if unknown:
+        raise ConfigError(f"reward_model.reward_kwargs.{unknown[0]} has no meaning for the collab_env agent loop "
+                          "(it reads metric_weights and llm_judge_kwargs); set the reward in the agent loop YAML's "
+                          "env_kwargs.reward_kwargs instead.")
+    if reward_kwargs.get("metric_weights"):
+        out["weights"] = {str(k): float(v) for k, v in dict(reward_kwargs["metric_weights"]).items()}
+    judge = dict(reward_kwargs.get("llm_judge_kwargs") or {})
+    if judge:
+        bad = sorted(set(judge) - {"model", *_JUDGE_KEYS})
+        if bad:
+            raise ConfigError(f"reward_model.reward_kwargs.llm_judge_kwargs.{bad[0]} has no meaning here (known: "
+                              f"{['model', *_JUDGE_KEYS]}); set other judge settings in env_kwargs.reward_kwargs."
+                              "judge_kwargs of the agent loop YAML.")
+        if "model" in judge:
+            model = str(judge.pop("model"))
+            out["judge"] = model if ":" in model.split("/")[0] else f"litellm:{model}"
+        if judge:
+            out["judge_kwargs"] = {_JUDGE_KEYS[k]: v for k, v in judge.items()}
+    return out
+
+
+def _with_overrides(env_kwargs: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``env_kwargs`` with the recipe's knobs merged into ``reward_kwargs`` (they win)."""
+    out = dict(env_kwargs)
+    if not overrides:
+        return out
+    if out.get("reward") != "mr":
+        raise ConfigError(f"verl's config sets the CollabLLM recipe's reward knobs ({sorted(overrides)}) but the env "
+                          "has no multiturn-aware reward; add reward: mr to the agent loop YAML's env_kwargs or "
+                          "remove those settings.")
+    reward_kwargs = dict(out.get("reward_kwargs") or {})
+    judge_kwargs = {**dict(reward_kwargs.get("judge_kwargs") or {}), **dict(overrides.get("judge_kwargs") or {})}
+    reward_kwargs.update({k: v for k, v in overrides.items() if k != "judge_kwargs"})
+    if judge_kwargs:
+        reward_kwargs["judge_kwargs"] = judge_kwargs
+    out["reward_kwargs"] = reward_kwargs
+    return out
+
+
+def is_recipe_row(row: Mapping[str, Any]) -> bool:
+    """Whether verl's sample fields are a CollabLLM recipe row (no ``collab_env`` column, the hidden
+    goal in ``extra_info.interaction_kwargs``)."""
+    extra = _plain(row.get("extra_info"))
+    return row.get("collab_env") is None and isinstance(extra, Mapping) and \
+        isinstance(_plain(extra.get("interaction_kwargs")), Mapping)
+
+
+class EnvPool:
+    """A worker's envs, reused across samples: one idle list per ``(env_id, env_kwargs)``.
+
+    :meth:`acquire` hands out an idle env or makes one (so there are as many envs as samples run
+    at once, and each is made once); :meth:`release` takes it back. Envs are closed at exit.
+    """
+
+    def __init__(self) -> None:
+        self._idle: dict[str, list[Any]] = {}
+        self.made = 0
+
+    @staticmethod
+    def key(env_id: str, env_kwargs: Mapping[str, Any]) -> str:
+        return json.dumps([env_id, env_kwargs], sort_keys=True, default=repr)
+
+    def acquire(self, env_id: str, env_kwargs: Mapping[str, Any]) -> Any:
+        import collab_env
+
+        idle = self._idle.setdefault(self.key(env_id, env_kwargs), [])
+        if idle:
+            return idle.pop()
+        self.made += 1
+        return collab_env.make(env_id, **dict(env_kwargs))
+
+    def release(self, env_id: str, env_kwargs: Mapping[str, Any], env: Any) -> None:
+        """Take ``env`` back, its learner slots unbound (the next sample binds its own policy)."""
+        from collab_env.policy import unbind_learner
+
+        unbind_learner(env)
+        self._idle.setdefault(self.key(env_id, env_kwargs), []).append(env)
+
+    def close(self) -> None:
+        for envs in self._idle.values():
+            for env in envs:
+                env.close()
+        self._idle.clear()
+
+
+#: This worker's envs (verl builds a loop object per sample; the envs outlive them).
+ENV_POOL = EnvPool()
+atexit.register(ENV_POOL.close)
+
+
 class CollabEnvAgentLoop(AgentLoopBase):
     """verl agent loop over any collab_env env (see the module docstring for its configuration).
 
@@ -141,11 +305,17 @@ class CollabEnvAgentLoop(AgentLoopBase):
         self.loop_config = {k: _plain(kwargs.pop(k)) for k in list(kwargs) if k in CONFIG_KEYS}
         super().__init__(*args, **kwargs)
         trainer_config = kwargs.get("trainer_config", args[0] if args else None)
-        rollout = trainer_config.config.actor_rollout_ref.rollout
+        config = trainer_config.config
+        rollout = config.actor_rollout_ref.rollout
         self.response_length = int(rollout.response_length)
+        self.overrides = recipe_overrides(config)
+        data = _section(config, "data")
+        files = data.get("train_files")
+        self.train_files = ([files] if isinstance(files, str) else list(files)) if files else None
 
     def settings(self, row: Mapping[str, Any]) -> dict[str, Any]:
-        """The loop's configuration with the row's ``collab_env`` column merged over it."""
+        """The loop's configuration with the row's ``collab_env`` column merged over it, and
+        verl's recipe knobs over the env's reward keywords."""
         column = _plain(row.get("collab_env")) or {}
         if not isinstance(column, Mapping):
             raise ConfigError(f"the row's collab_env column must be a mapping, got {type(column).__name__}.")
@@ -161,25 +331,38 @@ class CollabEnvAgentLoop(AgentLoopBase):
         if not out.get("env_id"):
             raise ConfigError("the collab_env agent loop needs env_id: set it in the agent loop YAML entry "
                               "or in the rows' collab_env column (collab_env.adapters.verl.dataset_rows).")
+        env_kwargs = _with_overrides(dict(out.get("env_kwargs") or {}), self.overrides)
+        if is_recipe_row(row):
+            out["item"] = {"prompt": _plain(row.get("raw_prompt", row.get("prompt"))),
+                           "extra_info": _plain(row["extra_info"]), "reward_model": _plain(row.get("reward_model"))}
+            out["index"] = None
+            env_kwargs.setdefault("system_prompt", None)  # the row's own system prompt is the policy's
+            if self.train_files and not env_kwargs.get("data_files") and str(out["env_id"]).startswith("collabllm"):
+                env_kwargs["data_files"] = self.train_files  # rows to build the env on; each sample plays its own
+        out["env_kwargs"] = env_kwargs
         return out
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
         """Play one episode (see the module docstring) and return its ``AgentLoopOutput``."""
-        import collab_env
-
         start = time.perf_counter()
         cfg = self.settings(kwargs)
-        env = collab_env.make(cfg["env_id"], **dict(cfg.get("env_kwargs") or {}))
+        env = ENV_POOL.acquire(cfg["env_id"], cfg["env_kwargs"])
         try:
             player = trained_player(env, cfg.get("player"))
             policy = ServerPolicy(self.server_manager, self.tokenizer, sampling_params,
                                   system_prompt=cfg.get("system_prompt"), pass_seed=bool(cfg.get("pass_seed", False)))
             episode = await play_episode(env, policy, player=player, policies=cfg.get("policies"),
                                          sampling=cfg.get("sampling"), index=cfg.get("index"), seed=cfg.get("seed"),
-                                         max_player_turns=cfg.get("max_player_turns"))
-        finally:
-            env.close()
+                                         max_player_turns=cfg.get("max_player_turns"), item=cfg.get("item"))
+        except BaseException:
+            env.close()  # an env whose episode failed mid-way is not reused
+            raise
+        ENV_POOL.release(cfg["env_id"], cfg["env_kwargs"], env)
         fields = episode_output(episode, player, response_length=self.response_length)
         # verl's AgentLoopMetrics: the wall time of the episode (every player's turns and the
         # reward's futures) counts as generation time
         return AgentLoopOutput(metrics={"generate_sequences": time.perf_counter() - start}, **fields)
+
+
+for _name in AGENT_NAMES:
+    register(_name)(CollabEnvAgentLoop)

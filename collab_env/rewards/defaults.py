@@ -40,6 +40,7 @@ def default_reward(
     judge_prefill: bool | None = None,
     judge_kwargs: Mapping[str, Any] | None = None,
     metric_ctx: Mapping[str, Any] | None = None,
+    user_kwargs: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ):
     """Wrap ``env`` in its default reward: the spec's metric weights (for ``collabllm-*``:
@@ -73,6 +74,9 @@ def default_reward(
         judge_kwargs: Extra ``LLMJudge`` settings for the judges built here
             (``max_new_tokens``, ``max_retries``...).
         metric_ctx: Extra metric resources (``tokenizer``, ``sandbox``, ``scope``...).
+        user_kwargs: Extra :class:`~collab_env.agents.users.LLMUserSimulator` settings for a
+            ``user=`` model string (``max_retries``, ``sampling``...; the recipe's simulator:
+            ``{"max_retries": 5, "sampling": {"max_new_tokens": 512, "temperature": 1.0}}``).
         **kwargs: Passed to the wrapper (``num_rollouts``, ``max_user_turns``,
             ``aggregation``, ``sampling``, ``return_futures``...).
 
@@ -104,6 +108,9 @@ def default_reward(
                 f"the metrics {needs_judge} need an LLM judge: pass judge='litellm:<model>', "
                 "judge='embedded' or a policy / LLMJudge, or weights without them."
             )
+    if user_kwargs and (kind != "mr" or not isinstance(user, str) or is_replay(user)):
+        raise ConfigError("user_kwargs= configures the simulator built from a user= model string; pass "
+                          "user='litellm:...' (or 'embedded'), or configure your own simulator object.")
     if kind == "conversation":
         if user is not None or policy is not None:
             raise ConfigError("user= and policy= are for kind='mr' (futures); the conversation reward samples nothing.")
@@ -124,7 +131,7 @@ def default_reward(
             from collab_env.agents.users import LLMUserSimulator
 
             fmt = "plain" if user in EMBEDDED_NAMES else "json"
-            sim = LLMUserSimulator(backend(user), reply_format=fmt)
+            sim = LLMUserSimulator(backend(user), **{"reply_format": fmt, **dict(user_kwargs or {})})
         for u in users:
             policies[u] = sim
     return MultiturnAwareReward(env, policies=policies, weights=w, metric_ctx=ctx, **kwargs)

@@ -130,6 +130,7 @@ class MultiturnAwareReward(EnvWrapper):
         self.future_token_budget = future_token_budget
         self._count_tokens = token_count_fn(token_counter)
         self.policies = self._future_policies(env, policies)
+        self._built_policies = dict(self.policies)
         self.stats: dict[str, float] = {"rewards": 0.0, "rollouts": 0.0, "scored": 0.0, "faults": 0.0}
         self._seed: int | None = None
 
@@ -175,6 +176,19 @@ class MultiturnAwareReward(EnvWrapper):
         """Players whose future policy is :data:`~collab_env.policy.LEARNER` and not bound yet
         (:class:`~collab_env.policy.LearnerBindable`)."""
         return [p for p, pol in self.policies.items() if isinstance(pol, str) and pol == LEARNER]
+
+    def unbind_learners(self) -> list[str]:
+        """Put :data:`~collab_env.policy.LEARNER` back in every slot that was built with it (and
+        the built-with sampling), so the next :func:`~collab_env.policy.bind_learner` binds afresh:
+        an env reused across samples never plays a stale sample's policy. Returns those players."""
+        players = [p for p, pol in self._built_policies.items() if isinstance(pol, str) and pol == LEARNER]
+        for p in players:
+            self.policies[p] = LEARNER
+            if p in self.configured_sampling:
+                self.sampling[p] = dict(self.configured_sampling[p])
+            else:
+                self.sampling.pop(p, None)
+        return players
 
     def bind_policy(self, player: str, policy: Any, sampling: Mapping[str, Any] | None = None) -> None:
         """Use ``policy`` for ``player``'s future turns (a learner binds the policy it trains).

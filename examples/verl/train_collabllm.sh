@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
-# The CollabLLM recipe (verl's recipe/collabllm/train_rl_collabllm.sh settings) on verl 0.9.1 with
-# collab_env's agent loop in place of the deleted verl/interactions. Needs GPUs (vLLM), verl 0.9.1
-# with transformers<5.11, cachetools, fastapi and uvicorn (see `make test-verl`), and an API key
-# for the user simulator and judge of examples/verl/agent_loop.yaml.
-#   ENV_ID=collabllm-math-hard MODEL=Qwen/Qwen2.5-7B-Instruct bash examples/verl/train_collabllm.sh
+# The CollabLLM recipe's RL run (verl's recipe/collabllm/train_rl_collabllm.sh settings) on verl 0.9.1
+# with collab_env's agent loop in place of the deleted verl/interactions. Needs GPUs (vLLM), verl
+# 0.9.1 with transformers<5.11, cachetools, fastapi and uvicorn (see `make test-verl`), and an API
+# key for the user simulator and judge of examples/verl/agent_loop.yaml.
+#   MODEL=Qwen/Qwen2.5-7B-Instruct bash examples/verl/train_collabllm.sh [hydra overrides]
+# The data step is the recipe's own command line (`collab-env data`, the rows of its
+# process_dataset.py); it runs once, when $DATA has no rl_train.parquet. DATASET picks the set
+# (math-hard-large, the recipe's; medium-large, bigcodebench-large...; set ENV_ID to match).
+# `bash examples/verl/train_collabllm.sh --cfg job` prints verl's resolved config and exits.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-ENV_ID="${ENV_ID:-collabllm-math-hard}"
+DATASET="${DATASET:-math-hard-large}"
+ENV_ID="${ENV_ID:-collabllm-$DATASET}"
 MODEL="${MODEL:-Qwen/Qwen2.5-7B-Instruct}"
-DATA="${DATA:-$HOME/data/collab_env-$ENV_ID}"
-ITEMS="${ITEMS:-512}"
+DATA="${DATA:-$HOME/data/collabllm-$DATASET}"
+NGPUS="${NGPUS:-8}"
 
-python - "$ENV_ID" "$DATA" "$ITEMS" <<'PY'
-import sys
-from collab_env.adapters.verl import dataset_rows, write_dataset
-env_id, out, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-write_dataset(f"{out}/rl_train.parquet", dataset_rows(env_id, range(n), seed=0))
-write_dataset(f"{out}/rl_validation.parquet", dataset_rows(env_id, range(min(n, 64)), seed=10_000))
-PY
+if [ ! -f "$DATA/rl_train.parquet" ]; then
+    collab-env data --dataset "collabllm/collabllm-multiturn-$DATASET" --local_dir "$DATA" --dataset_type rl
+fi
 
 python3 -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \
@@ -29,6 +30,12 @@ python3 -m verl.trainer.main_ppo \
     data.max_response_length=2048 \
     data.filter_overlong_prompts=True \
     data.truncation=error \
+    +reward_model.reward_kwargs.metric_weights.accuracy=1 \
+    +reward_model.reward_kwargs.metric_weights.interactivity=1 \
+    +reward_model.reward_kwargs.metric_weights.token_amount=-0.0001 \
+    +reward_model.reward_kwargs.llm_judge_kwargs.model=gpt-4o-mini \
+    +reward_model.reward_kwargs.llm_judge_kwargs.max_tokens=1024 \
+    +reward_model.reward_kwargs.llm_judge_kwargs.temperature=0 \
     actor_rollout_ref.model.path="$MODEL" \
     actor_rollout_ref.model.use_remove_padding=True \
     actor_rollout_ref.model.enable_gradient_checkpointing=True \
@@ -49,17 +56,22 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
     actor_rollout_ref.rollout.n=8 \
     actor_rollout_ref.rollout.temperature=1.0 \
+    actor_rollout_ref.rollout.free_cache_engine=True \
     actor_rollout_ref.rollout.calculate_log_probs=True \
+    actor_rollout_ref.rollout.multi_turn.max_user_turns=2 \
+    actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3 \
+    actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts=3 \
     actor_rollout_ref.rollout.agent.agent_loop_config_path="$HERE/agent_loop.yaml" \
-    reward.custom_reward_function.path="$(python -c 'import collab_env.adapters.verl.reward as r; print(r.__file__)')" \
+    actor_rollout_ref.rollout.agent.default_agent_loop=collabllm_agent \
+    reward.custom_reward_function.path="$(python3 -c 'import collab_env.adapters.verl.reward as r; print(r.__file__)')" \
     reward.custom_reward_function.name=compute_score \
     trainer.critic_warmup=0 \
     trainer.val_before_train=False \
     trainer.logger='["console"]' \
     trainer.project_name=collab_env-verl \
-    trainer.experiment_name="collabllm-$ENV_ID" \
+    trainer.experiment_name="collabllm-$DATASET" \
     trainer.nnodes=1 \
-    trainer.n_gpus_per_node=8 \
+    trainer.n_gpus_per_node="$NGPUS" \
     trainer.save_freq=100 \
     trainer.test_freq=10 \
     trainer.total_epochs=20 \

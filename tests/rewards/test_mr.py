@@ -483,6 +483,24 @@ def test_learner_placeholder_must_be_bound(math_env):
     assert infos["assistant"]["mr"]["scored"] == 1
 
 
+def test_unbind_learner_restores_the_placeholder(math_env):
+    """An env reused across samples: unbind_learner puts LEARNER back (and the built-with
+    sampling), so the next bind takes the next sample's policy instead of keeping the first."""
+    from collab_env.policy import LEARNER, bind_learner, unbind_learner
+
+    env = MultiturnAwareReward(math_env, policies={"assistant": LEARNER, "user": replay_user()},
+                               weights={"test_future_len": 0.1}, num_rollouts=1,
+                               sampling={"assistant": {"max_new_tokens": 9}})
+    first, second = FixedTextPolicy("first"), FixedTextPolicy("second")
+    assert bind_learner(env, {"assistant": first}, sampling={"assistant": {"temperature": 0.3}}) == 1
+    assert bind_learner(env, {"assistant": second}) == 0  # bound: a second bind is a no-op
+    assert env.policies["assistant"] is first and env.sampling["assistant"]["temperature"] == 0.3
+    assert unbind_learner(env) == 1 and env.learner_players() == ["assistant"]
+    assert env.sampling["assistant"] == {"max_new_tokens": 9}
+    assert bind_learner(env, {"assistant": second}) == 1 and env.policies["assistant"] is second
+    assert env.policies["user"] is not LEARNER and unbind_learner(math_env) == 0
+
+
 # ---------------------------------------------------------------------------------------------
 # The verl rule's edge cases (collabllm_agent_loop / collabllm interaction / reward manager)
 # ---------------------------------------------------------------------------------------------

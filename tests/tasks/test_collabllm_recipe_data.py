@@ -236,3 +236,29 @@ def test_env_plays_a_row_it_is_given(recipe_run):
     with pytest.raises(collab_env.errors.ConfigError, match="plays only its own items"):
         other.reset(options={"item": {"a": 1}})
     other.close()
+
+
+def test_verl_example_env_has_the_recipe_settings(tmp_path):
+    """examples/verl/agent_loop.yaml builds (no API call is made): the recipe's window, budget,
+    fault rule, simulator and judge lengths and retries, on the env the loop plays rows with."""
+    import yaml
+
+    from collab_env.testing.collabllm_fixtures import write_collabllm_fixture
+
+    [entry] = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "verl" / "agent_loop.yaml").read_text())
+    assert entry["name"] == "collabllm_agent" and entry["env_id"] == "collabllm-math-hard-large"
+    assert entry["max_player_turns"] == 1 and entry["sampling"]["assistant"]["max_new_tokens"] == 2048
+    data = write_collabllm_fixture(tmp_path, "list", "jsonl", n=4)
+    env = collab_env.make(entry["env_id"], data_files=str(data), system_prompt=None, **entry["env_kwargs"])
+    assert (env.num_rollouts, env.max_user_turns, env.max_assistant_turns, env.future_token_budget) == (3, 2, 3, 2048)
+    assert (env.metric_set.on_fault, env.metric_set.aggregation) == ("zero", "verl")
+    assert env.metric_set.weights == {"accuracy": 1.0, "interactivity": 1.0, "token_amount": -0.0001}
+    user = env.policies["user"]
+    assert user.max_retries == 5 and dict(user.sampling) == {"max_new_tokens": 512, "temperature": 1.0}
+    judges = env.metric_set.ctx["judge"]
+    assert {(j.max_new_tokens, j.max_retries) for j in judges.values()} == {(2048, 6)}
+    env.close()
+    with pytest.raises(collab_env.errors.ConfigError, match="user_kwargs"):
+        collab_env.make("collabllm-math-hard", data_files=str(data), reward="mr",
+                        reward_kwargs={"user": "replay", "user_kwargs": {"max_retries": 1},
+                                       "weights": {"accuracy_rule": 1.0}})
