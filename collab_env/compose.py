@@ -82,7 +82,10 @@ def make(
     elif reward is not None:
         from collab_env.rewards.mr import default_reward
 
-        env = default_reward(env, reward, **dict(reward_kwargs or {}))
+        reward_kwargs = dict(reward_kwargs or {})
+        if overrides.get("prompts") not in (None, "collab_env"):  # the env's reference prompts: its reward's too
+            reward_kwargs.setdefault("prompts", overrides["prompts"])
+        env = default_reward(env, reward, **reward_kwargs)
     if view is None:
         if policies is not None:
             raise ConfigError("policies= only applies with view=<player>; drive players yourself otherwise.")

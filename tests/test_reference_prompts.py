@@ -357,3 +357,49 @@ def test_version_from_the_dist_info_and_the_env_pickles(tmp_path, standin_pkg):
     obs, _ = twin.reset(seed=0)
     assert obs["assistant"][0].content == STANDIN_FILES["system_prompt.txt"]
     assert env.unwrapped.clone().unwrapped.task.prompt_source == env.unwrapped.task.prompt_source
+
+
+def test_env_prompts_reach_the_reward_user_simulator_and_judges(tmp_path, standin_pkg, verl_checkout):
+    """make(..., prompts=..., reward="mr"): the futures' user simulator and the judges the weights
+    use read the reference templates too (built, no API call); a source without a judge's template
+    is an error naming it, never our rubric in its place; the default builds our own."""
+    data = write_collabllm_fixture(tmp_path, "list", "jsonl", n=4)
+    kw = {"user": "litellm:openai/gpt-4o-mini", "judge": "litellm:openai/gpt-4o-mini", "policy": "learner",
+          "weights": {"accuracy": 1.0, "interactivity": 1.0}}
+    env = collab_env.make("collabllm-math-hard", data_files=str(data), prompts=("collabllm", str(verl_checkout)),
+                          reward="mr", reward_kwargs=kw)
+    assert "STANDIN" in env.unwrapped.task.reference_system_prompt
+    user = env.policies["user"]
+    assert user.template is not None and "STANDIN USER" in user.template.text
+    judges = env.metric_set.ctx["judge"]
+    assert set(judges) == {"accuracy", "interactivity"}
+    assert all(str(verl_checkout) in j.prompt_origin for j in judges.values())
+    assert "extractor" not in env.metric_set.ctx  # no weighted metric reads it
+    with pytest.raises(ConfigError, match="accuracy"):
+        collab_env.make("collabllm-math-hard", data_files=str(data), prompts="collabllm", reward="mr",
+                        reward_kwargs=kw)
+    ours = collab_env.make("collabllm-math-hard", data_files=str(data), reward="mr", reward_kwargs=kw)
+    assert ours.policies["user"].template is None
+    assert {j.prompt_origin for j in ours.metric_set.ctx["judge"].values()} == {None}
+    assert {"extractor", "document_extractor"} <= set(ours.metric_set.ctx)
+
+
+def test_data_rows_carry_the_reference_system_prompt(tmp_path, verl_checkout, standin_pkg, capsys):
+    """collab-env data --prompts PATH: the recipe's rows with the checkout's own SYSTEM_PROMPT."""
+    from collab_env.tasks.collabllm_data import main
+
+    data = write_collabllm_fixture(tmp_path, "list", "jsonl", n=4)
+    out = tmp_path / "out"
+    assert main(["--data_files", str(data), "--local_dir", str(out), "--prompts", str(verl_checkout),
+                 "--validation_size", "1"]) == 0
+    import datasets
+
+    rows = datasets.load_dataset("parquet", data_files=str(out / "rl_train.parquet"))["train"]
+    assert {r["prompt"][0]["content"] for r in rows} == {"STANDIN VERL SYSTEM"}
+    assert main(["--data_files", str(data), "--local_dir", str(out), "--prompts", "collabllm",
+                 "--dataset_type", "sft", "--validation_size", "1"]) == 0
+    rows = datasets.load_dataset("parquet", data_files=str(out / "sft_train.parquet"))["train"]
+    assert {r["prompt"][0]["content"] for r in rows} == {STANDIN_FILES["system_prompt.txt"]}
+    assert main(["--data_files", str(data), "--local_dir", str(out), "--prompts", "collabllm",
+                 "--system_prompt", "mine"]) == 1
+    assert "one of the two" in capsys.readouterr().err

@@ -9,7 +9,7 @@ calls it (see :mod:`collab_env.rewards.mr`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from collab_env.errors import ConfigError
@@ -41,6 +41,7 @@ def default_reward(
     judge_kwargs: Mapping[str, Any] | None = None,
     metric_ctx: Mapping[str, Any] | None = None,
     user_kwargs: Mapping[str, Any] | None = None,
+    prompts: Any = None,
     **kwargs: Any,
 ):
     """Wrap ``env`` in its default reward: the spec's metric weights (for ``collabllm-*``:
@@ -77,6 +78,11 @@ def default_reward(
         user_kwargs: Extra :class:`~collab_env.agents.users.LLMUserSimulator` settings for a
             ``user=`` model string (``max_retries``, ``sampling``...; the recipe's simulator:
             ``{"max_retries": 5, "sampling": {"max_new_tokens": 512, "temperature": 1.0}}``).
+        prompts: The reference's own templates for the user simulator and the judges built here
+            (``"collabllm"``, a verl checkout path, or both as a tuple; see
+            :mod:`collab_env.agents.reference_prompts`); ``None``: our own wording. With it, only
+            the judges the weights use are built (no one source holds every template), and a
+            judge whose template the source lacks is an error, never our wording in its place.
         **kwargs: Passed to the wrapper (``num_rollouts``, ``max_user_turns``,
             ``aggregation``, ``sampling``, ``return_futures``...).
 
@@ -102,7 +108,11 @@ def default_reward(
     needs_judge = [m for m in w if get_metric(m).needs and set(get_metric(m).needs) & {"judge", "extractor"}]
     if "judge" not in ctx and "judge_backend" not in ctx:
         if judge is not None:  # also the BLEU metrics' document extractor: the recipe extracts first
-            ctx.update(judges_for(judge, rubric, judge_prefill, dict(judge_kwargs or {}), backend))
+            kw = dict(judge_kwargs or {})
+            if prompts is not None:
+                kw.setdefault("prompts", prompts)
+            ctx.update(judges_for(judge, rubric, judge_prefill, kw, backend,
+                                  metrics=None if prompts is None else list(w)))
         elif needs_judge:
             raise ConfigError(
                 f"the metrics {needs_judge} need an LLM judge: pass judge='litellm:<model>', "
@@ -131,17 +141,22 @@ def default_reward(
             from collab_env.agents.users import LLMUserSimulator
 
             fmt = "plain" if user in EMBEDDED_NAMES else "json"
-            sim = LLMUserSimulator(backend(user), **{"reply_format": fmt, **dict(user_kwargs or {})})
+            extra = dict(user_kwargs or {})
+            if prompts is not None:
+                extra.setdefault("prompts", prompts)
+                fmt = "json"  # the reference's template asks for its JSON reply
+            sim = LLMUserSimulator(backend(user), **{"reply_format": fmt, **extra})
         for u in users:
             policies[u] = sim
     return MultiturnAwareReward(env, policies=policies, weights=w, metric_ctx=ctx, **kwargs)
 
 
 def judges_for(judge: Any, rubric: str, prefill: bool | None, kw: dict[str, Any],
-               backend: Callable[[Any], Any]) -> dict[str, Any]:
+               backend: Callable[[Any], Any], metrics: Sequence[str] | None = None) -> dict[str, Any]:
     """The metric resources (``judge``, ``extractor``, ``document_extractor``) for the judge
     metrics from a ``judge=`` argument of :func:`default_reward`; ``backend`` turns a model
-    string or policy into a loaded policy."""
+    string or policy into a loaded policy. ``metrics``: build only what these metrics use
+    (``None``: every resource)."""
     from collab_env.agents.judges import ExtractThenScore, LLMJudge
 
     if isinstance(judge, Mapping):
@@ -153,12 +168,23 @@ def judges_for(judge: Any, rubric: str, prefill: bool | None, kw: dict[str, Any]
         from collab_env.agents.base import EMBEDDED_NAMES
 
         prefill = judge in EMBEDDED_NAMES or any(c.__name__ == "EmbeddedPolicy" for c in type(b).__mro__)
-    judges = {
-        "accuracy": LLMJudge.preset("accuracy", b, prefill=prefill, **kw),
-        "interactivity": LLMJudge.preset("interactivity" if rubric == "verl" else "interactivity_paper", b,
-                                         prefill=prefill, **kw),
-    }
     from collab_env.rewards.metrics import document_extractor
 
-    return {"judge": judges, "extractor": LLMJudge.preset("extract_answer", b, prefill=prefill, **kw),
-            "document_extractor": document_extractor(b, prefill=prefill, **kw)}
+    def wanted(resource: str) -> bool:  # a judge by its metric's name, else a ctx resource
+        if metrics is None:
+            return True
+        return any(m == resource or resource in get_metric(m).needs
+                   or (resource == "document_extractor" and m.startswith("bleu")) for m in metrics)
+
+    judges = {}
+    if wanted("accuracy"):
+        judges["accuracy"] = LLMJudge.preset("accuracy", b, prefill=prefill, **kw)
+    if wanted("interactivity"):
+        judges["interactivity"] = LLMJudge.preset("interactivity" if rubric == "verl" else "interactivity_paper", b,
+                                                  prefill=prefill, **kw)
+    out: dict[str, Any] = {"judge": judges}
+    if wanted("extractor"):
+        out["extractor"] = LLMJudge.preset("extract_answer", b, prefill=prefill, **kw)
+    if wanted("document_extractor"):
+        out["document_extractor"] = document_extractor(b, prefill=prefill, **kw)
+    return out

@@ -251,6 +251,7 @@ def process_collabllm_dataset(
     seed: int = 42,
     rules: Literal["collab_env", "recipe"] = "collab_env",
     num_proc: int | None = None,
+    prompts: Any = None,
     **options: Any,
 ) -> datasets.DatasetDict:
     """Build the ``mode`` dataset, split it, and optionally write the parquet files.
@@ -269,6 +270,11 @@ def process_collabllm_dataset(
             :func:`build_sft_dataset`). The recipe has no mode ``"dpo"``.
         num_proc: Worker processes for reading the files (``datasets.load_dataset``); the row
             rules are one linear pass in this process. ``None``/``1``: one process.
+        prompts: The reference's own system prompt on every row, read at run time
+            (``"collabllm"``: the installed package's ``system_prompt.txt``; a verl checkout
+            path: the ``SYSTEM_PROMPT`` of its ``recipe/collabllm/process_dataset.py``, the very
+            text the recipe writes; see :mod:`collab_env.agents.reference_prompts`). Excludes a
+            ``system_prompt`` of one's own.
         output_dir: When given, write ``<mode>_train.parquet`` and ``<mode>_validation.parquet``
             there (created if needed).
         validation_size: Fraction or row count held out; see :func:`train_validation_split`.
@@ -294,6 +300,14 @@ def process_collabllm_dataset(
                           "(collab-env data --dataset_type dpo --rules collab_env).")
     if num_proc is not None and (isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1):
         raise ConfigError(f"num_proc must be an int >= 1 or None, got {num_proc!r}.")
+    if prompts is not None and prompts != "collab_env":
+        if options.get("system_prompt") is not None:
+            raise ConfigError(f"prompts={prompts!r} puts the reference's system prompt on every row; "
+                              "system_prompt= puts another one. Pass one of the two.")
+        from collab_env.agents.reference_prompts import resolve_prompts
+
+        options["system_prompt"] = resolve_prompts(prompts, "collab-env data").template(
+            "assistant_system", fields=(), who="collab-env data").text
     builder = _BUILDERS[mode]
     if mode != "dpo":
         options["rules"] = rules
@@ -365,6 +379,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=42, help="split seed (default: 42)")
     p.add_argument("--num_proc", type=int, default=None,
                    help="worker processes for reading the files (the row rules are one linear pass)")
+    p.add_argument("--prompts", default=None,
+                   help="the reference's own system prompt on every row: 'collabllm' (the installed collabllm "
+                        "package's) or the path of a verl checkout (its process_dataset.py SYSTEM_PROMPT)")
     p.add_argument("--system_prompt", default=None,
                    help="system prompt put first in every prompt (recipe rules: default the collabllm envs' "
                         "own, collab_env.tasks.collabllm.DEFAULT_SYSTEM_PROMPT)")
@@ -406,13 +423,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     rules = args.rules or ("collab_env" if args.mode == "dpo" else "recipe")
     common = ("dataset", "data_files", "split", "mode", "output_dir", "validation_size", "seed", "rules",
-              "hdfs_dir", "num_proc")
+              "hdfs_dir", "num_proc", "prompts")
     options = {k: v for k, v in vars(args).items() if k not in common and v is not None}
     try:
         splits = process_collabllm_dataset(
             args.dataset, args.mode, data_files=args.data_files, split=args.split,
             output_dir=args.output_dir, validation_size=args.validation_size, seed=args.seed, rules=rules,
-            num_proc=args.num_proc, **options,
+            num_proc=args.num_proc, prompts=args.prompts, **options,
         )
     except CollabEnvError as exc:
         print(f"error: {exc}", file=sys.stderr)
