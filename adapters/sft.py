@@ -65,9 +65,14 @@ class SFTConfig(TrainerConfig):
     """Forward/backward passes per optimiser step."""
     shuffle: bool = True
     """Shuffle the conversations every epoch (seeded by ``seed`` and the epoch)."""
+    messages_key: str = "messages"
+    """The column holding each conversation (verl's ``data.messages_key``): ``"messages"``, or
+    ``"prompt"`` for the verl recipe's SFT rows (``collab-env data --dataset_type sft``)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not isinstance(self.messages_key, str) or not self.messages_key:
+            raise ConfigError(f"messages_key must be a non-empty str, got {self.messages_key!r}.")
         check_int("max_length", self.max_length, 2, allow_none=True)
         check_int("gradient_accumulation_steps", self.gradient_accumulation_steps, 1)
         if self.shuffle not in (True, False):
@@ -140,8 +145,9 @@ def encode_conversation(tokenizer: Any, messages: Sequence[Mapping[str, str]],
     return ids, mask
 
 
-def _rows(data: Any, what: str) -> list[tuple[list[dict[str, str]], list[bool] | None]]:
-    """``(messages, trainable or None)`` per row of a dataset / list of rows / list of message lists."""
+def _rows(data: Any, what: str, key: str = "messages") -> list[tuple[list[dict[str, str]], list[bool] | None]]:
+    """``(messages, trainable or None)`` per row of a dataset / list of rows / list of message lists
+    (the conversation in column ``key``)."""
     if data is None:
         return []
     if isinstance(data, (str, bytes, Mapping)):
@@ -149,9 +155,11 @@ def _rows(data: Any, what: str) -> list[tuple[list[dict[str, str]], list[bool] |
     out = []
     for i, row in enumerate(data):
         if isinstance(row, Mapping):
-            if "messages" not in row:
-                raise DataSchemaError(f"{what} row {i} has no 'messages' column (it has {sorted(row)}).")
-            out.append((row["messages"], row.get("trainable")))
+            if key not in row:
+                hint = " (the recipe's SFT rows hold it in 'prompt': SFTConfig(messages_key='prompt'))" \
+                    if "prompt" in row and key == "messages" else ""
+                raise DataSchemaError(f"{what} row {i} has no {key!r} column (it has {sorted(row)}){hint}.")
+            out.append((row[key], row.get("trainable")))
         else:
             out.append((row, None))
     return out
@@ -210,7 +218,7 @@ class SFTTrainer:
 
     def _encode(self, data: Any, what: str) -> list[tuple[list[int], list[int]]]:
         out = []
-        for i, (messages, trainable) in enumerate(_rows(data, what)):
+        for i, (messages, trainable) in enumerate(_rows(data, what, self.args.messages_key)):
             ids, mask = encode_conversation(self.pm.tokenizer, messages, trainable,
                                             max_length=self.args.max_length, where=f"{what} row {i}")
             if sum(mask[1:]) == 0:  # the first token is never predicted

@@ -7,6 +7,11 @@
 #   benchmarks/gpu/run.sh                          # on a GPU machine (<= 8 minutes)
 #   benchmarks/gpu/run.sh --device cpu --tiny      # the CPU check that `make test` runs
 #
+# The CollabLLM path end to end (examples/collabllm_end_to_end.py: data, SFT, MR-GRPO, board run,
+# verify), full form, online (hub dataset, API user and judge):
+#   benchmarks/gpu/run.sh collabllm-e2e --model Qwen/Qwen2.5-0.5B-Instruct --user litellm:openai/gpt-4o-mini \
+#       --judge litellm:openai/gpt-4o-mini --dataset collabllm/collabllm-multiturn-math-hard --device cuda
+#
 # Python: $PYTHON, else the repository's .venv, else python3 (a GPU machine here has torch and
 # transformers preinstalled). The SmolLM2 tokenizer for the random stand-in model: pass
 # --tokenizer DIR (export it where the embedded model is installed with --export-tokenizer DIR).
@@ -14,6 +19,11 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 if [ -z "${PYTHON:-}" ]; then
   if [ -x "$root/.venv/bin/python" ]; then PYTHON="$root/.venv/bin/python"; else PYTHON=python3; fi
+fi
+if [ "${1:-}" = "collabllm-e2e" ]; then
+  shift
+  export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+  exec "$PYTHON" "$root/examples/collabllm_end_to_end.py" "$@"
 fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 LITELLM_LOCAL_MODEL_COST_MAP=True
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"

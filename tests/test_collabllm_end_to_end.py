@@ -1,0 +1,43 @@
+"""Issue 25: the CollabLLM path end to end, tiny form (examples/collabllm_end_to_end.py).
+
+Fixture rows -> ``collab-env data`` (the recipe's command line) -> SFT steps -> MR-GRPO steps
+(embedded user and judge) -> ``leaderboard run`` of the collabllm track on the held-out RL split
+-> ``leaderboard verify``. It shows the stages join; it makes no learning claim.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "collabllm_end_to_end.py"
+
+
+@pytest.mark.slow
+def test_the_tiny_form_runs_every_stage_and_the_entry_verifies(tmp_path):
+    work = tmp_path / "e2e"
+    run = subprocess.run([sys.executable, str(SCRIPT), "--work", str(work)], capture_output=True, text=True,
+                         timeout=1500, env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                                            "TRANSFORMERS_OFFLINE": "1"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    stages = [line.split("]")[0][1:] for line in run.stdout.splitlines() if line.startswith("[")]
+    assert [s for s in stages if s not in ("note", "transformers")] == [
+        "rows", "data", "sft", "grpo", "board", "verify", "done"]
+    summary = json.loads((work / "summary.json").read_text())
+    assert summary["form"] == "tiny" and set(summary["stages"]) == {"rows", "data", "sft", "grpo", "board", "verify"}
+    assert "rl_validation 2 rows" in summary["stages"]["data"]["result"]
+    assert "2 steps" in summary["stages"]["sft"]["result"] and "2 steps" in summary["stages"]["grpo"]["result"]
+    # the board entry was played on the held-out split with the GRPO model, and verifies
+    submitted = json.loads((work / "entry" / "submission.json").read_text())
+    assert submitted["track"].startswith("collabllm-math-hard@") and submitted["episodes"]["recorded"] == 1
+    assert submitted["policies"]["assistant"].endswith(str(work / "grpo" / "checkpoint" / "model_0"))
+    assert "rl_validation.parquet" in json.dumps(submitted["data_files"])
+    assert "verified (1 episodes" in run.stdout
+    # the SFT stage trained on the recipe's rows (column prompt) and GRPO started from its model
+    assert (work / "sft" / "checkpoint" / "model_0" / "config.json").is_file()
+    assert (work / "grpo" / "checkpoint" / "model_0" / "config.json").is_file()
