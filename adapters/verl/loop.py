@@ -11,7 +11,14 @@ episode into the fields of verl's ``AgentLoopOutput`` with
 the server's log-probs, the episode's reward as ``reward_score``.
 
 It relies only on verl's ``AgentLoopBase.run``, ``AgentLoopOutput``, ``register`` and
-``server_manager.generate``; the tokenisation is collab_env's own (the chat template).
+``server_manager.generate``; the tokenisation is collab_env's own (the chat template), the same
+:class:`~collab_env.agents.tokens.TokenHistory` as every other engine here. verl 0.9.1's
+Continuous Token builder (``self.continuous_token_builder``) is not used: it keeps the sampled
+ids too, but its default builder rebuilds the next turn from the rendering *delta* and so drops
+the text a chat template writes after the end-of-turn token (ChatML's newline after
+``<|im_end|>``, checked on the tiny model): the trained sequence would then differ from the
+conversation as the model is served it. ``TokenHistory`` keeps that text, so the sequence is the
+template's rendering with the reply's own ids, and the mask is 1 exactly on the sampled tokens.
 
 Configuration (the YAML of ``actor_rollout_ref.rollout.agent.agent_loop_config_path``, whose
 entries are passed to the constructor, or a row's ``collab_env`` column, which wins key by key):
