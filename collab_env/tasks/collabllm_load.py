@@ -211,7 +211,11 @@ def load_collabllm_dataset(dataset: str, data_files: Any = None, split: str | No
     else:
         source = dataset
         if os.path.isdir(os.path.expanduser(dataset)):
-            loaded = datasets.load_dataset(os.path.expanduser(dataset), num_proc=num_proc)
+            # ``datasets`` caches a local folder under its name and card, not its files' content:
+            # a folder rewritten (or another folder of the same name) would be read from the stale
+            # cache. Local files are cheap to prepare again, so they always are.
+            loaded = datasets.load_dataset(os.path.expanduser(dataset), num_proc=num_proc,
+                                           download_mode="force_redownload", verification_mode="no_checks")
         else:
             loaded = _load_from_hub(datasets, dataset, num_proc)
 

@@ -262,3 +262,14 @@ def test_verl_example_env_has_the_recipe_settings(tmp_path):
         collab_env.make("collabllm-math-hard", data_files=str(data), reward="mr",
                         reward_kwargs={"user": "replay", "user_kwargs": {"max_retries": 1},
                                        "weights": {"accuracy_rule": 1.0}})
+
+
+def test_a_rewritten_local_folder_is_read_afresh(tmp_path):
+    """datasets caches a local dataset folder by its name and card: two folders of the same name
+    (or one rewritten) must not read each other's rows."""
+    a = write_collabllm_hub_dir(tmp_path / "a" / "collabllm-multiturn-math-hard", n=4)
+    b = write_collabllm_hub_dir(tmp_path / "b" / "collabllm-multiturn-math-hard", n=7)
+    assert len(load_collabllm_dataset(str(a), None, None)) == 4
+    assert len(load_collabllm_dataset(str(b), None, None)) == 7
+    write_collabllm_hub_dir(a, n=6)
+    assert len(load_collabllm_dataset(str(a), None, None)) == 6
