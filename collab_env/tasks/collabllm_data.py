@@ -363,7 +363,9 @@ def _parser() -> argparse.ArgumentParser:
                         "family name (default: %(default)s)")
     p.add_argument("--data_files", nargs="+", default=None,
                    help="local parquet/json/jsonl file(s) in the CollabLLM schema (offline)")
-    p.add_argument("--split", default=None, help="split to read (default: every split, concatenated, as the recipe)")
+    p.add_argument("--split", default=None,
+                   help="split to read (default: recipe rules every split, concatenated, as the recipe does "
+                        "(a test split included: a warning says so); collab_env rules 'train')")
     p.add_argument("--mode", "--dataset_type", dest="mode", choices=MODES, default="rl")
     p.add_argument("--rules", choices=RULES, default=None,
                    help="row rules: recipe (the verl recipe's, default for rl and sft) or collab_env "
@@ -422,12 +424,13 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     rules = args.rules or ("collab_env" if args.mode == "dpo" else "recipe")
+    split = args.split if args.split is not None else (None if rules == "recipe" else "train")
     common = ("dataset", "data_files", "split", "mode", "output_dir", "validation_size", "seed", "rules",
               "hdfs_dir", "num_proc", "prompts")
     options = {k: v for k, v in vars(args).items() if k not in common and v is not None}
     try:
         splits = process_collabllm_dataset(
-            args.dataset, args.mode, data_files=args.data_files, split=args.split,
+            args.dataset, args.mode, data_files=args.data_files, split=split,
             output_dir=args.output_dir, validation_size=args.validation_size, seed=args.seed, rules=rules,
             num_proc=args.num_proc, prompts=args.prompts, **options,
         )

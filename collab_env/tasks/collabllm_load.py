@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
@@ -220,6 +221,12 @@ def load_collabllm_dataset(dataset: str, data_files: Any = None, split: str | No
             loaded = _load_from_hub(datasets, dataset, num_proc)
 
     if split is None:
+        if len(loaded) > 1 and any("test" in k.lower() for k in loaded):
+            warnings.warn(
+                f"collabllm: {source}: every split is read, {sorted(loaded)} (the verl recipe's rule), so "
+                "rows of its test split go into the training files, and the collabllm-* leaderboard tracks "
+                "play that test split; pass split='train' (collab-env data --split train) to keep them out.",
+                UserWarning, stacklevel=2)
         parts = [loaded[k] for k in sorted(loaded)]
         ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     elif split not in loaded:

@@ -273,3 +273,28 @@ def test_a_rewritten_local_folder_is_read_afresh(tmp_path):
     assert len(load_collabllm_dataset(str(b), None, None)) == 7
     write_collabllm_hub_dir(a, n=6)
     assert len(load_collabllm_dataset(str(a), None, None)) == 6
+
+
+def test_every_split_is_read_as_the_recipe_does_and_a_test_split_is_warned_about(tmp_path, capsys):
+    """The recipe merges every split; with a test split (which the collabllm tracks play) that
+    leaks it into training, so it says so; --split train (and collab_env rules) keep it out."""
+    import warnings
+
+    from collab_env.tasks.collabllm_data import main
+
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    rows = collabllm_fixture_rows(6)
+    for name, part in (("train", rows[:4]), ("test", rows[4:])):
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    with pytest.warns(UserWarning, match="test split go into the training files"):
+        assert main(["--dataset", str(folder), "--local_dir", str(tmp_path / "o1"), "--validation_size", "1"]) == 0
+    assert "rl_train.parquet (5 rows" in capsys.readouterr().out
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["--dataset", str(folder), "--local_dir", str(tmp_path / "o2"), "--validation_size", "1",
+                     "--split", "train"]) == 0
+        assert "rl_train.parquet (3 rows" in capsys.readouterr().out
+        assert main(["--dataset", str(folder), "--local_dir", str(tmp_path / "o3"), "--validation_size", "1",
+                     "--rules", "collab_env"]) == 0
+        assert "rl_train.parquet (3 rows" in capsys.readouterr().out
