@@ -67,26 +67,9 @@ ENV_ID = "hidden-facts-easy"
 EVAL_SEED = 10_000  # test episodes k use seed EVAL_SEED + k: the same held-out items before and after
 
 
-def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a proportion (``(nan, nan)`` for ``n = 0``)."""
-    if n == 0:
-        return (math.nan, math.nan)
-    p = successes / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (centre - half, centre + half)
-
-
-def mean_ci(xs: list[float], z: float = 1.96) -> dict[str, float]:
-    """Mean and normal 95% interval (mean ± z standard errors)."""
-    n = len(xs)
-    if n == 0:
-        return {"mean": math.nan, "lo": math.nan, "hi": math.nan, "n": 0}
-    m = sum(xs) / n
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0
-    half = z * sd / math.sqrt(n)
-    return {"mean": m, "lo": m - half, "hi": m + half, "n": n}
+# The interval helpers are the library's (collab_env.eval.results), under this script's old names.
+from collab_env.eval.results import mean_interval as mean_ci  # noqa: E402
+from collab_env.eval.results import interval  # noqa: E402
 
 
 METRICS = ("success", "facts", "questions", "reward", "reply_tokens")
@@ -96,15 +79,7 @@ def summarise(episodes: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """The reported metrics with their 95% intervals over ``episodes``: Wilson's for a metric
     whose every value is 0 or 1 (a proportion: success, and facts on hidden-facts-easy, where
     one fact is withheld), else mean ± 1.96 SE."""
-    out = {}
-    for k in METRICS:
-        xs = [float(e[k]) for e in episodes]
-        if xs and all(x in (0.0, 1.0) for x in xs):
-            lo, hi = wilson(sum(xs), len(xs))
-            out[k] = {"mean": sum(xs) / len(xs), "lo": lo, "hi": hi, "n": len(xs), "interval": "wilson"}
-        else:
-            out[k] = {**mean_ci(xs), "interval": "normal"}
-    return out
+    return {k: interval([float(e[k]) for e in episodes]) for k in METRICS}
 
 
 def paired(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

@@ -46,7 +46,7 @@ def baseline_runs() -> dict[str, dict[str, dict[str, object]]]:
             "ask-then-answer": {"assistant": "ask-then-answer"},
             "answer-at-once": {"assistant": "answer-at-once"},
         }
-    for env_id in ("hidden-facts-easy-v1", "hidden-facts-v1", "hidden-facts-hard-v1"):
+    for env_id in ("hidden-facts-easy-v1", "hidden-facts-v1", "hidden-facts-hard-v1", "hidden-facts-copy-v1"):
         runs[env_id] = {
             "ask-then-answer": {"assistant": "ask-then-answer"},
             "answer-at-once": {"assistant": "answer-at-once"},

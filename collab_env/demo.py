@@ -1,49 +1,58 @@
 """The main job on the embedded default, offline (``make demo``).
 
-1. The scripted baselines ("ask then answer", "answer at once") on the three levels of the
+1. The scripted baselines ("ask then answer", "answer at once") on the four levels of the
    built-in collaboration suite, the same seeded episodes for each.
 2. The embedded model (SmolLM2-135M-Instruct, a real but weak chat model shipped as a PyPI
-   package) as the assistant on held-out test items of ``hidden-facts-easy``, **before and
-   after collab_env training**: the base model, then the same model with the LoRA adapter that
-   ``benchmarks/bench_embedded_learning.py`` trained with GRPO on the multiturn-aware reward
-   (committed in ``benchmarks/results/embedded_learning_adapter/``; when it is missing, the
-   demo says so and prints the one command that regenerates it). Greedy decoding, so the rows
-   are reproducible; two assistant turns per episode, as the benchmark evaluates; the
-   episodes' calls are merged into batched ``generate`` calls.
-   ``--proactive`` adds CollabLLM's collaborative system prompt on the base model (the paper's
-   "Proactive Base"). Below the table: questions asked per episode, and the share of episodes
-   in which the user revealed the withheld fact. On the question-only user the adapter has
-   learned nothing useful yet (its replies collapsed to a few tokens; success stays 0):
-   ``benchmarks/results/embedded_learning.md`` says how it was measured.
+   package) as the assistant on held-out test items of ``hidden-facts-copy`` (the level where
+   the withheld fact is the answer, so success measures asking, not arithmetic), **before and
+   after collab_env training**: the base model ("Base"), the base model with CollabLLM's
+   collaborative system prompt ("Proactive Base"), and the same model with the LoRA adapter
+   that ``benchmarks/bench_collabllm_table.py`` trained (SFT on scripted collaborative
+   conversations, then GRPO on the multiturn-aware reward; committed in
+   ``benchmarks/results/collabllm_table_cpu_adapter/``; when it is missing, the demo says so
+   and prints the one command that regenerates it). Greedy decoding, so the rows are
+   reproducible; two assistant turns per episode, as the benchmark evaluates; the episodes'
+   calls are merged into batched ``generate`` calls. Each row: success and questions asked per
+   episode, with 95% intervals (Wilson's for success, mean +- 1.96 SE for questions), and the
+   share of the withheld facts the user revealed.
 
-The user is the suite's scripted user. Each episode is appended to
-``runs/demo/<time>/<env>/<policy>.jsonl`` as it ends. A progress bar (on a terminal) runs over
-the steps and over the episodes of every model evaluation.
+The user is the suite's scripted user (it reveals a fact only to a question for it). Each
+episode is appended to ``runs/demo/<time>/<env>/<policy>.jsonl`` as it ends. Progress: a bar
+on a terminal, plain lines on stderr when it is redirected (``make demo > out.txt 2>&1``).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from collab_env._progress import progress_bar
 from collab_env.eval import compare
+from collab_env.eval.results import interval
 
-ENVS = ("hidden-facts-easy", "hidden-facts", "hidden-facts-hard")
+ENVS = ("hidden-facts-easy", "hidden-facts", "hidden-facts-hard", "hidden-facts-copy")
 BASELINES = {
     "ask-then-answer": {"assistant": "ask-then-answer"},
     "answer-at-once": {"assistant": "answer-at-once"},
 }
 #: The env the adapter was trained on; the model rows use its held-out test split.
-MODEL_ENV = "hidden-facts-easy"
-#: Env steps of a model-row episode: two assistant turns (elicit the withheld fact, then answer),
-#: as the benchmark evaluates the adapter.
+MODEL_ENV = "hidden-facts-copy"
+#: Env steps of a model-row episode: two assistant turns (ask for the withheld fact, then
+#: answer), as the benchmark evaluates the adapter.
 MODEL_MAX_STEPS = 4
-#: Where ``benchmarks/bench_embedded_learning.py`` saves the adapter (relative to the repository).
-ADAPTER = Path("benchmarks") / "results" / "embedded_learning_adapter"
-#: The one command that trains and saves that adapter (and the benchmark's results).
-TRAIN_COMMAND = "python benchmarks/bench_embedded_learning.py"
+#: Reply length of the model rows (the benchmark's).
+MAX_NEW_TOKENS = 40
+#: Where ``benchmarks/bench_collabllm_table.py`` saves the adapter (relative to the repository).
+ADAPTER = Path("benchmarks") / "results" / "collabllm_table_cpu_adapter"
+#: The one command that trains and saves that adapter (and the full table).
+TRAIN_COMMAND = "python benchmarks/bench_collabllm_table.py"
+#: Where the full table is.
+TABLE = "benchmarks/results/collabllm_table_cpu.md"
+#: The row labels of the model rows.
+BASE, PROACTIVE, TRAINED = "Base", "Proactive Base", "trained (SFT + GRPO on MR)"
 
 
 def default_adapter() -> Path:
@@ -53,112 +62,127 @@ def default_adapter() -> Path:
     return repo if repo.is_dir() else ADAPTER
 
 
-def model_policy_sets(max_new_tokens: int, adapter: Path | None, proactive: bool = False
-                      ) -> dict[str, dict[str, object]]:
-    """Label -> policies of the model rows: the base embedded model, optionally Proactive on it,
-    and with an ``adapter`` folder the model with that LoRA adapter."""
+def model_policy_sets(max_new_tokens: int, adapter: Path | None) -> dict[str, dict[str, object]]:
+    """Label -> policies of the model rows: the base embedded model, Proactive on it, and with an
+    ``adapter`` folder the model with that LoRA adapter."""
     from transformers.utils import logging as hf_logging
 
     from collab_env.agents.embedded import EmbeddedPolicy
+    from collab_env.agents.proactive import Proactive
 
     hf_logging.disable_progress_bar()  # the weight-loading bar would break up the table output
 
     # Greedy decoding so the table is reproducible.
     base = EmbeddedPolicy(max_batch_size=32, temperature=0.0, max_new_tokens=max_new_tokens)
-    sets: dict[str, dict[str, object]] = {"embedded (before training)": {"assistant": base}}
-    if proactive:
-        from collab_env.agents.proactive import Proactive
-
-        sets["embedded+proactive"] = {"assistant": Proactive(base)}
+    sets: dict[str, dict[str, object]] = {BASE: {"assistant": base}, PROACTIVE: {"assistant": Proactive(base)}}
     if adapter is not None:
         trained = EmbeddedPolicy(max_batch_size=32, temperature=0.0, max_new_tokens=max_new_tokens,
                                  adapter=str(adapter), name="embedded+trained")
-        sets["embedded (after collab_env training)"] = {"assistant": trained}
+        sets[TRAINED] = {"assistant": trained}
     return sets
 
 
-def questions_per_episode(result: Any) -> float:
-    """Mean assistant turns per episode that ask something (a ``?`` and no boxed answer)."""
-    from collab_env.tasks.hidden_facts import extract_boxed
-
-    eps = list(result.episodes.values())
-    if not eps:
-        return float("nan")
-    asked = [sum(1 for t in e.turns if t.player == "assistant" and "?" in t.text and extract_boxed(t.text) is None)
-             for e in eps]
-    return sum(asked) / len(eps)
-
-
-def facts_elicited(result: Any, split: str = "test") -> float:
-    """Share of the episodes in which the user revealed a fact the opening withheld (the user
-    states a fact by its sentence, and only when asked about it): what training improves."""
+def collaboration_rows(result: Any, split: str = "test") -> dict[str, dict[str, dict[str, Any]]]:
+    """Label -> ``success`` / ``questions`` / ``facts`` with their 95% intervals
+    (:func:`collab_env.eval.results.interval`), read from each episode's transcript with
+    :func:`collab_env.tasks.hidden_facts.collaboration_stats`."""
     import collab_env
+    from collab_env.tasks.hidden_facts import collaboration_stats
 
     task = collab_env.make(MODEL_ENV, split=split).unwrapped.task
-    eps = list(result.episodes.values())
-    if not eps:
-        return float("nan")
-    hits = 0
-    for e in eps:
-        hidden = [f["sentence"] for f in task.get_item(e.index)["facts"] if f["hidden"]]
-        said = " ".join(m.content for m in e.conversation if m.role == "user" and m.author == "user")
-        hits += any(h in said for h in hidden)
-    return hits / len(eps)
+    rows = {}
+    for label, res in result.results.items():
+        eps = [res.episodes[k] for k in sorted(res.episodes)]
+        stats = [collaboration_stats(e.conversation, task.get_item(e.index)) for e in eps]
+        rows[label] = {
+            "success": interval([float(e.components.get("assistant", {}).get("accuracy", 0.0) >= 1.0) for e in eps]),
+            "questions": interval([s["questions"] for s in stats]),
+            "facts": interval([s["facts"] for s in stats]),
+        }
+    return rows
+
+
+def format_rows(rows: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """The headline table: one line per row, each metric with its interval."""
+    def cell(s: dict[str, Any], digits: int = 2) -> str:
+        return f"{s['mean']:.{digits}f} [{s['lo']:.{digits}f}, {s['hi']:.{digits}f}]"
+
+    width = max(len(label) for label in rows)
+    lines = [f"{'assistant':{width}s}  {'success (95% CI)':20s}  {'questions/episode (95% CI)':27s}  facts revealed",
+             f"{'-' * width}  {'-' * 20}  {'-' * 27}  {'-' * 14}"]
+    for label, r in rows.items():
+        lines.append(f"{label:{width}s}  {cell(r['success']):20s}  {cell(r['questions']):27s}  "
+                     f"{r['facts']['mean']:.2f}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m collab_env.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=100, help="episodes per env for the baselines")
-    parser.add_argument("--model-episodes", type=int, default=24,
+    parser.add_argument("--model-episodes", type=int, default=32,
                         help="held-out episodes for each embedded-model row (0 skips the model)")
-    parser.add_argument("--max-new-tokens", type=int, default=32,
-                        help="reply length of the model rows (the adapter was trained with 32)")
+    parser.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS,
+                        help=f"reply length of the model rows (the adapter was trained with {MAX_NEW_TOKENS})")
     parser.add_argument("--adapter", default=None,
-                        help=f"LoRA adapter folder of the 'after' row (default: {ADAPTER})")
-    parser.add_argument("--proactive", action="store_true", help="add the Proactive row (CollabLLM's prompt)")
+                        help=f"LoRA adapter folder of the trained row (default: {ADAPTER})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/demo", help="directory for the JSONL result files")
     args = parser.parse_args(argv)
-    from tqdm.auto import tqdm
 
+    t_start = time.perf_counter()
     run_dir = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
-    print(f"collab_env demo: seed {args.seed}; user = the suite's scripted user; results in {run_dir}/\n")
+    print(f"collab_env demo: seed {args.seed}; user = the suite's scripted user; results in {run_dir}/\n",
+          flush=True)
     adapter = Path(args.adapter) if args.adapter else default_adapter()
-    model_steps = ["load the embedded model", "evaluate the model rows"] if args.model_episodes > 0 else []
-    steps = tqdm(total=len(ENVS) + len(model_steps), desc="demo", unit="step", leave=False)
+    model_steps = 2 if args.model_episodes > 0 else 0
+    # A bar on a terminal; a line per step on stderr when it is redirected.
+    steps = progress_bar(len(ENVS) + model_steps, "demo", lines=True, unit="steps")
+
+    def step_done(what: str) -> None:
+        if steps is not None:
+            steps.set_postfix(done=what)
+            steps.update()
+
     for env_id in ENVS:
-        steps.set_postfix_str(f"baselines on {env_id}")
         result = compare(env_id, BASELINES, num_episodes=args.episodes, seed=args.seed,
                          out_dir=run_dir / env_id, progress=False)
-        steps.update()
-        tqdm.write(result.summary_table() + "\n")
-    if args.model_episodes > 0:
-        t0 = time.perf_counter()
-        if not adapter.is_dir():
-            tqdm.write(f"No trained adapter at {adapter}: the 'after' row is skipped. Train it (about 45 min "
-                       f"on 2 cores) with:\n    {TRAIN_COMMAND}\n")
-        steps.set_postfix_str("loading the embedded model (the first run converts it once, about a minute)")
-        sets = model_policy_sets(args.max_new_tokens, adapter if adapter.is_dir() else None, args.proactive)
-        steps.update()
-        steps.set_postfix_str(f"model rows on {MODEL_ENV} (test split)")
-        result = compare(MODEL_ENV, {**sets, **BASELINES}, num_episodes=args.model_episodes, seed=args.seed,
-                         out_dir=run_dir / f"{MODEL_ENV}-model", progress=True, concurrency=args.model_episodes,
-                         env_kwargs={"split": "test", "max_steps": MODEL_MAX_STEPS})
-        steps.update()
+        print(result.summary_table() + "\n", flush=True)
+        step_done(f"baselines on {env_id}")
+    if args.model_episodes <= 0:
+        if steps is not None:
+            steps.close()
+        return 0
+    t0 = time.perf_counter()
+    if not adapter.is_dir():
+        print(f"No trained adapter at {adapter}: the trained row is skipped. Train it (about an hour on 2 "
+              f"cores) with:\n    {TRAIN_COMMAND}\n", flush=True)
+    print("loading the embedded model (the first run converts it once, about a minute)...", file=sys.stderr,
+          flush=True)
+    sets = model_policy_sets(args.max_new_tokens, adapter if adapter.is_dir() else None)
+    step_done("load the embedded model")
+    result = compare(MODEL_ENV, sets, num_episodes=args.model_episodes, seed=args.seed,
+                     out_dir=run_dir / f"{MODEL_ENV}-model", progress=True, concurrency=args.model_episodes,
+                     env_kwargs={"split": "test", "max_steps": MODEL_MAX_STEPS})
+    step_done(f"model rows on {MODEL_ENV}")
+    if steps is not None:
         steps.close()
-        print(f"Held-out test items of {MODEL_ENV} (two assistant turns): the embedded model before and "
-              "after collab_env training")
-        print(result.summary_table())
-        asked = ", ".join(f"{label} {questions_per_episode(res):.2f}" for label, res in result.results.items())
-        print(f"questions asked per episode: {asked}")
-        elicited = ", ".join(f"{label} {facts_elicited(res):.2f}" for label, res in result.results.items())
-        print(f"episodes where the user revealed the withheld fact: {elicited}")
-        print(f"({time.perf_counter() - t0:.0f} s for the model rows; the adapter is "
-              f"{'loaded from ' + str(adapter) if adapter.is_dir() else 'missing'}; how it was trained and "
-              "what it learned: benchmarks/results/embedded_learning.md)")
+    rows = collaboration_rows(result)
+    print(f"Held-out test items of {MODEL_ENV} ({args.model_episodes} episodes per row, two assistant turns, "
+          "greedy): the embedded model before and after collab_env training")
+    print(format_rows(rows))
+    print(f"({time.perf_counter() - t0:.0f} s for the model rows, {time.perf_counter() - t_start:.0f} s in all; "
+          f"the adapter is {'loaded from ' + str(adapter) if adapter.is_dir() else 'missing'})\n")
+    if TRAINED in rows:
+        tr, un = rows[TRAINED]["success"], max((rows[BASE]["success"], rows[PROACTIVE]["success"]),
+                                              key=lambda r: r["hi"])
+        apart = tr["lo"] > un["hi"]
+        print(f"Shown: after SFT + GRPO on the multiturn-aware reward, the 135M model asks for the withheld fact "
+              f"and then answers (success {tr['mean']:.2f} vs {un['mean']:.2f} untrained; 95% intervals "
+              f"{'apart' if apart else 'overlapping'}).")
     else:
-        steps.close()
+        print("Shown: the untrained model and its Proactive prompt on the held-out items (no trained adapter).")
+    print(f"The full table (SFT, immediate-reward vs MR ablation, 3 seeds, intervals): {TABLE}")
     return 0
 
 

@@ -5,64 +5,83 @@ import pytest
 
 from collab_env.demo import (
     ADAPTER,
+    BASE,
     MODEL_ENV,
+    PROACTIVE,
+    TABLE,
     TRAIN_COMMAND,
+    TRAINED,
+    collaboration_rows,
     default_adapter,
-    facts_elicited,
+    format_rows,
     main,
-    questions_per_episode,
 )
-from collab_env.eval import evaluate
+from collab_env.eval import compare
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_demo_prints_the_table_and_writes_results(tmp_path, capsys):
     assert main(["--episodes", "6", "--model-episodes", "0", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    for env_id in ("hidden-facts-easy-v1", "hidden-facts-v1", "hidden-facts-hard-v1"):
+    for env_id in ("hidden-facts-easy-v1", "hidden-facts-v1", "hidden-facts-hard-v1", "hidden-facts-copy-v1"):
         assert env_id in out
     assert "ask-then-answer" in out and "answer-at-once" in out
     files = sorted(f for f in tmp_path.rglob("*.jsonl") if not f.name.endswith(".failures.jsonl"))
-    assert len(files) == 6
+    assert len(files) == 8
     lines = [json.loads(x) for x in files[0].read_text().splitlines()]
     assert len(lines) == 6
 
 
-def test_questions_per_episode_counts_asking_turns():
-    # hidden-facts-easy withholds one of two quantities: ask-then-answer asks once ("...?") then
-    # boxes the total; answer-at-once boxes at once and never asks.
-    ask = evaluate("hidden-facts-easy", {"assistant": "ask-then-answer"}, num_episodes=4, progress=False)
-    once = evaluate("hidden-facts-easy", {"assistant": "answer-at-once"}, num_episodes=4, progress=False)
-    assert questions_per_episode(ask) == 1.0
-    assert questions_per_episode(once) == 0.0
+def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path, capsys):
+    # pytest's captured stderr is no terminal: the demo's step display prints plain lines there
+    # (what `make demo > out.txt 2>&1` shows), one per finished step.
+    assert main(["--episodes", "2", "--model-episodes", "0", "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    steps = [line for line in err.splitlines() if line.startswith("demo: ")]
+    assert [s.split()[1] for s in steps] == ["1/4", "2/4", "3/4", "4/4"], err
+    assert "baselines on hidden-facts-copy" in steps[-1]
 
 
-def test_facts_elicited_is_the_share_of_episodes_where_the_user_revealed_a_withheld_fact():
+def test_collaboration_rows_read_the_transcripts_with_intervals():
     kw = {"split": "test", "max_steps": 4}
-    ask = evaluate(MODEL_ENV, {"assistant": "ask-then-answer"}, num_episodes=4, progress=False, env_kwargs=kw)
-    once = evaluate(MODEL_ENV, {"assistant": "answer-at-once"}, num_episodes=4, progress=False, env_kwargs=kw)
-    assert facts_elicited(ask) == 1.0      # it asks for every withheld quantity
-    assert facts_elicited(once) == 0.0     # it never asks
+    res = compare(MODEL_ENV, {"ask": {"assistant": "ask-then-answer"}, "once": {"assistant": "answer-at-once"}},
+                  num_episodes=6, progress=False, env_kwargs=kw)
+    rows = collaboration_rows(res)
+    ask, once = rows["ask"], rows["once"]
+    # The reference asks one question (the count), the user tells it, it boxes it: success 6/6.
+    assert ask["success"]["mean"] == 1.0 and ask["questions"]["mean"] == 1.0 and ask["facts"]["mean"] == 1.0
+    # Answering at once boxes 1 x 1 on a level whose count is 2..30: never right, never asks.
+    assert once["success"]["mean"] == 0.0 and once["questions"]["mean"] == 0.0 and once["facts"]["mean"] == 0.0
+    # Wilson's interval for 6/6 and 0/6 (hand values: 0.6097, 0.3903), a proper interval, not a point.
+    assert ask["success"]["lo"] == pytest.approx(0.6097, abs=1e-4) and ask["success"]["hi"] == pytest.approx(1.0)
+    assert once["success"]["hi"] == pytest.approx(0.3903, abs=1e-4)
+    table = format_rows(rows)
+    assert "1.00 [0.61, 1.00]" in table and "0.00 [0.00, 0.39]" in table
 
 
 def test_the_adapter_path_and_the_command_that_makes_it():
     # The committed adapter of a source checkout is found from the module's own location; the
     # command the demo prints when it is missing is the benchmark whose default output prefix
-    # (benchmarks/results/embedded_learning) puts the adapter at <prefix>_adapter.
-    assert default_adapter().parts[-3:] == ("benchmarks", "results", "embedded_learning_adapter")
-    bench = Path(__file__).resolve().parents[1] / TRAIN_COMMAND.split()[-1]
+    # (benchmarks/results/collabllm_table_cpu) puts the adapter at <prefix>_adapter.
+    assert default_adapter().parts[-3:] == ("benchmarks", "results", "collabllm_table_cpu_adapter")
+    bench = ROOT / TRAIN_COMMAND.split()[-1]
     text = bench.read_text()
-    assert 'RESULTS / "embedded_learning"' in text and 'f"{out}_adapter"' in text
-    assert ADAPTER == Path("benchmarks/results/embedded_learning_adapter")
+    assert 'RESULTS / "collabllm_table_cpu"' in text and 'f"{out}_adapter"' in text
+    assert ADAPTER == Path("benchmarks/results/collabllm_table_cpu_adapter")
+    assert (ROOT / TABLE).with_suffix(".json").name == "collabllm_table_cpu.json"
 
 
-@pytest.mark.skipif(not (Path(__file__).resolve().parents[1] / ADAPTER / "adapter_config.json").is_file(),
-                    reason="no committed adapter (python benchmarks/bench_embedded_learning.py makes it)")
+@pytest.mark.skipif(not (ROOT / ADAPTER / "adapter_config.json").is_file(),
+                    reason="no committed adapter (python benchmarks/bench_collabllm_table.py makes it)")
 def test_model_rows_before_and_after_with_the_committed_adapter(tmp_path, capsys):
-    """Loads the committed adapter (no training): one short held-out episode per row."""
+    """Loads the committed adapter (no training): two short held-out episodes per row."""
     pytest.importorskip("peft")
-    assert main(["--episodes", "1", "--model-episodes", "1", "--max-new-tokens", "8",
+    assert main(["--episodes", "1", "--model-episodes", "2", "--max-new-tokens", "8",
                  "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "embedded (before training)" in out and "embedded (after collab_env training)" in out
-    assert "questions asked per episode" in out and "loaded from" in out
-    assert "revealed the withheld fact" in out
+    for label in (BASE, PROACTIVE, TRAINED):
+        assert label in out
+    assert "success (95% CI)" in out and "questions/episode (95% CI)" in out and "loaded from" in out
+    last = out.strip().splitlines()[-2:]
+    assert last[0].startswith("Shown: ") and last[1].endswith(TABLE)

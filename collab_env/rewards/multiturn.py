@@ -154,7 +154,9 @@ class MultiturnAwareReward(EnvWrapper):
             raise ConfigError(f"policies for unknown players {unknown}; players are {list(env.possible_agents)}.")
         defaults = policies_for(env.spec)
         if self.window_is_zero:  # nothing is rolled: the policies given are kept, unused
-            return {p: resolve_policy(defaults[p] if is_replay(v) else v) for p, v in given.items()
+            # (LEARNER too, so one training script switches between window 0 and w > 0)
+            return {p: LEARNER if isinstance(v, str) and v == LEARNER else
+                    resolve_policy(defaults[p] if is_replay(v) else v) for p, v in given.items()
                     if not (is_replay(v) and p not in defaults)}
         check_explicit_user(env, given)
         out: dict[str, Any] = {}

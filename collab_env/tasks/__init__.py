@@ -57,6 +57,17 @@ _HIDDEN_FACTS = {
             "withheld and two distractors."
         ),
     ),
+    # Issue 26: a level on which a small model's success measures collaboration, not arithmetic.
+    "hidden-facts-copy": dict(
+        kwargs={"num_objects": 1, "vagueness": 0.5, "withhold": ("count",), "unit_value": 1,
+                "max_count": 30, "num_distractors": 2, "distractors_avoid_answer": True},
+        description=(
+            "hidden-facts where the withheld fact is the answer: one object whose unit value is 1 "
+            "(stated), its count (2..30) withheld, two distractor numbers in the opening. Asking "
+            "for the count and copying it into \\boxed{} succeeds; answering at once cannot."
+        ),
+        versions=(1,),
+    ),
 }
 
 # Default metric weights per CollabLLM dataset, from the paper and the verl recipe (``bleu_score``
@@ -111,7 +122,8 @@ def register_builtin() -> None:
     # a withheld value counts as a wrong answer; v0 (legacy) keeps the keyword user.
     for name, d in _HIDDEN_FACTS.items():
         for version, rule in ((0, _HF_LEGACY), (1, {})):
-            _register_hidden_facts(register, EnvSpec, BUILTIN_CARDS, name, d, version, rule)
+            if version in d.get("versions", (0, 1)):
+                _register_hidden_facts(register, EnvSpec, BUILTIN_CARDS, name, d, version, rule)
 
     register(
         EnvSpec(

@@ -93,9 +93,15 @@ _HF_LEVEL_TESTS = {
     "hidden-facts-hard": "Asking before answering, hard: three objects the opening does not "
                          "even name (ask which first), all six quantities withheld, two "
                          "distractors.",
+    "hidden-facts-copy": "Asking before answering, where the withheld fact is the answer: one "
+                         "object priced (or weighing) 1 per unit, its count withheld, two "
+                         "distractor numbers; the answer is the count the user tells, copied "
+                         "into the box, so a small model's success measures asking, not "
+                         "arithmetic. Answering at once is right only by a lucky guess (1 in 29).",
 }
 _HF_TESTS = {
-    **{f"{name}-v0": "Legacy (v0, keyword user: use v1). " + text for name, text in _HF_LEVEL_TESTS.items()},
+    **{f"{name}-v0": "Legacy (v0, keyword user: use v1). " + text for name, text in _HF_LEVEL_TESTS.items()
+       if name != "hidden-facts-copy"},
     **{f"{name}-v1": text + " The user answers questions only." for name, text in _HF_LEVEL_TESTS.items()},
 }
 
@@ -107,6 +113,7 @@ _HF_BASELINES = {
     "hidden-facts-v1": ("1.000", "1.000", "0.000", "0.000"),
     "hidden-facts-easy-v1": ("1.000", "1.000", "0.020", "0.020"),
     "hidden-facts-hard-v1": ("1.000", "1.000", "0.000", "0.000"),
+    "hidden-facts-copy-v1": ("1.000", "1.000", "0.000", "0.000"),
 }
 
 
@@ -116,6 +123,7 @@ _HF_GAMING = {
     "hidden-facts-v1": (("0.000", "0.000"), ("0.000", "0.000")),
     "hidden-facts-easy-v1": (("0.000", "0.000"), ("0.000", "0.000")),
     "hidden-facts-hard-v1": (("0.000", "0.000"), ("0.000", "0.000")),
+    "hidden-facts-copy-v1": (("0.000", "0.000"), ("0.000", "0.000")),
 }
 
 

@@ -30,7 +30,15 @@ Episode end
 Arguments
     See :class:`HiddenFactsConfig`: ``num_objects``, ``vagueness`` (share of needed facts
     withheld), ``vague_objects`` (the opening does not even name the objects),
-    ``num_distractors`` (irrelevant numbers in the opening), value ranges, ``split``.
+    ``num_distractors`` (irrelevant numbers in the opening), value ranges, ``split``,
+    ``withhold`` (which kinds of fact may be withheld), ``unit_value`` (a fixed unit value),
+    ``distractors_avoid_answer``.
+Levels
+    ``hidden-facts-easy``, ``hidden-facts``, ``hidden-facts-hard`` (more objects, more withheld,
+    unnamed objects) and ``hidden-facts-copy`` (issue 26, v1 only): the withheld fact *is* the
+    answer (one object at 1 per unit, its count withheld, two distractor numbers that are never
+    the answer), so a small model that cannot multiply succeeds exactly when it asks for the count
+    and copies it into the box; answering at once is right only by a lucky guess (1 in 29).
 Version history
     v1 (issue 23): the user reveals a fact only to a question for it
     (:mod:`collab_env.tasks.questions`: an interrogative clause or an explicit "tell me", in the
@@ -67,7 +75,7 @@ from collab_env.types import Conversation, Message
 
 # The env cards: data in collab_env.tasks.cards (the registry's), text here for help() and pydoc.
 __doc__ = (__doc__ or "") + docstring_cards(
-    "hidden-facts-v1", "hidden-facts-easy-v1", "hidden-facts-hard-v1",
+    "hidden-facts-v1", "hidden-facts-easy-v1", "hidden-facts-hard-v1", "hidden-facts-copy-v1",
     "hidden-facts-v0", "hidden-facts-easy-v0", "hidden-facts-hard-v0",
 )
 
@@ -83,6 +91,7 @@ __all__ = [
     "make_env",
     "extract_boxed",
     "visible_facts",
+    "collaboration_stats",
     "TERMINATION_SIGNAL",
 ]
 
@@ -107,6 +116,7 @@ class _Attr:
     keywords: tuple[str, ...]  # words that, with the object, make a question about this fact
     say: str  # sentence stating the fact: {n}/{v}, {one}, {many}
     parse: str  # regex (with {one}/{many}) that reads the number back out of that sentence
+    singular: tuple[str, str] = ("", "")  # (plural unit, singular unit) said of the value 1 (unit_value levels)
 
 
 @dataclass(frozen=True)
@@ -135,7 +145,8 @@ _SCENARIOS: tuple[_Scenario, ...] = (
         count=_Attr("how many {many} I need", ("how many", "number of", "quantity", "count"),
                     "I need {n} {many}.", r"I need (\d+) {many}\b"),
         unit=_Attr("the price of one {one}", ("price", "cost", "how much", "each", "per"),
-                   "Each {one} costs {v} dollars.", r"Each {one} costs (\d+) dollars"),
+                   "Each {one} costs {v} dollars.", r"Each {one} costs (\d+) dollars?\b",
+                   (" dollars.", " dollar.")),
         list_keywords=("what items", "which items", "what are you buying", "what things", "which things",
                        "what do you need to buy", "what exactly"),
         list_say="I'm buying {objects}.",
@@ -153,7 +164,8 @@ _SCENARIOS: tuple[_Scenario, ...] = (
         count=_Attr("how many batches of {many} I make", ("how many", "batches", "number of", "batch count"),
                     "I'm making {n} batches of {many}.", r"making (\d+) batches of {many}\b"),
         unit=_Attr("the sugar in one batch of {many}", ("sugar", "grams", "per batch", "each batch", "how much"),
-                   "Each batch of {many} needs {v} grams of sugar.", r"batch of {many} needs (\d+) grams"),
+                   "Each batch of {many} needs {v} grams of sugar.", r"batch of {many} needs (\d+) grams?\b",
+                   (" grams of", " gram of")),
         list_keywords=("what are you baking", "which treats", "what treats", "what kind", "which kinds",
                        "what exactly", "which items"),
         list_say="I'm baking {objects}.",
@@ -171,7 +183,8 @@ _SCENARIOS: tuple[_Scenario, ...] = (
         count=_Attr("how many boxes of {many} I ship", ("how many", "number of", "boxes", "count"),
                     "I have {n} boxes of {many}.", r"I have (\d+) boxes of {many}\b"),
         unit=_Attr("the weight of one box of {many}", ("weigh", "weight", "heavy", "kg", "kilogram", "how much"),
-                   "Each box of {many} weighs {v} kilograms.", r"box of {many} weighs (\d+) kilograms"),
+                   "Each box of {many} weighs {v} kilograms.", r"box of {many} weighs (\d+) kilograms?\b",
+                   (" kilograms.", " kilogram.")),
         list_keywords=("what is in", "what's in", "what are you shipping", "which items", "what items",
                        "what exactly", "contents"),
         list_say="The boxes hold {objects}.",
@@ -231,6 +244,14 @@ class HiddenFactsConfig:
         guess_is_wrong: A message that states a value for a quantity the user never gave
             (:func:`guessed_facts`) ends the episode as a wrong answer (``"guessed"``,
             accuracy 0). Only with ``user_rule="question"``.
+        withhold: The kinds of fact that may be withheld (``"count"``, ``"unit"``); the
+            ``ceil(vagueness * facts)`` withheld facts are drawn among those of these kinds.
+        unit_value: Every unit value is this number (stated in the singular: "Each apple
+            costs 1 dollar."); ``None`` draws it from ``[1, max_unit]``. With ``unit_value=1``
+            and only counts withheld, the answer is the withheld count itself
+            (``hidden-facts-copy``).
+        distractors_avoid_answer: Distractor numbers never equal the answer (nor a told value),
+            so copying a number from the opening cannot be right by coincidence.
     """
 
     num_objects: int = 2
@@ -247,6 +268,9 @@ class HiddenFactsConfig:
     termination_signal: str = TERMINATION_SIGNAL
     user_rule: str = "question"
     guess_is_wrong: bool = True
+    withhold: tuple[str, ...] = ("count", "unit")
+    unit_value: int | None = None
+    distractors_avoid_answer: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_objects <= 4:
@@ -273,6 +297,19 @@ class HiddenFactsConfig:
             raise ConfigError("termination_signal must be a non-empty string.")
         if self.user_rule not in USER_RULES:
             raise ConfigError(f"user_rule must be one of {USER_RULES}, got {self.user_rule!r}.")
+        object.__setattr__(self, "withhold", tuple(self.withhold))
+        if not self.withhold or any(k not in ("count", "unit") for k in self.withhold) \
+                or len(set(self.withhold)) != len(self.withhold):
+            raise ConfigError(f"withhold must name 'count' and/or 'unit' once each, got {self.withhold!r}.")
+        n_hidden = math.ceil(self.vagueness * 2 * self.num_objects - 1e-9)
+        if n_hidden > len(self.withhold) * self.num_objects:
+            raise ConfigError(
+                f"vagueness {self.vagueness} withholds {n_hidden} of {2 * self.num_objects} facts, but "
+                f"withhold={self.withhold!r} allows only {len(self.withhold) * self.num_objects}; lower "
+                "vagueness or allow both kinds.")
+        if self.unit_value is not None and (isinstance(self.unit_value, bool)
+                                            or not isinstance(self.unit_value, int) or self.unit_value < 1):
+            raise ConfigError(f"unit_value must be an int >= 1 or None, got {self.unit_value!r}.")
         if self.guess_is_wrong and self.user_rule != "question":
             raise ConfigError("guess_is_wrong needs user_rule='question' (the legacy keyword user "
                               "has no notion of a guess); pass guess_is_wrong=False.")
@@ -291,18 +328,27 @@ def generate_item(config: HiddenFactsConfig, index: int) -> dict[str, Any]:
     for one, many in objects:
         n = int(rng.integers(2, config.max_count + 1))
         v = int(rng.integers(1, config.max_unit + 1))
+        if config.unit_value is not None:
+            v = config.unit_value
         for kind, attr, value in (("count", sc.count, n), ("unit", sc.unit, v)):
+            sentence = attr.say.format(n=value, v=value, one=one, many=many)
+            if kind == "unit" and value == 1 and config.unit_value is not None:
+                sentence = sentence.replace(*attr.singular)  # "costs 1 dollar", not "1 dollars"
             facts.append({
                 "object": one,
                 "plural": many,
                 "kind": kind,
                 "value": value,
                 "label": attr.label.format(one=one, many=many),
-                "sentence": attr.say.format(n=value, v=value, one=one, many=many),
+                "sentence": sentence,
             })
     answer = sum(facts[2 * i]["value"] * facts[2 * i + 1]["value"] for i in range(len(objects)))
     n_hidden = math.ceil(config.vagueness * len(facts) - 1e-9)
-    hidden = set(int(i) for i in rng.choice(len(facts), size=n_hidden, replace=False))
+    if set(config.withhold) == {"count", "unit"}:
+        hidden = set(int(i) for i in rng.choice(len(facts), size=n_hidden, replace=False))
+    else:  # draw among the facts of the kinds that may be withheld
+        eligible = [i for i, f in enumerate(facts) if f["kind"] in config.withhold]
+        hidden = set(eligible[int(i)] for i in rng.choice(len(eligible), size=n_hidden, replace=False))
     for i, f in enumerate(facts):
         f["hidden"] = i in hidden
     occasion = sc.occasions[int(rng.integers(len(sc.occasions)))]
@@ -311,7 +357,18 @@ def generate_item(config: HiddenFactsConfig, index: int) -> dict[str, Any]:
                sc.intro.format(objects=names, occasion=occasion)]
     opening += [f["sentence"] for f in facts if not f["hidden"]]
     dpick = rng.choice(len(sc.distractors), size=config.num_distractors, replace=False)
-    distractors = [sc.distractors[int(i)].format(d=int(rng.integers(2, 60))) for i in dpick]
+    if config.distractors_avoid_answer:
+        # No distractor number equals the answer or a told value, none repeats, and a clock time
+        # is an hour of the clock (2..12, never "41 o'clock").
+        taken = {answer} | {f["value"] for f in facts}
+        numbers = []
+        for i in dpick:
+            top = 13 if "o'clock" in sc.distractors[int(i)] else 60
+            pool = [d for d in range(2, top) if d not in taken and d not in numbers]
+            numbers.append(int(pool[int(rng.integers(len(pool)))]))
+    else:
+        numbers = [int(rng.integers(2, 60)) for _ in dpick]
+    distractors = [sc.distractors[int(i)].format(d=d) for i, d in zip(dpick, numbers, strict=True)]
     opening += distractors
     opening.append(sc.question)
     full = [sc.intro.format(objects=names, occasion=occasion)] + [f["sentence"] for f in facts]
@@ -744,3 +801,36 @@ class AnswerAtOnce(_ReadsFacts):
         sc, objs, known, _ = self._state(observation)
         total = sum(known.get((one, "count"), 1) * known.get((one, "unit"), 1) for one, _ in objs)
         return f"The total is \\boxed{{{total}}}."
+
+
+def collaboration_stats(conversation: Conversation, item: Mapping[str, Any]) -> dict[str, float]:
+    """What an episode shows of collaboration, read from its transcript (a report, not a reward).
+
+    Returns:
+        ``questions``: assistant messages that ask (at least one request clause in the
+        assistant's own words, :func:`collab_env.tasks.questions.request_clauses`, the rule the
+        scripted user follows) and give no boxed answer; a ``?`` alone, the opening pasted
+        back or a keyword dump is no question.
+        ``facts``: the share of the facts the opening withheld that a later user message
+        states (the user states a fact by its sentence, and only when asked for it; 0.0 for an
+        item that withholds none).
+        ``answered``: 1.0 when an assistant message holds a boxed number, else 0.0.
+    """
+    user_texts: list[str] = []
+    asked = answered = 0
+    told = ""
+    for k, m in enumerate(conversation):
+        if m.role == "system":
+            continue
+        if m.author == "user":
+            user_texts.append(m.content)
+            if len(user_texts) > 1:
+                told += " " + m.content
+        elif m.role == "assistant" or m.author == "assistant":
+            if extract_boxed(m.content) is not None:
+                answered = 1
+            elif questions.request_clauses(m.content, quoted=user_texts):
+                asked += 1
+    hidden = [f["sentence"] for f in item.get("facts", ()) if f.get("hidden")]
+    facts = sum(1 for h in hidden if h in told) / len(hidden) if hidden else 0.0
+    return {"questions": float(asked), "facts": float(facts), "answered": float(answered)}

@@ -17,6 +17,7 @@ from collab_env.agents.scripted import CallablePolicy, FixedTextPolicy
 from collab_env.errors import ConfigError, JudgeError, PolicyError, RewardError
 from collab_env.rewards.metrics import MetricResult, register_metric
 from collab_env.rewards.mr import (
+    LEARNER,
     ConversationReward,
     MultiturnAwareReward,
     aggregate,
@@ -141,6 +142,22 @@ def test_window_zero_is_the_immediate_reward(math_env):
     assert mr["num_rollouts"] == 1 and mr["window"]["immediate"] is True
     assert mr["future_turns"] == [0]
     assert rewards["assistant"] == pytest.approx(infos["assistant"]["reward_components"]["mr"])
+
+
+def test_window_zero_takes_the_learner_placeholder():
+    # One training script switches between the immediate reward and a window (issue 26's
+    # ablation): policies={"assistant": LEARNER} is accepted at window 0 too (nothing is rolled,
+    # so nothing is bound), and the reward is the reply scored as it stands.
+    env = MultiturnAwareReward(collab_env.make("hidden-facts-copy"), policies={"assistant": LEARNER},
+                               weights={"accuracy_rule": 1.0, "token_amount": -1e-3}, aggregation="collabllm",
+                               max_user_turns=0)
+    env.reset(seed=0)
+    item = env.unwrapped.episode.item
+    _, rewards, _, _, _ = env.step({"assistant": f"The total is \\boxed{{{item['answer']}}}."})
+    assert rewards["assistant"] == pytest.approx(1.0 - 4e-3)  # 4 words
+    env.reset(seed=0)
+    _, rewards, _, _, _ = env.step({"assistant": f"How many {item['plurals'][0]} do you need?"})
+    assert rewards["assistant"] == pytest.approx(-6e-3)  # a question earns nothing immediately
 
 
 def test_default_window_ends_on_a_user_turn(math_env):

@@ -16,7 +16,7 @@ from collab_env.tasks.hidden_facts import (
 )
 from collab_env.types import Conversation, Message
 
-IDS = ["hidden-facts-easy", "hidden-facts", "hidden-facts-hard"]
+IDS = ["hidden-facts-easy", "hidden-facts", "hidden-facts-hard", "hidden-facts-copy"]
 
 
 @pytest.mark.parametrize("env_id", IDS)
@@ -158,7 +158,7 @@ from collab_env.tasks import hidden_facts as hf  # noqa: E402
 from collab_env.tasks.hidden_facts import guessed_facts, visible_facts  # noqa: E402
 from collab_env.exploits.policies import DUMP_STYLES, RESTATE_STYLES, KeywordDump, RestateTask  # noqa: E402
 
-V1 = ["hidden-facts-easy-v1", "hidden-facts-v1", "hidden-facts-hard-v1"]
+V1 = ["hidden-facts-easy-v1", "hidden-facts-v1", "hidden-facts-hard-v1", "hidden-facts-copy-v1"]
 V0 = ["hidden-facts-easy-v0", "hidden-facts-v0", "hidden-facts-hard-v0"]
 SEEDS = range(20)
 #: Every attribute and list keyword and every object of every scenario: what a learner could know.
