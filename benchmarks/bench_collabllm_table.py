@@ -14,9 +14,9 @@ one adapter is trained through every stage, so the product is one small adapter 
 1. **SFT** on multi-turn collaborative conversations: the scripted reference
    (:class:`~collab_env.tasks.hidden_facts.AskThenAnswer`) played against the scripted user
    through the episode driver (:func:`collab_env.eval.evaluate`) on *train* items, every
-   assistant turn trained on (:class:`~collab_env.adapters.sft.SFTTrainer`). ``--sft-steps`` is
-   kept short on purpose: the SFT row is a partly trained model, so the RL rows can differ
-   from it.
+   assistant turn trained on (:class:`~collab_env.adapters.sft.SFTTrainer`): one epoch (8 steps
+   of 8 conversations). A second SFT row trains twice as long (16 steps), without RL: the
+   control for "would more SFT do what RL does?".
 2. **GRPO** (:class:`~collab_env.adapters.magrpo.MAGRPOTrainer`, one agent) from the SFT
    adapter, on train items, the reward being the MR of the first reply: the futures are played
    by the learner itself (``LEARNER``) and the scripted user. Metrics: the accuracy rule
@@ -30,11 +30,15 @@ one adapter is trained through every stage, so the product is one small adapter 
 
 Evaluation: whole greedy episodes of **held-out test items** (``split="test"``; episode ``k``
 plays seed ``EVAL_SEED + k``, the same items for every row) with two assistant turns, against
-the scripted user. Per row: ``success`` (exact boxed answer), ``questions`` (assistant turns
+the scripted user, greedy, then the same episodes sampled at temperature 1 (``success_sampled``:
+greedy success saturates once the preferred reply is right; sampled success shows how much of
+the model's probability is on the right behaviour). Per row: ``success`` (exact boxed answer),
+``questions`` (assistant turns
 that ask, by the scripted user's own rule, and give no answer), ``facts`` (share of the
 withheld facts the user revealed), ``tokens`` (assistant tokens per episode, the model's
-tokenizer) and the collapse monitor's flags during training (``collapse/flagged`` log lines:
-mean reply under 8 visible tokens, or mostly empty or duplicated replies). 95% intervals:
+tokenizer) and the collapse monitor's flags during training (``collapse/flagged`` log lines at
+the library's default thresholds: mean reply under 2 visible tokens, over half of the replies
+empty, or over 75% duplicated). 95% intervals:
 Wilson's for 0/1 metrics, else mean +- 1.96 SE, over every seed's episodes pooled (Base and
 Proactive Base are greedy and untrained: evaluated once). The MR-vs-immediate comparison is
 the paired difference on the same held-out episodes (same item, same seed).
@@ -75,10 +79,55 @@ EVAL_SEED = 10_000
 #: Train items for SFT are drawn from seeds SFT_SEED + 1000 * seed + k, GRPO's from the trainer's
 #: own item stream: both in the train split, disjoint from the test split by construction.
 SFT_SEED = 50_000
-METRICS = ("success", "questions", "facts", "tokens")
+METRICS = ("success", "questions", "facts", "tokens", "success_sampled")
 #: The paper's Table 1 (Llama-3.1-8B, Online DPO vs Proactive Base), relative change in percent:
 #: (interactivity, task metric, tokens) per dataset.
 PAPER_TABLE1 = {"MediumDocEdit": (48, 5, -8), "BigCodeBench": (54, 18, -13), "MATH-Chat": (30, 32, -18)}
+
+
+#: Architectures of the random-init stand-ins (``--model random:NAME``) for a GPU throughput run
+#: where no weights can be brought: Qwen2.5-0.5B/1.5B-Instruct's published configs (the vocabulary
+#: is the tokenizer's).
+STAND_INS = {
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, tie_word_embeddings=True),
+}
+
+
+def resolve_model(a: argparse.Namespace, work: Path) -> str:
+    """``a.model`` as a folder or ``"embedded"``; ``random:NAME`` builds a randomly initialised
+    model of a :data:`STAND_INS` architecture (its success is 0: a throughput stand-in, and the
+    report says so) with ``--tokenizer`` (else the embedded model's), and ``tiny`` the tiny test
+    model of :mod:`collab_env.testing` (the CPU check of this script)."""
+    if a.model == "tiny":
+        from collab_env.testing import build_tiny_chat_model
+
+        return str(build_tiny_chat_model(work / "tiny"))
+    if not a.model.startswith("random:"):
+        return a.model
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    name = a.model.split(":", 1)[1]
+    if name not in STAND_INS:
+        raise SystemExit(f"unknown stand-in {name!r}: choose from {sorted(STAND_INS)}")
+    if a.tokenizer:
+        tok = AutoTokenizer.from_pretrained(a.tokenizer)
+    else:
+        from collab_env.agents.embedded import embedded_model_dir
+
+        tok = AutoTokenizer.from_pretrained(str(embedded_model_dir()))
+    folder = work / f"random-{name}"
+    config = Qwen2Config(vocab_size=len(tok), max_position_embeddings=4096, rope_theta=1e6,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+                         **STAND_INS[name])
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,36 +148,46 @@ def paired(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, dict[s
 
 def evaluate_policy(policy: Any, tokenizer: Any, a: argparse.Namespace, desc: str, train_seed: int | None
                     ) -> list[dict[str, Any]]:
-    """Whole greedy episodes of the test split against the scripted user, all at once (their
-    calls merged into batched ``generate`` calls)."""
+    """Whole episodes of the test split against the scripted user, all at once (their calls
+    merged into batched ``generate`` calls): greedy (every metric), then the same episodes
+    sampled at temperature 1 (``success_sampled``: how robust the behaviour is, where greedy
+    decoding is at the ceiling)."""
     import collab_env
     from collab_env.eval import evaluate
     from collab_env.tasks.hidden_facts import collaboration_stats
 
     t0 = time.perf_counter()
-    print(f"  evaluating {desc}: {a.eval_episodes} held-out episodes...", flush=True)
-    res = evaluate(ENV_ID, {"assistant": policy}, num_episodes=a.eval_episodes, seed=EVAL_SEED,
-                   env_kwargs={"split": "test", "max_steps": a.eval_max_steps}, concurrency=a.eval_episodes,
-                   progress=True, sampling={"assistant": {"temperature": 0.0, "max_new_tokens": a.max_new_tokens}})
-    if res.failures:
-        raise RuntimeError(f"{len(res.failures)} evaluation episodes failed: {res.failures[0]}")
+    print(f"  evaluating {desc}: {a.eval_episodes} held-out episodes, greedy and sampled...", flush=True)
+    runs = {}
+    for mode, temperature in (("greedy", 0.0), ("sampled", 1.0)):
+        res = evaluate(ENV_ID, {"assistant": policy}, num_episodes=a.eval_episodes, seed=EVAL_SEED,
+                       env_kwargs={"split": "test", "max_steps": a.eval_max_steps}, concurrency=a.eval_episodes,
+                       progress=True,
+                       sampling={"assistant": {"temperature": temperature, "max_new_tokens": a.max_new_tokens}})
+        if res.failures:
+            raise RuntimeError(f"{len(res.failures)} evaluation episodes failed ({mode}): {res.failures[0]}")
+        runs[mode] = res.episodes
     task = collab_env.make(ENV_ID, split="test").unwrapped.task
     out = []
-    for k in sorted(res.episodes):
-        ep = res.episodes[k]
+    for k in sorted(runs["greedy"]):
+        ep, sampled = runs["greedy"][k], runs["sampled"][k]
+        assert sampled.index == ep.index  # the same held-out item
         stats = collaboration_stats(ep.conversation, task.get_item(ep.index))
         texts = [t.text for t in ep.turns if t.player == "assistant"]
         out.append({
             "index": ep.index, "seed": ep.seed, "train_seed": train_seed,
             "success": float(ep.components.get("assistant", {}).get("accuracy", 0.0) >= 1.0),
+            "success_sampled": float(sampled.components.get("assistant", {}).get("accuracy", 0.0) >= 1.0),
             "questions": stats["questions"], "facts": stats["facts"],
             "tokens": float(sum(len(tokenizer.encode(t, add_special_tokens=False)) for t in texts)),
             "end_reason": ep.end_reason,
             "transcript": [{"role": m.role, "text": m.content} for m in ep.conversation if m.role != "system"],
+            "transcript_sampled": [{"role": m.role, "text": m.content} for m in sampled.conversation
+                                   if m.role != "system"],
         })
     s = summarise(out)
-    print(f"    {desc}: success {fmt(s['success'])}, questions {fmt(s['questions'])} "
-          f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    print(f"    {desc}: success {fmt(s['success'])}, questions {fmt(s['questions'])}, sampled success "
+          f"{fmt(s['success_sampled'])} ({time.perf_counter() - t0:.0f} s)", flush=True)
     return out
 
 
@@ -163,8 +222,9 @@ def run_sft(seed: int, a: argparse.Namespace, work: Path, steps: int | None = No
     steps = a.sft_steps if steps is None else steps
     config = SFTConfig(learning_rate=a.sft_lr, max_steps=steps, per_device_train_batch_size=a.sft_batch,
                        seed=seed, logging_steps=1, eval_interval=0, plot=False, max_length=512,
-                       output_dir=str(work / f"seed_{seed}" / f"sft_{steps}"), **lora_fields(a))
-    trainer = SFTTrainer(model=a.model, train_dataset=rows, args=config)
+                       output_dir=str(work / f"seed_{seed}" / f"sft_{steps}"), device=a.device, dtype=a.dtype,
+                       **lora_fields(a))
+    trainer = SFTTrainer(model=a.model, train_dataset=rows, args=config, tokenizer=a.tokenizer)
     trainer.train()
     losses = [r["loss"] for r in trainer.logger.records if "loss" in r]
     return trainer, losses
@@ -177,11 +237,12 @@ def run_grpo(seed: int, window: int, a: argparse.Namespace, sft_state: dict[str,
 
     import collab_env
     from collab_env.adapters.common.collapse import CollapseThresholds
-    from collab_env.adapters.common.models import load_model_and_tokenizer
+    from collab_env.adapters.common.models import load_model_and_tokenizer, resolve_device, resolve_dtype
     from collab_env.adapters.magrpo import MAGRPOConfig, MAGRPOTrainer
     from collab_env.rewards.mr import LEARNER, MultiturnAwareReward
 
-    base, tok = load_model_and_tokenizer(a.model, None, "cpu", torch.float32)
+    device = resolve_device(a.device)
+    base, tok = load_model_and_tokenizer(a.model, a.tokenizer, device, resolve_dtype(a.dtype, device))
     lf = lora_fields(a)
     with torch.random.fork_rng(devices=[]):
         model = peft.get_peft_model(base, peft.LoraConfig(
@@ -201,9 +262,11 @@ def run_grpo(seed: int, window: int, a: argparse.Namespace, sft_state: dict[str,
         num_agents=1, num_turns=1, num_generations=a.generations, max_new_tokens=a.max_new_tokens,
         max_steps=a.grpo_items, per_device_train_batch_size=1, learning_rate=a.grpo_lr, temperature=a.temperature,
         normalize_advantages=True, max_grad_norm=1.0, seed=seed, eval_interval=0, logging_steps=1,
-        output_dir=str(work / f"seed_{seed}" / f"grpo_w{window}"), plot=False, **lf)
+        output_dir=str(work / f"seed_{seed}" / f"grpo_w{window}"), plot=False, device=a.device, dtype=a.dtype, **lf)
     trainer = MAGRPOTrainer(agent_model=model, tokenizer=tok, env=env, args=config)
-    trainer.collapse_thresholds = CollapseThresholds(min_length=8.0)
+    # The library's default thresholds (mean reply under 2 visible tokens, over half empty, over
+    # 75% duplicated): a concise question ("How many candles do you need?") is no collapse.
+    trainer.collapse_thresholds = CollapseThresholds()
     trainer.train()
     return trainer
 
@@ -239,7 +302,8 @@ def plot(path: Path, rows: list[dict[str, Any]]) -> None:
                                  ("success (held-out)", "questions asked per episode", "assistant tokens per episode"),
                                  strict=True):
         m = [r[metric]["mean"] for r in rows]
-        err = [[r[metric]["mean"] - r[metric]["lo"] for r in rows], [r[metric]["hi"] - r[metric]["mean"] for r in rows]]
+        err = [[max(0.0, r[metric]["mean"] - r[metric]["lo"]) for r in rows],  # >= 0 (float rounding at 0/n, n/n)
+               [max(0.0, r[metric]["hi"] - r[metric]["mean"]) for r in rows]]
         ax.bar(range(len(rows)), m, yerr=err, capsize=4, color=["#999", "#bbb", "#7aa", "#c96", "#47a", "#a7c"][:len(rows)])
         ax.set_xticks(range(len(rows)), names, rotation=25, ha="right", fontsize=8)
         ax.set_title(title + " (95% CI)")
@@ -258,11 +322,16 @@ def relative(row: dict[str, Any], ref: dict[str, Any], metric: str) -> str:
 
 def main_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="embedded")
+    p.add_argument("--model", default="embedded",
+                   help="'embedded' (SmolLM2-135M-Instruct), or a model folder (the GPU form: a 0.5B-1.5B instruct model)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model's)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="auto: float32 on the CPU, bfloat16 on a GPU")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--sft-items", type=int, default=64, help="scripted collaborative conversations for SFT")
-    p.add_argument("--sft-steps", type=int, default=6,
-                   help="SFT optimiser steps before RL (short on purpose: under one epoch)")
+    p.add_argument("--sft-steps", type=int, default=8,
+                   help="SFT optimiser steps before RL (8 = one epoch of the 64 conversations at batch 8)")
     p.add_argument("--sft-long-steps", type=int, default=16,
                    help="steps of the extra 'SFT, trained longer' row (0: no such row)")
     p.add_argument("--sft-batch", type=int, default=8)
@@ -296,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/bench_collabllm_table.py " + " ".join(
         shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
     t0 = time.perf_counter()
+    stand_in = a.model if a.model.startswith("random:") else None
+    a.model = resolve_model(a, work)
     timings: dict[str, float] = {}
     episodes: dict[str, list[dict[str, Any]]] = {}
     flags: dict[str, list[int]] = {}
@@ -303,7 +374,13 @@ def main(argv: list[str] | None = None) -> int:
 
     # Base and Proactive Base: greedy and untrained, the same for every seed: evaluated once.
     ts = time.perf_counter()
-    base = EmbeddedPolicy(max_batch_size=64, temperature=0.0, max_new_tokens=a.max_new_tokens)
+    if a.model == "embedded":
+        base = EmbeddedPolicy(max_batch_size=64, temperature=0.0, max_new_tokens=a.max_new_tokens)
+    else:
+        from collab_env.agents.hf import HFPolicy
+
+        base = HFPolicy(a.model, a.tokenizer, device=a.device, dtype=a.dtype, max_batch_size=64, temperature=0.0,
+                        max_new_tokens=a.max_new_tokens)
     tok = base.tokenizer
     episodes["Base"] = evaluate_policy(base, tok, a, "Base", None)
     timings["Base"] = time.perf_counter() - ts
@@ -344,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
         wall = time.perf_counter() - t0
         result = {
             "benchmark": "collabllm_table_cpu", "command": command, "env": ENV_ID, "model": a.model,
+            "model_label": ("SmolLM2-135M-Instruct (embedded)" if a.model == "embedded" else Path(a.model).name)
+                           + f", {a.device}",
             "complete": len(flags["SFT"]) == a.seeds and len(flags[mr_row]) == a.seeds,
             "settings": vars(a), "eval": {"split": "test", "episodes": a.eval_episodes, "seed": EVAL_SEED,
                                           "decoding": "greedy", "max_steps": a.eval_max_steps},
@@ -352,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
             "paper_table1_online_dpo_vs_proactive_base_percent": {
                 d: {"interactivity": v[0], "task": v[1], "tokens": v[2]} for d, v in PAPER_TABLE1.items()},
             "training": train_log, "wall_seconds": wall,
+            "stand_in": (f"{stand_in}: randomly initialised weights; the numbers measure throughput, not "
+                         "learning") if stand_in else None,
             "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "torch_threads": _torch_threads()},
             "adapter": str(adapter_dir.relative_to(ROOT)) if adapter_dir.is_relative_to(ROOT) else str(adapter_dir),
         }
@@ -418,17 +499,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def markdown(result: dict[str, Any], rows: list[dict[str, Any]], a: argparse.Namespace) -> str:
     ref = next(r for r in rows if r["row"] == "Proactive Base")
-    md = ["# CollabLLM's Table 1 in miniature: SmolLM2-135M on hidden-facts-copy, CPU", "",
+    md = [f"# CollabLLM's Table 1 in miniature: {result['model_label']} on hidden-facts-copy", "",
+          *([f"**{result['stand_in']}**", ""] if result.get("stand_in") else []),
           f"Command: `{result['command']}`  ",
-          f"Wall time: {result['wall_seconds'] / 60:.1f} min on {os.cpu_count()} CPUs; "
+          f"Wall time: {result['wall_seconds'] / 60:.1f} min ({os.cpu_count()} CPUs, device {a.device}); "
           f"{a.eval_episodes} held-out test episodes per evaluation (greedy, two assistant turns, the scripted "
           f"question-only user); trained rows pool {a.seeds} training seed(s). 95% intervals: Wilson for 0/1 "
           "metrics, else mean ± 1.96 SE. Collapse flags: training log lines the collapse monitor flagged.", "",
-          "| row | success | questions / episode | facts obtained | tokens / episode | collapse flags | time (s) |",
-          "|---|---|---|---|---|---|---|"]
+          "| row | success | questions / episode | facts obtained | tokens / episode | success, sampled (T=1) "
+          "| collapse flags | time (s) |",
+          "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| {r['row']} | {fmt(r['success'])} | {fmt(r['questions'], 2)} | {fmt(r['facts'], 2)} | "
-                  f"{fmt(r['tokens'], 1)} | {'-' if r['collapse_flags'] is None else r['collapse_flags']} | "
+                  f"{fmt(r['tokens'], 1)} | {fmt(r['success_sampled'])} | "
+                  f"{'-' if r['collapse_flags'] is None else r['collapse_flags']} | "
                   f"{r['seconds']:.0f} |")
     md += ["", "## Beside the paper's Table 1 (relative change against Proactive Base, same sign convention)", "",
            "The paper: Llama-3.1-8B, Online DPO on MR vs Proactive Base. Here: SmolLM2-135M, each row vs "

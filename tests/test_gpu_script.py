@@ -145,3 +145,27 @@ def test_bench_mr_summary_reads_a_results_file_and_bounds_the_median(tmp_path, c
     assert bench_mr.median_ci(ratios) == (lo, hi)  # seeded: the same file, the same interval
     assert out["3_futures_median_s"] == pytest.approx(6.0 * 1.31)
     assert '"ratio_median"' in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_table_form_runs_end_to_end_on_cpu_with_the_tiny_model(tmp_path):
+    """``run.sh --table`` (CollabLLM's Table 1 in miniature at GPU scale) on the CPU with the tiny
+    test model: every row of the table, named as the results file promises, with intervals."""
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1",
+           "COLLAB_ENV_OUTPUT": str(tmp_path / "work")}
+    out = tmp_path / "table"
+    proc = subprocess.run(
+        ["bash", str(ROOT / "benchmarks/gpu/run.sh"), "--table", "--device", "cpu", "--model", "tiny",
+         "--seeds", "1", "--sft-items", "4", "--sft-steps", "1", "--sft-long-steps", "1", "--grpo-items", "1",
+         "--generations", "2", "--eval-episodes", "2", "--max-new-tokens", "8", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert [r["row"] for r in result["rows"]] == ["Base", "Proactive Base", "SFT", "SFT, trained longer (1 steps)",
+                                                  "SFT + GRPO (immediate)", "SFT + GRPO (MR)"]
+    for r in result["rows"]:
+        for m in ("success", "questions", "facts", "tokens"):
+            assert set(r[m]) >= {"mean", "lo", "hi", "n"} and r[m]["n"] == 2
+    assert result["complete"] and result["settings"]["device"] == "cpu"
+    assert (tmp_path / "table_adapter" / "adapter_config.json").is_file()
+    assert "Beside the paper's Table 1" in out.with_suffix(".md").read_text()

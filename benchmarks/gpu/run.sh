@@ -12,6 +12,10 @@
 #   benchmarks/gpu/run.sh collabllm-e2e --model Qwen/Qwen2.5-0.5B-Instruct --user litellm:openai/gpt-4o-mini \
 #       --judge litellm:openai/gpt-4o-mini --dataset collabllm/collabllm-multiturn-math-hard --device cuda
 #
+# CollabLLM's Table 1 in miniature at GPU scale (benchmarks/bench_collabllm_table.py; a random
+# Qwen2.5-0.5B stand-in unless --model names a 0.5B-1.5B instruct model folder):
+#   benchmarks/gpu/run.sh --table --model /models/Qwen2.5-0.5B-Instruct
+#
 # Python: $PYTHON, else the repository's .venv, else python3 (a GPU machine here has torch and
 # transformers preinstalled). The SmolLM2 tokenizer for the random stand-in model: pass
 # --tokenizer DIR (export it where the embedded model is installed with --export-tokenizer DIR).
@@ -19,6 +23,17 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 if [ -z "${PYTHON:-}" ]; then
   if [ -x "$root/.venv/bin/python" ]; then PYTHON="$root/.venv/bin/python"; else PYTHON=python3; fi
+fi
+if [ "${1:-}" = "--table" ]; then
+  # CollabLLM's Table 1 in miniature (benchmarks/bench_collabllm_table.py) at GPU scale: a 0.5B-1.5B
+  # instruct model folder (--model DIR), else a random-init Qwen2.5-0.5B stand-in (throughput only,
+  # said in the output). Later flags override these defaults.
+  shift
+  export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 LITELLM_LOCAL_MODEL_COST_MAP=True
+  export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+  exec "$PYTHON" "$root/benchmarks/bench_collabllm_table.py" --device cuda --model random:qwen2.5-0.5b \
+    --eval-episodes 96 --grpo-items 48 --generations 8 --max-new-tokens 64 \
+    --out "$root/benchmarks/gpu/results/collabllm_table_gpu" "$@"
 fi
 if [ "${1:-}" = "collabllm-e2e" ]; then
   shift
