@@ -102,7 +102,7 @@ def resolve_model(a: argparse.Namespace, work: Path) -> str:
     report says so) with ``--tokenizer`` (else the embedded model's), and ``tiny`` the tiny test
     model of :mod:`collab_env.testing` (the CPU check of this script)."""
     if a.model == "tiny":
-        from collab_env.testing import build_tiny_chat_model
+        from collab_env.testing.tiny_model import build_tiny_chat_model
 
         return str(build_tiny_chat_model(work / "tiny"))
     if not a.model.startswith("random:"):

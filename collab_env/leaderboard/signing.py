@@ -41,6 +41,9 @@ SIGNED_FILE = "verdicts.signed.json"
 #: Key id -> raw Ed25519 public key (hex) whose signatures ``build`` accepts.
 TRUSTED_KEYS: dict[str, str] = {
     "collab-env-board-2026-12": "56f44bfb5daa6093114c120977ab49e35be4b7262c974e8cb942f1556a35a48d",
+    # Pinned in issue 26's change: the first key's private half did not reach the machine that
+    # added the hidden-facts-copy entries, so the board was re-verified and re-signed with this one.
+    "collab-env-board-2026-12b": "79ccdbedbc3ba122fbf1337534fb359b8009dfdacc3d8d463a4866a3bc56622b",
 }
 
 

@@ -158,3 +158,32 @@ def test_a_uniform_guess_is_chance():
     eps = play(UniformGuess(), seeds=range(300))
     # 1/29 = 0.034; with 300 episodes the rate stays under 0.08 (binomial, p < 1e-3)
     assert success(eps) < 0.08
+
+
+def test_collaboration_stats_counts_real_questions_only():
+    from collab_env.types import Conversation, Message
+
+    item = generate_item(config("test"), 3)
+    many = item["plurals"][0]
+    count = item["facts"][0]
+
+    def conv(*turns):
+        msgs = [Message(role="user", content=item["opening"], author="user")]
+        for role, text in turns:
+            author = "user" if role == "user" else "assistant"
+            msgs.append(Message(role=role, content=text, author=author))
+        return Conversation(msgs)
+
+    # a "?" alone, the opening pasted back with a "?", a keyword dump: no question, nothing told
+    for text in ("?", item["opening"] + "?", "how many count quantity number price cost?"):
+        stats = collaboration_stats(conv(("assistant", text)), item)
+        assert stats["questions"] == 0.0 and stats["facts"] == 0.0, text
+    # a real question, the user's answer, a boxed answer: one question, the fact told, answered
+    stats = collaboration_stats(conv(("assistant", f"How many {many} do you need?"), ("user", count["sentence"]),
+                                     ("assistant", f"\\boxed{{{item['answer']}}}")), item)
+    assert stats == {"questions": 1.0, "facts": 1.0, "answered": 1.0}
+    # the fact stated in the opening does not count as obtained (only later user messages do)
+    opening_says_it = Conversation([Message(role="user", content=item["opening"] + " " + count["sentence"],
+                                            author="user"),
+                                    Message(role="assistant", content="Thanks.", author="assistant")])
+    assert collaboration_stats(opening_says_it, item)["facts"] == 0.0
