@@ -33,6 +33,7 @@ import json
 import os
 import sys
 import textwrap
+import warnings
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -77,13 +78,30 @@ def _env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _sampling(items: Sequence[str] | None) -> dict[str, dict[str, Any]]:
-    """``--sampling assistant.temperature=0.7`` -> ``{"assistant": {"temperature": 0.7}}``."""
+    """``--sampling assistant.temperature=0.7`` -> ``{"assistant": {"temperature": 0.7}}``.
+
+    Each parameter is checked here, before any work, against
+    :class:`~collab_env.policy.SamplingParams` (the keywords every backend takes): an unknown name,
+    a value of the wrong type or out of range is a usage error naming the flag.
+    """
+    from collab_env.policy import SamplingParams
+
+    names = list(SamplingParams.__dataclass_fields__)
     out: dict[str, dict[str, Any]] = {}
     for key, value in _pairs(items, "--sampling", "--sampling assistant.temperature=0.7").items():
         player, dot, name = key.partition(".")
         if not dot or not player or not name:
             raise ConfigError(f"--sampling takes PLAYER.KEY=VALUE, e.g. assistant.temperature=0.7; got {key!r}.")
-        out.setdefault(player, {})[name] = _parse_value(value)
+        flag = f"--sampling {key}={value}"
+        if name not in names:
+            raise ConfigError(f"{flag}: {name!r} is not a sampling parameter." + did_you_mean(name, names)
+                              + f" Valid: {', '.join(names)}.")
+        parsed = _parse_value(value)
+        try:
+            SamplingParams(**{name: parsed})  # its type and range: temperature a number >= 0...
+        except ConfigError as exc:
+            raise ConfigError(f"{flag}: {exc}") from None
+        out.setdefault(player, {})[name] = parsed
     return out
 
 
@@ -226,10 +244,10 @@ def _cmd_play(args: argparse.Namespace, out: TextIO, inp: TextIO) -> int:
     given = _pairs(args.policy, "--policy", "--policy user=default")
     if player in given:
         raise ConfigError(f"you play {player!r}; give policies only for the other players.")
+    sampling = _sampling(args.sampling)  # before a policy (a model) is loaded
     others = [p for p in s.players if p != player]
     refs = choose_policies(s, given, others)
     policies = {p: load_policy(p, ref) for p, ref in refs.items()}
-    sampling = _sampling(args.sampling)
 
     env = make(s.id, **_env_kwargs(args))
     seed = args.seed
@@ -650,12 +668,35 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: TextIO | None = None, line: str | None = None) -> None:
+    """A warning as one line on stderr, like the errors: ``collab-env: warning: ...``. (Python's
+    own format adds the file and line of whoever warned, which for a warning raised inside an
+    evaluation's event loop is a line of asyncio's, and the source line.)"""
+    kind = "" if category is UserWarning else f" ({category.__name__})"
+    text = " ".join(str(message).split())
+    try:
+        print(f"{PROG}: warning{kind}: {text}", file=file or sys.stderr)
+    except (OSError, ValueError):  # stderr closed: a warning is not worth failing for
+        pass
+
+
 def main(argv: list[str] | None = None, *, stdin: TextIO | None = None,
          stdout: TextIO | None = None) -> int:
     """Run ``collab-env`` with ``argv`` (default ``sys.argv[1:]``); return the exit status.
 
-    ``stdin``/``stdout`` default to the process's streams (tests may pass their own).
+    ``stdin``/``stdout`` default to the process's streams (tests may pass their own). Warnings
+    are printed as one line each (``collab-env: warning: ...``) while the command runs.
     """
+    saved = warnings.showwarning
+    warnings.showwarning = _show_warning
+    try:
+        return _main(argv, stdin=stdin, stdout=stdout)
+    finally:
+        warnings.showwarning = saved
+
+
+def _main(argv: list[str] | None, *, stdin: TextIO | None, stdout: TextIO | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args: argparse.Namespace | None = None

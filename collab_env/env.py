@@ -42,7 +42,7 @@ from gymnasium.utils import seeding
 from pettingzoo import ParallelEnv
 
 from collab_env._async import run_sync
-from collab_env.errors import ActionError, ConfigError, EnvStateError, did_you_mean
+from collab_env.errors import ActionError, ConfigError, EnvStateError, check_keyword_types, did_you_mean
 from collab_env.spaces import Chat, UnicodeText
 from collab_env.types import ENV_AUTHOR, Conversation, Message
 
@@ -263,11 +263,16 @@ class CollabEnv(ParallelEnv[str, Conversation, str]):
             raise ConfigError(
                 f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}."
             )
+        budgets = {"max_steps": max_steps, "max_message_chars": max_message_chars,
+                   "max_total_chars": max_total_chars}
+        check_keyword_types(budgets, CollabEnv.__init__, where=type(task).__name__)
         max_steps = task.default_max_steps if max_steps is None else max_steps
         if max_steps < 1:
             raise ConfigError(f"max_steps must be >= 1, got {max_steps}.")
         if max_message_chars < 1:
             raise ConfigError(f"max_message_chars must be >= 1, got {max_message_chars}.")
+        if max_total_chars is not None and max_total_chars < 1:
+            raise ConfigError(f"max_total_chars must be >= 1 or None (no limit), got {max_total_chars}.")
         self.task = task
         self.max_steps = int(max_steps)
         self.max_message_chars = int(max_message_chars)
@@ -378,7 +383,9 @@ class CollabEnv(ParallelEnv[str, Conversation, str]):
                 raise ConfigError(f"options['index'] must be an int, got {type(index).__name__}.")
             index = int(index)
             if index < 0 or (n is not None and index >= n):
-                raise ConfigError(f"options['index']={index} is out of range: the task has {n} items.")
+                have = f"indices 0..{n - 1}" if n is not None else "indices 0 and up (generated items)"
+                raise ConfigError(f"options['index']={index} is out of range: the task has {have}; "
+                                  "pass an index in that range.")
         episode_rng = np.random.default_rng(int(rng.integers(2**63 - 1)))
         item = self.task.item_from_row(row) if row is not None else self.task.get_item(index)
         state = EpisodeState(index=index, item=item, rng=episode_rng)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from types import MappingProxyType
@@ -33,7 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from collab_env.errors import ConfigError, did_you_mean
+from collab_env.errors import ConfigError, check_keyword_types, did_you_mean
 from collab_env.types import Completion, Conversation
 
 __all__ = [
@@ -100,8 +101,12 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}.")
+        given = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        if isinstance(self.stop, str):  # one stop string, made a tuple below
+            del given["stop"]
+        check_keyword_types(given, type(self), where="")
+        if not 0 <= self.temperature < math.inf:  # NaN too
+            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}.")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}.")
         if self.top_k is not None and self.top_k < 1:
@@ -116,10 +121,11 @@ class SamplingParams:
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> SamplingParams:
         """Validate ``**sampling`` keywords; an unknown key is an error naming the valid ones."""
-        unknown = set(kwargs) - set(cls.__dataclass_fields__)
+        unknown = sorted(set(kwargs) - set(cls.__dataclass_fields__))
         if unknown:
             raise ConfigError(
-                f"unknown sampling parameter(s) {sorted(unknown)}; valid: {sorted(cls.__dataclass_fields__)}."
+                f"unknown sampling parameter(s) {unknown}." + did_you_mean(unknown[0], cls.__dataclass_fields__)
+                + f" Valid: {sorted(cls.__dataclass_fields__)}."
             )
         return cls(**kwargs)
 

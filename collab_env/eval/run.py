@@ -114,7 +114,7 @@ async def aevaluate(
     if resume and out is None:
         raise ConfigError("resume=True needs the result file to resume: pass out=<path> (--out).")
     if out is not None:  # before any env, policy or model is built: a bad path fails at once
-        prepare_output_file(out)
+        prepare_output_file(out, resume=resume)
     s = spec(env_id)
     env_kwargs = dict(env_kwargs or {})
     sampling = {p: dict(kw) for p, kw in (sampling or {}).items()}

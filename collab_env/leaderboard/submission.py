@@ -378,6 +378,7 @@ def run_submission(
     """
     from collab_env.compose import make
     from collab_env.eval import evaluate, failures_path, load_results
+    from collab_env.eval.files import check_result_file
     from collab_env.registry import spec
 
     t = track if isinstance(track, Track) else get_track(track)
@@ -408,6 +409,9 @@ def run_submission(
     if t.data and not data_files:
         raise ConfigError(f"track {t.id} needs its data files: {t.data}. Pass them with --data-files.")
     data = data_file_digests(data_files)
+    # A trajectories file that is not a result file is refused before anything in the folder
+    # changes (its submission.json is removed below, while the run is unfinished).
+    check_result_file(out / TRAJECTORIES_FILE)
 
     out.mkdir(parents=True, exist_ok=True)
     cache_path = out / CACHE_FILE

@@ -6,13 +6,15 @@ import dataclasses
 from typing import Any
 
 from collab_env.env import CollabEnv, Task
-from collab_env.errors import ConfigError, did_you_mean
+from collab_env.errors import ConfigError, check_keyword_types, did_you_mean
 
 ENV_KWARGS = ("max_steps", "max_message_chars", "max_total_chars", "render_mode")
 
 
 def build_config(config_cls: type, kwargs: dict[str, Any], *, where: str):
-    """``config_cls(**kwargs)`` where an unknown keyword is an error naming the valid ones."""
+    """``config_cls(**kwargs)`` where an unknown keyword is an error naming the valid ones, and a
+    value of the wrong type (by the dataclass's field annotations) one naming the keyword, the
+    type expected and the value given."""
     fields = [f.name for f in dataclasses.fields(config_cls)]
     for k in kwargs:
         if k not in fields:
@@ -20,6 +22,7 @@ def build_config(config_cls: type, kwargs: dict[str, Any], *, where: str):
             raise ConfigError(
                 f"{where}: unknown keyword {k!r}." + did_you_mean(k, valid) + f" Valid keywords: {valid}."
             )
+    check_keyword_types(kwargs, config_cls, where=where)
     return config_cls(**kwargs)
 
 

@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 from collab_env.errors import ConfigError, DataSchemaError, DatasetUnavailableError
 from collab_env.tasks.collabllm_rows import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, is_rl_layout, schema_row_from_rl
 
-__all__ = ["load_collabllm_dataset", "check_data_files", "data_file_list"]
+__all__ = ["load_collabllm_dataset", "check_data_files", "data_file_list", "check_utf8"]
 
 _BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 _COMPRESSION = (".gz", ".bz2", ".xz", ".zst", ".zip")
@@ -102,6 +102,84 @@ def _builder_for(files: list[str]) -> str:
     if len(builders) > 1:
         raise ConfigError(f"data_files mix formats {sorted(builders)}; pass files of one format.")
     return builders.pop()
+
+
+_OPENERS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}
+
+
+def check_utf8(path: str, *, where: str = "collabllm") -> None:
+    """Refuse a local JSON / JSONL data file that is not UTF-8 text, naming the first byte that
+    is not (its offset and line), before ``datasets`` reads it: its JSON reader would otherwise
+    fail with a bare "An error occurred while generating the dataset", or load the bytes and let
+    the first row read fail later with a bare ``UnicodeDecodeError``. ``.gz``, ``.bz2`` and
+    ``.xz`` files are checked decompressed; other paths (globs, URLs) are left to ``datasets``.
+
+    Raises:
+        DataSchemaError: The file holds bytes that are not UTF-8.
+    """
+    import codecs
+    import importlib
+
+    local = os.path.expanduser(path)
+    if not os.path.isfile(local):
+        return
+    suffix = PurePath(local).suffix.lower()
+    if suffix in _OPENERS:
+        opener = importlib.import_module(_OPENERS[suffix]).open
+    elif suffix in _COMPRESSION:  # .zst, .zip: not read here
+        return
+    else:
+        opener = open
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    offset = 0  # bytes of the file before ``chunk``
+    lines = 1
+    with opener(local, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            pending = len(decoder.getstate()[0])  # an unfinished character from the last chunk
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as exc:
+                at = offset - pending + exc.start
+                lines += chunk[: max(0, exc.start - pending)].count(b"\n")
+                raise DataSchemaError(
+                    f"{where}: data file {path} is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset "
+                    f"{at} (line {lines}) is not valid UTF-8 ({exc.reason}). Re-encode the file as UTF-8 "
+                    "(e.g. iconv -f latin1 -t utf-8 IN > OUT, with the file's real encoding) and pass it again."
+                ) from None
+            if not chunk:
+                return
+            lines += chunk.count(b"\n")
+            offset += len(chunk)
+
+
+def _json_problem(path: str) -> str | None:
+    """Why local JSON / JSONL file ``path`` cannot be read, said with its line: empty, or the
+    first line that is not JSON (a ``.json`` file may hold one JSON document or JSON lines).
+    ``None`` when no such reason is found (the caller then reports the reader's own error)."""
+    import json
+
+    local = os.path.expanduser(path)
+    if not os.path.isfile(local) or PurePath(local).suffix.lower() not in (".json", ".jsonl"):
+        return None
+    with open(local, "rb") as f:
+        data = f.read()
+    if not data.strip():
+        return f"data file {path} is empty: it holds no rows. Pass a file with rows in the documented schema."
+    try:
+        json.loads(data)
+        return None  # one JSON document: not a syntax problem
+    except ValueError:
+        pass
+    for number, line in enumerate(data.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            json.loads(line)
+        except ValueError as exc:
+            return (f"data file {path}, line {number} is not JSON ({exc}): every line must be one JSON "
+                    "object (a row). Fix or remove that line.")
+    return None
 
 
 def _env_offline() -> bool:
@@ -198,6 +276,14 @@ def load_collabllm_dataset(dataset: str, data_files: Any = None, split: str | No
         files = data_file_list(data_files)
         source = ", ".join(files)
         builder = _builder_for(files)
+        for f in files:
+            if os.path.isdir(os.path.expanduser(f)):
+                raise ConfigError(
+                    f"collabllm: data file {f} is a folder; pass the files inside it (e.g. "
+                    f"data_files='{os.path.join(f, '*.jsonl')}'), or the folder as the dataset (dataset='{f}')."
+                )
+            if builder == "json":
+                check_utf8(f)
         try:
             loaded = datasets.load_dataset(builder, data_files=data_files, num_proc=num_proc)
         except FileNotFoundError as exc:
@@ -205,6 +291,9 @@ def load_collabllm_dataset(dataset: str, data_files: Any = None, split: str | No
                 f"collabllm: data file not found ({source}): {exc}. Check the path(s) given as data_files=."
             ) from exc
         except Exception as exc:  # parse errors of every kind: report as a schema problem
+            problem = next(filter(None, map(_json_problem, files)), None) if builder == "json" else None
+            if problem is not None:
+                raise DataSchemaError(f"collabllm: {problem}") from exc
             raise DataSchemaError(
                 f"collabllm: cannot read {source} as {builder}: {type(exc).__name__}: {exc}. "
                 "The files must hold rows in the schema documented in collab_env.tasks.collabllm."
