@@ -220,13 +220,17 @@ def run_sft(seed: int, a: argparse.Namespace, work: Path, steps: int | None = No
 
     rows = sft_conversations(a.sft_items, seed)
     steps = a.sft_steps if steps is None else steps
-    config = SFTConfig(learning_rate=a.sft_lr, max_steps=steps, per_device_train_batch_size=a.sft_batch,
+    # max_steps stops training, num_train_epochs bounds it too: enough epochs for the steps asked
+    epochs = math.ceil(steps * a.sft_batch / len(rows))
+    config = SFTConfig(learning_rate=a.sft_lr, max_steps=steps, num_train_epochs=epochs, per_device_train_batch_size=a.sft_batch,
                        seed=seed, logging_steps=1, eval_interval=0, plot=False, max_length=512,
                        output_dir=str(work / f"seed_{seed}" / f"sft_{steps}"), device=a.device, dtype=a.dtype,
                        **lora_fields(a))
     trainer = SFTTrainer(model=a.model, train_dataset=rows, args=config, tokenizer=a.tokenizer)
     trainer.train()
     losses = [r["loss"] for r in trainer.logger.records if "loss" in r]
+    if len(losses) != steps:
+        raise RuntimeError(f"SFT ran {len(losses)} optimiser steps, not the {steps} asked")
     return trainer, losses
 
 
@@ -261,7 +265,7 @@ def run_grpo(seed: int, window: int, a: argparse.Namespace, sft_state: dict[str,
     config = MAGRPOConfig(
         num_agents=1, num_turns=1, num_generations=a.generations, max_new_tokens=a.max_new_tokens,
         max_steps=a.grpo_items, per_device_train_batch_size=1, learning_rate=a.grpo_lr, temperature=a.temperature,
-        normalize_advantages=True, max_grad_norm=1.0, seed=seed, eval_interval=0, logging_steps=1,
+        normalize_advantages=a.normalize_advantages, max_grad_norm=1.0, seed=seed, eval_interval=0, logging_steps=1,
         output_dir=str(work / f"seed_{seed}" / f"grpo_w{window}"), plot=False, device=a.device, dtype=a.dtype, **lf)
     trainer = MAGRPOTrainer(agent_model=model, tokenizer=tok, env=env, args=config)
     # The library's default thresholds (mean reply under 2 visible tokens, over half empty, over
@@ -341,6 +345,11 @@ def main_parser() -> argparse.ArgumentParser:
     p.add_argument("--generations", type=int, default=6, help="GRPO group size")
     p.add_argument("--rollouts", type=int, default=1, help="MR futures per reply (window > 0)")
     p.add_argument("--window", type=int, default=2, help="the MR row's window (user turns of a future)")
+    p.add_argument("--normalize-advantages", action=argparse.BooleanOptionalAction, default=False,
+                   help="divide group advantages by their std (GRPO's rule). Off by default (Dr. GRPO's "
+                        "rule): with it, a group whose replies all succeed is ranked by the token penalty "
+                        "alone, scaled up to unit size, and the first run here learned to shorten the "
+                        "answer turn until its box broke (benchmarks/results/collabllm_table_cpu_stdnorm_seed0.md)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-new-tokens", type=int, default=40)
     p.add_argument("--lora-r", type=int, default=16)

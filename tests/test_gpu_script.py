@@ -156,16 +156,19 @@ def test_the_table_form_runs_end_to_end_on_cpu_with_the_tiny_model(tmp_path):
     out = tmp_path / "table"
     proc = subprocess.run(
         ["bash", str(ROOT / "benchmarks/gpu/run.sh"), "--table", "--device", "cpu", "--model", "tiny",
-         "--seeds", "1", "--sft-items", "4", "--sft-steps", "1", "--sft-long-steps", "1", "--grpo-items", "1",
+         "--seeds", "1", "--sft-items", "4", "--sft-steps", "1", "--sft-long-steps", "3", "--grpo-items", "1",
          "--generations", "2", "--eval-episodes", "2", "--max-new-tokens", "8", "--out", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.with_suffix(".json").read_text())
-    assert [r["row"] for r in result["rows"]] == ["Base", "Proactive Base", "SFT", "SFT, trained longer (1 steps)",
+    assert [r["row"] for r in result["rows"]] == ["Base", "Proactive Base", "SFT", "SFT, trained longer (3 steps)",
                                                   "SFT + GRPO (immediate)", "SFT + GRPO (MR)"]
     for r in result["rows"]:
         for m in ("success", "questions", "facts", "tokens"):
             assert set(r[m]) >= {"mean", "lo", "hi", "n"} and r[m]["n"] == 2
     assert result["complete"] and result["settings"]["device"] == "cpu"
+    # the longer SFT row really trains longer (3 optimiser steps over 3 epochs of the 4 rows)
+    assert len(result["training"]["seed 0 SFT loss"]) == 1
+    assert len(result["training"]["seed 0 SFT (3 steps) loss"]) == 3
     assert (tmp_path / "table_adapter" / "adapter_config.json").is_file()
     assert "Beside the paper's Table 1" in out.with_suffix(".md").read_text()
