@@ -263,7 +263,9 @@ def run_grpo(seed: int, window: int, a: argparse.Namespace, sft_state: dict[str,
         max_assistant_turns=max(window, 1),
     )
     config = MAGRPOConfig(
-        num_agents=1, num_turns=1, num_generations=a.generations, max_new_tokens=a.max_new_tokens,
+        # Every assistant turn of the tree is trained on its own reward (discount 0: a turn's
+        # credit is its MR, as the recipe trains one sample per turn with that turn's MR).
+        num_agents=1, num_turns=a.turns, discount=0.0, num_generations=a.generations, max_new_tokens=a.max_new_tokens,
         max_steps=a.grpo_items, per_device_train_batch_size=1, learning_rate=a.grpo_lr, temperature=a.temperature,
         normalize_advantages=a.normalize_advantages, max_grad_norm=1.0, seed=seed, eval_interval=0, logging_steps=1,
         output_dir=str(work / f"seed_{seed}" / f"grpo_w{window}"), plot=False, device=a.device, dtype=a.dtype, **lf)
@@ -336,13 +338,17 @@ def main_parser() -> argparse.ArgumentParser:
     p.add_argument("--sft-items", type=int, default=64, help="scripted collaborative conversations for SFT")
     p.add_argument("--sft-steps", type=int, default=8,
                    help="SFT optimiser steps before RL (8 = one epoch of the 64 conversations at batch 8)")
-    p.add_argument("--sft-long-steps", type=int, default=16,
+    p.add_argument("--sft-long-steps", type=int, default=0,
                    help="steps of the extra 'SFT, trained longer' row (0: no such row)")
     p.add_argument("--sft-batch", type=int, default=8)
     p.add_argument("--sft-lr", type=float, default=1e-3)
-    p.add_argument("--grpo-items", type=int, default=24, help="GRPO training items (one update each)")
+    p.add_argument("--grpo-items", type=int, default=16, help="GRPO training items (one update each)")
     p.add_argument("--grpo-lr", type=float, default=5e-4)
-    p.add_argument("--generations", type=int, default=6, help="GRPO group size")
+    p.add_argument("--generations", type=int, default=3, help="GRPO group size (per node of the tree)")
+    p.add_argument("--turns", type=int, default=2,
+                   help="assistant turns trained per item (the tree's depth: 2 = the question and the answer; "
+                        "with 1, only the first reply is trained and the untrained answer turn drifts: see "
+                        "benchmarks/results/collabllm_table_cpu_turn1.md)")
     p.add_argument("--rollouts", type=int, default=1, help="MR futures per reply (window > 0)")
     p.add_argument("--window", type=int, default=2, help="the MR row's window (user turns of a future)")
     p.add_argument("--normalize-advantages", action=argparse.BooleanOptionalAction, default=False,
@@ -354,7 +360,7 @@ def main_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=40)
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--lora-modules", default="q_proj,k_proj,v_proj,o_proj")
-    p.add_argument("--eval-episodes", type=int, default=48, help="held-out episodes per evaluation")
+    p.add_argument("--eval-episodes", type=int, default=32, help="held-out episodes per evaluation")
     p.add_argument("--eval-max-steps", type=int, default=4, help="env steps per evaluation episode (two assistant turns)")
     p.add_argument("--out", default=str(RESULTS / "collabllm_table_cpu"),
                    help="output prefix: <out>.json/.md/.png, <out>_transcripts.md, <out>_adapter/")
@@ -484,8 +490,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"seed {seed}: GRPO, window {window}, {a.grpo_items} items x {a.generations} replies...", flush=True)
             trainer = run_grpo(seed, window, a, copy.deepcopy(sft_state), work)
             recs = list(trainer.logger.records)
-            train_log[f"seed {seed} {name} reward"] = [round(r["turn_1/reward_mean"], 4) for r in recs
-                                                       if "turn_1/reward_mean" in r]
+            for turn in range(1, a.turns + 1):
+                train_log[f"seed {seed} {name} turn {turn} reward"] = [
+                    round(r[f"turn_{turn}/reward_mean"], 4) for r in recs if f"turn_{turn}/reward_mean" in r]
             flags[name].append(collapse_flags(recs))
             pm = trainer.models[0]
             episodes[name] += evaluate_policy(pm.generator, tok, a, f"{name} (seed {seed})", seed)
