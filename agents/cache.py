@@ -48,7 +48,11 @@ Safety
     Reading a cache runs no code: the file is SQLite and every value is JSON text read back
     as plain data (no pickle anywhere). A file that is not such a database (a pickle, another
     program's file) is refused with a :class:`~collab_env.errors.ConfigError`, as is an entry
-    whose JSON is damaged.
+    whose JSON is damaged, nested more than :data:`MAX_DEPTH` deep, or not a completion's
+    fields. The file and its ``-wal``, ``-shm`` and ``-journal`` companions must be regular
+    files (a FIFO or device is refused before SQLite opens it, so nothing hangs), and a SQLite
+    file of another program is refused before anything is written to it: a refused file is
+    left as it was.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -75,7 +80,8 @@ from collab_env.agents.base import (
 from collab_env.errors import CacheMissError, ConfigError, PolicyError
 from collab_env.types import Completion, Conversation
 
-__all__ = ["ResponseCache", "CachedPolicy", "CacheMissError", "request_key", "score_key", "KEY_VERSION"]
+__all__ = ["ResponseCache", "CachedPolicy", "CacheMissError", "request_key", "score_key", "KEY_VERSION",
+           "MAX_DEPTH"]
 
 #: Bump when the key recipe changes (old recordings then miss instead of matching wrongly).
 KEY_VERSION = 1
@@ -104,6 +110,53 @@ CREATE TABLE IF NOT EXISTS scores (
 """
 _COLUMNS = {"responses": ["key", "model", "request", "completion", "created"],
             "scores": ["key", "model", "request", "scores", "created"]}
+#: Deepest nesting of lists and dicts read from a stored entry (a completion needs 3).
+MAX_DEPTH = 64
+#: Files SQLite opens next to the database.
+_COMPANIONS = ("", "-wal", "-shm", "-journal")
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _loads_bounded(text: Any) -> Any:
+    """JSON text read as plain data, nested at most :data:`MAX_DEPTH` deep; ``ValueError``
+    otherwise (:func:`json.loads` itself raises RecursionError on very deep nesting)."""
+    if not isinstance(text, str):
+        raise ValueError(f"the stored value is {type(text).__name__}, not JSON text")
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"its lists and dicts are nested more than {MAX_DEPTH} deep") from None
+    stack = [(value, 1)]
+    while stack:  # without recursion: the depth is what is being checked
+        node, depth = stack.pop()
+        if isinstance(node, (list, dict)):
+            if depth > MAX_DEPTH:
+                raise ValueError(f"its lists and dicts are nested more than {MAX_DEPTH} deep")
+            stack.extend((c, depth + 1) for c in (node.values() if isinstance(node, dict) else node))
+    return value
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _check_completion_dict(d: Any) -> None:
+    """``ValueError`` unless ``d`` has the types ``Completion.to_dict()`` writes."""
+    if not isinstance(d, dict):
+        raise ValueError(f"expected a JSON object, got {type(d).__name__}")
+    if not isinstance(d.get("text"), str):
+        raise ValueError("its text is not a string")
+    for name, ok in (("token_ids", lambda v: type(v) is int), ("prompt_token_ids", lambda v: type(v) is int),
+                     ("logprobs", _is_number)):
+        v = d.get(name)
+        if v is not None and not (isinstance(v, list) and all(ok(x) for x in v)):
+            raise ValueError(f"its {name} is not a list of numbers")
+    if d.get("finish_reason") is not None and not isinstance(d["finish_reason"], str):
+        raise ValueError("its finish_reason is not a string")
+    for name in ("usage", "meta"):
+        if name in d and not isinstance(d[name], dict):
+            raise ValueError(f"its {name} is not a JSON object")
 
 
 def _canonical_sampling(sampling: Mapping[str, Any]) -> dict[str, Any]:
@@ -189,23 +242,58 @@ class ResponseCache:
                 f"replay cache {str(self.path)!r} does not exist; record it first with "
                 f"ResponseCache({str(self.path)!r}, mode='record')."
             )
+        if mode != "off":
+            self._check_file_types()
 
     # -- connection -------------------------------------------------------------------------
+    def _check_file_types(self) -> None:
+        """Refuse a cache path (or a ``-wal``/``-shm``/``-journal`` companion SQLite would open)
+        that exists but is not a regular file: SQLite would block on a FIFO and write into a
+        device. Checked with ``os.stat``, which opens nothing."""
+        for suffix in _COMPANIONS:
+            path = Path(f"{self.path}{suffix}")
+            try:
+                mode = os.stat(path).st_mode
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise ConfigError(f"cannot use {str(self.path)!r} as a response cache: {str(path)!r} cannot be "
+                                  f"read ({exc.strerror or exc}). Pass the cache you recorded, or a new path.") from exc
+            if not stat.S_ISREG(mode):
+                kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+                raise ConfigError(f"cannot use {str(self.path)!r} as a response cache: {str(path)!r} is {kind}, not "
+                                  "a regular file, so it is not opened. Pass the SQLite file you recorded, or a new "
+                                  "path to record into.")
+
     def _connect(self) -> sqlite3.Connection:
         # A connection must not cross a fork: reopen when the process changed.
         if self._conn is not None and self._pid == os.getpid():
             return self._conn
+        self._check_file_types()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = None
         try:
             conn = sqlite3.connect(str(self.path), timeout=self.busy_timeout_s, isolation_level=None,
                                    check_same_thread=False)
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-            conn.execute("PRAGMA journal_mode = WAL")  # the first read of the file's header
+            # Read the layout first (the first read of the file's header): another program's
+            # SQLite file is refused before the pragmas and tables below write to it.
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            columns = {t: [row[1] for row in conn.execute(f"PRAGMA table_info({t})")] for t in _COLUMNS}
+            foreign = [t for t, want in _COLUMNS.items() if t in tables and columns[t] != want]
+            if not foreign and tables and "responses" not in tables:
+                foreign = ["responses"]
+            if foreign:
+                table = foreign[0]
+                conn.close()
+                found = (f"its {table} table has columns {columns[table]}" if table in tables
+                         else f"it has no {table} table; its tables: {sorted(tables)[:8]}")
+                raise ConfigError(f"{str(self.path)!r} is a SQLite file, but not a response cache ({found}); it was "
+                                  "left as it was. Pass the cache you recorded, or a new path.")
+            conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: durable at checkpoints, fast
             conn.execute(_SCHEMA)
             conn.execute(_SCORES_SCHEMA)
-            columns = {t: [row[1] for row in conn.execute(f"PRAGMA table_info({t})")] for t in _COLUMNS}
         except sqlite3.DatabaseError as exc:
             if conn is not None:
                 conn.close()
@@ -214,18 +302,15 @@ class ResponseCache:
                 "written by ResponseCache, in a folder you can write. Pass the cache you recorded, or a "
                 "new path to record into."
             ) from exc
-        for table, want in _COLUMNS.items():
-            if columns[table] != want:
-                conn.close()
-                raise ConfigError(f"{str(self.path)!r} is a SQLite file, but not a response cache (its {table} "
-                                  f"table has columns {columns[table]}); pass the cache you recorded, or a new path.")
         self._conn, self._pid = conn, os.getpid()
         return conn
 
     def _completion(self, key: str, text: str) -> Completion:
         """A stored completion read back as plain data; damaged JSON is an error naming the key."""
         try:
-            return Completion.from_dict(json.loads(text))
+            d = _loads_bounded(text)
+            _check_completion_dict(d)
+            return Completion.from_dict(d)
         except (TypeError, ValueError, KeyError) as exc:
             raise ConfigError(f"response cache {str(self.path)!r}: the entry for key {key} is damaged ({exc}); "
                               "record it again into a new cache file.") from exc
@@ -321,7 +406,7 @@ class ResponseCache:
 
     def _scores(self, key: str, text: str, n: int) -> tuple[float, ...]:
         try:
-            values = json.loads(text)
+            values = _loads_bounded(text)
             if (not isinstance(values, list) or len(values) != n
                     or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in values)):
                 raise ValueError(f"expected a list of {n} numbers, got {text[:80]!r}")
