@@ -309,7 +309,9 @@ def _overview(board: _Board) -> str:
                          else _DASH)
                 mark = ('<span class="ok" title="verified">&#10003;</span>' if e["verified"] and not e.get("failed")
                         else '<span class="warn" title="not verified">&#10007;</span>')
-                items.append(f'<div class="{_kind_class(e)}"><a href="#{_ids("track", i)}">{_e(e["name"])}</a> '
+                # the entry's name above its value: a column per model stays narrow enough that
+                # the overview needs no sideways scroll as models are added
+                items.append(f'<div class="{_kind_class(e)}"><a href="#{_ids("track", i)}">{_e(e["name"])}</a> <br>'
                              f'{value} {mark}</div>')
             cells.append(f'<td>{"".join(items) or _DASH}</td>')
         rows.append(f'<tr data-track="{_e(t["id"])}"><th scope="row"><a href="#{_ids("track", i)}">'
