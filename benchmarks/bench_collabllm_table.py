@@ -15,11 +15,15 @@ one adapter is trained through every stage, so the product is one small adapter 
    (:class:`~collab_env.tasks.hidden_facts.AskThenAnswer`) played against the scripted user
    through the episode driver (:func:`collab_env.eval.evaluate`) on *train* items, every
    assistant turn trained on (:class:`~collab_env.adapters.sft.SFTTrainer`): one epoch (8 steps
-   of 8 conversations). A second SFT row trains twice as long (16 steps), without RL: the
-   control for "would more SFT do what RL does?".
+   of 8 conversations). ``--sft-long-steps N`` adds a row trained N steps without RL (the
+   control for "would more SFT do what RL does?"; off by default, not in the committed table).
 2. **GRPO** (:class:`~collab_env.adapters.magrpo.MAGRPOTrainer`, one agent) from the SFT
-   adapter, on train items, the reward being the MR of the first reply: the futures are played
-   by the learner itself (``LEARNER``) and the scripted user. Metrics: the accuracy rule
+   adapter, on train items, on **both assistant turns** (``--turns 2``: a tree of 3 replies per
+   node), each turn rewarded by its own MR (discount 0), with plain group-mean advantages
+   (``--normalize-advantages`` divides by the std; the two stopped runs in
+   ``benchmarks/results/collabllm_table_cpu_stdnorm_seed0.md`` and ``..._turn1.md`` show why
+   neither std normalisation nor training the first turn alone is the default here). The
+   futures are played by the learner itself (``LEARNER``) and the scripted user. Metrics: the accuracy rule
    (the exact boxed answer anywhere in the future) and the recipe's token penalty
    (``token_amount``, -1e-3 per word), aggregated by the ``"collabllm"`` rule. Two windows:
 
