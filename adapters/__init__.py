@@ -40,7 +40,7 @@ _EXPORTS: dict[str, str] = {
     "SFTTrainer": "sft",
     "RewardModelConfig": "reward_model",
     "RewardModelTrainer": "reward_model",
-    "JointRewardModel": "reward_model",
+    "JointRewardModel": "common.joint_reward",
     # CoMLRL's preference trainers
     "MADPOConfig": "madpo",
     "MADPOTrainer": "madpo",

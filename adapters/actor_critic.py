@@ -46,16 +46,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from collab_env.adapters import comlrl_path_error
 from collab_env.adapters.common.config import (
+    RolloutFields,
+    SamplingFields,
     TrainerConfig,
     as_bool,
     check_choice,
-    check_comlrl_rollout_fields,
     check_float,
     check_int,
+    learner_config,
 )
 from collab_env.adapters.common.critic_learner import (
     CriticInput,
@@ -63,42 +65,27 @@ from collab_env.adapters.common.critic_learner import (
     RolloutSample,
     Transition,
 )
+from collab_env.adapters.common.critics import actor_loss, clipped_value_loss, gae, td_targets
 from collab_env.adapters.common.loop import mean
+from collab_env.adapters.common.losses import clipped_surrogate, masked_aggregate, token_logprobs
 from collab_env.adapters.common.task import turn_metrics
 from collab_env.errors import ConfigError
 
-__all__ = [
-    "ActorCriticConfig",
-    "IACConfig",
-    "MAACConfig",
-    "RolloutSample",
-    "Transition",
-    "IACTrainer",
-    "MAACTrainer",
-]
+__all__ = ["ActorCriticConfig", "IACConfig", "MAACConfig", "IACTrainer", "MAACTrainer"]
 
 
 # ---------------------------------------------------------------------------------------------
 # Configuration
 # ---------------------------------------------------------------------------------------------
-@dataclass
-class ActorCriticConfig(TrainerConfig):
+@learner_config
+class ActorCriticConfig(SamplingFields, RolloutFields, TrainerConfig):
     """Fields shared by :class:`IACConfig` and :class:`MAACConfig` (the CoMLRL guide's names plus
-    the learner's options). Every :class:`~collab_env.adapters.common.config.TrainerConfig`
-    field applies too (learning rate, schedule, LoRA, evaluation and logging schedule...)."""
+    the learner's options): the common, sampling and rollout field groups of
+    :mod:`~collab_env.adapters.common.config` (learning rate, schedule, LoRA, evaluation and
+    logging, sampling, turns, prompt format, reference KL...) and the critic's fields.
+    ``early_termination_threshold`` ends an episode's rollout at a turn whose reward (mean over
+    agents) exceeds it; ``reference_kl_*`` take the KL off each turn's reward."""
 
-    num_agents: int = 2
-    """Number of agents."""
-    num_turns: int = 1
-    """Turns per episode (the horizon of the TD targets)."""
-    max_new_tokens: int = 256
-    """Longest completion, in tokens."""
-    temperature: float = 1.0
-    """Sampling temperature of training rollouts; log-probs are computed at it too."""
-    top_p: float = 1.0
-    """Nucleus sampling mass of training rollouts."""
-    top_k: int | None = None
-    """Top-k sampling of training rollouts (``None``: off)."""
     discount: float = 0.9
     """Discount of the next turn's value in TD targets and GAE."""
     advantage_estimator: Literal["gae", "td"] = "gae"
@@ -127,32 +114,6 @@ class ActorCriticConfig(TrainerConfig):
     second)."""
     clip_range: float = 0.2
     """Ratio clip of the actor loss from the second iteration on."""
-    normalize_advantages: bool = False
-    """Centre and scale each batch's advantages (over all agents' samples) before the actor loss."""
-    train_micro_batch_size: int = 8
-    """Sequences per forward/backward pass (gradients accumulate to the full-batch gradient)."""
-    eval_greedy: bool = False
-    """Evaluate with greedy decoding instead of the training sampling settings."""
-    eval_max_new_tokens: int | None = None
-    """Longest completion in evaluation (``None``: ``max_new_tokens``)."""
-    logprob_temperature: float | None = None
-    """Temperature of the actor's log-probs in the loss (``None``: ``temperature``; CoMLRL uses
-    the raw logits, 1.0)."""
-    prompt_format: Literal["chat", "raw"] = "chat"
-    """``"chat"``: the agent's whole conversation through the chat template; ``"raw"``
-    (CoMLRL): the turn's prompt string tokenised as it is, one prompt per turn, no history."""
-    early_termination_threshold: float | None = None
-    """CoMLRL's: an episode whose turn reward (mean over agents) exceeds this value ends its
-    rollout there. ``None``: never."""
-    external_prompt_passthrough: bool | None = None
-    """Dataset path: CoMLRL's rule for later turns' prompts (``True``: the external prompt as it
-    is; ``False``: the formatter on the item with its prompt replaced); ``None``: collab_env's
-    (see :func:`~collab_env.tasks.from_dataset`)."""
-    reference_kl_enabled: bool = False
-    """CoMLRL's reference KL: each turn's reward minus ``reference_kl_coef`` times the
-    completion's KL to the initial policy (k3 summed over its tokens, raw logits, no gradient)."""
-    reference_kl_coef: float = 0.1
-    """Weight of the reference KL penalty (``reference_kl_enabled``)."""
     rollout_buffer_size: int | None = None
     """CoMLRL's: agent turns each agent collects before an update. Updates here happen on whole
     items, so it sets ``per_device_train_batch_size`` to ``ceil(rollout_buffer_size /
@@ -162,16 +123,10 @@ class ActorCriticConfig(TrainerConfig):
     ``rollout_buffer_size``) is supported: one optimiser step per update."""
 
     ALIASES: ClassVar[dict[str, tuple[str, Any]]] = {
-        "advantage_normalization": ("normalize_advantages", as_bool("advantage_normalization")),
         "use_separate_critic": ("critic_placement",
                                 lambda v: "separate" if as_bool("use_separate_critic")(v) else "head"),
         "critic_estimate": ("critic_type", lambda v: v),
     }
-
-    @property
-    def advantage_normalization(self) -> bool:
-        """CoMLRL's name of :attr:`normalize_advantages`."""
-        return self.normalize_advantages
 
     @property
     def use_separate_critic(self) -> bool:
@@ -186,18 +141,10 @@ class ActorCriticConfig(TrainerConfig):
                 f"(Q(h, a)); where the critic lives is critic_placement={self.critic_type!r} "
                 f"(or use_separate_critic={self.critic_type == 'separate'})."
             )
-        check_int("num_agents", self.num_agents, 1)
-        check_int("num_turns", self.num_turns, 1)
-        check_int("max_new_tokens", self.max_new_tokens, 1)
-        check_float("temperature", self.temperature, 0.0, low_open=True)
-        check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
-        check_int("top_k", self.top_k, 1, allow_none=True)
-        check_float("discount", self.discount, 0.0, 1.0)
         check_choice("advantage_estimator", self.advantage_estimator, ("gae", "td"))
         check_float("gae_lambda", self.gae_lambda, 0.0, 1.0)
         check_choice("critic_type", self.critic_type, ("v", "q"))
         check_choice("critic_placement", self.critic_placement, ("separate", "head"))
-        check_comlrl_rollout_fields(self)
         if self.train_batch_size is not None and self.train_batch_size != self.rollout_buffer_size:
             raise ConfigError(
                 f"train_batch_size={self.train_batch_size}: IAC/MAAC take one optimiser step per update "
@@ -217,8 +164,6 @@ class ActorCriticConfig(TrainerConfig):
         check_float("value_clip_range", self.value_clip_range, 0.0, low_open=True, allow_none=True)
         check_int("num_iterations", self.num_iterations, 1)
         check_float("clip_range", self.clip_range, 0.0, 1.0, low_open=True)
-        check_int("train_micro_batch_size", self.train_micro_batch_size, 1)
-        check_int("eval_max_new_tokens", self.eval_max_new_tokens, 1, allow_none=True)
 
     @property
     def lam(self) -> float:
@@ -226,7 +171,7 @@ class ActorCriticConfig(TrainerConfig):
         return 0.0 if self.advantage_estimator == "td" else self.gae_lambda
 
 
-@dataclass
+@learner_config
 class IACConfig(ActorCriticConfig):
     """Configuration of :class:`IACTrainer`: one critic per agent, reading only its view."""
 
@@ -246,7 +191,7 @@ class IACConfig(ActorCriticConfig):
     }
 
 
-@dataclass
+@learner_config
 class MAACConfig(ActorCriticConfig):
     """Configuration of :class:`MAACTrainer`: one centralised critic reading ``env.state()``."""
 
@@ -310,7 +255,6 @@ class _ActorCriticTrainer(CriticLearner):
     def _advantages(self, transitions: Sequence[Transition], v_old: Sequence[float],
                     q_old: Sequence[float] | None) -> tuple[list[float], list[float], list[float] | None]:
         """Per transition: advantage, V target and (``"q"``) Q target, trajectory by trajectory."""
-        from collab_env.adapters.common.critics import gae, td_targets
 
         a = self.args
         adv, v_tgt = [0.0] * len(transitions), [0.0] * len(transitions)
@@ -339,13 +283,6 @@ class _ActorCriticTrainer(CriticLearner):
     def train_step(self, indices: Sequence[int]) -> dict[str, float]:
         """Roll out ``indices``, compute advantages and targets, update actors and critics."""
         import torch
-
-        from collab_env.adapters.common.critics import actor_loss, clipped_value_loss
-        from collab_env.adapters.common.losses import (
-            clipped_surrogate,
-            masked_aggregate,
-            token_logprobs,
-        )
 
         a = self.args
         temp = a.logprob_temperature or a.temperature
@@ -520,6 +457,5 @@ def _chat_text(tokenizer: Any, observation: Any) -> str:
 def __getattr__(name: str) -> Any:
     # A CoMLRL import path (comlrl.trainers.<this module>) naming a class defined elsewhere here
     # gets an error that names the import that works.
-    from collab_env.adapters import comlrl_path_error
 
     raise comlrl_path_error(__name__, name)

@@ -1,7 +1,7 @@
 """DPO on recorded preference pairs, and online DPO ranked by an environment's reward.
 
 **Offline** (:class:`DPOTrainer`): pairs of replies to the same multi-turn prompt, as
-:func:`~collab_env.tasks.collabllm_data.build_dpo_dataset` writes them (``prompt``: chat
+:func:`~collab_env.tasks.collabllm_modes.build_dpo_dataset` writes them (``prompt``: chat
 messages, or a string taken as one user message; ``chosen`` / ``rejected``: a list of assistant
 messages or a string)::
 
@@ -42,13 +42,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from collab_env.adapters.common.config import TrainerConfig, check_float, check_int
+from collab_env.adapters.common.checkpoint import load_checkpoint, save_checkpoint
+from collab_env.adapters.common.config import TrainerConfig, check_float, check_int, learner_config, learner_sampling
 from collab_env.adapters.common.learner import TaskLearner, build_models, epoch_order
-from collab_env.adapters.common.loop import RunState, Schedule, mean, merge_metrics
+from collab_env.adapters.common.logging import MetricsLogger
+from collab_env.adapters.common.loop import RunState, Schedule, mean, merge_metrics, run
 from collab_env.adapters.common.pairs import (
     Pair,
     encode_pair,
@@ -56,15 +58,16 @@ from collab_env.adapters.common.pairs import (
     pair_logps,
     split_by_agent,
 )
+from collab_env.adapters.common.preference import dpo_loss, select_pair
+from collab_env.adapters.common.rollout import completion_values, grow_trees
 from collab_env.adapters.common.task import TaskSource
 from collab_env.errors import ConfigError, DataSchemaError
+from collab_env.policy import SamplingParams
 
-# encode_pair (and the rest of the pair-dataset handling) lives in the toolkit
-# (collab_env.adapters.common.pairs); it stays importable from here.
-__all__ = ["DPOConfig", "DPOTrainer", "OnlineDPOConfig", "OnlineDPOTrainer", "DPOState", "encode_pair"]
+__all__ = ["DPOConfig", "DPOTrainer", "OnlineDPOConfig", "OnlineDPOTrainer", "DPOState"]
 
 
-@dataclass
+@learner_config
 class DPOConfig(TrainerConfig):
     """Configuration of :class:`DPOTrainer`. Every field of
     :class:`~collab_env.adapters.common.config.TrainerConfig` applies; here
@@ -110,8 +113,6 @@ def _dpo_step(pm: Any, pairs: Sequence[Pair], args: DPOConfig, micro: int) -> di
     the mean over all pairs, so accumulation is exact). Returns the step's metrics."""
     import torch
 
-    from collab_env.adapters.common.preference import dpo_loss
-
     n = len(pairs)
     params = [p for _, p in pm.trainable_parameters()]
     pm.optimizer.zero_grad(set_to_none=True)
@@ -154,8 +155,6 @@ class _Base:
     def _setup(self, agent_model: Any, tokenizer: Any, args: DPOConfig, wandb_config: Any, steps: int) -> None:
         import torch
 
-        from collab_env.adapters.common.logging import MetricsLogger
-
         if agent_model is None:
             raise ConfigError("agent_model is required: a model folder, a hub id, 'embedded' or a loaded model.")
         torch.manual_seed(args.seed)
@@ -170,21 +169,17 @@ class _Base:
     def save_checkpoint(self, path: str | Path | None = None) -> Path:
         """Save models, optimisers, schedulers, reference weights, position and RNG states
         (default ``<output_dir>/checkpoint-<optimiser steps>``)."""
-        from collab_env.adapters.common.checkpoint import save_checkpoint
 
         path = Path(path) if path is not None else Path(self.args.output_dir) / f"checkpoint-{self.state.optimizer_steps}"
         return save_checkpoint(path, self._unique, asdict(self.state), getattr(self, "_rng", None))
 
     def _resume(self, path: str | Path) -> None:
-        from collab_env.adapters.common.checkpoint import load_checkpoint
-
         self.state = RunState.from_dict(load_checkpoint(path, self._unique, getattr(self, "_rng", None)))
         self.logger.resume()
 
     def train(self, resume_from_checkpoint: str | Path | None = None) -> dict[str, Any]:
         """Train on the schedule (:meth:`schedule`); resume from a checkpoint folder when given.
         Returns the last logged training metrics (averaged over the models)."""
-        from collab_env.adapters.common.loop import run
 
         self._check_trainable()
         if resume_from_checkpoint is not None:
@@ -297,8 +292,6 @@ class DPOTrainer(_Base):
         weights. Logs and returns ``eval/...`` metrics (``{}`` without evaluation pairs)."""
         import torch
 
-        from collab_env.adapters.common.preference import dpo_loss
-
         n = self.args.eval_num_samples if num_eval_samples is None else num_eval_samples
         check_int("num_eval_samples", n, 0)
         sums: dict[str, float] = {}
@@ -333,7 +326,7 @@ class DPOTrainer(_Base):
 # ---------------------------------------------------------------------------------------------
 # Online DPO ranked by the env's reward
 # ---------------------------------------------------------------------------------------------
-@dataclass
+@learner_config
 class OnlineDPOConfig(DPOConfig):
     """Configuration of :class:`OnlineDPOTrainer`: every :class:`DPOConfig` field, with
     ``per_device_train_batch_size`` counting training items per forward pass (an optimiser step
@@ -404,7 +397,7 @@ class OnlineDPOTrainer(TaskLearner, _Base):
         self.skipped = 0
         self._setup(agent_model, tokenizer, args, wandb_config, self._planned_updates())
         # futures of a multiturn-aware reward are played by the trained policy, sampling as it does
-        self.task.bind_learner(self.models, self.sampling(False))
+        self.task.bind_learner(self.models, learner_sampling(self.args))
 
     def _items_per_update(self) -> int:
         return self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
@@ -413,10 +406,10 @@ class OnlineDPOTrainer(TaskLearner, _Base):
         return max(1, math.ceil(self.task.planned_items(self.args.num_train_epochs, self.args.max_steps)
                                 / self._items_per_update()))
 
-    def _rollout(self, env: Any, indices: Sequence[int], g: int, depth: int, sampling: Mapping[str, Any],
+    def _rollout(self, env: Any, indices: Sequence[int], g: int, depth: int, sampling: SamplingParams,
                  seeds: Callable[[int], list[int]]):
-        return self.task.rollout(env, indices, self.models, branching=lambda d: g if d == 0 else 1,
-                                 max_depth=depth, sampling=sampling, seeds=seeds)[1]
+        return grow_trees(self.task, env, indices, self.models, branching=lambda d: g if d == 0 else 1,
+                          max_depth=depth, sampling=sampling, seeds=seeds)[1]
 
     def collect_pairs(self, indices: Sequence[int]) -> tuple[dict[int, list[Pair]], list[dict[str, Any]], int]:
         """Sample ``num_candidates`` replies per trained agent at each item's first trained turn,
@@ -429,11 +422,9 @@ class OnlineDPOTrainer(TaskLearner, _Base):
             ``dropped: True`` when the prompt alone reaches ``max_length``, counted in
             ``skipped``).
         """
-        from collab_env.adapters.common.preference import select_pair
-        from collab_env.adapters.common.rollout import completion_values
 
         a = self.args
-        levels = self._rollout(self.train_env, indices, a.num_candidates, 1, self.sampling(False), self.task.seeds)
+        levels = self._rollout(self.train_env, indices, a.num_candidates, 1, learner_sampling(a), self.task.seeds)
         pairs: dict[int, list[Pair]] = {}
         records: list[dict[str, Any]] = []
         evals = 0
@@ -510,7 +501,7 @@ class OnlineDPOTrainer(TaskLearner, _Base):
         rewards, returns, lengths = [], [], []
         for start in range(0, n, a.eval_batch_size):
             levels = self._rollout(self.eval_env, list(range(start, min(n, start + a.eval_batch_size))), 1,
-                                   a.eval_num_turns, self.sampling(True), seeds)
+                                   a.eval_num_turns, learner_sampling(self.args, True), seeds)
             for node in levels[0] if levels else []:
                 for ja in node.joint:
                     rewards.append(mean(ja.rewards))

@@ -59,8 +59,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from collab_env.adapters.common.config import check_choice, check_float, check_int
-from collab_env.adapters.common.loop import Schedule, mean
+from collab_env.adapters.common.config import (
+    RolloutFields,
+    SamplingFields,
+    TrainerConfig,
+    TreeFields,
+    check_choice,
+    check_float,
+    check_int,
+    learner_config,
+    learner_sampling,
+)
+from collab_env.adapters.common.loop import Schedule, mean, run
+from collab_env.adapters.common.losses import pack_sequences, token_logprobs
+from collab_env.adapters.common.models import make_scheduler
+from collab_env.adapters.common.preference import sequence_logprobs
+from collab_env.adapters.common.rollout import JointAction, start_roots
+from collab_env.adapters.common.task import sampling_keywords
 from collab_env.adapters.common.tree_learner import TreeLearner
 from collab_env.adapters.magrpo import MAGRPOConfig
 from collab_env.errors import ConfigError
@@ -79,12 +94,14 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------
 # Configuration
 # ---------------------------------------------------------------------------------------------
-@dataclass
-class MADPOConfig(MAGRPOConfig):
-    """Configuration of :class:`MADPOTrainer`: CoMLRL's MADPO fields (and defaults) on top of
-    :class:`~collab_env.adapters.magrpo.MAGRPOConfig` (learning rate, sampling, evaluation and
-    logging fields apply; ``num_generations``, ``num_iterations``, the clipping and KL fields
-    are not used by MADPO). ``max_steps`` limits the training items used to collect pairs."""
+@learner_config
+class MADPOConfig(SamplingFields, RolloutFields, TreeFields, TrainerConfig):
+    """Configuration of :class:`MADPOTrainer`: CoMLRL's MADPO fields (and defaults) with the
+    common, sampling, rollout and tree field groups of
+    :class:`~collab_env.adapters.magrpo.MAGRPOConfig` (not its PPO group: MADPO takes one DPO
+    step per batch of pairs). ``max_steps`` limits the training items used to collect pairs;
+    the tree is one turn of aligned joint responses (``num_turns=1``, ``joint_mode="aligned"``,
+    as in CoMLRL)."""
 
     preference_num_candidates: int = 80
     """Completions each agent samples per training item (joint responses per item)."""
@@ -108,7 +125,7 @@ class MADPOConfig(MAGRPOConfig):
 
     # CoMLRL's MADPOConfig defaults (comlrl/trainers/preference/madpo.py) for preset="comlrl".
     COMLRL_DEFAULTS: ClassVar[dict[str, Any]] = {
-        **getattr(MAGRPOConfig, "COMLRL_DEFAULTS", {}),
+        **{k: v for k, v in MAGRPOConfig.COMLRL_DEFAULTS.items() if k != "num_iterations"},
         "num_turns": 1, "discount": 1.0, "early_termination_threshold": None, "rollout_buffer_size": 2,
         "train_batch_size": None, "preference_num_candidates": 80, "preference_pairs_per_sample": 16,
         "pair_selection": "reward_gap", "dpo_beta": 0.1, "use_environment_step": True,
@@ -116,11 +133,7 @@ class MADPOConfig(MAGRPOConfig):
     }
 
     def __post_init__(self) -> None:
-        # train_batch_size is MADPO's pairs per update, not MAGRPO's split of a rollout buffer:
-        # MAGRPO's check of it does not apply.
-        pairs, self.train_batch_size = self.train_batch_size, None
         super().__post_init__()
-        self.train_batch_size = pairs
         if self.num_turns != 1:
             raise ConfigError(f"MADPO supports num_turns=1 only (as CoMLRL's), got {self.num_turns}.")
         if self.joint_mode != "aligned":
@@ -303,7 +316,7 @@ class MADPOTrainer(TreeLearner):
         self.pairs: list[JointPreferencePair] = []
 
     # -- collection -------------------------------------------------------------------------------
-    def _collect_nodes(self, indices: Sequence[int], k: int, sampling: Mapping[str, Any], seeds) -> list[Any]:
+    def _collect_nodes(self, indices: Sequence[int], k: int, sampling: Any, seeds) -> list[Any]:
         """Root nodes of ``indices`` with ``k`` aligned joint responses each (their env rewards
         in ``joint[j].returns``)."""
         if self.centralized:
@@ -325,7 +338,7 @@ class MADPOTrainer(TreeLearner):
         evaluations = 0
         for start in range(0, n_items, a.per_device_train_batch_size):
             indices = list(range(start, min(n_items, start + a.per_device_train_batch_size)))
-            for node in self._collect_nodes(indices, a.preference_num_candidates, self.sampling(False),
+            for node in self._collect_nodes(indices, a.preference_num_candidates, learner_sampling(self.args),
                                             self.task.seeds):
                 rewards = [mean(ja.returns) for ja in node.joint]
                 evaluations += len(rewards)
@@ -371,7 +384,6 @@ class MADPOTrainer(TreeLearner):
         import asyncio
 
         from collab_env._async import run_sync
-        from collab_env.adapters.common.rollout import JointAction, start_roots
         from collab_env.types import Conversation, Message
 
         pm = self.models[0]
@@ -387,7 +399,7 @@ class MADPOTrainer(TreeLearner):
                 prompt = Conversation((Message(role="user", content=tagged_joint_prompt(node.agent_prompts)),))
                 node.central_prompt_ids = pm.prompt_ids(prompt)
             flat = [node.central_prompt_ids for node in roots for _ in range(k)]
-            outs = pm.generate(flat, seeds(len(flat)), **sampling) if flat else []
+            outs = pm.generate(flat, seeds(len(flat)), **sampling_keywords(sampling)) if flat else []
             steps = []
             for r, node in enumerate(roots):
                 node.meta_joint = outs[r * k:(r + 1) * k]
@@ -420,8 +432,6 @@ class MADPOTrainer(TreeLearner):
         """Collect the preference pairs, then ``num_train_epochs`` passes of updates (module
         docstring); evaluates on CoMLRL's schedule. Returns the last logged training metrics
         (``{}`` when the rewards gave no pair)."""
-        from collab_env.adapters.common.loop import run
-        from collab_env.adapters.common.models import make_scheduler
 
         if self.train_env is None:
             raise ConfigError("train() needs train_dataset= (or env=).")
@@ -459,8 +469,6 @@ class MADPOTrainer(TreeLearner):
     def _margins(self, pm: Any, actor: int, batch: Sequence[JointPreferencePair]):
         """``[B]`` margins ``log pi(chosen) - log pi(rejected)`` of ``actor``'s parts, one
         forward pass of ``pm`` (with gradient)."""
-        from collab_env.adapters.common.losses import pack_sequences, token_logprobs
-        from collab_env.adapters.common.preference import sequence_logprobs
 
         prompts = [p.prompt_ids[actor] for p in batch] * 2
         comps = [p.chosen_ids[actor] for p in batch] + [p.rejected_ids[actor] for p in batch]
@@ -519,7 +527,7 @@ class MADPOTrainer(TreeLearner):
         rewards, parsed = [], []
         for start in range(0, n, a.eval_batch_size):
             idx = list(range(start, min(n, start + a.eval_batch_size)))
-            for node in self._centralized_nodes(self.eval_env, idx, 1, self.sampling(True), seeds):
+            for node in self._centralized_nodes(self.eval_env, idx, 1, learner_sampling(self.args, True), seeds):
                 rewards.append(mean(node.joint[0].returns))
                 parsed.append(float(any(node.parts[0])))
         metrics = {"eval/turn_1/reward_mean": mean(rewards), "eval/turn_1/expected_return": mean(rewards),

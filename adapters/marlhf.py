@@ -43,11 +43,17 @@ reward model's own log is in ``<output_dir>/reward_model/``.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, fields
+from dataclasses import fields
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from collab_env.adapters.common.config import check_choice, check_float, check_int
+from collab_env.adapters.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+from collab_env.adapters.common.config import PPOFields, check_choice, check_float, check_int, learner_config
 from collab_env.adapters.madpo import MADPOConfig, MADPOTrainer
+from collab_env.adapters.magrpo import MAGRPOConfig, MAGRPOTrainer
+from collab_env.adapters.reinforce import MAREINFORCEConfig, MAREINFORCETrainer
+from collab_env.adapters.common.joint_reward import JointRewardModel
+from collab_env.adapters.reward_model import RewardModelConfig, RewardModelTrainer
 from collab_env.errors import ConfigError
 
 __all__ = ["MARLHFConfig", "MARLHFTrainer", "RL_ALGORITHMS"]
@@ -57,14 +63,14 @@ __all__ = ["MARLHFConfig", "MARLHFTrainer", "RL_ALGORITHMS"]
 RL_ALGORITHMS: tuple[str, ...] = ("magrpo", "mareinforce", "maremax", "marloo", "iac", "maac")
 
 
-@dataclass
-class MARLHFConfig(MADPOConfig):
+@learner_config
+class MARLHFConfig(PPOFields, MADPOConfig):
     """Configuration of :class:`MARLHFTrainer`: :class:`~collab_env.adapters.madpo.MADPOConfig`'s
-    fields (the preference collection; the DPO fields are unused) plus the reward model's and the
-    RL backend's, with CoMLRL's names and defaults."""
+    fields (the preference collection) plus the PPO group, the reward model's and the RL
+    backend's (each backend takes the fields it has), with CoMLRL's names and defaults."""
 
     COMLRL_DEFAULTS: ClassVar[dict[str, Any]] = {
-        **MADPOConfig.COMLRL_DEFAULTS, "rl_algorithm": "magrpo", "num_generations": 4,
+        **MADPOConfig.COMLRL_DEFAULTS, "num_iterations": 1, "rl_algorithm": "magrpo", "num_generations": 4,
         "reward_learning_rate": 1e-5, "reward_num_train_epochs": 1, "reward_train_batch_size": 1,
         "reward_max_length": None, "reward_freeze_backbone": False, "use_separate_critic": True,
         "critic_type": "v", "value_loss_coef": 0.6, "value_clip_range": 0.2,
@@ -123,15 +129,12 @@ class MARLHFConfig(MADPOConfig):
 def _backend(algorithm: str) -> tuple[type, type, dict[str, Any]]:
     """``(trainer class, config class, fixed config fields)`` of an RL backend."""
     if algorithm == "magrpo":
-        from collab_env.adapters.magrpo import MAGRPOConfig, MAGRPOTrainer
 
         return MAGRPOTrainer, MAGRPOConfig, {}
     if algorithm in ("mareinforce", "maremax", "marloo"):
-        from collab_env.adapters.reinforce import MAREINFORCEConfig, MAREINFORCETrainer
 
         baseline = {"mareinforce": "none", "maremax": "remax", "marloo": "rloo"}[algorithm]
         return MAREINFORCETrainer, MAREINFORCEConfig, {"baseline": baseline}
-    from collab_env.adapters.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 
     return (IACTrainer, IACConfig, {}) if algorithm == "iac" else (MAACTrainer, MAACConfig, {})
 
@@ -168,11 +171,6 @@ class MARLHFTrainer(MADPOTrainer):
     def train_reward_model(self, pairs: list[Any]) -> Any:
         """Train the joint reward model on ``pairs`` (from :meth:`collect_pairs`), freeze it, log
         ``reward_model/*`` and return it."""
-        from collab_env.adapters.reward_model import (
-            JointRewardModel,
-            RewardModelConfig,
-            RewardModelTrainer,
-        )
 
         a = self.args
         n = len(self.players)
@@ -266,4 +264,7 @@ class MARLHFTrainer(MADPOTrainer):
         last = self.run_rl()
         if self.args.plot:
             self.logger.plot()
+        self.logger.wrote(Path(self.args.output_dir) / "reward_model" / "metrics.jsonl")
+        self.logger.summary("MARLHF", {"preference pairs": len(pairs), "RL items": self.rl_trainer.state.items_done,
+                                       "optimiser steps": self.state.optimizer_steps})
         return last

@@ -40,16 +40,29 @@ counts the greedy rollouts' reward evaluations too.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
+import collab_env.adapters as adapters_package
+from collab_env._async import run_sync
 from collab_env.adapters.common.baselines import BASELINES, baseline_advantages
-from collab_env.adapters.common.config import check_choice, check_int
+from collab_env.adapters.common.config import (
+    RolloutFields,
+    SamplingFields,
+    TrainerConfig,
+    TreeFields,
+    check_choice,
+    check_tree_buffer,
+    learner_config,
+    learner_sampling,
+)
 from collab_env.adapters.common.loop import mean
+from collab_env.adapters.common.losses import kl_k3, masked_aggregate
+from collab_env.adapters.common.rollout import TreeNode, compute_returns, expand_tree
 from collab_env.adapters.common.task import turn_metrics
 from collab_env.adapters.common.tree_learner import TreeLearner
-from collab_env.adapters.magrpo import MAGRPOConfig
+from collab_env.adapters import magrpo
 from collab_env.errors import ConfigError
+from collab_env.policy import SamplingParams
 
 __all__ = [
     "MAREINFORCEConfig", "MAREINFORCETrainer", "MARLOOConfig", "MARLOOTrainer", "MAReMaxConfig",
@@ -57,11 +70,14 @@ __all__ = [
 ]
 
 
-@dataclass
-class MAREINFORCEConfig(MAGRPOConfig):
-    """Configuration of :class:`MAREINFORCETrainer`: every field of
-    :class:`~collab_env.adapters.magrpo.MAGRPOConfig` except the PPO ones, which must keep
-    their defaults (``num_iterations=1``; ``clip_range``/``clip_range_high`` unused)."""
+@learner_config
+class MAREINFORCEConfig(SamplingFields, RolloutFields, TreeFields, TrainerConfig):
+    """Configuration of :class:`MAREINFORCETrainer`: MAGRPO's field groups except PPO's (one
+    on-policy pass, no ratio, no clipping), plus ``baseline``. ``preset="comlrl"`` sets
+    CoMLRL's MAGRPO defaults (those of the fields this config has)."""
+
+    COMLRL_DEFAULTS: ClassVar[dict[str, Any]] = {
+        k: v for k, v in magrpo.MAGRPOConfig.COMLRL_DEFAULTS.items() if k not in ("num_iterations",)}
 
     baseline: Literal["mean", "rloo", "remax", "none"] = "mean"
     """Subtracted from each completion's return: the group mean, the mean of the other
@@ -76,29 +92,17 @@ class MAREINFORCEConfig(MAGRPOConfig):
     ``"sum"``: sum per sequence, mean over sequences (CoMLRL)."""
 
     def __post_init__(self) -> None:
-        check_int("num_generations", self.num_generations, 1)
-        g = self.num_generations
-        self.num_generations = max(g, 2)  # MAGRPO needs a group; a greedy or no baseline does not
-        try:
-            super().__post_init__()
-        finally:
-            self.num_generations = g
+        super().__post_init__()
+        check_tree_buffer(self)
         check_choice("baseline", self.baseline, BASELINES)
-        if self.num_iterations != 1:
-            raise ConfigError(
-                f"REINFORCE is on-policy: one optimisation pass per batch, got num_iterations={self.num_iterations}. "
-                "Remove num_iterations, or use MAGRPOConfig for several passes with ratio clipping."
-            )
-        if self.clip_range != 0.2 or self.clip_range_high is not None:
-            raise ConfigError("REINFORCE has no ratio clipping: remove clip_range/clip_range_high (or use MAGRPOConfig).")
-        if g == 1 and self.baseline in ("mean", "rloo"):
+        if self.num_generations == 1 and self.baseline in ("mean", "rloo"):
             raise ConfigError(f"baseline={self.baseline!r} compares the samples of a group: set num_generations >= 2, "
                               "or use baseline='remax' or 'none' with one sample.")
-        if g == 1 and self.normalize_advantages:
+        if self.num_generations == 1 and self.normalize_advantages:
             raise ConfigError("normalize_advantages divides by the std of a group: set num_generations >= 2.")
 
 
-@dataclass
+@learner_config
 class MARLOOConfig(MAREINFORCEConfig):
     """:class:`MAREINFORCEConfig` with the leave-one-out baseline (the config of
     :class:`MARLOOTrainer`)."""
@@ -107,7 +111,7 @@ class MARLOOConfig(MAREINFORCEConfig):
     """Fixed to ``"rloo"`` for :class:`MARLOOTrainer`."""
 
 
-@dataclass
+@learner_config
 class MAReMaxConfig(MAREINFORCEConfig):
     """:class:`MAREINFORCEConfig` with the greedy-rollout baseline (the config of
     :class:`MAReMaxTrainer`)."""
@@ -129,8 +133,6 @@ def reinforce_loss(logp, advantages, mask, *, ref_logp=None, beta: float = 0.0,
         ``policy_loss``, ``loss`` and, with ``ref_logp``, ``kl``.
     """
     import torch
-
-    from collab_env.adapters.common.losses import kl_k3, masked_aggregate
 
     num_sequences = int(mask.shape[0]) if num_sequences is None else num_sequences
     num_tokens = int(mask.sum().item()) if num_tokens is None else num_tokens
@@ -180,8 +182,8 @@ class MAREINFORCETrainer(TreeLearner):
         rollouts), subtract the baseline from each completion's return, take one on-policy
         optimiser step per model."""
         a = self.args
-        _, levels = self.rollout(self.train_env, batch, lambda d: a.num_generations, a.joint_mode,
-                                 self.sampling(False), self.task.seeds)
+        _, levels = self.rollout(self.train_env, batch, lambda depth: a.num_generations, a.joint_mode,
+                                 learner_sampling(a), self.task.seeds)
         metrics = turn_metrics(levels, "")
         metrics["env_steps"] = float(sum(len(n.joint) for nodes in levels for n in nodes))
         greedy: dict[tuple[int, int], float] = {}
@@ -210,11 +212,8 @@ class MAREINFORCETrainer(TreeLearner):
         """ReMax's baselines: from every node, a greedy joint action continued greedily to the
         tree's depth. Returns ``{(id(node), agent): greedy return}`` and the number of reward
         evaluations the greedy rollouts cost."""
-        from collab_env._async import run_sync
-        from collab_env.adapters.common.rollout import TreeNode, compute_returns, expand_tree
-
         a = self.args
-        greedy = {"temperature": 0.0, "max_new_tokens": a.max_new_tokens}
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=a.max_new_tokens)
         out: dict[tuple[int, int], float] = {}
         steps = 0
         for d, nodes in enumerate(levels):
@@ -251,6 +250,4 @@ class MAReMaxTrainer(MAREINFORCETrainer):
 def __getattr__(name: str) -> Any:
     # A CoMLRL import path (comlrl.trainers.<this module>) naming a class defined elsewhere here
     # gets an error that names the import that works.
-    from collab_env.adapters import comlrl_path_error
-
-    raise comlrl_path_error(__name__, name)
+    raise adapters_package.comlrl_path_error(__name__, name)

@@ -42,11 +42,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from collab_env.adapters.common.config import TrainerConfig, check_float, check_int
+from collab_env.adapters.common.config import TrainerConfig, check_float, check_int, learner_config
 from collab_env.adapters.common.joint_reward import (
     HEAD_FILE,
     META_FILE,
@@ -55,22 +55,13 @@ from collab_env.adapters.common.joint_reward import (
     pair_rewards,
 )
 from collab_env.adapters.common.learner import epoch_order
-from collab_env.adapters.common.loop import RunState, Schedule
+from collab_env.adapters.common.logging import MetricsLogger
+from collab_env.adapters.common.loop import RunState, Schedule, run
+from collab_env.adapters.common.models import adamw, apply_lora, make_scheduler
 from collab_env.adapters.common.pairs import JointPair, read_joint_pairs
 from collab_env.errors import ConfigError, DataSchemaError
 
-# The model, its template and its files live in the toolkit (common.joint_reward); they stay
-# importable from here.
-__all__ = [
-    "JointTemplate",
-    "RewardModelConfig",
-    "RewardModelTrainer",
-    "RewardModelState",
-    "JointRewardModel",
-    "bradley_terry_loss",
-    "HEAD_FILE",
-    "META_FILE",
-]
+__all__ = ["RewardModelConfig", "RewardModelTrainer", "RewardModelState", "bradley_terry_loss"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,7 +80,7 @@ def bradley_terry_loss(chosen, rejected):
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
-@dataclass
+@learner_config
 class RewardModelConfig(TrainerConfig):
     """Configuration of :class:`RewardModelTrainer`. Every field of
     :class:`~collab_env.adapters.common.config.TrainerConfig` applies (``share_model`` does not:
@@ -169,9 +160,6 @@ class RewardModelTrainer:
                  args: RewardModelConfig | None = None, *, tokenizer: Any = None,
                  wandb_config: Mapping[str, Any] | None = None) -> None:
         import torch
-
-        from collab_env.adapters.common.logging import MetricsLogger
-        from collab_env.adapters.common.models import adamw, apply_lora, make_scheduler
 
         args = RewardModelConfig() if args is None else args
         if not isinstance(args, RewardModelConfig):
@@ -270,7 +258,6 @@ class RewardModelTrainer:
     def train(self) -> dict[str, Any]:
         """Train for ``num_train_epochs`` (or ``max_steps`` optimiser steps), evaluating every
         ``eval_interval`` steps and at the end; returns the last logged training metrics."""
-        from collab_env.adapters.common.loop import run
 
         if not self.train_pairs:
             raise ConfigError("train() needs train_dataset=.")

@@ -12,7 +12,7 @@ The optional first stage of the CollabLLM recipe (``train_sft_collabllm.sh``)::
     print(trainer.evaluate())          # {"eval/loss": ..., "eval/perplexity": ...}
 
 Data: rows with ``messages`` (a list of ``{"role", "content"}`` dicts) and optionally
-``trainable`` (one bool per message, as :func:`~collab_env.tasks.collabllm_data.build_sft_dataset`
+``trainable`` (one bool per message, as :func:`~collab_env.tasks.collabllm_modes.build_sft_dataset`
 writes); without ``trainable`` every assistant message is trained on. A plain list of message
 lists works too. System and user messages (the hidden goal included, were it ever in a message)
 are context only: they are never in the loss, and a ``trainable`` flag on them is an error.
@@ -36,21 +36,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from collab_env.adapters.common.chat import chat_ids, check_token_prefix, cut_at_end_of_turn
-from collab_env.adapters.common.config import TrainerConfig, check_int
+from collab_env.adapters.common.checkpoint import load_checkpoint, save_checkpoint
+from collab_env.adapters.common.config import TrainerConfig, check_int, learner_config
 from collab_env.adapters.common.learner import epoch_order
-from collab_env.adapters.common.loop import RunState, Schedule
+from collab_env.adapters.common.logging import MetricsLogger
+from collab_env.adapters.common.loop import RunState, Schedule, run
+from collab_env.adapters.common.models import load_policy_models, make_optimizer, make_scheduler
 from collab_env.errors import ConfigError, DataSchemaError
 
-__all__ = ["SFTConfig", "SFTTrainer", "SFTState", "encode_conversation", "chat_ids", "cut_at_end_of_turn",
-           "check_token_prefix"]
+__all__ = ["SFTConfig", "SFTTrainer", "SFTState", "encode_conversation"]
 
 
-@dataclass
+@learner_config
 class SFTConfig(TrainerConfig):
     """Configuration of :class:`SFTTrainer`. Every field of
     :class:`~collab_env.adapters.common.config.TrainerConfig` applies; for SFT,
@@ -189,13 +191,6 @@ class SFTTrainer:
                  wandb_config: Mapping[str, Any] | None = None) -> None:
         import torch
 
-        from collab_env.adapters.common.logging import MetricsLogger
-        from collab_env.adapters.common.models import (
-            load_policy_models,
-            make_optimizer,
-            make_scheduler,
-        )
-
         args = SFTConfig() if args is None else args
         if not isinstance(args, SFTConfig):
             raise ConfigError(f"args must be an SFTConfig, got {type(args).__name__}.")
@@ -267,8 +262,6 @@ class SFTTrainer:
     def train(self, resume_from_checkpoint: str | Path | None = None) -> dict[str, Any]:
         """Train for ``num_train_epochs`` (or ``max_steps`` optimiser steps); returns the last
         logged training metrics."""
-        from collab_env.adapters.common.checkpoint import load_checkpoint
-        from collab_env.adapters.common.loop import run
 
         if not self.train_rows:
             raise ConfigError("train() needs train_dataset=.")
@@ -348,7 +341,6 @@ class SFTTrainer:
     def save_checkpoint(self, path: str | Path | None = None) -> Path:
         """Save the model, optimiser, scheduler, position and RNG states (default folder
         ``<output_dir>/checkpoint-<step>``); resume with ``train(resume_from_checkpoint=...)``."""
-        from collab_env.adapters.common.checkpoint import save_checkpoint
 
         path = Path(path) if path is not None else Path(self.args.output_dir) / f"checkpoint-{self.state.optimizer_steps}"
         return save_checkpoint(path, [self.pm], asdict(self.state))

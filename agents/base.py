@@ -2,8 +2,8 @@
 reply prefills.
 
 The policy contract itself (:class:`Policy`, :class:`SamplingParams`, :func:`resolve_policy`,
-the policy-name registry, usage summing) lives in :mod:`collab_env.policy`; its names are
-re-exported here so the old import path keeps working.
+the policy-name registry, usage summing) lives in :mod:`collab_env.policy`, and is imported from
+there only.
 """
 
 from __future__ import annotations
@@ -12,27 +12,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from collab_env.errors import ConfigError
-from collab_env.policy import (
-    BACKEND_PREFIXES,
-    POLICY_ALIASES,
-    Policy,
-    SamplingParams,
-    add_usage,
-    as_mapping,
-    describe,
-    resolve_policy,
-)
 from collab_env.types import Conversation
 
 __all__ = [
-    "Policy",
-    "SamplingParams",
-    "resolve_policy",
-    "add_usage",
-    "describe",
-    "as_mapping",
-    "POLICY_ALIASES",
-    "BACKEND_PREFIXES",
     "ContinuationScorer",
     "can_score_continuations",
     "common_prefix_length",

@@ -1,7 +1,7 @@
 """Record/replay cache of model calls, so that an evaluation can be re-run without any model.
 
 :class:`ResponseCache` is a SQLite file of completions keyed by a content hash of the request;
-:class:`CachedPolicy` wraps any :class:`~collab_env.agents.base.Policy` (usually the backend of a
+:class:`CachedPolicy` wraps any :class:`~collab_env.policy.Policy` (usually the backend of a
 user simulator or a judge) and consults it.
 
 Modes
@@ -68,19 +68,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from collab_env.agents.base import (
-    Policy,
-    SamplingParams,
-    can_score_continuations,
-    check_continuations,
-    describe,
-    is_prefilled,
-    resolve_policy,
-)
+from collab_env.agents.base import can_score_continuations, check_continuations, is_prefilled
 from collab_env.errors import CacheMissError, ConfigError, PolicyError
+from collab_env.policy import Policy, SamplingParams, describe, resolve_policy
 from collab_env.types import Completion, Conversation
 
-__all__ = ["ResponseCache", "CachedPolicy", "CacheMissError", "request_key", "score_key", "KEY_VERSION",
+__all__ = ["ResponseCache", "CachedPolicy", "request_key", "score_key", "KEY_VERSION",
            "MAX_DEPTH"]
 
 #: Bump when the key recipe changes (old recordings then miss instead of matching wrongly).
@@ -440,7 +433,7 @@ class CachedPolicy:
 
     Args:
         backend: The policy to call on a miss (an object or a reference accepted by
-            :func:`~collab_env.agents.base.resolve_policy`). In replay mode it is never called.
+            :func:`~collab_env.policy.resolve_policy`). In replay mode it is never called.
         cache: The cache, or a path (then opened in ``mode``).
         mode: Only with a path: the cache mode.
         name_for_key: The model name in every key (default: the backend's ``model`` attribute

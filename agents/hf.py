@@ -63,29 +63,20 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from collab_env.agents.base import (
-    EMBEDDED_NAMES,
-    SamplingParams,
-    continuation_jobs,
-)
+from collab_env.agents.base import continuation_jobs
 from collab_env.agents.hf_batching import FLUSH_MODES, Batcher, LoopBatchers
-from collab_env.agents.hf_generator import GenerationStats, HFGenerator
+from collab_env.agents.hf_generator import HFGenerator
 from collab_env.agents.hf_loading import check_device_and_dtype
-from collab_env.agents.tokens import (
-    TokenGenerator,
-    chat_prompt_text,
-    rendered_prompt_ids,
-    row_seed,
-    sampling_params,
-)
+from collab_env.agents.tokens import chat_prompt_text, rendered_prompt_ids, row_seed
 from collab_env.errors import ConfigError, PolicyError
+from collab_env.policy import SamplingParams
 from collab_env.types import Completion, Conversation
 
-__all__ = ["HFPolicy", "GenerationStats", "TokenGenerator", "sampling_params", "EMBEDDED_NAMES", "FLUSH_MODES"]
+__all__ = ["HFPolicy"]
 
 
 class HFPolicy(HFGenerator):
-    """A transformers causal LM as a :class:`~collab_env.agents.base.Policy`, with micro-batching.
+    """A transformers causal LM as a :class:`~collab_env.policy.Policy`, with micro-batching.
 
     Args:
         model: A folder or hub id, a loaded ``PreTrainedModel`` (or ``PeftModel``), or
@@ -109,7 +100,7 @@ class HFPolicy(HFGenerator):
             learner's rollout forks and the futures it plays).
         system_prompt: System message put first in observations that have none.
         name: Name in tables and logs (default ``"hf:<model folder name>"``).
-        **default_sampling: Default :class:`~collab_env.agents.base.SamplingParams` fields;
+        **default_sampling: Default :class:`~collab_env.policy.SamplingParams` fields;
             keywords passed to :meth:`act` override them.
 
     Raises:

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from collab_env.agents.base import SamplingParams
 from collab_env.errors import PolicyError
+from collab_env.policy import SamplingParams
 from collab_env.types import Completion
 
 __all__ = ["Batcher", "LoopBatchers", "BatchedGenerator", "FLUSH_MODES"]

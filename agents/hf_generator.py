@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from collab_env.agents.base import SamplingParams
 from collab_env.agents.hf_loading import (
     cache_keyword,
     check_device_and_dtype,
@@ -35,6 +34,7 @@ from collab_env.agents.hf_sampling import RowSampler, StopStrings
 from collab_env.agents.hf_scoring import score_rows
 from collab_env.agents.tokens import sampling_params
 from collab_env.errors import ConfigError, require
+from collab_env.policy import SamplingParams
 from collab_env.types import Completion
 
 __all__ = ["HFGenerator", "GenerationStats"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from collab_env.agents.base import SamplingParams
+from collab_env.policy import SamplingParams
 
 __all__ = ["RowSampler", "StopStrings"]
 

@@ -13,10 +13,11 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from collab_env.agents.base import add_prefill, describe
+from collab_env.agents.base import add_prefill
 from collab_env.agents.judge_scores import JudgeResult, combine_components, spell_answer
 from collab_env.agents.replies import is_config_problem
 from collab_env.errors import JudgeError
+from collab_env.policy import describe
 
 if TYPE_CHECKING:
     from collab_env.agents.judges import LLMJudge

@@ -1,6 +1,6 @@
 """LLM judges: a model reads a filled-in rubric and answers with a typed score.
 
-:class:`LLMJudge` wraps any :class:`~collab_env.agents.base.Policy` (a local model, an API model,
+:class:`LLMJudge` wraps any :class:`~collab_env.policy.Policy` (a local model, an API model,
 a cached or fake backend) and builds its prompt from named fields. It reaches a typed score
 (``float``, ``int``, ``bool``, one of a set of ``"choice"`` strings, or ``"text"`` for extraction
 steps) in one of two ways:
@@ -28,8 +28,8 @@ A judge never returns a default score: a silent 0 would be indistinguishable fro
 in a reward. A request the backend's provider rejected (a missing API key, another 4xx:
 :class:`~collab_env.errors.FatalPolicyError`) is not retried: it propagates at once.
 
-The judge is split by job, and this module re-exports the public names of the others (their old
-path): the typed scores and :class:`JudgeResult` (:mod:`~collab_env.agents.judge_scores`), the
+The judge is split by job; each name is imported from the module that defines it: the typed
+scores and :class:`JudgeResult` (:mod:`~collab_env.agents.judge_scores`), the
 two ways of judging (:mod:`~collab_env.agents.judge_generate`,
 :mod:`~collab_env.agents.judge_logprob`), the rubric templates the CollabLLM rewards use
 (``ACCURACY_PROMPT``, ``INTERACTIVITY_PROMPT``, ``INTERACTIVITY_PAPER_PROMPT``,
@@ -55,17 +55,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from collab_env.agents.base import (
-    Policy,
-    add_usage,
-    can_score_continuations,
-    check_prefix,
-    describe,
-    resolve_policy,
-    usable_prefill,
-)
+from collab_env.agents.base import can_score_continuations, check_prefix, usable_prefill
 from collab_env.agents.judge_generate import score_by_generation
-from collab_env.agents.judge_logprob import LOGPROB_PREFILL, VALUE_ENDS, score_by_logprobs
+from collab_env.agents.judge_logprob import score_by_logprobs
 from collab_env.agents.judge_scores import (
     SCORE_TYPES,
     JudgeResult,
@@ -76,55 +68,22 @@ from collab_env.agents.judge_scores import (
     spell_answer,
 )
 from collab_env.agents.reference_prompts import reference_chat_history, resolve_prompts
-from collab_env.agents.replies import (
-    check_batch,
-    extract_json_object,
-    fence_untrusted,
-    is_config_problem,
-    render_transcript,
-    salvage_string_field,
-)
+from collab_env.agents.replies import extract_json_object, fence_untrusted, render_transcript
 from collab_env.agents.rubrics import (
-    ACCURACY_PROMPT,
-    ANSWER_MATCH_PROMPT,
-    EXTRACT_ANSWER_PROMPT,
-    INTERACTIVITY_PAPER_PROMPT,
-    INTERACTIVITY_PROMPT,
     JUDGE_PREFILLS,
     JUDGE_PRESETS,
-    UNTRUSTED_DATA_NOTE,
     reference_judge_kwargs,
     template_fields,
 )
-from collab_env.errors import ConfigError, JudgeError
+from collab_env.errors import ConfigError
+from collab_env.policy import Policy, add_usage, describe, resolve_policy
 from collab_env.types import Conversation, Message
 
 __all__ = [
     "LLMJudge",
-    "JudgeResult",
-    "JudgeError",
     "ExtractThenScore",
-    "extract_json_object",
-    "render_transcript",
-    "fence_untrusted",
-    "UNTRUSTED_DATA_NOTE",
-    "parse_score",
-    "check_batch",
-    "is_config_problem",
     "JUDGE_METHODS",
     "ANCHOR_RULES",
-    "VALUE_ENDS",
-    "LOGPROB_PREFILL",
-    "JUDGE_PRESETS",
-    "JUDGE_PREFILLS",
-    "ACCURACY_PROMPT",
-    "INTERACTIVITY_PROMPT",
-    "INTERACTIVITY_PAPER_PROMPT",
-    "EXTRACT_ANSWER_PROMPT",
-    "ANSWER_MATCH_PROMPT",
-    # Public names of the lower modules that were importable from here before the split.
-    "SCORE_TYPES",
-    "salvage_string_field",
 ]
 
 
@@ -138,7 +97,7 @@ class LLMJudge:
     """A model that scores things by a rubric, with a typed, validated score.
 
     Args:
-        backend: Any policy (or a reference :func:`~collab_env.agents.base.resolve_policy`
+        backend: Any policy (or a reference :func:`~collab_env.policy.resolve_policy`
             accepts) that answers the rubric prompt.
         prompt_template: The rubric, a ``str.format`` template with named fields
             (``{conversation}``, ``{reference}``...). Literal braces are written ``{{ }}``.

@@ -2,8 +2,7 @@
 
 :class:`ConcurrencyLimiter` is the limit itself; :func:`shared_limiter` hands out one per
 ``(api_base, model)`` for the whole process, so every :class:`~collab_env.agents.litellm.LiteLLMPolicy`
-that talks to the same server and model shares it. Re-exported by
-:mod:`collab_env.agents.litellm` (their old path).
+that talks to the same server and model shares it.
 """
 
 from __future__ import annotations

@@ -11,8 +11,7 @@ attempt with the provider's message, whatever ``fault_policy`` says. When the re
 counted truncation. It never returns empty text as if it were a reply.
 
 The concurrency limit is :mod:`collab_env.agents.limiter` and the retry policy (which failures
-are retried, which are fatal, the backoff) :mod:`collab_env.agents.retries`; this module
-re-exports :class:`ConcurrencyLimiter` and :func:`shared_limiter` (their old path).
+are retried, which are fatal, the backoff) :mod:`collab_env.agents.retries`.
 
 litellm is imported on first use, not when this module is imported (``import litellm`` takes
 seconds). Install it with ``pip install 'collab_env[api]'``.
@@ -36,13 +35,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from collab_env.agents.base import SamplingParams
 from collab_env.agents.limiter import ConcurrencyLimiter, shared_limiter
 from collab_env.agents.retries import GiveUp, Retry, backoff_delay, classify_error
 from collab_env.errors import ConfigError, FatalPolicyError, PolicyError, require
+from collab_env.policy import SamplingParams
 from collab_env.types import FAULT, Completion, Conversation
 
-__all__ = ["LiteLLMPolicy", "LiteLLMStats", "ConcurrencyLimiter", "shared_limiter"]
+__all__ = ["LiteLLMPolicy", "LiteLLMStats"]
 
 FaultPolicy = Literal["raise", "fault"]
 FAULT_POLICIES: tuple[str, ...] = ("raise", "fault")
@@ -145,7 +144,7 @@ class LiteLLMPolicy:
             ids, so ``token_ids`` stays ``None``.
         completion_kwargs: Extra keyword arguments passed as they are to
             ``litellm.acompletion`` (``extra_headers``, ``extra_body``, provider options...).
-        **default_sampling: Default :class:`~collab_env.agents.base.SamplingParams` values;
+        **default_sampling: Default :class:`~collab_env.policy.SamplingParams` values;
             those given to :meth:`act` win.
 
     Sampling parameters map to the OpenAI request as ``temperature``, ``top_p`` (sent only

@@ -39,7 +39,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
-from collab_env.agents.base import Policy, describe, resolve_policy
 from collab_env.agents.reference_prompts import (
     PromptSet,
     describe_prompts,
@@ -48,6 +47,7 @@ from collab_env.agents.reference_prompts import (
 )
 from collab_env.agents.users import parse_user_reply  # the same reply rule as the simulator's
 from collab_env.errors import ConfigError
+from collab_env.policy import Policy, describe, resolve_policy
 from collab_env.types import FAULT, Completion, Conversation, Message
 
 __all__ = ["Proactive", "COLLABORATIVE_PROMPT"]
@@ -68,7 +68,7 @@ class Proactive:
 
     Args:
         policy: The inner policy (an object or a reference accepted by
-            :func:`~collab_env.agents.base.resolve_policy`).
+            :func:`~collab_env.policy.resolve_policy`).
         system_prompt: The prompt to add (default :data:`COLLABORATIVE_PROMPT`).
         placement: ``"prepend"`` or ``"replace"``; see the module docstring.
         name: Name for logs (default ``proactive(<inner>)``).

@@ -8,8 +8,7 @@
 * :func:`extract_json_object`: the tolerant reader of the JSON object in a model reply, and
   :func:`salvage_string_field` for a field of a broken one.
 
-Shared by :mod:`collab_env.agents.judges` (which re-exports these names, their old path) and
-:mod:`collab_env.agents.users`.
+Shared by :mod:`collab_env.agents.judges` and :mod:`collab_env.agents.users`.
 """
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from collab_env.agents.base import add_usage, describe
 from collab_env.errors import CollabEnvError, ConfigError, FatalPolicyError, PolicyError
+from collab_env.policy import add_usage, describe
 from collab_env.types import Completion, Conversation, Message
 
 __all__ = [

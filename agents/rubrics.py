@@ -17,7 +17,7 @@ Version history of the rubrics
       version; ``benchmarks/bench_judge_injection.py`` rebuilds the old rubrics from git to
       compare. :data:`JUDGE_PRESETS` holds the ready configurations of
 :meth:`LLMJudge.preset <collab_env.agents.judges.LLMJudge.preset>` and :data:`JUDGE_PREFILLS`
-their reply prefixes. Re-exported by :mod:`collab_env.agents.judges` (their old path).
+their reply prefixes.
 
 The reference's rubrics (``prompts=``)
     ``LLMJudge.preset(name, backend, prompts=...)`` replaces a preset's rubric with the

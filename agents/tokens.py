@@ -9,8 +9,7 @@ observation into the prompt ids they generate from (the tokenizer's chat templat
 
 Implemented by :class:`~collab_env.agents.hf.HFPolicy`, :class:`~collab_env.agents.vllm.VLLMPolicy`,
 the learners' vLLM engine (:class:`~collab_env.adapters.common.vllm_engine.VLLMGenerator`) and
-:class:`~collab_env.adapters.common.models.PolicyModel`. Both backends re-export these names
-(``from collab_env.agents.hf import TokenGenerator, sampling_params`` keeps working).
+:class:`~collab_env.adapters.common.models.PolicyModel`. These names are imported from here only.
 
 :class:`TokenHistory` builds the prompts of a player whose episode is trained as one token
 sequence (TRL's ``rollout_func``, the verl agent loop): each later prompt extends the earlier
@@ -22,8 +21,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from collab_env.agents.base import SamplingParams, chat_template_mode
+from collab_env.agents.base import chat_template_mode
 from collab_env.errors import ConfigError
+from collab_env.policy import SamplingParams
 from collab_env.types import Completion, Conversation
 
 __all__ = ["TokenGenerator", "TokenHistory", "sampling_params", "row_seed", "chat_prompt_text", "rendered_prompt_ids"]

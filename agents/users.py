@@ -1,6 +1,6 @@
 """The LLM user simulator: a language model role-plays the user who holds the hidden goal.
 
-:class:`LLMUserSimulator` is a :class:`~collab_env.agents.base.Policy` for the ``"user"`` player
+:class:`LLMUserSimulator` is a :class:`~collab_env.policy.Policy` for the ``"user"`` player
 of any environment that gives its user a hidden system message (the CollabLLM suites, hidden-facts
 and others). It follows the CollabLLM recipe's simulator: the model sees the task description, the
 problem the user wants solved (hidden from the assistant) and the conversation so far, and answers
@@ -64,14 +64,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from collab_env.agents.base import (
-    Policy,
-    SamplingParams,
     add_prefill,
     check_prefix,
-    describe,
     prefill_reply,
     prefill_sampling,
-    resolve_policy,
     stop_list,
     usable_prefill,
 )
@@ -89,6 +85,7 @@ from collab_env.agents.replies import (
     salvage_string_field,
 )
 from collab_env.errors import ConfigError, PolicyError
+from collab_env.policy import Policy, SamplingParams, describe, resolve_policy
 from collab_env.types import FAULT, Completion, Conversation, Message
 
 #: ``response_prefix`` for small local models: go straight to the message (no thought).
@@ -262,7 +259,7 @@ class LLMUserSimulator:
 
     Args:
         backend: Any policy (or a reference accepted by
-            :func:`~collab_env.agents.base.resolve_policy`) that completes the simulator prompt.
+            :func:`~collab_env.policy.resolve_policy`) that completes the simulator prompt.
         termination_signal: The signal to use when the observation does not declare one (the
             env's own signal, from the goal message, always wins).
         max_retries: Extra attempts after a backend error or an unreadable reply.

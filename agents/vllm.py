@@ -26,7 +26,7 @@ true on the copies; ``stats.shared_requests`` counts them). The futures of a mul
 reward all open with the user simulator answering one conversation: with a greedy simulator
 that turn is generated once, not once per future.
 
-Sampling parameters (:class:`~collab_env.agents.base.SamplingParams`) map to
+Sampling parameters (:class:`~collab_env.policy.SamplingParams`) map to
 ``vllm.SamplingParams``: ``temperature`` (0 is greedy), ``top_p``, ``top_k`` (``None`` -> no
 limit), ``max_new_tokens`` -> ``max_tokens`` (clipped to the room left in ``max_model_len``),
 ``stop``, ``seed``. A seeded call gives every observation its own seed derived from

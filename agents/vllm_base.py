@@ -21,7 +21,6 @@ from typing import Any
 
 from collab_env.agents.base import (
     EMBEDDED_NAMES,
-    SamplingParams,
     check_continuations,
     common_prefix_length,
     continuation_jobs,
@@ -33,6 +32,7 @@ from collab_env.agents.tokens import (
     sampling_params,
 )
 from collab_env.errors import ConfigError, MissingDependencyError, PolicyError
+from collab_env.policy import SamplingParams
 from collab_env.types import Completion, Conversation
 
 __all__ = ["VLLMBase", "VLLMStats", "to_vllm_sampling", "import_vllm", "share_key", "LOGPROBS_MODES", "UNSET"]

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collab_env.agents.base import SamplingParams
 from collab_env.agents.vllm_base import UNSET, VLLMBase, import_vllm, share_key
 from collab_env.errors import ConfigError, PolicyError
+from collab_env.policy import SamplingParams
 from collab_env.types import Completion, Conversation
 
 __all__ = ["VLLMPolicy"]
@@ -36,7 +36,7 @@ class _ScoreJob:
 
 
 class VLLMPolicy(VLLMBase):
-    """An offline ``vllm.LLM`` engine as a :class:`~collab_env.agents.base.Policy`.
+    """An offline ``vllm.LLM`` engine as a :class:`~collab_env.policy.Policy`.
 
     Concurrent ``act`` calls (one per episode, from any event loop or thread) are gathered by
     one worker thread into a single ``LLM.generate`` call: requests that arrive within
@@ -62,7 +62,7 @@ class VLLMPolicy(VLLMBase):
         engine_kwargs: Any other ``vllm.EngineArgs`` field (``gpu_memory_utilization``,
             ``tensor_parallel_size``, ``dtype``, ``max_model_len``, ``enforce_eager``,
             ``kv_cache_memory_bytes``...), passed as it is.
-        **default_sampling: Default :class:`~collab_env.agents.base.SamplingParams` fields;
+        **default_sampling: Default :class:`~collab_env.policy.SamplingParams` fields;
             keywords passed to :meth:`act` override them.
 
     Raises:
@@ -115,7 +115,7 @@ class VLLMPolicy(VLLMBase):
     async def act(self, observations: Sequence[Conversation], **sampling: Any) -> list[Completion]:
         """One completion per observation, batched with concurrent calls.
 
-        ``sampling`` takes :class:`~collab_env.agents.base.SamplingParams` fields plus
+        ``sampling`` takes :class:`~collab_env.policy.SamplingParams` fields plus
         ``lora_request``.
 
         Raises:

@@ -5,14 +5,16 @@ Episode ``k`` resets with seed ``k`` through the one driver (:func:`collab_env.r
 Scores only, no timing::
 
     .venv/bin/python -m benchmarks.bench_chats_baselines --episodes 200
+    .venv/bin/python -m benchmarks.bench_chats_baselines --episodes 200 --ids math-chat-v1   # merge
 
-* ``math-chat``: ``math-chat-solver`` (asks for each detail, then computes: should win) and
+* ``math-chat-v0``, ``math-chat-v1``: ``math-chat-solver`` (asks for each detail, then computes: should win) and
   ``answer-at-once`` (boxes a guess, 10, in its first reply: should lose).
 * ``humaneval-chat``: ``canonical-at-once`` (an oracle that delivers the canonical program in its
   first reply: the sandbox's pass rate of the reference solutions) and ``asks-only`` (never
   delivers code). ``--episodes`` is capped at the 164 problems; episode ``k`` plays problem ``k``.
 
-Writes ``benchmarks/results/chats_baselines.json``.
+Writes ``benchmarks/results/chats_baselines.json`` (``--ids`` measures only those ids and merges them
+into the file).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import sys
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "results" / "chats_baselines.json"
+#: The ids measured (each unversioned name pinned: "math-chat" alone is the latest version).
+IDS = ("math-chat-v0", "math-chat-v1", "humaneval-chat-v0")
 
 
 def judge_free(env_id: str) -> dict:
@@ -75,22 +79,31 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--episodes", type=int, default=200)
+    ap.add_argument("--ids", nargs="+", default=None, choices=IDS,
+                    help="measure only these ids and merge them into the existing file")
     args = ap.parse_args(argv)
     n_code = min(args.episodes, 164)
-    results = {
-        "command": f"python -m benchmarks.bench_chats_baselines --episodes {args.episodes}",
-        "user": "chat-sentence-user",
-        "math-chat-v0": {
-            "math-chat-solver": run("math-chat", "math-chat-solver", MathChatSolver(), args.episodes),
-            "answer-at-once": run("math-chat", "answer-at-once",
+    runs = {
+        **{env_id: lambda env_id=env_id: {
+            "math-chat-solver": run(env_id, "math-chat-solver", MathChatSolver(), args.episodes),
+            "answer-at-once": run(env_id, "answer-at-once",
                                   FixedTextPolicy("The answer is \\boxed{10}."), args.episodes),
-        },
-        "humaneval-chat-v0": {
-            "canonical-at-once": run("humaneval-chat", "canonical-at-once", _oracle(), n_code),
-            "asks-only": run("humaneval-chat", "asks-only",
+        } for env_id in ("math-chat-v0", "math-chat-v1")},
+        "humaneval-chat-v0": lambda: {
+            "canonical-at-once": run("humaneval-chat-v0", "canonical-at-once", _oracle(), n_code),
+            "asks-only": run("humaneval-chat-v0", "asks-only",
                              FixedTextPolicy("What should the function do?"), n_code),
         },
     }
+    results = {
+        "command": f"python -m benchmarks.bench_chats_baselines --episodes {args.episodes}",
+        "user": "chat-sentence-user",
+    }
+    if args.ids and OUT.exists():
+        results = json.loads(OUT.read_text())  # the other ids' numbers (and the command) are kept
+    for env_id, measure in runs.items():
+        if not args.ids or env_id in args.ids:
+            results[env_id] = measure()
     OUT.write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results, indent=1))
     return 0

@@ -31,7 +31,8 @@ ASSISTANT_SAMPLING = {"temperature": 0.7, "max_new_tokens": 192}
 def play(env_id: str, seed: int, cache_path: Path, mode: str):
     """One episode of ``env_id`` (conversation reward) with both players behind the cache."""
     import collab_env
-    from collab_env.agents import CachedPolicy, FixedTextPolicy, ResponseCache
+    from collab_env.agents import CachedPolicy, ResponseCache
+    from collab_env.policy import FixedTextPolicy
     from collab_env.rollout import run_episode
     from collab_env.tasks.chats import EmbeddedChatUser, shared_backend
 

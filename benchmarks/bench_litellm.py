@@ -59,7 +59,8 @@ async def bench(api_base: str, calls: int, max_concurrency: int, repeat: int) ->
     """Every measurement ``repeat`` times, interleaved; returns name -> [(wall s, CPU s)]."""
     import litellm
 
-    from collab_env.agents.litellm import ConcurrencyLimiter, LiteLLMPolicy
+    from collab_env.agents.limiter import ConcurrencyLimiter
+    from collab_env.agents.litellm import LiteLLMPolicy
     from collab_env.types import Conversation, Message
 
     policy = LiteLLMPolicy("openai/bench", api_base=api_base, api_key="EMPTY",

@@ -84,7 +84,7 @@ def bench_sequential(n: int, turns: int, latency: float) -> float:
     stub = FixedLatencyStub(latency)
     env = collab_env.make(ENV, num_turns=turns)
     policies = {"agent_0": stub, "agent_1": "length-ratio-partner"}
-    from collab_env.agents.base import resolve_policy
+    from collab_env.policy import resolve_policy
 
     policies = {p: resolve_policy(v) for p, v in policies.items()}
     t0 = time.perf_counter()

@@ -14,7 +14,8 @@ Scores only (no timing), so no load check is needed::
 ``--ids`` measures only those ids and merges them into the existing file (the other ids' numbers
 are kept; the episode count must match the file's). On the hidden-facts v1 ids the generic
 gaming policies of :mod:`collab_env.exploits.policies` (a keyword dump, the task restated) are
-measured too: the user answers questions only, so they must score no better than the naive set.
+measured too (and on the v2 ids, v1 in text that reads as sense): the user answers questions
+only, so they must score no better than the naive set.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def baseline_runs() -> dict[str, dict[str, dict[str, object]]]:
             "ask-then-answer": {"assistant": "ask-then-answer"},
             "answer-at-once": {"assistant": "answer-at-once"},
         }
-    for env_id in ("hidden-facts-easy-v1", "hidden-facts-v1", "hidden-facts-hard-v1", "hidden-facts-copy-v1"):
+    for env_id in ("hidden-facts-easy-v1", "hidden-facts-v1", "hidden-facts-hard-v1", "hidden-facts-copy-v1",
+                   "hidden-facts-easy-v2", "hidden-facts-v2", "hidden-facts-hard-v2"):
         runs[env_id] = {
             "ask-then-answer": {"assistant": "ask-then-answer"},
             "answer-at-once": {"assistant": "answer-at-once"},

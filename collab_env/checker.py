@@ -219,7 +219,8 @@ def _check_robustness(make: Callable[[], CollabEnv]) -> str:
                     m.content.encode("utf-8")  # every stored text must be valid Unicode
     env.reset(seed=0)
     on_turn = list(env.on_turn)
-    for bad in (123, None, b"bytes", ["list"]):
+    bad_actions: tuple[Any, ...] = (123, None, b"bytes", ["list"])  # wrong types on purpose
+    for bad in bad_actions:
         try:
             env.step({a: bad for a in on_turn})
         except ActionError:

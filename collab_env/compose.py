@@ -14,6 +14,10 @@ sits above it and above the reward wrappers and the single-agent view, and appli
 
 Both are imported when asked for, so ``import collab_env`` stays light. Gymnasium's
 ``collab_env/<id>`` ids build through :func:`make_gym_view`.
+
+This is the one home of the id convenience: the registry below only builds base envs from their
+factories, and nothing below this layer composes an env from an id (the package's face,
+``collab_env.make``, is this :func:`make`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from collab_env.errors import ConfigError
-from collab_env.registry import make_base_env, set_composer, spec
+from collab_env.policy import load_entry_point
+from collab_env.registry import make_base_env, spec
 
 __all__ = ["make", "make_gym_view", "REWARDS"]
 
@@ -72,20 +77,19 @@ def make(
     if reward is None and reward_kwargs:
         raise ConfigError("reward_kwargs= needs a reward (reward='mr', 'conversation' or an option of the spec).")
     env = make_base_env(env_id, render_mode=render_mode, **overrides)
-    if reward in own:
-        from collab_env.registry import load_entry_point
+    if reward is not None and reward in own:
         from collab_env.rewards.joint import JointReward
 
         how = own[reward]
         env = JointReward(env, load_entry_point(how["joint"]), mode=how.get("mode", "shared"),
                           **dict(reward_kwargs or {}))
     elif reward is not None:
-        from collab_env.rewards.mr import default_reward
+        from collab_env.rewards.defaults import default_reward
 
         reward_kwargs = dict(reward_kwargs or {})
         if overrides.get("prompts") not in (None, "collab_env"):  # the env's reference prompts: its reward's too
             reward_kwargs.setdefault("prompts", overrides["prompts"])
-        env = default_reward(env, reward, **reward_kwargs)
+        env = default_reward(env, "mr" if reward == "mr" else "conversation", **reward_kwargs)
     if view is None:
         if policies is not None:
             raise ConfigError("policies= only applies with view=<player>; drive players yourself otherwise.")
@@ -105,5 +109,3 @@ def make_gym_view(env_id: str, player: str | None = None, policies: Mapping[str,
     return make(env_id, view=player, policies=policies, render_mode=render_mode, reward=reward,
                 reward_kwargs=reward_kwargs, **overrides)
 
-
-set_composer(make)

@@ -165,7 +165,8 @@ def check_keyword_types(values: Mapping[str, Any], owner: Any, *, where: str) ->
         if _fits(value, annotation):
             continue
         expected = _describe(annotation)
-        text = (f"{where}: " if where else "") + f"{name} must be {expected}, got {type(value).__name__} {_short(value)}."
+        text = (f"{where}: " if where else "") + (
+            f"{name} must be {expected}, got {type(value).__name__} {_short(value)}.")
         fixed = _unquoted(value, annotation)
         if fixed is not None:
             text += f" Pass {name}={fixed!r} (unquoted), not the string {value!r}."
@@ -196,6 +197,7 @@ def _annotations(owner: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         defaults = {f.name: f.default for f in dataclasses.fields(owner)
                     if f.default is not dataclasses.MISSING}
     elif callable(owner):
+        params: Iterable[inspect.Parameter]
         try:
             params = inspect.signature(owner).parameters.values()
         except (TypeError, ValueError):

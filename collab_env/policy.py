@@ -17,8 +17,7 @@
   this player"; a wrapper that accepts it is :class:`LearnerBindable` and the trainer binds its
   policy into every such layer with :func:`bind_learner`.
 
-The old import paths (:mod:`collab_env.agents.base`, :mod:`collab_env.agents.scripted`,
-:mod:`collab_env.agents`) re-export these names.
+These names have one import path, this module (``tests/test_one_import_path.py`` keeps it so).
 """
 
 from __future__ import annotations
@@ -161,7 +160,7 @@ def load_entry_point(ref: str | Callable[..., Any]) -> Callable[..., Any]:
         raise ConfigError(f"entry point must be 'module:attr' or a callable, got {ref!r}.")
     mod_name, _, attr = ref.partition(":")
     mod = importlib.import_module(mod_name)
-    obj = mod
+    obj: Any = mod
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj
@@ -351,7 +350,8 @@ class CallablePolicy(ScriptedPolicy):
 
     def __init__(self, fn: Callable[..., str], name: str | None = None) -> None:
         self.fn = fn
-        self.name = name or getattr(fn, "__name__", "callable")
+        fn_name: str = getattr(fn, "__name__", "callable")
+        self.name = name or fn_name
         try:
             self._takes_rng = len(inspect.signature(fn).parameters) >= 2
         except (TypeError, ValueError):

@@ -10,10 +10,13 @@ Every spec is also registered with Gymnasium as ``collab_env/<name>-vN``: ``gymn
 then returns the single-agent view (the first trainable player; ``player=`` picks another)
 with the other players driven by the spec's default policies (``policies=`` overrides them).
 
-This module builds *base* envs (:func:`make_base_env`) and imports nothing above
-:mod:`collab_env.env`. The reward wrapper and the single-agent view are applied by the composer
-above it, :func:`collab_env.compose.make` (``collab_env.make``); :func:`make` here forwards to it
-so the old path keeps working.
+This module is the engine's end of building envs: it builds *base* envs
+(:func:`make_base_env`, the spec's entry point, an env factory, called with the spec's kwargs)
+and imports nothing above :mod:`collab_env.env`. Composing an id with a reward wrapper and the
+single-agent view is the composer's job, above the rewards and the wrappers:
+:func:`collab_env.compose.make` (``collab_env.make``). A layer below the composer that builds envs
+from ids (the rollout engine) builds base envs here; for a composed env its caller passes a
+factory (``lambda: collab_env.make(id, reward="mr")``).
 """
 
 from __future__ import annotations
@@ -27,8 +30,7 @@ from typing import Any
 from collab_env.errors import ConfigError, UnknownEnvError, did_you_mean
 from collab_env.policy import load_entry_point
 
-__all__ = ["EnvCard", "EnvSpec", "register", "make", "make_base_env", "spec", "registry", "list_envs",
-           "load_entry_point"]
+__all__ = ["EnvCard", "EnvSpec", "register", "make_base_env", "spec", "registry", "list_envs"]
 
 _ID_RE = re.compile(r"^(?P<name>[a-z0-9][a-z0-9_.\-]*?)(?:-v(?P<version>\d+))?$")
 GYM_NAMESPACE = "collab_env"
@@ -332,10 +334,6 @@ class EnvSpec:
     def gym_id(self) -> str:
         return f"{GYM_NAMESPACE}/{self.id}"
 
-    def make(self, **kwargs: Any):
-        """``collab_env.make(self.id, **kwargs)``."""
-        return make(self.id, **kwargs)
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly summary (for ``collab-env info`` and result files)."""
         ep = self.entry_point if isinstance(self.entry_point, str) else repr(self.entry_point)
@@ -432,27 +430,6 @@ def make_base_env(env_id: str, *, render_mode: str | None = None, **overrides: A
     env = fn(render_mode=render_mode, **kwargs)
     env.spec = replace(s, kwargs=kwargs)
     return env
-
-
-#: The function :func:`make` forwards to: :func:`collab_env.compose.make`, which registers itself
-#: with :func:`set_composer` when it is imported (``import collab_env`` imports it). The registry
-#: never imports the composer above it: the composer plugs itself in from above.
-_composer: Callable[..., Any] | None = None
-
-
-def set_composer(composer: Callable[..., Any]) -> None:
-    """Make ``composer`` (``collab_env.compose.make``) the function :func:`make` forwards to."""
-    global _composer
-    _composer = composer
-
-
-def make(env_id: str, **kwargs: Any):
-    """:func:`collab_env.compose.make` (``collab_env.make``): a registered env composed with a
-    reward and a view, kept at its old path (layers below the composer that build envs from ids,
-    such as the rollout engine, call it here)."""
-    if _composer is None:  # only when collab_env.registry is loaded without its package
-        raise ConfigError("the env composer is not loaded: import collab_env (or collab_env.compose) first.")
-    return _composer(env_id, **kwargs)
 
 
 def list_envs(suite: str | None = None) -> list[str]:

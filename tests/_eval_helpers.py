@@ -11,8 +11,8 @@ import contextlib
 import os
 import re
 
-from collab_env.agents.scripted import ScriptedPolicy
 from collab_env.env import CollabEnv, Outcome, Start, Task, env_message
+from collab_env.policy import ScriptedPolicy
 from collab_env.tasks.hidden_facts import AskThenAnswer
 
 

@@ -32,9 +32,9 @@ def test_state_shared_between_clones_is_caught():
 def test_view_check_runs_with_given_policies():
     report = check_env(
         lambda: CollabEnv(TwoWriters()),
-        policies={"agent_1": "collab_env.agents.scripted:FixedTextPolicy",
-                  "agent_0": "collab_env.agents.scripted:FixedTextPolicy",
-                  "user": "collab_env.agents.scripted:FixedTextPolicy"},
+        policies={"agent_1": "collab_env.policy:FixedTextPolicy",
+                  "agent_0": "collab_env.policy:FixedTextPolicy",
+                  "user": "collab_env.policy:FixedTextPolicy"},
         cycles=20, steps=10,
     )
     assert report.results[-1].passed is True

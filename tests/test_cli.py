@@ -3,6 +3,7 @@ console script, ``python -m collab_env.cli`` and interrupting an evaluation."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from collab_env.cli import main
+from collab_env.cli import build_parser, main
 from collab_env.registry import spec
 from tests._eval_helpers import registered
 
@@ -61,7 +62,7 @@ def test_list_unknown_suite_is_an_error(capsys):
 def test_info_text_and_json():
     rc, out = run(["info", "hidden-facts-easy"])
     assert rc == 0
-    assert out.splitlines()[0] == "hidden-facts-easy-v1"
+    assert out.splitlines()[0] == "hidden-facts-easy-v2"
     assert "trainable         assistant" in out
     assert "collab_env.tasks.hidden_facts:HiddenFactsUser" in out
     assert "num_objects=1" in out
@@ -87,6 +88,45 @@ def test_usage_errors_exit_2(capsys):
     rc, _ = run(["eval", "hidden-facts", "--policy", "assistant", "--episodes", "1"])
     assert rc == 2 and "--policy takes KEY=VALUE" in capsys.readouterr().err
     assert run(["--help"])[0] == 0
+
+
+def _commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()):
+    """Every command and sub-command (``leaderboard run``...) of ``parser``, read from the parser
+    itself, so a new command is covered without editing the test."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*prefix, name)
+                yield from _commands(sub, (*prefix, name))
+
+
+COMMANDS = list(_commands(build_parser()))
+
+
+def test_the_help_loop_sees_every_command():
+    assert {c[0] for c in COMMANDS} == {"list", "info", "check", "play", "eval", "data", "leaderboard"}
+    assert {c[1] for c in COMMANDS if len(c) == 2} == {"tracks", "run", "verify", "sign", "build"}
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_every_command_help_shows_the_collab_env_usage(command, capsys):
+    """``collab-env CMD --help`` (``data``'s own parser included) names the command as it is typed."""
+    assert run([*command, "--help"])[0] == 0
+    usage = capsys.readouterr().out
+    assert usage.startswith(f"usage: collab-env {' '.join(command)} "), usage[:200]
+
+
+def test_data_help_and_import_before_data(capsys):
+    """``data`` reads its own arguments, after any ``--import`` (before the command)."""
+    assert run(["--import", "json", "data", "--help"])[0] == 0
+    assert capsys.readouterr().out.startswith("usage: collab-env data ")
+    assert run(["--import=json", "data", "--help"])[0] == 0
+    assert capsys.readouterr().out.startswith("usage: collab-env data ")
+    rc, _ = run(["--import", "no_such_module_xyz", "data", "--help"])
+    assert rc == 2 and "--import no_such_module_xyz" in capsys.readouterr().err
+    res = subprocess.run([sys.executable, "-m", "collab_env.cli", "data", "--help"], capture_output=True, text=True,
+                         timeout=60, cwd=REPO, env=subprocess_env())
+    assert res.returncode == 0 and res.stdout.startswith("usage: collab-env data "), res.stderr
 
 
 # ---------------------------------------------------------------------------------------------

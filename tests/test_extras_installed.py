@@ -57,3 +57,16 @@ def test_extras_parse_and_nest():
     # %(hf)s expands to hf's requirements inside trl and train
     hf = {r.name for r in extras["hf"]}
     assert hf and hf <= {r.name for r in extras["trl"]} and hf <= {r.name for r in extras["train"]}
+
+
+def test_the_dev_extra_pins_the_checkers_make_test_runs():
+    """``make test`` runs lint-imports, ruff and mypy before pytest: the dev extra pins each one
+    (a new release with new rules must not fail a build that changed nothing), and the Makefile's
+    test target runs them."""
+    pins = {r.name: r for r in extras_requirements()["dev"]}
+    for tool in ("import-linter", "ruff", "mypy"):
+        assert tool in pins and str(pins[tool].specifier).startswith("=="), pins.get(tool)
+    makefile = (ROOT / "Makefile").read_text()
+    target = makefile[makefile.index("\ntest:"):].split("\n\n")[0]
+    for line in ("-m tools.lint_imports", "-m ruff check", "-m mypy"):
+        assert line in target, f"make test does not run `{line}`"

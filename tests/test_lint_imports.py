@@ -2,15 +2,23 @@
 small package built here (one subpackage lives outside the package's directory, as
 collab_env.agents does)."""
 
+import copy
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: import-linter reads TOML with tomli there
+    import tomli as tomllib
 
 grimp = pytest.importorskip("grimp")
 pytest.importorskip("importlinter")
 
 from grimp.application.config import settings  # noqa: E402
+from importlinter.contracts.layers import LayersContract  # noqa: E402
 
 from tools.lint_imports import LazyOnlyContract, PackageDirFinder, PrivateNamesContract  # noqa: E402
 
@@ -120,3 +128,72 @@ def test_private_names_across_modules_are_flagged(graph):
     allowed = contract(PrivateNamesContract, ignore_names=[
         "lintpkg.bad -> lintpkg.low._secret", "lintpkg.bad -> lintpkg.low._helper"]).check(graph, verbose=False)
     assert allowed.kept
+
+
+# --- The layers contract of pyproject.toml, probed on collab_env's own graph ---------------------
+# The real graph, plus one import added by hand: the contract as configured must break on it (and
+# be kept without it), so a rule that passes is a rule that looks.
+
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+
+
+def _config() -> dict:
+    with open(PYPROJECT, "rb") as f:
+        return tomllib.load(f)["tool"]["importlinter"]
+
+
+def _layers_contract(config: dict) -> LayersContract:
+    (options,) = [c for c in config["contracts"] if c["id"] == "layers"]
+    # import-linter's TOML reader passes booleans as strings; so does this.
+    fields = {k: str(v) if isinstance(v, bool) else v for k, v in options.items()
+              if k not in ("id", "name", "type")}
+    return LayersContract(options["name"], session_options={"root_packages": config["root_packages"]},
+                          contract_options=fields)
+
+
+@pytest.fixture(scope="module")
+def collab_graph():
+    config = _config()
+    previous = settings.PACKAGE_FINDER
+    settings.configure(PACKAGE_FINDER=PackageDirFinder())
+    try:
+        graph = grimp.build_graph(*config["root_packages"], cache_dir=None,
+                                  exclude_type_checking_imports=True)
+    finally:
+        settings.configure(PACKAGE_FINDER=previous)
+    return config, graph
+
+
+def _with_import(graph, importer: str, imported: str):
+    probed = copy.deepcopy(graph)
+    probed.add_import(importer=importer, imported=imported, line_number=1,
+                      line_contents=f"import {imported}  # the probe")
+    return probed
+
+
+def _illegal_imports(check) -> set[tuple[str, str]]:
+    """Every import on a chain the contract reports."""
+    return {(link["importer"], link["imported"])
+            for dependency in check.metadata["invalid_dependencies"]
+            for route in dependency["routes"] for link in route["chain"]}
+
+
+def test_the_layers_contract_is_kept_by_the_tree_and_has_no_blanket_exception(collab_graph):
+    config, graph = collab_graph
+    (options,) = [c for c in config["contracts"] if c["id"] == "layers"]
+    assert not any("collab_env.agents" in i and "**" in i for i in options.get("ignore_imports", []))
+    assert "env | agents" in options["layers"]
+    assert _layers_contract(config).check(copy.deepcopy(graph), verbose=False).kept
+
+
+@pytest.mark.parametrize("importer, imported", [
+    ("collab_env.env", "collab_env.agents.users"),      # env and agents are independent siblings
+    ("collab_env.agents.judges", "collab_env.env"),     # ... both ways
+    ("collab_env.policy", "collab_env.agents.cache"),   # policy is below agents
+    ("collab_env.agents.users", "collab_env.registry"), # agents imports nothing above env
+])
+def test_the_layers_contract_catches_an_import_across_the_agents_layer(collab_graph, importer, imported):
+    config, graph = collab_graph
+    check = _layers_contract(config).check(_with_import(graph, importer, imported), verbose=False)
+    assert not check.kept
+    assert _illegal_imports(check) == {(importer, imported)}

@@ -148,22 +148,6 @@ class ModelEcho(FixedTextPolicy):
         self.model = model
 
 
-def test_old_import_paths_are_the_same_objects():
-    import collab_env.agents as agents
-    import collab_env.agents.base as base
-    import collab_env.agents.scripted as scripted
-    import collab_env.policy as policy
-
-    for name in ("Policy", "SamplingParams", "add_usage", "describe", "resolve_policy", "as_mapping",
-                 "POLICY_ALIASES", "BACKEND_PREFIXES"):
-        assert getattr(base, name) is getattr(policy, name), name
-    for name in ("ScriptedPolicy", "FixedTextPolicy", "CallablePolicy", "observation_rng"):
-        assert getattr(scripted, name) is getattr(policy, name), name
-    for name in ("Policy", "SamplingParams", "resolve_policy", "POLICY_ALIASES", "ScriptedPolicy",
-                 "FixedTextPolicy", "CallablePolicy"):
-        assert getattr(agents, name) is getattr(policy, name), name
-
-
 def test_resolving_a_backend_name_needs_only_import_collab_env():
     """`import collab_env` imports no agents module, yet the agents' names resolve (imported on use)."""
     code = (

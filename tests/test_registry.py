@@ -48,7 +48,7 @@ def test_spec_is_data_and_validated():
     s = spec("hidden-facts")
     d = s.to_dict()
     assert d["players"] == ["assistant", "user"] and d["trainable"] == ["assistant"]
-    assert s.name == "hidden-facts" and s.version == 1 and s.gym_id == "collab_env/hidden-facts-v1"
+    assert s.name == "hidden-facts" and s.version == 2 and s.gym_id == "collab_env/hidden-facts-v2"
     with pytest.raises(ConfigError, match="name-vN"):
         EnvSpec(id="NoVersion", entry_point="x:y")
     with pytest.raises(ConfigError, match="trainable"):
@@ -195,3 +195,49 @@ def test_every_registered_id_has_a_card_its_docstring_carries():
         "spec(id).card.to_docstring(id) to the module or entry-point docstring (as "
         "collab_env.tasks.cards.docstring_cards does for the built-in ids)"
     )
+
+
+# --- The engine builds base envs from factories; the composer composes (no late binding) ----------
+
+
+def test_collab_env_make_is_the_composer_and_the_registry_builds_base_envs():
+    import importlib
+    import inspect
+
+    from collab_env.rollout.jobs import COMPOSER_KEYWORDS
+
+    compose = importlib.import_module("collab_env.compose")
+    reg = importlib.import_module("collab_env.registry")  # the attribute collab_env.registry is the dict
+
+    assert collab_env.make is compose.make
+    assert not hasattr(reg, "make") and not hasattr(reg, "set_composer")  # no late-bound composer
+    base = reg.make_base_env("hidden-facts", max_steps=4)
+    assert type(base) is type(collab_env.make("hidden-facts", max_steps=4)) and base.spec.kwargs["max_steps"] == 4
+    # The keywords an id-building engine refuses are exactly the composer's own.
+    own = set(inspect.signature(compose.make).parameters) - {"env_id", "render_mode", "overrides"}
+    assert own == set(COMPOSER_KEYWORDS)
+
+
+def test_every_registered_id_builds_through_the_composer_and_the_engine():
+    from collab_env.registry import list_envs, make_base_env
+
+    for env_id in list_envs():
+        s = spec(env_id)
+        if s.needs_data:
+            continue  # built offline in the tasks' own tests (data_files=)
+        assert collab_env.make(env_id).spec.id == env_id
+        assert make_base_env(env_id).spec.id == env_id
+
+
+def test_the_rollout_engine_builds_an_id_s_base_env_and_asks_for_a_factory_to_compose():
+    from collab_env.rollout import RolloutEngine
+
+    eng = RolloutEngine("hidden-facts", {"assistant": "ask-then-answer"}, env_kwargs={"max_steps": 4},
+                        progress=False)
+    env = eng.make_env()
+    assert env.spec.id.startswith("hidden-facts") and env.spec.kwargs["max_steps"] == 4
+    with pytest.raises(ConfigError, match=r"lambda: collab_env.make\('hidden-facts', reward=\.\.\.\)"):
+        RolloutEngine("hidden-facts", {"assistant": "ask-then-answer"}, env_kwargs={"reward": "mr"})
+    factory = RolloutEngine(lambda: collab_env.make("hidden-facts", max_steps=4), {"assistant": "ask-then-answer"},
+                            progress=False)
+    assert factory.make_env().spec.kwargs["max_steps"] == 4

@@ -144,7 +144,7 @@ def test_new_messages_sends_what_arrived_since_the_last_reply():
 def test_taskset_numbering_and_errors(tmp_path):
     ts = taskset("hidden-facts", num_tasks=3, seed=5)
     assert [(t.data.env_id, t.data.seed, t.data.index) for t in ts] == \
-        [("hidden-facts-v1", 5, None), ("hidden-facts-v1", 6, None), ("hidden-facts-v1", 7, None)]
+        [("hidden-facts-v2", 5, None), ("hidden-facts-v2", 6, None), ("hidden-facts-v2", 7, None)]
     assert len({t.key for t in ts}) == 3
     assert env_class("length-ratio").ROLES == ("agent_0", "agent_1")
     assert env_class("length-ratio", ("agent_0",)).ROLES == ("agent_0",)

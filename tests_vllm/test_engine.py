@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from collab_env.agents.base import SamplingParams
 from collab_env.errors import ConfigError, PolicyError
+from collab_env.policy import SamplingParams
 from collab_env.types import Conversation
 
 QUESTIONS = [

@@ -1,7 +1,7 @@
 """VLLMPolicy's token-level interface (``generate_tokens``, ``pad_token_id``): what the learners'
 rollout trees and the vLLM engine of a learner generate through.
 
-The contract is that of :class:`~collab_env.agents.hf.TokenGenerator`: row ``i`` is generated from
+The contract is that of :class:`~collab_env.agents.tokens.TokenGenerator`: row ``i`` is generated from
 exactly ``prompts[i]`` (no chat template), seeded by ``seeds[i]``, and its completion holds the
 prompt as given, the generated ids and their log-probs.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from collab_env.agents.base import SamplingParams
 from collab_env.errors import ConfigError, PolicyError
+from collab_env.policy import SamplingParams
 from tests_vllm.test_engine import chats
 
 # vLLM's CPU kernels and torch's reduce in other orders; in float32 one token's log-prob agrees
@@ -74,7 +74,8 @@ def test_seeded_rows_are_independent_of_their_batch_and_logprobs_are_the_process
 
 
 def test_pad_token_id_agrees_with_the_transformers_backend(policy, model_dir):
-    from collab_env.agents.hf import HFPolicy, TokenGenerator
+    from collab_env.agents.hf import HFPolicy
+    from collab_env.agents.tokens import TokenGenerator
 
     hf = HFPolicy(str(model_dir), device="cpu", dtype="float32")
     assert isinstance(policy, TokenGenerator)

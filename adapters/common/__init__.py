@@ -3,8 +3,9 @@
 Small modules that every torch learner in :mod:`collab_env.adapters` builds on, so that each
 algorithm file reads top to bottom:
 
-* :mod:`~collab_env.adapters.common.config`: the config fields every trainer shares
-  (:class:`TrainerConfig`) and the evaluation schedule.
+* :mod:`~collab_env.adapters.common.config`: the config field groups (common
+  :class:`TrainerConfig`, sampling, rollout, tree, PPO), :func:`learner_config`, the one
+  ``SamplingParams`` of a config (:func:`learner_sampling`) and the evaluation schedule.
 * :mod:`~collab_env.adapters.common.models`: loading the agents' models (a folder, a hub id,
   ``"embedded"``, a loaded model), one per agent or shared, LoRA through ``peft``, device and
   dtype, gradient checkpointing, reference models, batched generation with exact token ids.
@@ -17,13 +18,14 @@ algorithm file reads top to bottom:
 * :mod:`~collab_env.adapters.common.rollout`: rollout trees on any collab_env environment
   (the CoMLRL multi-turn tree: a group of joint actions per node, returns from children).
 * :mod:`~collab_env.adapters.common.task`: the task source (dataset or env path, item counts,
-  seeds, sampling, rollout, turn metrics, the learner binding into MR futures).
+  seeds, turn metrics, the learner binding into MR futures).
 * :mod:`~collab_env.adapters.common.loop`: one run state, one schedule and the one training loop,
   over the public :class:`~collab_env.adapters.common.loop.Learner` protocol.
 * :mod:`~collab_env.adapters.common.learner`: set-up every learner shares (models with
   optimisers, views of the task source, the item schedule, the epoch order).
-* :mod:`~collab_env.adapters.common.update`: the policy-gradient update with the loss as a hook.
-* :mod:`~collab_env.adapters.common.tree_learner`: the scaffolding of MAGRPO, REINFORCE and MADPO.
+* :mod:`~collab_env.adapters.common.tree_learner`: the toolkit of MAGRPO, REINFORCE and MADPO
+  (one set-up; expand the trees, group the nodes, one policy update; its docstring lists the
+  extension points).
 * :mod:`~collab_env.adapters.common.critic_learner`: the scaffolding of IAC and MAAC (critics
   built, run and saved; one-path episodes as per-agent transitions).
 * :mod:`~collab_env.adapters.common.chat`: chat-template token spans (SFT, DPO).
@@ -31,9 +33,11 @@ algorithm file reads top to bottom:
   model, chat pairs of DPO split by agent), their encoding and the log-probs of a pair batch.
 * :mod:`~collab_env.adapters.common.joint_reward`: the joint reward model (template, LM + head,
   scoring, saving, as a ``reward_func``) that the reward-model learner trains.
-* :mod:`~collab_env.adapters.common.logging`: JSONL log, PNG curves, optional Weights & Biases.
+* :mod:`~collab_env.adapters.common.logging`: JSONL log, PNG curves, optional Weights & Biases,
+  and the summary every run ends with.
 * :mod:`~collab_env.adapters.common.checkpoint`: saving and resuming (weights, optimizers,
   schedulers, data position, RNG states).
 
-Importing this package imports nothing heavy; the modules that need torch import it themselves.
+The modules import each other at module level; importing this package imports none of them,
+and nothing heavy (the modules that need torch import it inside their functions).
 """

@@ -79,6 +79,11 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_JSON_BYTES",
     "MAX_ARRAY_ELEMENTS",
+    "stat_regular",
+    "read_regular",
+    "parse_json",
+    "damaged",
+    "check_tensors",
 ]
 
 #: Base name of the trainer state (``.json`` structure, ``.safetensors`` tensors).
@@ -115,7 +120,7 @@ _FIX = ("it was not written by collab_env, or it was damaged or tampered with; n
         "use it: save the run again, or restore the checkpoint from a good copy.")
 
 
-def _damaged(file: Path | str, what: str) -> ConfigError:
+def damaged(file: Path | str, what: str) -> ConfigError:
     """The one-line error for a file that is refused: which file, what is wrong, what to do."""
     return ConfigError(f"{file}: {what}; {_FIX}")
 
@@ -137,7 +142,7 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _stat_regular(path: Path) -> os.stat_result | None:
+def stat_regular(path: Path) -> os.stat_result | None:
     """``os.stat`` of ``path`` (links followed), ``None`` when it does not exist; a
     :class:`ConfigError` unless it is a regular file. Nothing is opened: opening a FIFO for
     reading blocks until someone writes, and opening some devices acts."""
@@ -158,7 +163,7 @@ def _open_regular(path: Path, missing: str) -> tuple[Any, int]:
     """``(binary file, size)`` of ``path``, a regular file: checked before it is opened and again
     on the open descriptor (a file swapped in between is caught); ``missing`` is the message
     when it does not exist."""
-    if _stat_regular(path) is None:
+    if stat_regular(path) is None:
         raise ConfigError(missing)
     try:
         # O_NONBLOCK: should a FIFO be swapped in after the check, opening it does not wait.
@@ -175,15 +180,15 @@ def _open_regular(path: Path, missing: str) -> tuple[Any, int]:
     return f, st.st_size
 
 
-def _read_regular(path: Path, max_bytes: int) -> bytes:
+def read_regular(path: Path, max_bytes: int) -> bytes:
     """The bytes of ``path``, a regular file of at most ``max_bytes``."""
     f, size = _open_regular(path, f"{path} is missing; pass a folder collab_env saved.")
     with f:
         if size > max_bytes:
-            raise _damaged(path, f"it is {size} bytes, more than the {max_bytes} a state file may be")
+            raise damaged(path, f"it is {size} bytes, more than the {max_bytes} a state file may be")
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:  # it grew since fstat
-        raise _damaged(path, f"it is more than the {max_bytes} bytes a state file may be")
+        raise damaged(path, f"it is more than the {max_bytes} bytes a state file may be")
     return data
 
 
@@ -193,16 +198,16 @@ def _check_depth(obj: Any, file: Path, fail: Any = None) -> None:
     while stack:
         node, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise (fail or _damaged)(file, f"its lists and dicts are nested more than {MAX_DEPTH} deep")
+            raise (fail or damaged)(file, f"its lists and dicts are nested more than {MAX_DEPTH} deep")
         children = node.values() if isinstance(node, dict) else node
         stack.extend((c, depth + 1) for c in children if isinstance(c, (list, dict)))
 
 
-def _parse_json(data: bytes, file: Path, fail: Any = None) -> Any:
+def parse_json(data: bytes, file: Path, fail: Any = None) -> Any:
     """JSON from untrusted bytes: not UTF-8, not JSON, an integer too long to convert, or
     nesting deeper than :data:`MAX_DEPTH` (for which :func:`json.loads` itself may raise
-    RecursionError) is refused with ``fail(file, what)`` (default :func:`_damaged`)."""
-    fail = fail or _damaged
+    RecursionError) is refused with ``fail(file, what)`` (default :func:`damaged`)."""
+    fail = fail or damaged
     try:
         obj = json.loads(data.decode("utf-8"))
     except RecursionError:
@@ -234,7 +239,7 @@ def _check_safetensors(path: Path) -> None:
         if n > _ST_MAX_HEADER:
             raise bad(path, f"its header length says {n} bytes, more than the {_ST_MAX_HEADER} safetensors allows")
         raw = f.read(n)
-    header = _parse_json(raw, path, lambda p, what: bad(p, f"header: {what}"))
+    header = parse_json(raw, path, lambda p, what: bad(p, f"header: {what}"))
     if not isinstance(header, dict):
         raise bad(path, f"its header is a JSON {type(header).__name__}, not an object")
     data_len, spans = size - 8 - n, []
@@ -319,7 +324,7 @@ def _decode(obj: Any, tensors: Mapping[str, Any], file: Path, where: str = "data
         return {k: _decode(v, tensors, file, f"{where}.{k}") for k, v in obj.items()}
     marker = markers[0]
     if set(obj) != _MARKER_KEYS[marker]:
-        raise _damaged(file, f"the {marker} entry at {where} has keys {sorted(obj)[:6]}, expected "
+        raise damaged(file, f"the {marker} entry at {where} has keys {sorted(obj)[:6]}, expected "
                              f"{sorted(_MARKER_KEYS[marker])}")
     value = obj[marker]
     if marker == "__tensor__":
@@ -330,20 +335,20 @@ def _decode(obj: Any, tensors: Mapping[str, Any], file: Path, where: str = "data
         return tensors[value]
     if marker == "__tuple__":
         if not isinstance(value, list):
-            raise _damaged(file, f"the __tuple__ at {where} holds a {type(value).__name__}, not a list")
+            raise damaged(file, f"the __tuple__ at {where} holds a {type(value).__name__}, not a list")
         return tuple(_decode(v, tensors, file, f"{where}[{i}]") for i, v in enumerate(value))
     if marker == "__items__":
         if not isinstance(value, list):
-            raise _damaged(file, f"the __items__ at {where} holds a {type(value).__name__}, not a list of pairs")
+            raise damaged(file, f"the __items__ at {where} holds a {type(value).__name__}, not a list of pairs")
         out = {}
         for i, pair in enumerate(value):
             if not isinstance(pair, list) or len(pair) != 2:
-                raise _damaged(file, f"item {i} of the __items__ at {where} is {str(pair)[:60]}, not a [key, value] pair")
+                raise damaged(file, f"item {i} of the __items__ at {where} is {str(pair)[:60]}, not a [key, value] pair")
             key = _decode(pair[0], tensors, file, f"{where} key {i}")
             try:
                 hash(key)
             except TypeError:
-                raise _damaged(file, f"item {i} of the __items__ at {where} has the key {str(pair[0])[:60]}, which "
+                raise damaged(file, f"item {i} of the __items__ at {where} has the key {str(pair[0])[:60]}, which "
                                      "cannot key a dict (a list or dict)") from None
             out[key] = _decode(pair[1], tensors, file, f"{where}[{key!r:.40}]")
         return out
@@ -357,15 +362,15 @@ def _decode_ndarray(obj: dict[str, Any], file: Path, where: str) -> Any:
 
     dtype, shape, data = obj["dtype"], obj["shape"], obj["__ndarray__"]
     if not isinstance(dtype, str) or not _NDARRAY_DTYPE.fullmatch(dtype):
-        raise _damaged(file, f"the array at {where} has dtype {dtype!r:.40}; only bool, int, uint and float "
+        raise damaged(file, f"the array at {where} has dtype {dtype!r:.40}; only bool, int, uint and float "
                              "arrays (such as '<u4', '<f8') are read")
     if (not isinstance(shape, list) or len(shape) > _MAX_NDIM
             or not all(type(d) is int and d >= 0 for d in shape)):
-        raise _damaged(file, f"the array at {where} has shape {str(shape)[:80]}, not a list of at most {_MAX_NDIM} "
+        raise damaged(file, f"the array at {where} has shape {str(shape)[:80]}, not a list of at most {_MAX_NDIM} "
                              "non-negative integers")
     size = math.prod(shape)
     if size > MAX_ARRAY_ELEMENTS:
-        raise _damaged(file, f"the array at {where} has shape {shape}, {size} elements, more than the "
+        raise damaged(file, f"the array at {where} has shape {shape}, {size} elements, more than the "
                              f"{MAX_ARRAY_ELEMENTS} a state file can hold")
     count, stack = 0, [data]
     while stack:  # every leaf a number, counted before NumPy sees the data
@@ -375,14 +380,14 @@ def _decode_ndarray(obj: dict[str, Any], file: Path, where: str) -> Any:
         elif isinstance(node, (bool, int, float)):
             count += 1
         else:
-            raise _damaged(file, f"the array at {where} holds a {type(node).__name__}, not only numbers")
+            raise damaged(file, f"the array at {where} holds a {type(node).__name__}, not only numbers")
     if count != size:
-        raise _damaged(file, f"the array at {where} holds {count} numbers, but its shape {shape} needs {size}")
+        raise damaged(file, f"the array at {where} holds {count} numbers, but its shape {shape} needs {size}")
     try:
         array = np.array(data, dtype=np.dtype(dtype))
         return array.reshape(shape)
     except (TypeError, ValueError, OverflowError) as exc:  # ragged lists, a value out of the dtype's range
-        raise _damaged(file, f"the array at {where} is not a {shape} array of {dtype} ({_first_line(exc)})") from exc
+        raise damaged(file, f"the array at {where} is not a {shape} array of {dtype} ({_first_line(exc)})") from exc
 
 
 def _atomic_write(path: Path, write: Any) -> None:
@@ -452,11 +457,11 @@ def load_safe(folder: str | Path, name: str) -> Any:
     """
     folder = Path(folder)
     file = folder / f"{name}.json"
-    if _stat_regular(file) is None:  # a FIFO, device or folder in its place is refused here
+    if stat_regular(file) is None:  # a FIFO, device or folder in its place is refused here
         refuse_legacy(folder / f"{name}.pt")
         raise ConfigError(f"{file} is missing; pass a folder collab_env saved (it writes {name}.json and "
                           f"{name}.safetensors).")
-    blob = _parse_json(_read_regular(file, MAX_JSON_BYTES), file)
+    blob = parse_json(read_regular(file, MAX_JSON_BYTES), file)
     if not isinstance(blob, dict) or blob.get("format") != FORMAT or set(blob) != {"format", "data"}:
         found = blob.get("format") if isinstance(blob, dict) else type(blob).__name__
         raise ConfigError(f"{file} is not a collab_env state file (format {found!r:.60}, expected {FORMAT!r}, and "
@@ -577,10 +582,10 @@ def check_rng(state: Any, generator: Any = None, *, source: str = "the RNG state
     import torch
 
     def bad(part: str, what: str) -> ConfigError:
-        return _damaged(source, f"its {part} RNG state is invalid: {what}")
+        return damaged(source, f"its {part} RNG state is invalid: {what}")
 
     if not isinstance(state, Mapping) or not {"python", "numpy", "torch"} <= set(state):
-        raise _damaged(source, "its rng entry is not a dict with python, numpy and torch states")
+        raise damaged(source, "its rng entry is not a dict with python, numpy and torch states")
     python = state["python"]
     if not (isinstance(python, (list, tuple)) and len(python) == 3):
         raise bad("Python", "not a (version, internal state, gauss) triple")
@@ -675,7 +680,7 @@ def load_checkpoint(path: str | Path, models: Sequence[Any], generator: Any = No
     file = path / STATE_FILE
     if not path.is_dir():
         raise ConfigError(f"{path} is not a folder; pass the checkpoint folder save_checkpoint() wrote.")
-    if _stat_regular(file) is None:
+    if stat_regular(file) is None:
         refuse_legacy(path / LEGACY_STATE_FILE)
         raise ConfigError(f"{path} is not a checkpoint folder (no {STATE_FILE}); pass the folder save_checkpoint() wrote.")
     blob = load_safe(path, STATE_NAME)
@@ -683,7 +688,7 @@ def load_checkpoint(path: str | Path, models: Sequence[Any], generator: Any = No
         raise ConfigError(f"{file} is not a trainer checkpoint (it needs models, state and rng); pass the folder "
                           "save_checkpoint() wrote.")
     if not isinstance(blob["models"], list) or not isinstance(blob["state"], dict):
-        raise _damaged(file, "its models entry is not a list or its state entry not a dict")
+        raise damaged(file, "its models entry is not a list or its state entry not a dict")
     if len(blob["models"]) != len(models):
         raise ConfigError(
             f"the checkpoint holds {len(blob['models'])} model(s), this trainer has {len(models)}: build the "
@@ -691,20 +696,20 @@ def load_checkpoint(path: str | Path, models: Sequence[Any], generator: Any = No
         )
     for k, (pm, saved) in enumerate(zip(models, blob["models"], strict=True)):
         if not isinstance(saved, dict) or not {"params", "optimizer", "scheduler", "reference"} <= set(saved):
-            raise _damaged(file, f"model {k}'s entry is not a dict of params, optimizer, scheduler and reference")
+            raise damaged(file, f"model {k}'s entry is not a dict of params, optimizer, scheduler and reference")
         params = dict(pm.trainable_parameters())
         if not isinstance(saved["params"], dict) or set(params) != set(saved["params"]):
             raise ConfigError("the checkpoint's trainable parameters do not match this model (other model or LoRA setting?).")
-        _check_tensors(file, f"model {k}'s parameter", saved["params"], {n: p.shape for n, p in params.items()})
+        check_tensors(file, f"model {k}'s parameter", saved["params"], {n: p.shape for n, p in params.items()})
         if saved["reference"] is not None and pm.reference is not None:
             want = {n: t.shape for n, t in pm.reference.state_dict().items()}
             if not isinstance(saved["reference"], dict) or set(saved["reference"]) != set(want):
                 raise ConfigError(f"{file}: model {k}'s reference weights do not match this model's (other model or "
                                   "config?); build the trainer as the saving run did.")
-            _check_tensors(file, f"model {k}'s reference weight", saved["reference"], want)
+            check_tensors(file, f"model {k}'s reference weight", saved["reference"], want)
         for part in ("optimizer", "scheduler"):
             if saved[part] is not None and not isinstance(saved[part], dict):
-                raise _damaged(file, f"model {k}'s {part} state is a {type(saved[part]).__name__}, not a dict")
+                raise damaged(file, f"model {k}'s {part} state is a {type(saved[part]).__name__}, not a dict")
     check_rng(blob["rng"], generator, source=str(file))
     for k, (pm, saved) in enumerate(zip(models, blob["models"], strict=True)):
         params = dict(pm.trainable_parameters())
@@ -728,14 +733,14 @@ def load_checkpoint(path: str | Path, models: Sequence[Any], generator: Any = No
     return dict(blob["state"])
 
 
-def _check_tensors(file: Path, what: str, got: Mapping[str, Any], shapes: Mapping[str, Any]) -> None:
+def check_tensors(file: Path, what: str, got: Mapping[str, Any], shapes: Mapping[str, Any]) -> None:
     """Each ``got[name]`` is a tensor of shape ``shapes[name]`` (checked before any is copied)."""
     import torch
 
     for n, shape in shapes.items():
         t = got[n]
         if not isinstance(t, torch.Tensor):
-            raise _damaged(file, f"{what} {n} is a {type(t).__name__}, not a tensor")
+            raise damaged(file, f"{what} {n} is a {type(t).__name__}, not a tensor")
         if t.shape != shape:
             raise ConfigError(f"{file}: {what} {n} has shape {list(t.shape)}, this model's has {list(shape)} (other "
                               "model or config?); build the trainer as the saving run did.")

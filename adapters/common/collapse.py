@@ -6,7 +6,7 @@ collapse to the end-of-sequence token alone, or to one identical reply. The rewa
 climbs while nothing is learned. This module measures that per training step and says so.
 
 :func:`completion_stats` turns a step's completions into three numbers, logged with every
-training step of the learners that share :func:`~collab_env.adapters.common.update.policy_update`
+training step of the learners that share :func:`~collab_env.adapters.common.tree_learner.policy_update`
 (MAGRPO, REINFORCE, MADPO... under the keys of :data:`STAT_KEYS`):
 
 * ``collapse/completion_length``: mean visible tokens per completion (special tokens such as

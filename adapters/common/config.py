@@ -1,12 +1,31 @@
-"""Config fields every trainer shares, their validation, and the evaluation schedule.
+"""Config fields in small groups, their validation, and the evaluation schedule.
 
-A learner's config is a dataclass that inherits :class:`TrainerConfig` and adds its own fields,
-each with one docstring; ``__post_init__`` validates every field and raises
+A learner's config is :class:`TrainerConfig` (the common group: data, optimisation, models,
+evaluation and logging) plus only the field groups it uses, and its own fields, each with one
+docstring, under :func:`learner_config`::
+
+    @learner_config
+    class MAGRPOConfig(SamplingFields, RolloutFields, TreeFields, PPOFields, TrainerConfig): ...
+
+(:class:`TrainerConfig` last, so its fields come first: the positional order and the logged
+config start with the common fields, as they always did.)
+
+* :class:`SamplingFields`: ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``,
+  ``eval_greedy``, ``eval_max_new_tokens``; :func:`learner_sampling` makes them one
+  :class:`~collab_env.policy.SamplingParams`, the object rollouts take.
+* :class:`RolloutFields`: CoMLRL's multi-turn rollout fields (agents, turns, discount, prompt
+  format, early termination, reference KL, rollout buffer, micro-batches).
+* :class:`TreeFields`: the rollout tree (generations, joint mode, values, loss type, KL, pass@k).
+* :class:`PPOFields`: ``num_iterations`` and the ratio clipping.
+
+No config carries a field it does not use. ``__post_init__`` validates every field (each
+group's ``check_group``, then the learner's own checks) and raises
 :class:`~collab_env.errors.ConfigError` with the fix in the message.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Callable, Mapping
@@ -14,8 +33,11 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar, Literal
 
 from collab_env.errors import ConfigError, did_you_mean
+from collab_env.policy import SamplingParams
 
-__all__ = ["TrainerConfig", "ConfigMeta", "PRESETS", "as_bool", "check_comlrl_rollout_fields", "eval_due", "check_int", "check_float", "check_choice"]
+__all__ = ["TrainerConfig", "SamplingFields", "RolloutFields", "TreeFields", "PPOFields", "learner_config",
+           "learner_sampling", "check_tree_buffer", "PRESETS", "as_bool", "eval_due", "check_int", "check_float",
+           "check_choice"]
 
 #: Names ``preset=`` accepts.
 PRESETS: tuple[str, ...] = ("comlrl",)
@@ -50,8 +72,47 @@ def check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
         raise ConfigError(f"{name} must be one of {list(choices)}, got {value!r}.")
 
 
-class ConfigMeta(type):
-    """Metaclass of the learners' configs: it reads the keywords before the dataclass does.
+def _keywords(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keywords of ``cls(*args, **kwargs)`` as the dataclass takes them (:func:`learner_config`)."""
+    names = [f.name for f in fields(cls) if f.init]
+    if len(args) > len(names):
+        raise ConfigError(f"{cls.__name__} takes at most {len(names)} positional values, got {len(args)}.")
+    for name, value in zip(names, args, strict=False):  # fewer values than fields
+        if name in kwargs:
+            raise ConfigError(f"{cls.__name__} got {name!r} both positionally and by keyword.")
+        kwargs[name] = value
+    aliases = cls.aliases()
+    for alias in [k for k in kwargs if k in aliases and k not in names]:
+        target, convert = aliases[alias]
+        value = convert(kwargs.pop(alias))
+        if target in kwargs and kwargs[target] != value:
+            raise ConfigError(
+                f"{cls.__name__} got {alias}={value!r} (CoMLRL's name) and {target}={kwargs[target]!r}, "
+                f"which mean the same field: pass one of them."
+            )
+        kwargs[target] = value
+    for key in kwargs:
+        if key not in names:
+            raise ConfigError(
+                f"{cls.__name__} has no field {key!r}.{did_you_mean(key, [*names, *aliases])} "
+                "Every field is listed in the class docstring and README's Training section."
+            )
+    preset = kwargs.get("preset")
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"preset must be None or one of {list(PRESETS)}, got {preset!r}.")
+        if not cls.COMLRL_DEFAULTS:
+            raise ConfigError(
+                f"{cls.__name__} has no CoMLRL counterpart, so preset='comlrl' has nothing to "
+                "reproduce; remove preset."
+            )
+        for name, value in cls.COMLRL_DEFAULTS.items():
+            kwargs.setdefault(name, value)
+    return kwargs
+
+
+def learner_config(cls: type) -> type:
+    """Make ``cls`` a learner config: a dataclass whose constructor first reads the keywords.
 
     * **CoMLRL's field names** (``ALIASES``: e.g. ``agent_learning_rate``) become the field
       they mean here (``learning_rate``); giving both with different values is an error.
@@ -59,45 +120,18 @@ class ConfigMeta(type):
       names (the dataclass itself would raise a bare ``TypeError``).
     * **Presets**: ``preset="comlrl"`` fills every field the caller did not pass with
       ``COMLRL_DEFAULTS`` (CoMLRL's defaults for that trainer); passed fields win.
-    """
 
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        names = [f.name for f in fields(cls) if f.init]
-        if len(args) > len(names):
-            raise ConfigError(f"{cls.__name__} takes at most {len(names)} positional values, got {len(args)}.")
-        for name, value in zip(names, args, strict=False):  # fewer values than fields
-            if name in kwargs:
-                raise ConfigError(f"{cls.__name__} got {name!r} both positionally and by keyword.")
-            kwargs[name] = value
-        aliases = cls.aliases()
-        for alias in [k for k in kwargs if k in aliases and k not in names]:
-            target, convert = aliases[alias]
-            value = convert(kwargs.pop(alias))
-            if target in kwargs and kwargs[target] != value:
-                raise ConfigError(
-                    f"{cls.__name__} got {alias}={value!r} (CoMLRL's name) and {target}={kwargs[target]!r}, "
-                    f"which mean the same field: pass one of them."
-                )
-            kwargs[target] = value
-        for key in kwargs:
-            if key not in names:
-                raise ConfigError(
-                    f"{cls.__name__} has no field {key!r}.{did_you_mean(key, [*names, *aliases])} "
-                    "Every field is listed in the class docstring and README's Training section."
-                )
-        preset = kwargs.get("preset")
-        if preset is not None:
-            if preset not in PRESETS:
-                raise ConfigError(f"preset must be None or one of {list(PRESETS)}, got {preset!r}.")
-            defaults = cls.COMLRL_DEFAULTS
-            if not defaults:
-                raise ConfigError(
-                    f"{cls.__name__} has no CoMLRL counterpart, so preset='comlrl' has nothing to "
-                    "reproduce; remove preset."
-                )
-            for name, value in defaults.items():
-                kwargs.setdefault(name, value)
-        return super().__call__(**kwargs)
+    Every learner config is decorated with it (a subclass too: the decorator wraps the
+    constructor the dataclass writes for that class)."""
+    cls = dataclass(cls)
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, **_keywords(type(self), args, kwargs))
+
+    cls.__init__ = __init__
+    return cls
 
 
 def as_bool(name: str) -> Callable[[Any], bool]:
@@ -111,27 +145,11 @@ def as_bool(name: str) -> Callable[[Any], bool]:
     return convert
 
 
-def check_comlrl_rollout_fields(cfg: Any) -> None:
-    """Validate the rollout fields that MAGRPO-style and actor-critic configs both take from
-    CoMLRL (``logprob_temperature``, ``prompt_format``, ``early_termination_threshold``,
-    ``external_prompt_passthrough``, ``reference_kl_*``, ``rollout_buffer_size``,
-    ``train_batch_size``); each config checks how the buffer fields combine itself."""
-    check_float("logprob_temperature", cfg.logprob_temperature, 0.0, low_open=True, allow_none=True)
-    check_choice("prompt_format", cfg.prompt_format, ("chat", "raw"))
-    check_float("early_termination_threshold", cfg.early_termination_threshold, allow_none=True)
-    if cfg.external_prompt_passthrough not in (None, True, False):
-        raise ConfigError(
-            f"external_prompt_passthrough must be True, False or None, got {cfg.external_prompt_passthrough!r}.")
-    as_bool("reference_kl_enabled")(cfg.reference_kl_enabled)
-    check_float("reference_kl_coef", cfg.reference_kl_coef, 0.0)
-    check_int("rollout_buffer_size", cfg.rollout_buffer_size, 1, allow_none=True)
-    check_int("train_batch_size", cfg.train_batch_size, 1, allow_none=True)
-
-
-@dataclass
-class TrainerConfig(metaclass=ConfigMeta):
+@learner_config
+class TrainerConfig:
     """Fields shared by every torch learner of :mod:`collab_env.adapters` (optimisation, model
-    placement, evaluation and logging schedule, checkpoints). Learner configs inherit it.
+    placement, evaluation and logging schedule, checkpoints): the common field group. Learner
+    configs inherit it and the other groups they use (module docstring).
 
     CoMLRL's field names are accepted where they mean a field of ours (``ALIASES``; e.g.
     ``agent_learning_rate`` is ``learning_rate``, and reads back as a property), and
@@ -251,6 +269,9 @@ class TrainerConfig(metaclass=ConfigMeta):
     player -> sampling keywords. Keywords passed this way override a policy's own defaults."""
 
     def __post_init__(self) -> None:
+        if not hasattr(type(self).__init__, "__wrapped__"):  # a subclass under a plain @dataclass
+            raise TypeError(f"{type(self).__name__} must be decorated with @learner_config, not @dataclass "
+                            "(collab_env.adapters.common.config.learner_config): it reads CoMLRL's names and presets.")
         if self.preset is not None:
             check_choice("preset", self.preset, PRESETS)
         check_int("num_train_epochs", self.num_train_epochs, 1)
@@ -260,8 +281,6 @@ class TrainerConfig(metaclass=ConfigMeta):
             if not isinstance(u, Mapping) or not all(isinstance(v, Mapping) for v in u.values()):
                 raise ConfigError("untrained_sampling must be None, 'learner' or player -> {keyword: value}, "
                                   f"got {u!r:.100}.")
-            from collab_env.policy import SamplingParams
-
             for v in u.values():
                 SamplingParams.from_kwargs(**v)  # an unknown or invalid keyword is an error now
         if self.max_steps == 0:
@@ -304,6 +323,9 @@ class TrainerConfig(metaclass=ConfigMeta):
         if not isinstance(self.output_dir, str) or not self.output_dir:
             raise ConfigError(f"output_dir must be a non-empty str, got {self.output_dir!r}.")
         check_int("save_steps", self.save_steps, 0)
+        for group in reversed(type(self).__mro__):  # each field group's checks, once, base first
+            if "check_group" in vars(group):
+                vars(group)["check_group"](self)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly dict of every field (for logs and Weights & Biases)."""
@@ -312,6 +334,193 @@ class TrainerConfig(metaclass=ConfigMeta):
             if isinstance(d[f.name], tuple):
                 d[f.name] = list(d[f.name])
         return d
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Field groups: a learner config is TrainerConfig plus the groups it uses, nothing else
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class SamplingFields:
+    """How training rollouts sample (one :class:`~collab_env.policy.SamplingParams`, built by
+    :func:`learner_sampling`) and how evaluation departs from it."""
+
+    max_new_tokens: int = 256
+    """Longest completion, in tokens."""
+    temperature: float = 1.0
+    """Sampling temperature of training rollouts; log-probs are computed at it too."""
+    top_p: float = 1.0
+    """Nucleus sampling mass of training rollouts (1.0 keeps the ratio exact)."""
+    top_k: int | None = None
+    """Top-k sampling of training rollouts (``None``: off)."""
+    eval_greedy: bool = False
+    """Evaluate with greedy decoding instead of the training sampling settings."""
+    eval_max_new_tokens: int | None = None
+    """Longest completion in evaluation (``None``: ``max_new_tokens``)."""
+
+    def check_group(self) -> None:
+        check_int("max_new_tokens", self.max_new_tokens, 1)
+        check_float("temperature", self.temperature, 0.0, low_open=True)
+        check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        check_int("top_k", self.top_k, 1, allow_none=True)
+        check_int("eval_max_new_tokens", self.eval_max_new_tokens, 1, allow_none=True)
+
+
+def learner_sampling(args: Any, evaluation: bool = False) -> SamplingParams:
+    """The :class:`~collab_env.policy.SamplingParams` of a learner's config (its
+    :class:`SamplingFields`, or any config with ``temperature``, ``top_p``, ``top_k`` and
+    ``max_new_tokens``): in evaluation ``eval_max_new_tokens`` (when set) replaces
+    ``max_new_tokens`` and ``eval_greedy`` makes it greedy (temperature 0)."""
+    tokens = args.max_new_tokens
+    if evaluation and getattr(args, "eval_max_new_tokens", None):
+        tokens = args.eval_max_new_tokens
+    if evaluation and getattr(args, "eval_greedy", False):
+        return SamplingParams(temperature=0.0, max_new_tokens=tokens)
+    return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=tokens)
+
+
+@dataclass
+class RolloutFields:
+    """The multi-turn rollout fields CoMLRL's MAGRPO-style and actor-critic trainers share."""
+
+    ALIASES: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
+        "advantage_normalization": ("normalize_advantages", as_bool("advantage_normalization")),
+    }
+
+    @property
+    def advantage_normalization(self) -> bool:
+        """CoMLRL's name of :attr:`normalize_advantages`."""
+        return self.normalize_advantages
+
+    num_agents: int = 2
+    """Number of agents; 1 is the single-agent algorithm (GRPO, REINFORCE...)."""
+    num_turns: int = 1
+    """Turns per rollout (the depth of a rollout tree)."""
+    discount: float = 1.0
+    """Weight of the next turn's value in a return."""
+    normalize_advantages: bool = False
+    """Divide advantages by their std (GRPO's paper) instead of only centring them."""
+    logprob_temperature: float | None = None
+    """Temperature of the log-probs in the loss (``None``: ``temperature``, the sampling
+    distribution's; CoMLRL uses the raw logits, 1.0)."""
+    prompt_format: Literal["chat", "raw"] = "chat"
+    """``"chat"``: the agent's whole conversation through the tokenizer's chat template;
+    ``"raw"``: CoMLRL's, the turn's prompt string (the formatter's output, or the external
+    prompt) tokenised as it is, ``tokenizer(prompt)``, one prompt per turn and no history."""
+    early_termination_threshold: float | None = None
+    """CoMLRL's: a turn whose mean reward exceeds this value ends its branch of the rollout
+    (a tree node gets no children). ``None``: never."""
+    external_prompt_passthrough: bool | None = None
+    """Dataset path, turns after the first: CoMLRL's ``True`` sends the external prompt as it is;
+    ``False`` formats it, ``formatter({**item, "prompt": external})`` (with
+    ``external_prompts=external`` when the formatter declares it). ``None``: collab_env's rule
+    (see :func:`~collab_env.tasks.from_dataset`)."""
+    reference_kl_enabled: bool = False
+    """CoMLRL's reference KL: subtract ``reference_kl_coef`` times each completion's KL to the
+    initial policy (k3 estimate summed over its tokens, raw logits, no gradient) from its return
+    (or reward) before advantages. Independent of ``beta`` (a KL term in the loss)."""
+    reference_kl_coef: float = 0.1
+    """Weight of the reference KL penalty (``reference_kl_enabled``)."""
+    rollout_buffer_size: int | None = None
+    """CoMLRL's buffer of what each agent collects before it updates (``None``: one update per
+    batch of ``per_device_train_batch_size`` items); each learner's docstring says its unit."""
+    train_batch_size: int | None = None
+    """CoMLRL's part of a rollout buffer per optimiser step (``None``: the whole buffer)."""
+    train_micro_batch_size: int = 8
+    """Sequences per forward/backward pass (gradients accumulate to the full-batch gradient)."""
+
+    def check_group(self) -> None:
+        check_int("num_agents", self.num_agents, 1)
+        check_int("num_turns", self.num_turns, 1)
+        check_float("discount", self.discount, 0.0, 1.0)
+        check_float("logprob_temperature", self.logprob_temperature, 0.0, low_open=True, allow_none=True)
+        check_choice("prompt_format", self.prompt_format, ("chat", "raw"))
+        check_float("early_termination_threshold", self.early_termination_threshold, allow_none=True)
+        if self.external_prompt_passthrough not in (None, True, False):
+            raise ConfigError(
+                f"external_prompt_passthrough must be True, False or None, got {self.external_prompt_passthrough!r}.")
+        as_bool("reference_kl_enabled")(self.reference_kl_enabled)
+        check_float("reference_kl_coef", self.reference_kl_coef, 0.0)
+        check_int("rollout_buffer_size", self.rollout_buffer_size, 1, allow_none=True)
+        check_int("train_batch_size", self.train_batch_size, 1, allow_none=True)
+        check_int("train_micro_batch_size", self.train_micro_batch_size, 1)
+
+
+@dataclass
+class TreeFields:
+    """The rollout tree's fields (MAGRPO, REINFORCE, MADPO): its branching, how completions
+    form joint actions and are valued, the loss's aggregation and KL, pass@k evaluation."""
+
+    num_generations: int = 4
+    """Completions each agent samples per node (the group size)."""
+    joint_mode: Literal["aligned", "cross"] = "aligned"
+    """How agents' completions form joint actions: ``aligned`` pairs the j-th completions
+    (``G`` per node); ``cross`` takes every combination (``G ** n`` per node)."""
+    cross_value: Literal["mean", "sum"] = "mean"
+    """``joint_mode="cross"``: a completion's value (what its advantage comes from) is the mean
+    of the returns of the joint actions it is part of (the marginal over the other agents'
+    choices), or their sum (``"sum"``, CoMLRL's: ``num_generations ** (num_agents - 1)`` times
+    the mean, so larger advantages without ``normalize_advantages`` and a relatively smaller
+    ``reference_kl_coef`` penalty). Aligned joint actions: the same either way."""
+    beta: float = 0.0
+    """Coefficient of the k3 KL to the reference model (the initial policy) in the loss;
+    0 builds no reference model."""
+    loss_type: Literal["sequence", "token", "sum"] = "sequence"
+    """Average the per-token loss per sequence then over sequences (``"sequence"``), over all
+    tokens (``"token"``), or sum it per sequence then average over sequences (``"sum"``:
+    CoMLRL's ``-A * sum(log p)``)."""
+    eval_pass_k: int = 1
+    """Independent samples per evaluation item; above 1, ``eval/pass@k`` and
+    ``eval/best_of_k_return`` are reported."""
+    eval_pass_threshold: float = 1.0
+    """A sample passes when its return reaches this value (for ``eval/pass@k``)."""
+
+    def check_group(self) -> None:
+        check_int("num_generations", self.num_generations, 1)
+        check_choice("joint_mode", self.joint_mode, ("aligned", "cross"))
+        check_choice("cross_value", self.cross_value, ("mean", "sum"))
+        check_float("beta", self.beta, 0.0)
+        check_choice("loss_type", self.loss_type, ("sequence", "token", "sum"))
+        check_int("eval_pass_k", self.eval_pass_k, 1)
+        check_float("eval_pass_threshold", self.eval_pass_threshold)
+        if getattr(self, "eval_greedy", False) and self.eval_pass_k > 1:
+            raise ConfigError("eval_pass_k > 1 needs sampling: greedy samples are all the same. Set eval_greedy=False.")
+        n, turns = getattr(self, "num_agents", 1), getattr(self, "num_turns", 1)
+        if self.joint_mode == "cross" and self.num_generations ** (n * turns) > 100_000:
+            raise ConfigError(
+                f"joint_mode='cross' with {self.num_generations} generations, {n} agents and "
+                f"{turns} turns makes {self.num_generations ** (n * turns)} "
+                "leaves per item; use joint_mode='aligned' or fewer generations/turns."
+            )
+
+
+def check_tree_buffer(cfg: Any) -> None:
+    """CoMLRL's rollout buffer of a tree learner: ``train_batch_size`` (nodes per optimiser
+    step) needs ``rollout_buffer_size`` and defaults to it."""
+    if cfg.train_batch_size is not None and cfg.rollout_buffer_size is None:
+        raise ConfigError("train_batch_size splits CoMLRL's rollout buffer: set rollout_buffer_size too "
+                          "(or use per_device_train_batch_size for items per update).")
+    if cfg.rollout_buffer_size is not None and cfg.train_batch_size is None:
+        cfg.train_batch_size = cfg.rollout_buffer_size  # CoMLRL: the whole buffer in one step
+
+
+@dataclass
+class PPOFields:
+    """Several optimisation passes over one rollout batch, kept near the sampling policy by
+    clipping the probability ratio (PPO's surrogate)."""
+
+    num_iterations: int = 1
+    """Optimisation epochs over each rollout batch; with more than one, the ratio clipping keeps
+    later epochs close to the sampling policy."""
+    clip_range: float = 0.2
+    """Lower clip range epsilon of the ratio."""
+    clip_range_high: float | None = None
+    """Upper clip range (``None``: ``clip_range``)."""
+
+    def check_group(self) -> None:
+        check_int("num_iterations", self.num_iterations, 1)
+        check_float("clip_range", self.clip_range, 0.0, 1.0, low_open=True)
+        check_float("clip_range_high", self.clip_range_high, 0.0, low_open=True, allow_none=True)
 
 
 def eval_due(item_in_epoch: int, batch_size: int, eval_interval: int) -> bool:

@@ -26,9 +26,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collab_env.adapters.common.config import TrainerConfig
+from collab_env.adapters.common.checkpoint import (
+    check_tensors,
+    damaged,
+    load_checkpoint,
+    load_safe,
+    refuse_legacy,
+    save_checkpoint,
+    save_safe,
+    stat_regular,
+)
+from collab_env.adapters.common.config import TrainerConfig, learner_sampling
+from collab_env.adapters.common.critics import ValueCritic
 from collab_env.adapters.common.learner import TaskLearner
-from collab_env.adapters.common.loop import RunState, Schedule, mean
+from collab_env.adapters.common.logging import MetricsLogger
+from collab_env.adapters.common.loop import RunState, Schedule, mean, run
+from collab_env.adapters.common.losses import kl_k3, pack_sequences, token_logprobs
+from collab_env.adapters.common.models import adamw, load_model_and_tokenizer, make_scheduler
+from collab_env.adapters.common.rollout import episode_item, grow_trees
 from collab_env.adapters.common.task import ENV_METHODS, turn_metrics
 from collab_env.errors import ConfigError, TaskFunctionError
 
@@ -120,9 +135,6 @@ class CriticLearner(TaskLearner):
         policies: Mapping[str, Any] | None = None,
         trained_players: Sequence[str] | None = None,
     ) -> None:
-        from collab_env.adapters.common.logging import MetricsLogger
-        from collab_env.adapters.common.models import adamw, make_scheduler
-
         args = self.config_class() if args is None else args
         if not isinstance(args, self.config_class):
             raise ConfigError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}.")
@@ -152,7 +164,6 @@ class CriticLearner(TaskLearner):
     def _build_critics(self, critic_model: Any, critic_tokenizer: Any) -> list[Any]:
         """One critic per agent (IAC), or one critic with an output per agent (``centralised``,
         MAAC)."""
-        from collab_env.adapters.common.critics import ValueCritic
 
         a = self.args
         n_critics = 1 if self.centralised else a.num_agents
@@ -192,13 +203,11 @@ class CriticLearner(TaskLearner):
             ``(transitions, levels)``: every agent turn as a :class:`Transition` (ordered by
             episode, turn, agent), and the rollout tree's nodes per depth.
         """
-        from collab_env.adapters.common.rollout import episode_item
-
         a = self.args
         env = self.eval_env if evaluation else self.train_env
-        roots, levels = self.task.rollout(
-            env, indices, self.models, branching=lambda d: 1, max_depth=a.num_turns,
-            sampling=self.sampling(evaluation), seeds=seeds or self.task.seeds, prompt_format=a.prompt_format,
+        roots, levels = grow_trees(
+            self.task, env, indices, self.models, branching=lambda d: 1, max_depth=a.num_turns,
+            sampling=learner_sampling(a, evaluation), seeds=seeds or self.task.seeds, prompt_format=a.prompt_format,
             stop_above=None if evaluation else a.early_termination_threshold,  # CoMLRL: training only
             discount=a.discount)
         out: list[Transition] = []
@@ -236,8 +245,6 @@ class CriticLearner(TaskLearner):
         """CoMLRL's reference KL: each transition's reward minus ``reference_kl_coef`` times its
         completion's k3 KL to the initial policy, summed over tokens (raw logits, no gradient)."""
         import torch
-
-        from collab_env.adapters.common.losses import kl_k3, pack_sequences, token_logprobs
 
         a = self.args
         by_turn: dict[int, list[float]] = {}
@@ -298,7 +305,6 @@ class CriticLearner(TaskLearner):
         """The actors' micro-batches: ``(owners, packed)``, where ``owners[k]`` lists the
         transitions of distinct model ``k`` (``_unique[k]``) and ``packed[k]`` is
         ``[(indices, TokenBatch on the model's device)]`` in chunks of ``train_micro_batch_size``."""
-        from collab_env.adapters.common.losses import pack_sequences
 
         a = self.args
         owners: dict[int, list[int]] = {}
@@ -318,7 +324,6 @@ class CriticLearner(TaskLearner):
     def train(self) -> dict[str, Any]:
         """Train for ``num_train_epochs`` (or ``max_steps`` items), evaluating on the guide's
         schedule. Returns the last logged training metrics."""
-        from collab_env.adapters.common.loop import run
 
         if self.train_env is None:
             raise ConfigError("train() needs train_dataset= (or env=).")
@@ -381,7 +386,6 @@ class CriticLearner(TaskLearner):
         optimiser and scheduler states and, for a separate critic, trainable backbone weights).
         Default folder: ``<output_dir>/checkpoint-<items done>``; continue the run with
         :meth:`load_checkpoint` then :meth:`train`."""
-        from collab_env.adapters.common.checkpoint import save_checkpoint, save_safe
 
         path = Path(path) if path is not None else Path(self.args.output_dir) / f"checkpoint-{self.state.items_done}"
         save_checkpoint(path, self._unique, asdict(self.state), self._rng)
@@ -406,21 +410,55 @@ class CriticLearner(TaskLearner):
         """
         import torch
 
-        from collab_env.adapters.common.checkpoint import load_checkpoint, load_safe, refuse_legacy
-
         path = Path(path)
+        if not path.is_dir():
+            raise ConfigError(f"{path} is not a folder; pass the checkpoint folder save_checkpoint() wrote.")
         blobs = []
         for k, c in enumerate(self.critics):  # every critic checked before anything is changed
-            if not (path / f"critic_{k}.json").is_file():
+            file = path / f"critic_{k}.json"
+            if stat_regular(file) is None:  # a FIFO, device or folder in its place is refused here
                 refuse_legacy(path / f"critic_{k}.pt")
                 raise ConfigError(f"{path} holds no critic_{k}.json: pass a folder this trainer's save_checkpoint() "
                                   f"wrote (it saves {len(self.critics)} critic(s)).")
-            blob = load_safe(path, f"critic_{k}")
-            own = {n for n, p in c.backbone.named_parameters() if p.requires_grad} if not c.shares_actor else None
-            if (not isinstance(blob, dict) or blob.get("shares_actor") != c.shares_actor
-                    or (own is not None and set(blob.get("backbone") or {}) != own)):
-                raise ConfigError(f"{path / f'critic_{k}.json'} does not fit critic {k} (another critic_type, "
+            blob = load_safe(path, f"critic_{k}")  # file types, sizes, nesting, safetensors header
+            if not isinstance(blob, dict) or set(blob) != {"head", "shares_actor", "backbone", "optimizer",
+                                                           "scheduler"}:
+                raise damaged(file, "it is not a critic state (head, shares_actor, backbone, optimizer, scheduler)")
+            own = {n: p for n, p in c.backbone.named_parameters() if p.requires_grad} if not c.shares_actor else None
+            saved_backbone = blob["backbone"]
+            if (blob["shares_actor"] is not c.shares_actor or (own is None) != (saved_backbone is None)
+                    or (own is not None and (not isinstance(saved_backbone, dict) or set(saved_backbone) != set(own)))):
+                raise ConfigError(f"{file} does not fit critic {k} (another critic_type, "
                                   "critic model or LoRA setting?); build the trainer as the saving run did.")
+            head = c.head.state_dict()
+            if not isinstance(blob["head"], dict) or set(blob["head"]) != set(head):
+                got = sorted(blob["head"])[:6] if isinstance(blob["head"], dict) else type(blob["head"]).__name__
+                raise ConfigError(f"{file}: critic {k}'s head has {got}, this trainer's has {sorted(head)}; build the "
+                                  "trainer as the saving run did.")
+            check_tensors(file, f"critic {k}'s head weight", blob["head"], {n: t.shape for n, t in head.items()})
+            if own is not None:
+                check_tensors(file, f"critic {k}'s parameter", blob["backbone"], {n: p.shape for n, p in own.items()})
+            for name, t in [*blob["head"].items(), *(blob["backbone"] or {}).items()]:
+                if not t.is_floating_point():
+                    raise damaged(file, f"critic {k}'s {name} is {t.dtype}, not a floating-point tensor")
+            for part, target in (("optimizer", c.optimizer), ("scheduler", c.scheduler)):
+                saved = blob[part]
+                if saved is not None and not isinstance(saved, dict):
+                    raise damaged(file, f"critic {k}'s {part} state is a {type(saved).__name__}, not a dict")
+                if saved is not None and target is None:
+                    raise ConfigError(f"{file} holds a {part} state for critic {k}, which has none here; build "
+                                      "the trainer as the saving run did.")
+            opt = blob["optimizer"]
+            if opt is not None:  # what torch checks only while it loads, checked before anything is loaded
+                groups = opt.get("param_groups")
+                mine = c.optimizer.param_groups
+                if (not isinstance(groups, list) or len(groups) != len(mine) or not isinstance(opt.get("state"), dict)
+                        or not all(isinstance(g, dict) and isinstance(g.get("params"), list)
+                                   and len(g["params"]) == len(m["params"])
+                                   for g, m in zip(groups, mine, strict=True))):
+                    raise ConfigError(f"{file}: critic {k}'s optimiser state does not fit this trainer's optimiser "
+                                      "(other critic model, LoRA or optimiser setting?); build the trainer as the "
+                                      "saving run did.")
             blobs.append(blob)
         if (path / f"critic_{len(self.critics)}.json").exists():
             raise ConfigError(f"{path} holds more critics than this trainer's {len(self.critics)}; build the "
@@ -451,8 +489,6 @@ def load_critic_model(spec: Any, tokenizer: Any, device: Any) -> tuple[Any, Any]
     (:func:`~collab_env.adapters.common.models.load_model_and_tokenizer`), with the critic named
     in its errors."""
     import torch
-
-    from collab_env.adapters.common.models import load_model_and_tokenizer
 
     try:
         return load_model_and_tokenizer(spec, tokenizer, str(device), torch.float32)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from collab_env.adapters.common.losses import pack_sequences
 from collab_env.errors import ConfigError
 
 __all__ = ["td_targets", "gae", "clipped_value_loss", "actor_loss", "ValueCritic"]
@@ -174,8 +175,6 @@ class ValueCritic:
             is enabled.
         """
         import torch
-
-        from collab_env.adapters.common.losses import pack_sequences
 
         if any(len(p) == 0 for p in prefixes):
             raise ConfigError("a critic input has an empty prefix; the state must hold at least one token.")

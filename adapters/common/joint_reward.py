@@ -26,16 +26,27 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from collab_env.adapters.common.checkpoint import (
+    damaged,
+    load_tensors,
+    parse_json,
+    read_regular,
+    refuse_legacy,
+    save_tensors,
+    stat_regular,
+)
 from collab_env.adapters.common.config import check_int
+from collab_env.adapters.common.models import load_model_and_tokenizer, resolve_device, resolve_dtype
 from collab_env.adapters.common.pairs import JointPair, as_completions, as_prompt
 from collab_env.errors import ConfigError, DataSchemaError
 
-__all__ = ["JointTemplate", "JointRewardModel", "pair_rewards", "HEAD_FILE", "META_FILE"]
+__all__ = ["JointTemplate", "JointRewardModel", "pair_rewards", "read_meta", "HEAD_FILE", "META_FILE", "MAX_META_BYTES"]
 
 #: The linear head's weights inside a saved reward-model folder (safetensors: loading runs no
 #: code; an older folder's ``reward_head.pt`` pickle is refused, see
@@ -43,6 +54,67 @@ __all__ = ["JointTemplate", "JointRewardModel", "pair_rewards", "HEAD_FILE", "ME
 HEAD_FILE = "reward_head.safetensors"
 #: Template, length settings and tokenizer class of a saved reward-model folder.
 META_FILE = "reward_model.json"
+#: Largest ``reward_model.json`` read, in bytes (the one save_pretrained writes is about 300).
+MAX_META_BYTES = 64 * 2**10
+#: The keys of ``reward_model.json`` and the types each value may have.
+_META_TYPES: dict[str, tuple[type, ...]] = {
+    "format": (int,), "template": (dict,), "max_length": (int, type(None)), "append_eos": (bool,),
+    "num_agents": (int, type(None)), "tokenizer_class": (str, type(None)),
+}
+_META_FIX = ("it was not written by JointRewardModel.save_pretrained(), or it was damaged; nothing was loaded. "
+             "Save the reward model again, or restore it from a good copy.")
+
+
+def _bad_meta(file: Any, what: str) -> ConfigError:
+    return ConfigError(f"{file}: {what}; {_META_FIX}")
+
+
+def read_meta(file: str | Path) -> dict[str, Any]:
+    """The settings of a saved reward model (``reward_model.json``), read without trusting the
+    file: a regular file (a FIFO or device is refused unopened) of at most
+    :data:`MAX_META_BYTES`, JSON nested at most as deep as a state file, with exactly the keys
+    save_pretrained writes, each of its type (booleans are not integers), a template whose
+    fields are those of :class:`JointTemplate`, and a tokenizer class that is a plain name (checked
+    to be a tokenizer class when it is used). Anything
+    else raises a one-line :class:`ConfigError` (the file, what is wrong, what to do); the file
+    is only read."""
+    file = Path(file)
+    meta = parse_json(read_regular(file, MAX_META_BYTES), file, _bad_meta)
+    if not isinstance(meta, dict):
+        raise _bad_meta(file, f"it holds a JSON {type(meta).__name__}, not an object")
+    if set(meta) != set(_META_TYPES):
+        raise _bad_meta(file, f"its keys are {sorted(meta)[:8]}, expected {sorted(_META_TYPES)}")
+    for key, types in _META_TYPES.items():
+        value = meta[key]
+        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+            raise _bad_meta(file, f"{key} is {str(value)[:60]!r} ({type(value).__name__}), expected "
+                                  f"{' or '.join('null' if t is type(None) else t.__name__ for t in types)}")
+    if meta["format"] != 1:
+        raise _bad_meta(file, f"format is {meta['format']}, this version reads format 1")
+    for key, low in (("max_length", 1), ("num_agents", 1)):
+        if meta[key] is not None and meta[key] < low:
+            raise _bad_meta(file, f"{key} is {meta[key]}, expected >= {low} or null")
+    names = {f.name for f in fields(JointTemplate)}
+    template = meta["template"]
+    if not set(template) <= names or not all(isinstance(v, str) for v in template.values()):
+        raise _bad_meta(file, f"template must map some of {sorted(names)} to strings, got keys {sorted(template)[:8]}")
+    try:
+        meta["template"] = JointTemplate(**template)
+    except ConfigError as exc:
+        raise _bad_meta(file, f"template: {exc}") from None
+    cls_name = meta["tokenizer_class"]
+    if cls_name is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,80}", cls_name):
+        raise _bad_meta(file, f"tokenizer_class {cls_name[:60]!r} is not the name of a transformers tokenizer class")
+    return meta
+
+
+def _check_head(file: Path, head: Mapping[str, Any]) -> None:
+    """A saved head is exactly ``weight [1, H]`` and ``bias [1]`` floating-point tensors."""
+    shapes = {k: list(v.shape) for k, v in head.items()}
+    if (set(head) != {"weight", "bias"} or len(shapes["weight"]) != 2 or shapes["weight"][0] != 1
+            or shapes["bias"] != [1] or not all(v.is_floating_point() for v in head.values())):
+        raise damaged(file, f"it holds {dict(list(shapes.items())[:4])}, not a reward head (float weight [1, hidden] "
+                             "and bias [1])")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,12 +228,6 @@ class JointRewardModel:
         LM) with a fresh head, drawn from ``seed`` without moving the global RNG."""
         import torch
 
-        from collab_env.adapters.common.models import (
-            load_model_and_tokenizer,
-            resolve_device,
-            resolve_dtype,
-        )
-
         dev = resolve_device(device)
         lm, tok = load_model_and_tokenizer(model, tokenizer, dev, resolve_dtype(dtype, dev))
         hidden = int(lm.config.get_text_config().hidden_size if hasattr(lm.config, "get_text_config")
@@ -180,26 +246,30 @@ class JointRewardModel:
                         dtype: str = "auto") -> JointRewardModel:
         """Load a folder written by :meth:`save_pretrained` (the tokenizer is reloaded with the
         class it was saved from, so its ids do not change)."""
-        from collab_env.adapters.common.checkpoint import load_tensors, refuse_legacy
-        from collab_env.adapters.common.models import resolve_device
-
         path = Path(path)
-        if (path / META_FILE).is_file() and not (path / HEAD_FILE).is_file():
+        has_meta, has_head = stat_regular(path / META_FILE), stat_regular(path / HEAD_FILE)
+        if has_meta is not None and has_head is None:
             refuse_legacy(path / "reward_head.pt")
-        if not (path / META_FILE).is_file() or not (path / HEAD_FILE).is_file():
+        if has_meta is None or has_head is None:
             raise ConfigError(
                 f"{str(path)!r} is not a reward-model folder (it needs {META_FILE} and {HEAD_FILE}); pass the "
                 "folder JointRewardModel.save_pretrained() or RewardModelTrainer.save_model() wrote."
             )
-        meta = json.loads((path / META_FILE).read_text())
-        head = load_tensors(path / HEAD_FILE)  # before the LM: a bad head file fails at once
+        # Both files are checked before the LM is loaded: a bad one fails at once, nothing changed.
+        head = load_tensors(path / HEAD_FILE)
+        _check_head(path / HEAD_FILE, head)
+        meta = read_meta(path / META_FILE)
         if tokenizer is None:
             import transformers
 
-            cls_name = meta.get("tokenizer_class") or "AutoTokenizer"
-            tokenizer = getattr(transformers, cls_name, transformers.AutoTokenizer).from_pretrained(str(path))
+            tok_cls = getattr(transformers, meta["tokenizer_class"] or "AutoTokenizer", transformers.AutoTokenizer)
+            if tok_cls is not transformers.AutoTokenizer and not (
+                    isinstance(tok_cls, type) and issubclass(tok_cls, transformers.PreTrainedTokenizerBase)):
+                raise _bad_meta(path / META_FILE, f"tokenizer_class {meta['tokenizer_class']!r} is not a transformers "
+                                                  "tokenizer class")
+            tokenizer = tok_cls.from_pretrained(str(path))
         rm = cls.from_model(str(path), tokenizer, device=device, dtype=dtype,
-                            template=JointTemplate(**meta["template"]), max_length=meta["max_length"],
+                            template=meta["template"], max_length=meta["max_length"],
                             append_eos=meta["append_eos"], num_agents=meta["num_agents"])
         rm.head.load_state_dict(head)
         rm.head.to(resolve_device(device))
@@ -210,8 +280,6 @@ class JointRewardModel:
         """Write the LM (LoRA merged into a copy of the weights), the tokenizer, the head and
         the rendering settings to ``path``; reload with :meth:`from_pretrained`."""
         import copy
-
-        from collab_env.adapters.common.checkpoint import save_tensors
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@ source, the item schedule, and the shuffled order of an epoch.
   with an AdamW optimiser and a learning-rate schedule each.
 * :class:`TaskLearner`: a mixin for learners built on a
   :class:`~collab_env.adapters.common.task.TaskSource` (``self.task``): ``train_env``,
-  ``eval_env``, ``players``, ``others``, the sampling of its config and CoMLRL's item schedule.
+  ``eval_env``, ``players``, ``others`` and CoMLRL's item schedule.
 * :func:`epoch_order`: the order of an epoch's rows (shuffled by the seed, the epoch and a key).
 """
 
@@ -15,8 +15,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from collab_env.adapters.common.config import learner_sampling
 from collab_env.adapters.common.loop import Schedule
-from collab_env.adapters.common.task import TaskSource, learner_sampling
+from collab_env.adapters.common.models import load_policy_models, make_optimizer, make_scheduler, unique_models
+from collab_env.adapters.common.task import TaskSource
 from collab_env.errors import ConfigError
 
 __all__ = ["build_models", "TaskLearner", "epoch_order"]
@@ -26,12 +28,6 @@ def build_models(agent_model: Any, tokenizer: Any, num_agents: int, args: Any, *
                  steps: int) -> tuple[list[Any], list[Any]]:
     """``(models, unique)``: one :class:`~collab_env.adapters.common.models.PolicyModel` per agent
     and the distinct ones, each with its optimiser and a schedule of ``steps`` optimiser steps."""
-    from collab_env.adapters.common.models import (
-        load_policy_models,
-        make_optimizer,
-        make_scheduler,
-        unique_models,
-    )
 
     models = load_policy_models(agent_model, tokenizer, num_agents, args, need_reference=need_reference)
     unique = unique_models(models)
@@ -118,12 +114,8 @@ class TaskLearner:
         self.models, self._unique = build_models(agent_model, tokenizer, args.num_agents, args,
                                                  need_reference=need_reference(args),
                                                  steps=self.planned_optimizer_steps())
-        self.task.bind_learner(self.models, self.sampling(False))
+        self.task.bind_learner(self.models, learner_sampling(args))
         return args
-
-    def sampling(self, evaluation: bool = False) -> dict[str, Any]:
-        """The rollouts' sampling keywords (:func:`~collab_env.adapters.common.task.learner_sampling`)."""
-        return learner_sampling(self.args, evaluation)
 
     def item_schedule(self, batch: int, desc: str, **rules: Any) -> Schedule:
         """Training items in batches of ``batch``: an epoch is the training split (an unlimited

@@ -4,6 +4,8 @@ Every record is one JSON line ``{"env_step": ..., "item": ..., "epoch": ..., <me
 in ``<output_dir>/metrics.jsonl``; :meth:`MetricsLogger.plot` draws every reward, return, loss
 and KL curve against ``env_step`` into ``<output_dir>/curves.png``. With a ``wandb_config`` the
 same records go to Weights & Biases (``mode="offline"`` works without network or account).
+When a run ends, :meth:`MetricsLogger.summary` prints what it did and where its files went (every
+trainer's ``train()`` ends there, through :func:`~collab_env.adapters.common.loop.run`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class MetricsLogger:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.output_dir / "metrics.jsonl"
         self.records: list[dict[str, Any]] = []
+        self.written: list[Path] = []
+        """Files and folders the run wrote besides the JSONL (curves, checkpoints), in order."""
         self._fresh = True
         if resume:
             self.resume()
@@ -140,13 +144,56 @@ class MetricsLogger:
         out = Path(path) if path is not None else self.output_dir / "curves.png"
         fig.savefig(out, dpi=100)
         plt.close(fig)
+        self.wrote(out)
         return out
+
+    def wrote(self, path: str | Path | None) -> None:
+        """Note a file or folder the run wrote (a checkpoint, the curves) for :meth:`summary`."""
+        if path is None:
+            return
+        path = Path(path)
+        if path not in self.written:
+            self.written.append(path)
+
+    def summary(self, name: str, done: Mapping[str, int]) -> str:
+        """The end-of-run summary: ``name``, the counts in ``done`` (e.g. items, optimiser steps),
+        the final and mean training reward when the log has one (``turn_1/reward_mean``, else
+        the first other ``*reward_mean`` key, else the first ``*reward*`` key, of the training
+        records), and the paths of the JSONL
+        log and of every existing file noted by :meth:`wrote`. Printed when the run is verbose;
+        always returned."""
+        counts = ", ".join(f"{v} {k}" for k, v in done.items())
+        lines = [f"{name} finished: {counts}" + _reward_line(self.records)]
+        files = ([("metrics", self.path)] if self.path.exists() else []) + [
+            ("curves" if p.suffix == ".png" else "metrics" if p.suffix == ".jsonl" else
+             "checkpoint" if p.is_dir() else "file", p)
+            for p in self.written if p.exists()]
+        lines.extend(f"  {label + ':':<11} {p.resolve()}" for label, p in files)
+        text = "\n".join(lines)
+        if self.verbose:
+            print(text, flush=True)
+        return text
 
     def close(self) -> None:
         """Finish the W&B run (the JSONL file is always flushed)."""
         if self._run is not None:
             self._run.finish()
             self._run = None
+
+
+def _reward_line(records: list[dict[str, Any]]) -> str:
+    train = [r for r in records if not any(str(k).startswith("eval/") for k in r)]
+    keys = sorted({k for r in train for k, v in r.items() if "reward" in k and isinstance(v, (int, float))
+                   and not isinstance(v, bool)})
+    preferred = [k for k in keys if k == "turn_1/reward_mean"] + [
+        k for k in keys if k.endswith("reward_mean") and not k.startswith(("preference/", "reward_model/"))]
+    key = (preferred or keys or [None])[0]
+    if key is None:
+        return ""
+    values = [float(r[key]) for r in train if key in r and not math.isnan(float(r[key]))]
+    if not values:
+        return ""
+    return f"; {key} final {values[-1]:.4g}, mean {sum(values) / len(values):.4g}"
 
 
 def _plotted(key: str) -> bool:

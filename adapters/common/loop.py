@@ -13,7 +13,9 @@ A learner implements the :class:`Learner` protocol: ``args``, ``state`` (a :clas
 4. log the mean of the kept metrics when ``log_rule`` says so; call ``end_epoch()`` at the end
    of every epoch; save a checkpoint when ``save_rule`` says so;
 5. after the last step: ``end_epoch()``, log what is left, the final evaluation when the
-   schedule asks for one, the PNG curves when ``args.plot``.
+   schedule asks for one, the PNG curves when ``args.plot``, and the summary of the run
+   (:meth:`~collab_env.adapters.common.logging.MetricsLogger.summary`: what was done, the
+   reward, where the log, the curves and the checkpoints went).
 
 Item learners (MAGRPO, REINFORCE, IAC/MAAC, online DPO) count training items; step learners
 (SFT, DPO, the reward model, MADPO) count optimiser steps, and their ``train_step`` takes
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from collab_env._progress import progress_bar
 from collab_env.adapters.common.collapse import DEFAULT_THRESHOLDS, check_collapse
 from collab_env.adapters.common.config import eval_due
 
@@ -229,11 +232,10 @@ def _roll_epoch(learner: Learner, s: Schedule) -> None:
 def run(learner: Learner) -> dict[str, Any]:
     """Train ``learner`` from its ``state`` to the end of its :class:`Schedule` (module
     docstring); returns the last logged training metrics."""
-    from tqdm.auto import tqdm
-
     s, st = learner.schedule(), learner.state
-    bar = tqdm(total=s.limit, initial=_done(s, st), disable=not learner.logger.verbose, desc=s.desc,
-               unit=s.unit)
+    # A bar on a terminal, plain lines in a log file (collab_env._progress); none when not verbose.
+    bar = progress_bar(s.limit, s.desc, show=None if learner.logger.verbose else False, lines=True,
+                       initial=_done(s, st), unit=s.unit)
     last: dict[str, Any] = {}
     while st.epoch < s.epochs and _done(s, st) < s.limit:
         pos = st.in_epoch
@@ -255,9 +257,11 @@ def run(learner: Learner) -> dict[str, Any]:
         _roll_epoch(learner, s)
         if s.save_every and _done(s, st) % s.save_every == 0 and (
                 s.save_rule == "done" or st.optimizer_steps != updates):
-            learner.save_checkpoint()
-        bar.update(size)
-    bar.close()
+            learner.logger.wrote(learner.save_checkpoint())
+        if bar is not None:
+            bar.update(size)
+    if bar is not None:
+        bar.close()
     _end_epoch(learner)
     if st.pending:
         last = flush_log(learner, s.summed, s.log_item)
@@ -265,6 +269,11 @@ def run(learner: Learner) -> dict[str, Any]:
         learner.evaluate()
     if learner.args.plot:
         learner.logger.plot()
+    done = {"items" if s.unit == "item" else "steps": _done(s, st), "optimiser steps": st.optimizer_steps,
+            "epochs": st.epoch + (st.in_epoch > 0)}
+    if s.unit == "step":
+        done.pop("optimiser steps")
+    learner.logger.summary(s.desc or type(learner).__name__, done)
     return last
 
 

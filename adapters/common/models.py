@@ -8,7 +8,7 @@ one :class:`PolicyModel` per agent. With ``share_model`` every agent gets the *s
 Placement follows the config: CUDA with bfloat16 weights when torch sees a GPU, CPU with float32
 otherwise; gradient checkpointing is on by default on CUDA. The code path is the same on both.
 
-Generation goes through the token-level interface (:class:`~collab_env.agents.hf.TokenGenerator`:
+Generation goes through the token-level interface (:class:`~collab_env.agents.tokens.TokenGenerator`:
 :meth:`PolicyModel.generate_tokens`) of an :class:`~collab_env.agents.hf.HFPolicy` on the model
 being trained, or of its vLLM engine, so a :class:`~collab_env.types.Completion` holds the exact
 token ids the learner puts in its loss. :attr:`PolicyModel.policy` is the same model as a
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collab_env.adapters.common.vllm_engine import VLLMGenerator, vllm_available
 from collab_env.errors import ConfigError, require
 
 __all__ = [
@@ -104,7 +105,7 @@ class PolicyModel:
 
     @property
     def pad_token_id(self) -> int:
-        """Same as :attr:`pad_id` (the :class:`~collab_env.agents.hf.TokenGenerator` name)."""
+        """Same as :attr:`pad_id` (the :class:`~collab_env.agents.tokens.TokenGenerator` name)."""
         return self.pad_id
 
     @property
@@ -148,7 +149,7 @@ class PolicyModel:
         its own generator seeded by ``seeds[i]``), from the current weights: through the vLLM
         engine when there is one (synced first when the optimiser stepped since), else in
         ``generate`` calls of at most :attr:`max_batch_size` rows
-        (:class:`~collab_env.agents.hf.TokenGenerator`).
+        (:class:`~collab_env.agents.tokens.TokenGenerator`).
 
         Args:
             prompts: Token ids per row (used as they are).
@@ -288,7 +289,6 @@ def load_policy_models(agent_model: Any, tokenizer: Any, num_agents: int, config
                                  flush="idle", max_wait_ms=1000.0)
             engine = None
             if _use_vllm(config, device):
-                from collab_env.adapters.common.vllm_engine import VLLMGenerator
 
                 engine = VLLMGenerator(model, tok, config.vllm_engine_kwargs)
             out.append(PolicyModel(model=model, tokenizer=tok, generator=generator, lora=lora,
@@ -303,7 +303,6 @@ def load_policy_models(agent_model: Any, tokenizer: Any, num_agents: int, config
 
 def _use_vllm(config: Any, device: str) -> bool:
     """Whether rollouts are sampled by vLLM (``generation_backend``)."""
-    from collab_env.adapters.common.vllm_engine import vllm_available
 
     backend = getattr(config, "generation_backend", "hf")
     if backend == "vllm":

@@ -17,6 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from collab_env.adapters.common.chat import chat_ids, check_token_prefix, cut_at_end_of_turn
+from collab_env.adapters.common.losses import pack_sequences, token_logprobs
+from collab_env.adapters.common.preference import sequence_logprobs
 from collab_env.errors import ConfigError, DataSchemaError
 
 __all__ = ["JointPair", "Pair", "as_completions", "as_prompt", "read_joint_pairs", "as_messages", "encode_pair",
@@ -125,7 +128,6 @@ def encode_pair(tokenizer: Any, prompt: Any, chosen: Any, rejected: Any, *, max_
     Raises:
         DataSchemaError: Malformed fields; ConfigError: a template that is not prefix-stable.
     """
-    from collab_env.adapters.common.chat import chat_ids, check_token_prefix, cut_at_end_of_turn
 
     p_msgs = as_messages(prompt, "user", f"{where}: prompt")
     p_ids = chat_ids(tokenizer, p_msgs, generation_prompt=True)
@@ -206,8 +208,6 @@ def pair_logps(model: Any, pairs: Sequence[Pair], pad_id: int, device: Any):
     """``([B] chosen, [B] rejected)`` summed completion log-probs of ``model`` on encoded
     ``pairs`` (the prompt with each completion, packed into one forward pass), with gradient
     when grad is enabled."""
-    from collab_env.adapters.common.losses import pack_sequences, token_logprobs
-    from collab_env.adapters.common.preference import sequence_logprobs
 
     prompts = [p for p, _, _ in pairs] * 2
     comps = [c for _, c, _ in pairs] + [r for _, _, r in pairs]

@@ -37,12 +37,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from collab_env._async import run_sync
 from collab_env.policy import SamplingParams
 from collab_env.rollout.driver import advance
 
 __all__ = [
-    "TreeNode", "JointAction", "start_roots", "expand_tree", "compute_returns", "completion_values",
-    "episode_item",
+    "TreeNode", "JointAction", "grow_trees", "start_roots", "expand_tree", "compute_returns", "completion_values",
+    "episode_item", "as_sampling",
 ]
 
 
@@ -140,6 +141,37 @@ async def start_roots(base_env: Any, indices: Sequence[int], players: Sequence[s
     return [node for node in nodes if node is not None]
 
 
+def grow_trees(task: Any, env: Any, indices: Sequence[int], models: Sequence[Any], *,
+               branching: Callable[[int], int], max_depth: int, sampling: SamplingParams,
+               seeds: Callable[[int], list[int]], joint_mode: Literal["aligned", "cross"] = "aligned",
+               prompt_format: Literal["chat", "raw"] = "chat", stop_above: float | None = None,
+               discount: float = 1.0) -> tuple[list[TreeNode], list[list[TreeNode]]]:
+    """The rollout trees of the task items ``indices`` on ``env``, returns filled: the roots
+    (:func:`start_roots`), the levels (:func:`expand_tree`, whose arguments these are) and
+    :func:`compute_returns` with ``discount``. ``task`` gives the players: ``players``,
+    ``others`` and ``others_sampling`` (a :class:`~collab_env.adapters.common.task.TaskSource`).
+    Returns ``(roots, levels)``."""
+    others_sampling = task.others_sampling or None
+
+    async def go() -> tuple[list[TreeNode], list[list[TreeNode]]]:
+        roots = await start_roots(env, indices, task.players, task.others, seeds, others_sampling=others_sampling)
+        levels = await expand_tree(roots, players=task.players, models=models, others=task.others,
+                                   branching=branching, max_depth=max_depth, joint_mode=joint_mode,
+                                   sampling=sampling, seeds=seeds, prompt_format=prompt_format,
+                                   stop_above=stop_above, others_sampling=others_sampling)
+        return roots, levels
+
+    roots, levels = run_sync(go())
+    compute_returns(levels, len(task.players), discount)
+    return roots, levels
+
+
+def as_sampling(sampling: SamplingParams | Mapping[str, Any]) -> SamplingParams:
+    """``sampling`` as :class:`~collab_env.policy.SamplingParams` (a mapping of its keywords is
+    validated)."""
+    return sampling if isinstance(sampling, SamplingParams) else SamplingParams.from_kwargs(**sampling)
+
+
 def _acting(players: Sequence[str], infos: Mapping[str, Any]) -> list[int]:
     return [i for i, p in enumerate(players) if infos.get(p, {}).get("on_turn")]
 
@@ -153,7 +185,7 @@ async def expand_tree(
     branching: Callable[[int], int],
     max_depth: int,
     joint_mode: Literal["aligned", "cross"],
-    sampling: Mapping[str, Any],
+    sampling: SamplingParams | Mapping[str, Any],
     seeds: Callable[[int], list[int]],
     prompt_format: Literal["chat", "raw"] = "chat",
     stop_above: float | None = None,
@@ -165,14 +197,14 @@ async def expand_tree(
         roots: From :func:`start_roots`.
         players: Trained player ids; agent ``i`` is ``players[i]``.
         models: Per agent, a :class:`~collab_env.adapters.common.models.PolicyModel` or any
-            :class:`~collab_env.agents.hf.TokenGenerator` with ``prompt_ids`` /
+            :class:`~collab_env.agents.tokens.TokenGenerator` with ``prompt_ids`` /
             ``raw_prompt_ids`` (the same object for agents sharing a model: their requests then
             share generate calls).
         others: Policies of the untrained players.
         branching: Completions per acting agent at a depth (``G``).
         max_depth: Turns per tree.
         joint_mode: ``"aligned"`` or ``"cross"`` joint actions.
-        sampling: Sampling keywords (temperature, top_p, top_k, max_new_tokens).
+        sampling: The agents' :class:`~collab_env.policy.SamplingParams` (or its keywords).
         seeds: ``seeds(n)`` returns ``n`` fresh generator seeds (the learner's RNG).
         prompt_format: ``"chat"``: agents generate from their whole observation through the chat
             template; ``"raw"``: from their turn's prompt (the latest message addressed to
@@ -187,7 +219,7 @@ async def expand_tree(
     while frontier and depth < max_depth:
         levels.append(frontier)
         g = branching(depth)
-        _generate(frontier, models, g, sampling, seeds, prompt_format)
+        _generate(frontier, models, g, as_sampling(sampling), seeds, prompt_format)
         steps = []
         for node in frontier:
             for choice in _joint_choices(node, g, joint_mode):
@@ -212,11 +244,10 @@ def _node_mean_reward(node: TreeNode) -> float:
     return sum(per_joint) / len(per_joint) if per_joint else 0.0
 
 
-def _generate(nodes: Sequence[TreeNode], models: Sequence[Any], g: int, sampling: Mapping[str, Any],
+def _generate(nodes: Sequence[TreeNode], models: Sequence[Any], g: int, params: SamplingParams,
               seeds: Callable[[int], list[int]], prompt_format: str = "chat") -> None:
     """Sample ``g`` completions per acting agent of every node: one ``generate_tokens`` request
     per model, holding every node, fork and agent it plays."""
-    params = SamplingParams.from_kwargs(**sampling)
     requests: list[tuple[Any, TreeNode, int]] = []  # (model, node, agent)
     for node in nodes:
         for a in node.acting:

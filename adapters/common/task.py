@@ -11,11 +11,9 @@ builds one :class:`TaskSource` from its arguments instead of setting up envs its
   split), and how many of them an evaluation can play (:func:`eval_count`);
 * **seeds**: the training generator (``seeds(n)``; checkpoints save its state) and one fresh
   generator per evaluation, so that evaluating never shifts the training samples;
-* **sampling**: one set of sampling keywords from the learner's config
-  (:func:`learner_sampling`), used by the rollout tree and bound, with the learner's policies,
-  into the multiturn-aware reward's futures (:meth:`TaskSource.bind_learner`);
-* **rollout**: :meth:`TaskSource.rollout` grows the rollout tree of a batch of items
-  (:mod:`~collab_env.adapters.common.rollout`) and fills its returns;
+* **sampling**: the learner's one :class:`~collab_env.policy.SamplingParams`
+  (:func:`~collab_env.adapters.common.config.learner_sampling`) is bound, with the learner's
+  policies, into the multiturn-aware reward's futures (:meth:`TaskSource.bind_learner`);
 * **turn metrics**: :func:`turn_metrics`, the guide's ``turn_k/reward_mean`` and
   ``turn_k/expected_return``.
 
@@ -28,13 +26,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from collab_env.adapters.common.config import check_int
+from collab_env.adapters.common.config import check_int, learner_sampling
 from collab_env.adapters.common.loop import mean
 from collab_env.errors import ConfigError
+from collab_env.policy import SamplingParams
 
 __all__ = [
     "TaskSource",
-    "learner_sampling",
+    "sampling_keywords",
     "bind_learner",
     "turn_metrics",
     "dataset_items",
@@ -97,19 +96,6 @@ def eval_count(env: Any, known_items: int | None, requested: int) -> int:
 # ---------------------------------------------------------------------------------------------
 # Sampling, binding, metrics
 # ---------------------------------------------------------------------------------------------
-def learner_sampling(args: Any, evaluation: bool = False) -> dict[str, Any]:
-    """The sampling keywords (:class:`~collab_env.agents.base.SamplingParams` fields) of a
-    learner's config: ``temperature``, ``top_p``, ``top_k`` and ``max_new_tokens`` for
-    training; in evaluation ``eval_max_new_tokens`` (when the config has it and sets it)
-    replaces ``max_new_tokens``, and ``eval_greedy`` makes it greedy (temperature 0)."""
-    tokens = args.max_new_tokens
-    if evaluation and getattr(args, "eval_max_new_tokens", None):
-        tokens = args.eval_max_new_tokens
-    if evaluation and getattr(args, "eval_greedy", False):
-        return {"temperature": 0.0, "max_new_tokens": tokens}
-    return {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "max_new_tokens": tokens}
-
-
 def untrained_sampling(args: Any, others: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """The sampling keywords of the untrained players ``others`` from ``args.untrained_sampling``
     (:class:`~collab_env.adapters.common.config.TrainerConfig`): none, the learner's own
@@ -122,7 +108,7 @@ def untrained_sampling(args: Any, others: Mapping[str, Any]) -> dict[str, dict[s
     if choice is None:
         return {}
     if choice == "learner":
-        own = {k: v for k, v in learner_sampling(args).items() if v is not None}
+        own = sampling_keywords(learner_sampling(args))
         return {p: dict(own) for p in others}
     unknown = [p for p in choice if p not in others]
     if unknown:
@@ -131,8 +117,18 @@ def untrained_sampling(args: Any, others: Mapping[str, Any]) -> dict[str, dict[s
     return {p: dict(v) for p, v in choice.items()}
 
 
+def sampling_keywords(sampling: SamplingParams | Mapping[str, Any] | None) -> dict[str, Any]:
+    """The learner's sampling as the keywords a policy call takes: ``temperature``, ``top_p``,
+    ``top_k`` and ``max_new_tokens`` where set (a mapping: its entries that are not ``None``)."""
+    if sampling is None:
+        return {}
+    if isinstance(sampling, SamplingParams):
+        sampling = {k: getattr(sampling, k) for k in ("temperature", "top_p", "top_k", "max_new_tokens")}
+    return {k: v for k, v in sampling.items() if v is not None}
+
+
 def bind_learner(envs: Sequence[Any], players: Sequence[str], models: Sequence[Any],
-                 sampling: Mapping[str, Any] | None = None) -> int:
+                 sampling: SamplingParams | Mapping[str, Any] | None = None) -> int:
     """Bind the policies being trained into every environment of ``envs`` whose reward rolls
     futures in which a trained player is played by the learner (:data:`collab_env.policy.LEARNER`,
     e.g. the multiturn-aware reward): player ``players[i]`` is played by ``models[i].policy``, the
@@ -147,7 +143,7 @@ def bind_learner(envs: Sequence[Any], players: Sequence[str], models: Sequence[A
     from collab_env.policy import bind_learner as core_bind
 
     policies = {p: models[i].policy for i, p in enumerate(players)}
-    keywords = {k: v for k, v in (sampling or {}).items() if v is not None}
+    keywords = sampling_keywords(sampling)
     per_player = {p: dict(keywords) for p in players} if keywords else None
     return sum(core_bind(e, policies, sampling=per_player) for e in envs if e is not None)
 
@@ -340,32 +336,10 @@ class TaskSource:
 
         return n, seeds
 
-    # -- binding and rollout ------------------------------------------------------------------------
-    def bind_learner(self, models: Sequence[Any], sampling: Mapping[str, Any] | None = None) -> int:
+    # -- binding ------------------------------------------------------------------------
+    def bind_learner(self, models: Sequence[Any], sampling: SamplingParams | Mapping[str, Any] | None = None) -> int:
         """:func:`bind_learner` on the training and evaluation envs."""
         return bind_learner((self.train_env, self.eval_env), self.players, models, sampling)
-
-    def rollout(self, env: Any, indices: Sequence[int], models: Sequence[Any], *, branching: Callable[[int], int],
-                max_depth: int, sampling: Mapping[str, Any], seeds: Callable[[int], list[int]],
-                joint_mode: str = "aligned", prompt_format: str = "chat", stop_above: float | None = None,
-                discount: float = 1.0) -> tuple[list[Any], list[list[Any]]]:
-        """The rollout trees of ``indices`` on ``env`` (:func:`~collab_env.adapters.common.rollout.expand_tree`),
-        returns filled with ``discount``. Returns ``(roots, levels)``."""
-        from collab_env._async import run_sync
-        from collab_env.adapters.common.rollout import compute_returns, expand_tree, start_roots
-
-        async def go():
-            roots = await start_roots(env, indices, self.players, self.others, seeds,
-                                      others_sampling=self.others_sampling or None)
-            levels = await expand_tree(roots, players=self.players, models=models, others=self.others,
-                                       branching=branching, max_depth=max_depth, joint_mode=joint_mode,
-                                       sampling=sampling, seeds=seeds, prompt_format=prompt_format,
-                                       stop_above=stop_above, others_sampling=self.others_sampling or None)
-            return roots, levels
-
-        roots, levels = run_sync(go())
-        compute_returns(levels, len(self.players), discount)
-        return roots, levels
 
     def config_record(self) -> dict[str, Any]:
         """``players`` and ``env`` (the training env's spec id) for the run's logged config."""

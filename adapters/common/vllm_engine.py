@@ -118,7 +118,7 @@ class VLLMGenerator:
     def generate_tokens(self, prompts: Sequence[Sequence[int]], params: Any, seeds: Sequence[int]) -> list[Any]:
         """One :class:`~collab_env.types.Completion` per tokenised prompt in one engine call (row
         ``i`` seeded by ``seeds[i]``), decoded with the learner's tokenizer
-        (:class:`~collab_env.agents.hf.TokenGenerator`). Call :meth:`sync` first to generate with
+        (:class:`~collab_env.agents.tokens.TokenGenerator`). Call :meth:`sync` first to generate with
         the current weights (:meth:`PolicyModel.generate_tokens` does)."""
         from dataclasses import replace
 

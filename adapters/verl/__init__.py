@@ -20,7 +20,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from collab_env.adapters.verl.loop import AGENT_NAME, CONFIG_KEYS, CollabEnvAgentLoop, episode_output, play_episode
+from collab_env.adapters.verl.loop import (
+    AGENT_NAME,
+    CONFIG_KEYS,
+    CollabEnvAgentLoop,
+    episode_output,
+    play_episode,
+    trained_player,
+)
 from collab_env.adapters.verl.policy import ServerPolicy
 from collab_env.adapters.verl.reward import compute_score
 
@@ -38,7 +45,6 @@ def dataset_rows(env_id: str, items: Iterable[int], *, seed: int = 0, env_kwargs
     loop) and ``collab_env`` (``env_id``, ``env_kwargs``, ``index``, ``seed``, ``player``).
     """
     import collab_env
-    from collab_env.adapters.verl.loop import trained_player
 
     env = collab_env.make(env_id, **dict(env_kwargs or {}))
     try:

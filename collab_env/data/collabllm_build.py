@@ -21,8 +21,8 @@ candidate returns), and the conversation continues *from the best candidate's cl
 reward is computed twice.
 
 Output: one row per candidate in the CollabLLM schema (:mod:`collab_env.tasks.collabllm`), so
-:func:`~collab_env.tasks.collabllm_data.build_sft_dataset` (the best conversation per
-``conv_id``) and :func:`~collab_env.tasks.collabllm_data.build_dpo_dataset` (best vs worst
+:func:`~collab_env.tasks.collabllm_modes.build_sft_dataset` (the best conversation per
+``conv_id``) and :func:`~collab_env.tasks.collabllm_modes.build_dpo_dataset` (best vs worst
 candidate of a prefix) work on it directly:
 
 =========================  ====================================================================
@@ -49,8 +49,10 @@ statistics; a turn where no candidate could be scored ends that conversation (co
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
+import operator
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -139,7 +141,7 @@ async def abuild_multiturn_dataset(
                 # The other players (the user simulator) answer until the rewarded player is on
                 # turn: the episode driver (a policy that gives up ends the conversation).
                 run = await advance(cur, resolved, obs=obs, infos=infos, until=(player,),
-                                    seed=lambda r, base=seed + 1000 * k + step: base + r)
+                                    seed=functools.partial(operator.add, seed + 1000 * k + step))
                 step += len(run.steps)
                 obs, infos = run.obs, run.infos
                 if run.done:
@@ -153,7 +155,8 @@ async def abuild_multiturn_dataset(
                 turn += 1
                 prompt = [m for m in obs[player].to_chat()]
                 cands = await asyncio.gather(*(
-                    resolved[player].act([obs[player]], **{**dict(sampling or {}), "seed": seed + 7919 * k + 97 * turn + j})
+                    resolved[player].act([obs[player]],
+                                         **{**dict(sampling or {}), "seed": seed + 7919 * k + 97 * turn + j})
                     for j in range(num_candidates)))
                 texts = [c[0].text for c in cands]
                 forks = [cur.clone() for _ in texts]
@@ -166,8 +169,9 @@ async def abuild_multiturn_dataset(
 
                 outs = await asyncio.gather(*(score(f, t) for f, t in zip(forks, texts, strict=True)))
                 scores = [None if out is None else float(out[1][player]) for out, _ in outs]
-                valid = [j for j, s in enumerate(scores) if s is not None and math.isfinite(s)]
-                best = max(valid, key=lambda j: scores[j]) if valid else None
+                finite = {j: s for j, s in enumerate(scores) if s is not None and math.isfinite(s)}
+                valid = list(finite)
+                best = max(valid, key=finite.__getitem__) if valid else None
                 stats["turns"] += 1
                 stats["candidates"] += len(texts)
                 stats["failed_candidates"] += len(texts) - len(valid)

@@ -1,4 +1,5 @@
-"""Result files of an evaluation: writing each finished episode durably, the failures sidecar, reading and resuming a run."""
+"""Result files of an evaluation: writing each finished episode durably, the failures sidecar,
+reading and resuming a run."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from collab_env.errors import ConfigError
 from collab_env.eval.results import FAILURES_SUFFIX
 from collab_env.types import Episode
 
-__all__ = ["load_results", "prepare_output_file", "failures_path", "ResultSink", "read_run", "repair_tail", "parse_lines",
-           "check_same_run", "check_result_file"]
+__all__ = ["load_results", "prepare_output_file", "failures_path", "ResultSink", "read_run", "repair_tail",
+           "parse_lines", "check_same_run", "check_result_file"]
 
 
 def load_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""The results of an evaluation: per-episode failures, per-player statistics, summaries, comparisons and their tables."""
+"""The results of an evaluation: per-episode failures, per-player statistics, summaries,
+comparisons and their tables."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from typing import Any
 
 from collab_env.types import Episode
 
-__all__ = ["EpisodeFailure", "PlayerStats", "EvalSummary", "EvalResult", "Comparison", "FAILURES_SUFFIX", "format_table", "jsonable",
-           "wilson_interval", "mean_interval", "interval"]
+__all__ = ["EpisodeFailure", "PlayerStats", "EvalSummary", "EvalResult", "Comparison", "FAILURES_SUFFIX",
+           "format_table", "jsonable", "wilson_interval", "mean_interval", "interval"]
 
 #: Suffix of the sidecar file that logs failed episodes next to the result file.
 FAILURES_SUFFIX = ".failures.jsonl"

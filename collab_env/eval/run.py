@@ -52,7 +52,7 @@ def evaluate(
     Args:
         env_id: Registered env id (unversioned means the latest version; the file records the
             versioned id).
-        policies: Player -> policy object, class, alias (:data:`~collab_env.agents.base.POLICY_ALIASES`),
+        policies: Player -> policy object, class, alias (:data:`~collab_env.policy.POLICY_ALIASES`),
             ``"module:Class"`` or ``"default"`` (the spec's default policy). Players left out use
             the spec's default policy; trainable players have none and must be given.
         num_episodes: Number of episodes (episode ids ``0 .. num_episodes - 1``).
@@ -268,9 +268,9 @@ def policy_ref(ref: Any, policy: Policy | None = None) -> str:
 # ---------------------------------------------------------------------------------------------
 async def _run_jobs(
     s: EnvSpec,
-    env_kwargs: dict[str, Any],
+    env_kwargs: Mapping[str, Any],
     policies: dict[str, Policy],
-    sampling: dict[str, dict[str, Any]],
+    sampling: Mapping[str, Mapping[str, Any]],
     jobs: list[dict[str, Any]],
     concurrency: int,
     run: dict[str, Any],
@@ -344,7 +344,7 @@ def _record(job: Mapping[str, Any], outcome: Episode | BaseException, run: Mappi
 
 
 def load_policy(player: str, ref: Any) -> Policy:
-    """:func:`~collab_env.agents.base.resolve_policy` for ``player``, with a policy that
+    """:func:`~collab_env.policy.resolve_policy` for ``player``, with a policy that
     cannot be imported reported as a :class:`ConfigError` naming the player and the aliases."""
     try:
         return resolve_policy(ref)

@@ -131,7 +131,8 @@ def board_trajectory(record: Mapping[str, Any], submitted: Sequence[str], thresh
         if m.get("role") == "system" or m.get("audience") is not None:
             continue
         author = m.get("author") or m.get("role")
-        turn = {"player": str(author), "text": str(m.get("content", "")), "reward": None, "components": {}}
+        turn: dict[str, Any] = {"player": str(author), "text": str(m.get("content", "")), "reward": None,
+                                "components": {}}
         if j < len(moves) and moves[j].get("player") == author and moves[j].get("text") == m.get("content"):
             turn["reward"] = float(moves[j].get("reward", 0.0))
             turn["components"] = {k: float(v) for k, v in (moves[j].get("components") or {}).items()}
@@ -282,7 +283,8 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
             replayed[rel] = fut.result()
             v, dt = replayed[rel]
             how = ("could not be verified: " + f"{type(v).__name__}: {v}"[:120] if isinstance(v, Exception)
-                   else "verified (re-played)" if v.ok else "NOT verified: " + (v.problems[0] if v.problems else "")[:120])
+                   else "verified (re-played)" if v.ok
+                   else "NOT verified: " + (v.problems[0] if v.problems else "")[:120])
             say(f"[{i}/{len(folders)}] {eid}: {how} ({dt:.1f} s)")
     # 3. Every entry's row, in folder order.
     for i, folder, rel, sub, t, eid in readable:

@@ -9,8 +9,9 @@ no network and no JavaScript framework:
   JavaScript turned off, printed, or in a text browser.
 * **Filters are CSS.** The "standard / custom / legacy" check boxes hide rows, plot marks and
   viewers through ``:has()`` selectors: no script needed.
-* **Sorting is a small vanilla script** (:data:`~collab_env.leaderboard.page_assets.PAGE_JS`): it turns each sortable column header
-  into a button that reorders the rows by the cell's ``data-value``. Without JavaScript the rows
+* **Sorting is a small vanilla script** (:data:`~collab_env.leaderboard.page_assets.PAGE_JS`): it
+  turns each sortable column header into a button that reorders the rows by the cell's
+  ``data-value``. Without JavaScript the rows
   stay in the server's order (best first by the track's first metric).
 * **The data is embedded** as JSON in ``<script type="application/json" id="board-data">``, so
   the page is its own archive; the script offers it as a download.
@@ -160,8 +161,8 @@ class _Board:
             self.entries[entry["track"]].append(entry)
         for track_id, rows in self.entries.items():
             first = by_id[track_id]["metrics"][0]
-            rows.sort(key=lambda e, m=first: (-e["metrics"][m]["mean"] if m in e["metrics"]
-                                              else math.inf, e["name"], e["id"]))
+            rows.sort(key=lambda e: (-e["metrics"][first]["mean"] if first in e["metrics"]
+                                     else math.inf, e["name"], e["id"]))
         self.entry_by_id = {e["id"]: e for e in data["entries"]}
         # Current tracks with entries first, then current ones without, then legacy ones; in
         # the data's order within each group (sorted is stable).

@@ -76,7 +76,8 @@ def _check(x: Any, shape: Any, path: str) -> None:
                 return
             except ConfigError:
                 errors.append(str(option))
-        raise ConfigError(f"{path}: expected one of {', '.join(errors + (['null'] if None in shape else []))}, got {x!r:.80}.")
+        expected = ", ".join(errors + (["null"] if None in shape else []))
+        raise ConfigError(f"{path}: expected one of {expected}, got {x!r:.80}.")
     if shape == ANY:
         try:
             json.dumps(x, allow_nan=False)

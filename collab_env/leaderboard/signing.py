@@ -51,7 +51,8 @@ def _crypto():
     try:
         from cryptography.hazmat.primitives.asymmetric import ed25519
     except ImportError as exc:
-        raise MissingDependencyError("signed verdicts need the package 'cryptography': pip install cryptography") from exc
+        raise MissingDependencyError(
+            "signed verdicts need the package 'cryptography': pip install cryptography") from exc
     return ed25519
 
 

@@ -33,6 +33,7 @@ Definitions (``R`` is an episode's reward: the mean return of the submitted play
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -75,6 +76,12 @@ def pass_hat_k(trials: Mapping[Any, tuple[int, int]], k: int) -> float:
         if not 0 <= c <= n:
             raise ConfigError(f"successes must be in [0, trials], got c={c}, n={n}.")
     return sum(vals) / len(vals) if vals else math.nan
+
+
+def _pass_hat_k_of(k: int, items: Sequence[tuple[int, int]]) -> float:
+    """pass^k of ``items`` (one ``(successes, trials)`` per task): the statistic :func:`bootstrap`
+    resamples for pass^k."""
+    return pass_hat_k(dict(enumerate(items)), k)
 
 
 def bootstrap(per_task: Sequence[Any], statistic: Callable[[list[Any]], float], *, seed: int = 0,
@@ -164,7 +171,7 @@ def entry_statistics(records: Sequence[Mapping[str, Any]], *, submitted: Sequenc
         eligible = [cn for cn in counts if cn[1] >= j]
         if not eligible:
             continue
-        mean, lo, hi = bootstrap(eligible, lambda items, j=j: pass_hat_k(dict(enumerate(items)), j),
+        mean, lo, hi = bootstrap(eligible, functools.partial(_pass_hat_k_of, j),
                                  seed=seed, num_boot=num_boot)
         pass_k[str(j)] = {"mean": mean, "lo": lo, "hi": hi, "n": len(eligible)}
     return {"metrics": out_metrics, "pass_k": pass_k, "tasks": len(keys), "episodes": len(records),

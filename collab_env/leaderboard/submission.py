@@ -181,7 +181,7 @@ def fixed_players(track: Track, cache_path: Path | None, *, mode: str = "record"
                 if not caps:
                     raise ConfigError(f"the submission records no calls of the backend {ref!r} that track "
                                       f"{track.id} uses: the track's players or judge differ from the run's.")
-                backend = _NoCalls(ref, bool(caps.get("supports_prefill")), bool(caps.get("scores")))
+                backend: Any = _NoCalls(ref, bool(caps.get("supports_prefill")), bool(caps.get("scores")))
                 loaded[ref] = CachedPolicy(backend, cache, name_for_key=ref, scoring=bool(caps.get("scores")))
             else:
                 backend = resolve_policy(ref)
@@ -398,7 +398,8 @@ def run_submission(
         raise ConfigError(f"track {t.id} is played on {t.env_id}, but that id resolves to {s.id}.")
     reasons = [str(r) for r in custom]
     if t.trials < MIN_STANDARD_TRIALS:
-        reasons.append(f"{t.id} plays {t.trials} trials per task, under the {MIN_STANDARD_TRIALS} a standard entry needs")
+        reasons.append(f"{t.id} plays {t.trials} trials per task, under the {MIN_STANDARD_TRIALS} a standard "
+                       "entry needs")
     built: dict[str, Any] = {}
     for p in t.submitted:
         built[p], why = build_policy(p, pols[p])

@@ -144,7 +144,8 @@ class Track:
             if not isinstance(how, Mapping) or ("policy" in how) == ("simulator" in how):
                 raise ConfigError(f"{where}: player {p!r} needs exactly one of 'policy' or 'simulator', got {how!r}.")
             if "simulator" in how and ("backend" not in how or how["simulator"] != "llm-user"):
-                raise ConfigError(f"{where}: player {p!r}: a simulator is {{'simulator': 'llm-user', 'backend': ref}}, got {how!r}.")
+                raise ConfigError(f"{where}: player {p!r}: a simulator is "
+                                  f"{{'simulator': 'llm-user', 'backend': ref}}, got {how!r}.")
         if self.judge is not None and "backend" not in self.judge:
             raise ConfigError(f"{where}: judge must be null or {{'backend': ref, ...}}, got {self.judge!r}.")
         unknown = [m for m in self.metrics if m not in KNOWN_METRICS]

@@ -131,7 +131,8 @@ class RecordedMoves:
                 out.append(Completion.from_dict({**comp, "text": m.get("text", "")}) if isinstance(comp, Mapping)
                            else Completion(text=str(m.get("text", ""))))
             except (TypeError, ValueError, CollabEnvError) as exc:
-                raise ConfigError(f"{self.player}'s recorded completion at step {m.get('step')} is malformed: {exc}") from exc
+                raise ConfigError(f"{self.player}'s recorded completion at step {m.get('step')} is malformed: "
+                                  f"{exc}") from exc
         return out
 
 
@@ -293,7 +294,8 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
         v.problems.append(f"track: {exc}")
         return v
     if sub.get("track") != t.id:
-        v.problems.append(f"track: the submission was played on {sub.get('track')!r}, not on the registered track {t.id}")
+        v.problems.append(f"track: the submission was played on {sub.get('track')!r}, not on the registered "
+                          f"track {t.id}")
         return v
     if sub.get("track_version") != t.version or sub.get("track_hash") != t.content_hash():
         v.problems.append(
@@ -365,7 +367,8 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
             return v
         data = digest(data_files)
         if [d["sha256"] for d in data] != [d.get("sha256") for d in sub.get("data_files", [])]:
-            v.problems.append("data: the data files given are not the ones the submission was played on (SHA-256 differs)")
+            v.problems.append("data: the data files given are not the ones the submission was played on "
+                              "(SHA-256 differs)")
             return v
     from collab_env.eval import load_results
 
@@ -395,11 +398,13 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
     missing = [k for k in range(requested) if k not in by_id]
     claimed_failed = list((sub.get("episodes") or {}).get("failed", []))
     if missing != sorted(claimed_failed):
-        v.problems.append(f"episodes: {missing[:10]} have no record, the submission lists {claimed_failed[:10]} as failed")
+        v.problems.append(f"episodes: {missing[:10]} have no record, the submission lists {claimed_failed[:10]} "
+                          "as failed")
     if (not missing and requested == (sub.get("episodes") or {}).get("full")) and sub.get("kind") == "standard" \
             and sub.get("custom_reasons"):
         v.problems.append("kind: marked standard but lists reasons to be custom")
-    if (missing or requested < int((sub.get("episodes") or {}).get("full", requested))) and sub.get("kind") == "standard":
+    if (missing or requested < int((sub.get("episodes") or {}).get("full", requested))) \
+            and sub.get("kind") == "standard":
         v.problems.append("kind: tasks are omitted or failed, so the entry cannot be standard")
     if sub.get("kind") == "standard" and t.trials < MIN_STANDARD_TRIALS:
         v.problems.append(f"kind: {t.id} plays {t.trials} trials per task; a standard entry needs a track with at "
@@ -407,7 +412,8 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
     # The track, not the submission, says how many episodes a standard entry plays.
     track_full = t.episodes if t.episodes is not None else (tasks * t.trials if isinstance(tasks, int) else None)
     claimed_full = (sub.get("episodes") or {}).get("full")
-    if sub.get("kind") == "standard" and track_full is not None and (requested != track_full or claimed_full != track_full):
+    if sub.get("kind") == "standard" and track_full is not None \
+            and (requested != track_full or claimed_full != track_full):
         v.problems.append(f"kind: a standard entry on {t.id} plays the track's {track_full} episodes "
                           f"({tasks} tasks x {t.trials} trials); this one records requested {requested}, "
                           f"full {claimed_full}")
@@ -423,7 +429,8 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
     # reply the track's simulator never wrote could have been edited into both the cache and the
     # trajectory. Played again from the pinned models, such an episode differs.
     if needs_cache:
-        n_regen = len(by_id) if full else min(len(by_id), REGENERATE_SAMPLE if regenerate is None else max(0, regenerate))
+        n_regen = len(by_id) if full else min(len(by_id),
+                                              REGENERATE_SAMPLE if regenerate is None else max(0, regenerate))
         if t.kind == "api":
             v.regeneration = ("calls replayed, not regenerated: the track's simulator or judge is an API model, "
                               "whose replies cannot be reproduced bit for bit")

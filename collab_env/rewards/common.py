@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from collab_env.errors import ConfigError
-from collab_env.policy import policies_for
+from collab_env.policy import load_entry_point, policies_for
 from collab_env.rewards.aggregation import DEFAULT_WEIGHTS, ScoredFutures
 
 __all__ = [
@@ -49,8 +49,6 @@ def ignores_candidate(policy: Any) -> bool:
     if isinstance(policy, str):
         if ":" not in policy:
             return False
-        from collab_env.registry import load_entry_point
-
         try:
             policy = load_entry_point(policy)
         except (ImportError, AttributeError):

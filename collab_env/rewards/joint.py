@@ -162,7 +162,7 @@ class JointReward(EnvWrapper):
             if a in moves:
                 self._latest[a] = moves[a]
         acted = [a for a in self.scored_agents if a in moves]
-        scored: dict[str, dict[str, float]] = {}
+        scored: dict[str, dict[str, Any]] = {}
         if acted:
             scored = self._score(acted, state, prompts)
         new_rewards: dict[str, float] = {}

@@ -115,7 +115,8 @@ class MultiturnAwareReward(EnvWrapper):
                 raise ConfigError(f"{name} must be an int >= {lo}, got {v!r}.")
         if future_token_budget is not None and (isinstance(future_token_budget, bool)
                                                 or not isinstance(future_token_budget, int) or future_token_budget < 1):
-            raise ConfigError(f"future_token_budget must be None or an int >= 1 (recipe: 2048), got {future_token_budget!r}.")
+            raise ConfigError("future_token_budget must be None or an int >= 1 (recipe: 2048), got "
+                              f"{future_token_budget!r}.")
         task = env.unwrapped.task
         self.player = rewarded_player(env, player)
         self.user_players = tuple(task.user_players)
@@ -318,6 +319,8 @@ class MultiturnAwareReward(EnvWrapper):
 
             forks = [self.env.clone() for _ in range(self.num_rollouts)]
             outs = await asyncio.gather(*(roll_and_evaluate(r, f) for r, f in enumerate(forks)))
+            faults: list[Any]
+            cost: dict[str, Any]
             convs, faults, cost, turns, dropped = [], [], {}, [], []
             for r, out in enumerate(outs):
                 add_usage(cost, out["usage"])

@@ -6,6 +6,7 @@ one arrived."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import threading
 from collections import deque
@@ -240,7 +241,7 @@ class BatchedPolicy:
             # When every episode of the batch was cancelled (a stopped run), so is the batch:
             # its requests in flight or still queued in the backend are abandoned.
             for call in batch:
-                call.future.add_done_callback(lambda _f, t=task, b=batch: self._abandon(t, b))
+                call.future.add_done_callback(functools.partial(self._abandon, task, batch))
             if group.pending and group.size < self.max_batch_size:
                 # The rest arrived later than the batch just sent: give it its own wait.
                 group.first_arrival = loop.time()
@@ -248,7 +249,7 @@ class BatchedPolicy:
                                            self._dispatch, loop, group)
 
     @staticmethod
-    def _abandon(task: asyncio.Task, batch: list[_Call]) -> None:
+    def _abandon(task: asyncio.Task, batch: list[_Call], _done: object = None) -> None:
         if not task.done() and all(call.future.cancelled() for call in batch):
             task.cancel()
 

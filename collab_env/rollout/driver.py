@@ -16,9 +16,10 @@ of other episodes and forks into one model call), then their moves go to ``env.a
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from collab_env.env import CollabEnv
 from collab_env.errors import ConfigError, FatalPolicyError, PolicyError
@@ -66,7 +67,10 @@ def note_stopped(fatal: FatalPolicyError, detail: str) -> FatalPolicyError:
     """``fatal`` with a note saying what the run did when it stopped (raised once, as is)."""
     note = f"The rollout stopped at this rejected request: {detail}"
     if note not in getattr(fatal, "__notes__", ()):
-        fatal.add_note(note)
+        if sys.version_info >= (3, 11):
+            fatal.add_note(note)
+        else:  # no add_note before 3.11: keep the note where 3.11 keeps it
+            fatal.__notes__ = [*getattr(fatal, "__notes__", ()), note]  # type: ignore[attr-defined]
     return fatal
 
 
@@ -287,7 +291,8 @@ async def advance(
         infos = {a: {"on_turn": a in env.on_turn} for a in env.agents}
     stop_for = set(until)
     given = dict(actions or {})
-    out = Advance(obs=dict(obs), infos=dict(infos), done=not env.agents, stopped="done")
+    out = Advance(obs=dict(obs), infos=dict(cast("Mapping[str, dict[str, Any]]", infos)), done=not env.agents,
+                  stopped="done")
     k = 0
     while env.agents:
         on_turn = _on_turn(env, out.infos)
@@ -391,7 +396,7 @@ async def arun_episode(
 
     def record(k: int, moves: dict[str, Any]) -> dict[str, str] | None:
         completions = {p: c for p, c in moves.items() if isinstance(c, Completion)}
-        for p, c in moves.items():
+        for c in moves.values():
             if not isinstance(c, Completion):
                 raise c
         if on_step is not None:

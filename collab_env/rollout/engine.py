@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from collab_env.env import CollabEnv
@@ -60,13 +60,16 @@ class RolloutEngine:
     >>> engine.stats.mean_batch_size
 
     Args:
-        env: A registered env id (built with ``collab_env.make(env, **env_kwargs)``) or a
-            factory returning a fresh :class:`~collab_env.env.CollabEnv` (one per episode).
+        env: A registered env id (its base env, built with
+            ``collab_env.registry.make_base_env(env, **env_kwargs)``) or a factory returning a
+            fresh :class:`~collab_env.env.CollabEnv` (one per episode); for a reward wrapper pass
+            a factory, e.g. ``lambda: collab_env.make(env, reward="mr")``.
         policies: Player -> policy object or reference. With an env id or a factory whose envs
             have a spec, players left out use the spec's default policies. References are
             resolved once; players naming the same reference share one policy (and its batches).
         config: A :class:`RolloutConfig`; ``**settings`` override its fields.
-        env_kwargs: Keywords for ``collab_env.make`` (env ids only).
+        env_kwargs: Keywords of the env, merged over the spec's kwargs (env ids only; not
+            ``collab_env.make``'s composing ones, :data:`~collab_env.rollout.jobs.COMPOSER_KEYWORDS`).
         **settings: :class:`RolloutConfig` fields (``concurrency=...``, ``max_batch_size=...``).
 
     Raises:
@@ -195,7 +198,7 @@ class RolloutEngine:
         self.close()
 
     # -- many jobs -----------------------------------------------------------------------
-    async def astream(self, jobs: int | Iterable[Any]) -> AsyncIterator[Result]:
+    async def astream(self, jobs: int | Iterable[Any]) -> AsyncGenerator[Result, None]:
         """Run ``jobs`` with at most ``concurrency`` episodes in flight; yield
         ``(job, episode or exception)`` in order of completion.
 
@@ -328,7 +331,8 @@ class RolloutEngine:
     def _progress_bar(self, total: int | None) -> Any:
         from collab_env._progress import progress_bar
 
-        return progress_bar(total, self.config.desc or f"rollout {self.env_id or ''}".strip(), show=self.config.progress)
+        return progress_bar(total, self.config.desc or f"rollout {self.env_id or ''}".strip(),
+                            show=self.config.progress)
 
     def _postfix(self) -> dict[str, Any]:
         st = self.stats

@@ -7,14 +7,15 @@ import asyncio
 import pickle
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping, Sized
+from typing import Any, cast
 
 from collab_env.env import CollabEnv
 from collab_env.errors import ConfigError, PolicyError
 from collab_env.types import Episode
 
-__all__ = ["Result", "normalize_jobs", "JobFeeder", "env_factory", "iterate_in_thread", "picklable_error"]
+__all__ = ["Result", "normalize_jobs", "JobFeeder", "COMPOSER_KEYWORDS", "env_factory", "iterate_in_thread",
+           "picklable_error"]
 
 #: What a rollout yields: the job (as a dict) and its episode, or the exception that ended it.
 Result = tuple[dict[str, Any], Episode | BaseException]
@@ -45,7 +46,7 @@ def normalize_jobs(jobs: int | Iterable[Any]) -> tuple[Iterator[dict[str, Any]],
         raise ConfigError(
             f"jobs must be a count, an iterable of seeds or of job mappings, got {type(jobs).__name__}."
         )
-    total = len(jobs) if hasattr(jobs, "__len__") else None
+    total = len(cast(Sized, jobs)) if hasattr(jobs, "__len__") else None
 
     def gen() -> Iterator[dict[str, Any]]:
         for j in jobs:
@@ -99,15 +100,34 @@ class JobFeeder:
             yield job
 
 
+#: The keywords of :func:`collab_env.make` that compose an env (a reward wrapper, a view) rather
+#: than configure the registered env; an engine given an env id builds the base env and refuses
+#: them (a test keeps this tuple in step with the composer's signature).
+COMPOSER_KEYWORDS = ("reward", "reward_kwargs", "view", "policies")
+
+
 def env_factory(env: Any, env_kwargs: Mapping[str, Any] | None) -> Callable[[], CollabEnv]:
-    """A zero-argument factory of fresh envs from an env id (made with ``env_kwargs``) or a
-    factory (returned as it is); an env object is refused, since every episode needs its own."""
+    """A zero-argument factory of fresh envs from an env id or a factory (returned as it is); an
+    env object is refused, since every episode needs its own.
+
+    An env id builds the registered env itself (:func:`collab_env.registry.make_base_env`, with
+    ``env_kwargs`` merged over the spec's kwargs): the engine sits below the rewards and the
+    composer, so a composed env (``reward=``...) comes from the caller's factory, e.g.
+    ``lambda: collab_env.make(id, reward="mr")``.
+    """
     if isinstance(env, str):
-        from collab_env.registry import make, spec
+        from collab_env.registry import make_base_env, spec
 
         spec(env)  # unknown id: fail now, with the closest ids
         kwargs = dict(env_kwargs or {})
-        return lambda: make(env, **kwargs)
+        composed = sorted(set(kwargs) & set(COMPOSER_KEYWORDS))
+        if composed:
+            raise ConfigError(
+                f"env_kwargs {composed} compose the env (collab_env.make's reward wrapper or view); the "
+                f"rollout engine builds an id's base env only. Pass a factory instead, e.g. "
+                f"lambda: collab_env.make({env!r}, {', '.join(f'{k}=...' for k in composed)})."
+            )
+        return lambda: make_base_env(env, **kwargs)
     if isinstance(env, CollabEnv):
         raise ConfigError(
             "pass an env id or a factory (e.g. lambda: collab_env.make(...)), not an env object: "
@@ -120,8 +140,7 @@ def env_factory(env: Any, env_kwargs: Mapping[str, Any] | None) -> Callable[[], 
     raise ConfigError(f"env must be a registered env id or a factory returning a CollabEnv, got {env!r}.")
 
 
-
-def iterate_in_thread(agen_fn: Callable[[Any], AsyncIterator[Any]], arg: Any) -> Iterator[Any]:
+def iterate_in_thread(agen_fn: Callable[[Any], AsyncGenerator[Any, None]], arg: Any) -> Iterator[Any]:
     """Iterate an async generator that runs on its own loop in a background thread."""
     q: queue.Queue = queue.Queue()
     done = object()

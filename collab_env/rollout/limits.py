@@ -106,7 +106,7 @@ class PerLoop:
         return {"_factory": self._factory}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["_factory"])
+        type(self).__init__(self, state["_factory"])
 
 
 class LimitedPolicy:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping
 from typing import Any
 
 from collab_env.errors import ConfigError, FatalPolicyError, require
@@ -92,7 +92,8 @@ class RayRolloutEngine:
             out use the env spec's default policies.
         config: A :class:`~collab_env.rollout.RolloutConfig`; ``**settings`` override its fields.
             ``concurrency`` is the total over all workers.
-        env_kwargs: Keywords for ``collab_env.make`` (env ids only).
+        env_kwargs: Keywords of the env, merged over the spec's kwargs (env ids only; see
+            :class:`~collab_env.rollout.RolloutEngine`).
         num_workers: Ray actors to start.
         worker_options: Extra ``ray.remote`` options of each actor (``num_cpus``, ``num_gpus``,
             ``resources``, ``runtime_env``...); default ``{"num_cpus": 1}``.
@@ -177,7 +178,7 @@ class RayRolloutEngine:
         self.shutdown()
 
     # -- running ---------------------------------------------------------------------------
-    async def astream(self, jobs: int | Iterable[Any]) -> AsyncIterator[Result]:
+    async def astream(self, jobs: int | Iterable[Any]) -> AsyncGenerator[Result, None]:
         """Run ``jobs`` on the workers; yield ``(job, episode or exception)`` in order of
         completion. A worker that dies fails the episodes it was running (with Ray's error).
         Closing the iterator early cancels the episodes still running.
@@ -197,8 +198,8 @@ class RayRolloutEngine:
         st = self.stats
         from collab_env._progress import progress_bar
 
-        bar = progress_bar(total, self.config.desc or f"rollout[ray] {self.env if isinstance(self.env, str) else ''}".strip(),
-                           show=self.config.progress)
+        desc = self.config.desc or f"rollout[ray] {self.env if isinstance(self.env, str) else ''}".strip()
+        bar = progress_bar(total, desc, show=self.config.progress)
         load = [0] * len(self._workers)
         pending: dict[asyncio.Future, tuple[Any, int, dict[str, Any]]] = {}
         feeder = JobFeeder(it, self.config.concurrency, st)
@@ -230,8 +231,8 @@ class RayRolloutEngine:
                     name = self._names[i]
                     st.per_worker[name] = st.per_worker.get(name, 0) + 1
                     finished.append((job, outcome))
-                    if not fatal and fatal_error(outcome) is not None:
-                        fatal.append(fatal_error(outcome))
+                    if not fatal and (err := fatal_error(outcome)) is not None:
+                        fatal.append(err)
                 fill()
                 if fatal and pending:  # every later request would be rejected too
                     for ref, _, _ in pending.values():

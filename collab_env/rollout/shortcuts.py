@@ -3,7 +3,7 @@ workers and stream ``(job, episode or exception)`` pairs as episodes finish."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 from collab_env.errors import ConfigError
@@ -23,8 +23,8 @@ def rollout(env: Any, policies: Mapping[str, Any], jobs: int | Iterable[Any], *,
         policies: Player -> policy.
         jobs: See :func:`normalize_jobs`.
         backend: ``"local"`` (this process, one event loop) or ``"ray"``
-            (:class:`~collab_env.rollout_ray.RayRolloutEngine`, ``num_workers`` actors).
-        env_kwargs: Keywords for ``collab_env.make``.
+            (:class:`~collab_env.rollout.ray_engine.RayRolloutEngine`, ``num_workers`` actors).
+        env_kwargs: Keywords of the env (env ids only; see :class:`RolloutEngine`).
         num_workers: Ray workers (``backend="ray"`` only).
         **settings: :class:`RolloutConfig` fields.
 
@@ -43,14 +43,14 @@ def rollout(env: Any, policies: Mapping[str, Any], jobs: int | Iterable[Any], *,
 
 
 async def arollout(env: Any, policies: Mapping[str, Any], jobs: int | Iterable[Any], *,
-                   env_kwargs: Mapping[str, Any] | None = None, **settings: Any) -> AsyncIterator[Result]:
+                   env_kwargs: Mapping[str, Any] | None = None, **settings: Any) -> AsyncGenerator[Result, None]:
     """Async :func:`rollout` on the running event loop (local backend).
 
     Args:
         env: Env id or factory (see :class:`RolloutEngine`).
         policies: Player -> policy.
         jobs: See :func:`normalize_jobs`.
-        env_kwargs: Keywords for ``collab_env.make``.
+        env_kwargs: Keywords of the env (env ids only; see :class:`RolloutEngine`).
         **settings: :class:`RolloutConfig` fields.
     """
     engine = RolloutEngine(env, policies, env_kwargs=env_kwargs, **settings)

@@ -62,9 +62,12 @@ def token_transcript(episode: Episode, player: str) -> TokenTranscript:
     if not turns:
         raise ConfigError(f"player {player!r} made no trainable move in this episode; nothing to train on.")
     first = turns[0].completion
+    # require_tokens=True: every turn has a completion with its prompt ids, token ids and log-probs
+    assert first is not None and first.prompt_token_ids is not None
     out = TokenTranscript(prompt_ids=list(first.prompt_token_ids))
     for t in turns:
         c = t.completion
+        assert c is not None and c.prompt_token_ids is not None and c.token_ids is not None and c.logprobs is not None
         if t is not turns[0]:
             so_far = out.prompt_ids + out.response_ids
             prompt = list(c.prompt_token_ids)

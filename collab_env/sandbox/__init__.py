@@ -123,7 +123,6 @@ The package, one job a module: :mod:`~collab_env.sandbox.config` (limits, result
 
 from __future__ import annotations
 
-from collab_env.errors import SandboxError
 from collab_env.sandbox.config import SandboxJob, SandboxLimits, SandboxResult
 from collab_env.sandbox.config import Status as Status
 from collab_env.sandbox.harness import TestRunResult, arun_tests, run_tests
@@ -132,7 +131,6 @@ from collab_env.sandbox.processes import live_processes_of_uid as live_processes
 from collab_env.sandbox.run import arun_python, run_python
 
 __all__ = [
-    "SandboxError",
     "SandboxLimits",
     "SandboxResult",
     "SandboxJob",

@@ -51,7 +51,7 @@ class MemoryGroup:
         self.version = 0
         self.mode = "per-process RLIMIT_AS only (no memory cgroup)"
 
-    def create(self) -> "MemoryGroup":
+    def create(self) -> MemoryGroup:
         """Make the group; on failure leave ``path`` None and say why in ``mode``."""
         errors = []
         for attempt in (self._create_v2, self._create_v1):

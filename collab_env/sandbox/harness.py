@@ -537,7 +537,8 @@ def _setup(d):
     mods = ("unittest", "unittest.case", "unittest.result", "unittest.suite", "unittest.loader",
             "unittest.mock", "builtins", "os", "sys", "json", "gc", "signal")
     snap_m = {k: _sys.modules[k] for k in mods}
-    run, result_cls, getattr_, setattr_, delattr_ = _uc.TestCase.run, _ur.TestResult, getattr, type.__setattr__, type.__delattr__
+    run, result_cls = _uc.TestCase.run, _ur.TestResult
+    getattr_, setattr_, delattr_ = getattr, type.__setattr__, type.__delattr__
     refused, allow = [], [False]
     blocked = ("sys.settrace", "sys.setprofile", "gc.get_objects", "gc.get_referrers",
                "gc.get_referents", "sys._current_frames")
@@ -889,7 +890,7 @@ def run_tests(
         result = _run_unittest(code, seq[0], limits, start)
     else:
         result = _run_calls(code, seq, entry_point, prelude, limits, max_timeouts, start)
-    if memo is not None:
+    if memo is not None and key is not None:
         memo[key] = result
     return result
 
@@ -1010,6 +1011,7 @@ def _run_unittest(code: str, tests: str, limits: SandboxLimits, start: float) ->
         if rec is not None and rec.get("status") == "passed":
             outcomes.append(TestOutcome(i, f"{cls}.{method}", "passed"))
             continue
+        status: TestStatus
         if rec is not None:
             status, detail = "failed", str(rec.get("detail", ""))
         else:

@@ -1,4 +1,4 @@
-"""The env cards of ``math-chat-v0`` and ``humaneval-chat-v0`` (data only; see
+"""The env cards of ``math-chat-v0``, ``math-chat-v1`` and ``humaneval-chat-v0`` (data only; see
 :mod:`collab_env.tasks.chats` for the envs).
 
 Reward ranges, with the defaults (``max_assistant_turns = max_user_turns = 6``):
@@ -20,6 +20,8 @@ conversation reward; ``benchmarks/results/chats_baselines.json``) and
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from collab_env.registry import EnvCard
 from collab_env.tasks.exploit_quotes import EXPLOIT_QUOTES
@@ -116,3 +118,18 @@ CHAT_CARDS: dict[str, EnvCard] = {
         exploits=EXPLOIT_QUOTES.get("humaneval-chat-v0", ""),
     ),
 }
+
+# math-chat-v1 (issue 27): v0's problems, rules and rewards in text that reads as sense.
+CHAT_CARDS["math-chat-v1"] = replace(
+    CHAT_CARDS["math-chat-v0"],
+    tests=CHAT_CARDS["math-chat-v0"].tests + " v1: v0's problems in text that reads as sense (a number 1 "
+                                             "in the singular: 'a pen for 1 dollar', '1 of the lemons is "
+                                             "spoiled').",
+    data=CHAT_CARDS["math-chat-v0"].data.replace("collab_env.tasks.math_problems", "collab_env.tasks."
+                                                 "math_problems with sensible_numbers=True"),
+    baselines={
+        "math-chat-solver with chat-sentence-user": "conversation 0.994, accuracy 1.000 (200 ep)",
+        "answer-at-once (boxes 10) with chat-sentence-user": "conversation 0.024, accuracy 0.025 (200 ep)",
+    },
+    exploits=EXPLOIT_QUOTES.get("math-chat-v1", ""),
+)

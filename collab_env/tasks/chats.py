@@ -55,10 +55,18 @@ Rewards
 Arguments (``make`` keywords)
     ``mode``, ``system_prompt``, ``termination_signal``, ``max_assistant_turns``,
     ``max_user_turns``, ``task_desc`` (as ``collabllm-*``); ``math-chat``: ``problem_seed`` (the
-    problem set, default 0), ``num_problems`` (items, default 1000), ``kinds``;
+    problem set, default 0), ``num_problems`` (items, default 1000), ``kinds``,
+    ``sensible_numbers`` (v1: a number 1 in the singular);
     ``humaneval-chat``: ``task_ids`` (a subset of ``"HumanEval/<n>"``, default all 164).
 
 Version history
+    * ``math-chat-v1`` (issue 27): v0's problems in text that reads as sense
+      (``sensible_numbers=True``): a number 1 takes the singular ("a pen for 1 dollar", "bakes 1
+      tray of cookies", "keeps 1 cookie", "1 of the lemons is spoiled", where v0 says "1
+      dollars", "1 trays", "1 cookies", "1 of the lemons are": 48 of the 2,000 problems of sets
+      0 and 1). A change of text only: every problem has v0's kind, numbers, sentence order and
+      answer, and the rules, users and rewards are v0's. v0 is unchanged (its leaderboard tracks
+      replay its items). ``humaneval-chat`` has no v1.
     * v0: first version. The envs are unchanged by issue 23 (their default user is the LLM
       simulator); the scripted user gained the question rule under a new policy name:
       ``"chat-question-user"`` (:class:`SentenceRevealUser`, reveals only to a real question)
@@ -273,6 +281,11 @@ class MathChatConfig(ChatConfig):
     kinds: tuple[str, ...] = KINDS
     """The kinds of problem, cycled through by index."""
 
+    sensible_numbers: bool = False
+    """A number 1 takes the singular ("a pen for 1 dollar", "1 of the lemons is spoiled";
+    ``math-chat-v1``, issue 27). Off: v0's locked text ("1 dollars", "1 of the lemons are"). The
+    numbers and answers are the same either way (:func:`~collab_env.tasks.math_problems.math_problem`)."""
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.system_prompt is None:
@@ -350,7 +363,8 @@ class ChatTask(CollabLLMTask):
             raise ConfigError(f"item index {index} is out of range: this env has {self._size} items.")
         if self._problems is None:
             cfg = self.config
-            p = math_problem(int(cfg.problem_seed), index, cfg.kinds)  # type: ignore[attr-defined]
+            p = math_problem(int(cfg.problem_seed), index, cfg.kinds,  # type: ignore[attr-defined]
+                             sensible_numbers=bool(cfg.sensible_numbers))  # type: ignore[attr-defined]
             conv_id, problem, reference = p.problem_id, p.text, f"\\boxed{{{p.answer}}}"
             meta: dict[str, Any] = {"kind": p.kind, "answer": p.answer, "facts": list(p.facts),
                                     "question": p.question}

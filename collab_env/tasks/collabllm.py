@@ -160,7 +160,8 @@ from collab_env.tasks.collabllm_rows import (
 from collab_env.types import Conversation, Message
 
 # The env cards: data in collab_env.tasks.cards (the registry's), text here for help() and pydoc.
-__doc__ = (__doc__ or "") + docstring_cards(*(f"collabllm-{ds}{large}-v1" for ds in ("math-hard", "medium", "bigcodebench")
+__doc__ = (__doc__ or "") + docstring_cards(*(f"collabllm-{ds}{large}-v1"
+                                               for ds in ("math-hard", "medium", "bigcodebench")
                                                for large in ("", "-large")),
                                              "collabllm-bigcodebench-v2", "collabllm-bigcodebench-large-v2")
 
@@ -383,7 +384,7 @@ class CollabLLMTask(Task):
         state.data["mode"] = mode
         item = state.item
         prefix = item["prompt"]
-        future = next((s for s in item["sessions"] if s), [])
+        future: Any = next((s for s in item["sessions"] if s), [])
         future_user = [m["content"] for m in _continuation(future, prefix) if m["role"] == "user"]
         prefix_user = [m["content"] for m in prefix if m["role"] == "user"]
         # Train: the prefix was already said, the user continues with the recorded future.

@@ -14,7 +14,7 @@ optional ``system_prompt``. In RL rows the hidden goal lives in
 ``extra_info["interaction_kwargs"]`` (for the user simulator) and the reference answer in
 ``reward_model["ground_truth"]`` (for the reward), as in the verl recipe.
 
-Mode ``"rl"`` (:func:`build_rl_dataset`): one row per distinct conversation prefix
+Mode ``"rl"`` (:func:`~collab_env.tasks.collabllm_modes.build_rl_dataset`): one row per distinct conversation prefix
     ==================== ==============================================================
     column               value
     ==================== ==============================================================
@@ -37,7 +37,7 @@ Mode ``"rl"`` (:func:`build_rl_dataset`): one row per distinct conversation pref
     ``index``            the source row number (int)
     ==================== ==============================================================
 
-Mode ``"sft"`` (:func:`build_sft_dataset`): one row per ``conv_id``
+Mode ``"sft"`` (:func:`~collab_env.tasks.collabllm_modes.build_sft_dataset`): one row per ``conv_id``
     ==================== ==============================================================
     ``messages``         the optional system prompt, the selected row's ``prompt``, then
                          ``{"role": "assistant", "content": completion}``
@@ -47,7 +47,8 @@ Mode ``"sft"`` (:func:`build_sft_dataset`): one row per ``conv_id``
     ``conv_id``, ``turn_id``, ``score``  of the selected row
     ==================== ==============================================================
 
-Mode ``"dpo"`` (:func:`build_dpo_dataset`): preference pairs of replies to the same prefix
+Mode ``"dpo"`` (:func:`~collab_env.tasks.collabllm_modes.build_dpo_dataset`): preference pairs of
+replies to the same prefix
     ==================== ==============================================================
     ``prompt``           the optional system prompt, then the shared ``prompt`` messages
     ``chosen``           the higher-scored reply: ``[{"role": "assistant", "content"}]``
@@ -139,20 +140,15 @@ import inspect
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from collab_env.errors import CollabEnvError, ConfigError, DataSchemaError, did_you_mean
 from collab_env.tasks.collabllm_load import load_collabllm_dataset
 from collab_env.tasks.collabllm_modes import (
-    DPO_COLUMNS,
     MODES,
-    RECIPE_RL_COLUMNS,
-    RECIPE_SFT_COLUMNS,
     RECIPE_TASK_DESC,
-    RL_COLUMNS,
     RULES,
-    SFT_COLUMNS,
     build_dpo_dataset,
     build_rl_dataset,
     build_sft_dataset,
@@ -162,18 +158,7 @@ if TYPE_CHECKING:  # datasets is imported lazily, inside the functions
     import datasets
 
 __all__ = [
-    "MODES",
-    "RULES",
-    "RL_COLUMNS",
-    "RECIPE_RL_COLUMNS",
-    "SFT_COLUMNS",
-    "RECIPE_SFT_COLUMNS",
-    "DPO_COLUMNS",
-    "RECIPE_TASK_DESC",
     "RECIPE_LOCAL_DIR",
-    "build_rl_dataset",
-    "build_sft_dataset",
-    "build_dpo_dataset",
     "train_validation_split",
     "process_collabllm_dataset",
     "main",
@@ -231,7 +216,7 @@ def train_validation_split(
     return datasets.DatasetDict({"train": split["train"], "validation": split["test"]})
 
 
-_BUILDERS = {"rl": build_rl_dataset, "sft": build_sft_dataset, "dpo": build_dpo_dataset}
+_BUILDERS: dict[str, Callable[..., Any]] = {"rl": build_rl_dataset, "sft": build_sft_dataset, "dpo": build_dpo_dataset}
 _EMPTY_HINTS = {
     "rl": "the input has no row",
     "sft": "no conversation passed min_score; lower it",
@@ -266,8 +251,10 @@ def process_collabllm_dataset(
         split: Split to read when loading; ``None``: every split, concatenated in name order
             (what the recipe reads).
         rules: ``"collab_env"`` or ``"recipe"`` (the verl recipe's ``process_dataset.py`` rules,
-            modes ``"rl"`` and ``"sft"``; see :func:`build_rl_dataset` and
-            :func:`build_sft_dataset`). The recipe has no mode ``"dpo"``.
+            modes ``"rl"`` and ``"sft"``; see
+            :func:`~collab_env.tasks.collabllm_modes.build_rl_dataset` and
+            :func:`~collab_env.tasks.collabllm_modes.build_sft_dataset`). The recipe has no mode
+            ``"dpo"``.
         num_proc: Worker processes for reading the files (``datasets.load_dataset``); the row
             rules are one linear pass in this process. ``None``/``1``: one process.
         prompts: The reference's own system prompt on every row, read at run time
@@ -279,9 +266,11 @@ def process_collabllm_dataset(
             there (created if needed).
         validation_size: Fraction or row count held out; see :func:`train_validation_split`.
         seed: Shuffle seed of the split.
-        **options: Keywords of the mode's builder (:func:`build_rl_dataset`,
-            :func:`build_sft_dataset`, :func:`build_dpo_dataset`); another mode's keyword is an
-            error.
+        **options: Keywords of the mode's builder
+            (:func:`~collab_env.tasks.collabllm_modes.build_rl_dataset`,
+            :func:`~collab_env.tasks.collabllm_modes.build_sft_dataset`,
+            :func:`~collab_env.tasks.collabllm_modes.build_dpo_dataset`); another mode's keyword
+            is an error.
 
     Returns:
         A ``datasets.DatasetDict`` with ``"train"`` and ``"validation"``.
@@ -423,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"--local_dir, then copy that folder to {args.hdfs_dir} with your HDFS tool (hdfs dfs -put).",
               file=sys.stderr)
         return 1
-    rules = args.rules or ("collab_env" if args.mode == "dpo" else "recipe")
+    rules: Literal["collab_env", "recipe"] = args.rules or ("collab_env" if args.mode == "dpo" else "recipe")
     split = args.split if args.split is not None else (None if rules == "recipe" else "train")
     common = ("dataset", "data_files", "split", "mode", "output_dir", "validation_size", "seed", "rules",
               "hdfs_dir", "num_proc", "prompts")

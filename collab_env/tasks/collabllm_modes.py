@@ -3,8 +3,8 @@
 :func:`build_rl_dataset`, :func:`build_sft_dataset` and :func:`build_dpo_dataset` turn rows in the
 CollabLLM schema (:mod:`collab_env.tasks.collabllm`) into the rows of one mode. Their columns,
 selection rules and the references they follow are documented in
-:mod:`collab_env.tasks.collabllm_data`, which also splits and writes the results (and re-exports
-every name of this module). ``datasets`` is imported only when a dataset is built.
+:mod:`collab_env.tasks.collabllm_data`, which also splits and writes the results (import this
+module's names from here). ``datasets`` is imported only when a dataset is built.
 """
 
 from __future__ import annotations
@@ -422,7 +422,7 @@ def build_sft_dataset(
         if held is None or rank > held[0]:  # strict: the first of equal rows stays
             best[item["conv_id"]] = (rank, item)
 
-    records = []
+    records: list[dict[str, Any]] = []
     chosen = list(best.values())
     if recipe:
         chosen = [best[k] for k in _sorted_ids(best)]
@@ -497,9 +497,10 @@ def build_dpo_dataset(
     _check_system_prompt(system_prompt)
     _check_choice("pairing", pairing, ("best_worst", "all"))
     _check_choice("response_format", response_format, ("messages", "text"))
-    min_gap = _check_number("min_gap", min_gap)
-    if min_gap is None or min_gap < 0:
-        raise ConfigError(f"min_gap must be a number >= 0, got {min_gap!r}.")
+    gap = _check_number("min_gap", min_gap)
+    if gap is None or gap < 0:
+        raise ConfigError(f"min_gap must be a number >= 0, got {gap!r}.")
+    min_gap = gap
 
     groups: dict[tuple[Any, str], list[dict[str, Any]]] = {}
     for i, row in _iter_rows(data, _REPLY_NEEDS, "mode 'dpo'"):
@@ -510,7 +511,7 @@ def build_dpo_dataset(
     def wrap(text: str) -> Any:
         return [{"role": "assistant", "content": text}] if response_format == "messages" else text
 
-    records = []
+    records: list[dict[str, Any]] = []
     for items in groups.values():
         if pairing == "best_worst":
             top = max(items, key=lambda r: r["score"])  # max/min return the first of equals

@@ -69,7 +69,8 @@ def normalize_messages(value: Any, *, what: str, where: str) -> list[dict[str, s
             )
         value = [{"role": r, "content": c} for r, c in zip(roles, contents)]
     if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
-        raise DataSchemaError(f"{where}: {what} must be a list of {{role, content}} messages, got {type(value).__name__}.")
+        raise DataSchemaError(f"{where}: {what} must be a list of {{role, content}} messages, got "
+                              f"{type(value).__name__}.")
     out = []
     for j, m in enumerate(value):
         if not isinstance(m, Mapping) or "role" not in m:

@@ -59,8 +59,8 @@ __all__ = [
     "length_ratio_dataset",
     "LengthRatioPartner",
     "make_length_ratio_env",
-    "train_dataset",
-    "eval_dataset",
+    "train_dataset",  # noqa: F822 (built on first access: module __getattr__)
+    "eval_dataset",  # noqa: F822
 ]
 
 #: The task set: creative prompts written for this project (changing them bumps the env version).
@@ -209,7 +209,8 @@ def _split_indices(split: str) -> list[int]:
     return sorted(chosen)  # keep the task-set order inside a split
 
 
-def length_ratio_rows(split: str = "train", *, target_min: float = 2.0, target_max: float = 3.0) -> list[dict[str, Any]]:
+def length_ratio_rows(split: str = "train", *, target_min: float = 2.0,
+                      target_max: float = 3.0) -> list[dict[str, Any]]:
     """The task items of ``split`` (``"train"``, ``"test"`` or ``"all"``) as plain dicts with
     the fields ``prompt``, ``target_min`` and ``target_max``."""
     if split not in ("train", "test", "all"):

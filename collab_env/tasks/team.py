@@ -37,7 +37,8 @@ Question accounting (exact, no judge)
     A question *names* the fact (object, kind) when one of its clauses that asks (v1:
     :func:`collab_env.tasks.questions.request_clauses`, the opening as the user's words; v0: any
     clause, split on ``? . ! ;`` and line breaks) mentions the object (singular or plural, whole
-    word) and a keyword of the kind (unit keywords are checked first). Agents are taken in player order. The question's target
+    word) and a keyword of the kind (unit keywords are checked first). Agents are taken in player
+    order. The question's target
     is the first named fact, in problem order, that the team has not obtained yet (stated in the
     opening, or asked for earlier in the episode, or earlier in this round); the target becomes
     obtained (status ``"new"``). A question that names facts but only obtained ones is a
@@ -291,7 +292,7 @@ def generate_item(config: TeamFactsConfig, index: int) -> dict[str, Any]:
     rng = np.random.default_rng([_SPLIT_STREAM[config.split], int(index)])
     sc = _SCENARIO_BY_NAME[config.scenarios[int(rng.integers(len(config.scenarios)))]]
     picks = sorted(int(i) for i in rng.choice(len(sc.objects), size=config.num_objects, replace=False))
-    facts = []
+    facts: list[dict[str, Any]] = []
     for i in picks:
         one, many = sc.objects[i]
         for kind, hi in (("count", config.max_count), ("unit", config.max_unit)):
@@ -353,13 +354,13 @@ def named_facts(question: str, scenario: str, objects: Sequence[tuple[str, str]]
                     named.add((one, "count"))
         return [(one, kind) for one, _ in objects for kind in _KINDS if (one, kind) in named]
     clauses = [c.strip().lower() for c in re.split(r"[?.!;\n]+", question) if c.strip()]
-    for c in clauses:
+    for clause in clauses:
         for one, many in objects:
-            if not (_mentions(c, one) or _mentions(c, many)):
+            if not (_mentions(clause, one) or _mentions(clause, many)):
                 continue
-            if any(k in c for k in sc.unit.keywords):
+            if any(k in clause for k in sc.unit.keywords):
                 named.add((one, "unit"))
-            elif any(k in c for k in sc.count.keywords):
+            elif any(k in clause for k in sc.count.keywords):
                 named.add((one, "count"))
     return [(one, kind) for one, _ in objects for kind in _KINDS if (one, kind) in named]
 
@@ -367,7 +368,8 @@ def named_facts(question: str, scenario: str, objects: Sequence[tuple[str, str]]
 def split_message(text: str) -> tuple[str, str]:
     """``(question, team_note)`` of an agent's message: ``TEAM:`` lines (prefix removed) form
     the note; the other lines, stripped, the question (``""`` when there is none)."""
-    question, team = [], []
+    question: list[str] = []
+    team: list[str] = []
     for line in text.splitlines():
         m = _TEAM_LINE.match(line)
         (team if m else question).append(m.group(1).strip() if m else line)
@@ -623,7 +625,7 @@ class TeamFactsUser(ScriptedPolicy):
 
     def respond(self, observation: Conversation, rng: np.random.Generator) -> str:
         facts = _meta_of(observation, "hidden", "TeamFactsUser")["hidden"]["facts"]
-        pending = []
+        pending: list[Any] = []
         for m in observation:
             if m.author == USER:
                 pending = []
@@ -652,7 +654,8 @@ class _Knowledge:
         return [(one, kind) for one, _ in self.objects for kind in _KINDS]
 
 
-def _parse_values(text: str, sc: _Scenario, objects: Sequence[tuple[str, str]]) -> dict[tuple[str, str], tuple[int, str]]:
+def _parse_values(text: str, sc: _Scenario,
+                  objects: Sequence[tuple[str, str]]) -> dict[tuple[str, str], tuple[int, str]]:
     out = {}
     for one, many in objects:
         for kind in _KINDS:

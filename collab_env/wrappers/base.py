@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from collab_env.env import CollabEnv, EpisodeState
 from collab_env.errors import ConfigError
 from collab_env.types import Conversation
 
 __all__ = ["EnvWrapper"]
+
+_W = TypeVar("_W", bound="EnvWrapper")
 
 
 class EnvWrapper:
@@ -111,7 +113,7 @@ class EnvWrapper:
     async def astep(self, actions: Mapping[str, str]):
         return await self.env.astep(actions)
 
-    def clone(self) -> EnvWrapper:
+    def clone(self: _W) -> _W:
         """An independent copy: the wrapped env is cloned, the wrapper's fields copied shallowly
         (subclasses deep-copy what a forked future must not share)."""
         new = copy.copy(self)

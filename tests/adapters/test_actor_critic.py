@@ -14,9 +14,8 @@ from collab_env.adapters.actor_critic import (  # noqa: E402
     IACTrainer,
     MAACConfig,
     MAACTrainer,
-    RolloutSample,
-    Transition,
 )
+from collab_env.adapters.common.critic_learner import RolloutSample, Transition  # noqa: E402
 from collab_env.adapters.common.critics import (  # noqa: E402
     actor_loss,
     clipped_value_loss,

@@ -23,6 +23,7 @@ from collab_env.adapters import (  # noqa: E402
     MAGRPOTrainer,
     MAREINFORCEConfig,
 )
+from collab_env.adapters.common.config import learner_sampling  # noqa: E402
 from collab_env.errors import ConfigError, DataSchemaError, TaskFunctionError  # noqa: E402
 from collab_env.tasks import from_dataset  # noqa: E402
 
@@ -104,6 +105,8 @@ COMLRL_MAGRPO_TRAINER = {
     "loss_type": "sum", "prompt_format": "raw", "beta": 0.0, "per_device_train_batch_size": 1,
     "lr_scheduler_type": "constant", "warmup_steps": 0,
 }
+# REINFORCE's configs have no PPO fields: one on-policy pass is the only kind it has.
+COMLRL_REINFORCE_TRAINER = {k: v for k, v in COMLRL_MAGRPO_TRAINER.items() if k != "num_iterations"}
 COMLRL_AC_TRAINER = {
     "weight_decay": 0.01, "max_grad_norm": None, "logprob_temperature": 1.0, "num_iterations": 1,
     "prompt_format": "raw", "advantage_estimator": "td", "lr_scheduler_type": "constant", "warmup_steps": 0,
@@ -130,9 +133,9 @@ def _comlrl_config(module: str, name: str):
 
 @pytest.mark.parametrize("cls, module, name, trainer", [
     (MAGRPOConfig, "reinforce.magrpo", "MAGRPOConfig", COMLRL_MAGRPO_TRAINER),
-    (MAREINFORCEConfig, "reinforce.mareinforce", "MAREINFORCEConfig", COMLRL_MAGRPO_TRAINER),
-    (adapters.MARLOOConfig, "reinforce.marloo", "MARLOOConfig", COMLRL_MAGRPO_TRAINER),
-    (adapters.MAReMaxConfig, "reinforce.maremax", "MAReMaxConfig", COMLRL_MAGRPO_TRAINER),
+    (MAREINFORCEConfig, "reinforce.mareinforce", "MAREINFORCEConfig", COMLRL_REINFORCE_TRAINER),
+    (adapters.MARLOOConfig, "reinforce.marloo", "MARLOOConfig", COMLRL_REINFORCE_TRAINER),
+    (adapters.MAReMaxConfig, "reinforce.maremax", "MAReMaxConfig", COMLRL_REINFORCE_TRAINER),
     (IACConfig, "actor_critic.iac", "IACConfig", COMLRL_AC_TRAINER),
     (MAACConfig, "actor_critic.maac", "MAACConfig", COMLRL_AC_TRAINER),
 ])
@@ -273,7 +276,7 @@ def test_early_termination_stops_a_branch(tiny_dir, tmp_path):
             reward_func=reward_func, train_dataset=rows, external_transition=two_turns,
             args=MAGRPOConfig(num_turns=2, num_generations=2, max_new_tokens=3, eval_interval=0, plot=False,
                               early_termination_threshold=threshold, output_dir=str(tmp_path / str(threshold))))
-        _, levels = trainer.rollout(trainer.train_env, [0], lambda d: 2, "aligned", trainer.sampling(False),
+        _, levels = trainer.rollout(trainer.train_env, [0], lambda d: 2, "aligned", learner_sampling(trainer.args),
                                      trainer.task.seeds)
         assert len(levels) == depths
 
@@ -377,7 +380,7 @@ def test_default_formatter_reads_the_prompt_field(tiny_dir, tmp_path):
                             train_dataset=_guide_tasks().select(range(1)),
                             args=MAGRPOConfig(num_generations=2, max_new_tokens=3, eval_interval=0,
                                               prompt_format="raw", output_dir=str(tmp_path), plot=False))
-    roots, levels = trainer.rollout(trainer.train_env, [0], lambda d: 2, "aligned", trainer.sampling(False),
+    roots, levels = trainer.rollout(trainer.train_env, [0], lambda d: 2, "aligned", learner_sampling(trainer.args),
                                      trainer.task.seeds)
     assert levels[0][0].prompts == {0: GUIDE_PROMPTS[0], 1: GUIDE_PROMPTS[0]}
 
@@ -395,7 +398,7 @@ def test_raw_prompts_are_the_formatter_strings_tokenised_one_per_turn(tiny_dir, 
         args=MAGRPOConfig(num_turns=2, num_generations=2, max_new_tokens=4, eval_interval=0, prompt_format="raw",
                           external_prompt_passthrough=True, learning_rate=1e-2, output_dir=str(tmp_path),
                           plot=False))
-    roots, levels = trainer.rollout(trainer.train_env, [0], lambda d: 2, "aligned", trainer.sampling(False),
+    roots, levels = trainer.rollout(trainer.train_env, [0], lambda d: 2, "aligned", learner_sampling(trainer.args),
                                      trainer.task.seeds)
     item = rows[0]
     root = levels[0][0]
@@ -421,9 +424,8 @@ def test_a_comlrl_module_path_names_the_import_that_works():
     no counterpart). Other missing names stay plain AttributeErrors (``hasattr`` works)."""
     with pytest.raises(ImportError, match=r"`from collab_env.adapters import MAGRPOTrainer`"):
         from collab_env.adapters.reinforce import MAGRPOTrainer  # noqa: F401
-    from collab_env.adapters.reinforce import MAGRPOConfig as cfg  # its base class lives there too
-
-    assert cfg is MAGRPOConfig
+    with pytest.raises(ImportError, match=r"`from collab_env.adapters import MAGRPOConfig`"):
+        from collab_env.adapters.reinforce import MAGRPOConfig  # noqa: F401
     with pytest.raises(ImportError, match="no counterpart of CoMLRL's comlrl.trainers.reinforce.CentralizedMAGRPOTrainer"):
         from collab_env.adapters.reinforce import CentralizedMAGRPOTrainer  # noqa: F401
     with pytest.raises(ImportError, match="no counterpart of CoMLRL's comlrl.trainers.actor_critic.ActorCriticTrainerBase"):

@@ -17,9 +17,9 @@ from collab_env.adapters.dpo import (  # noqa: E402
     DPOTrainer,
     OnlineDPOConfig,
     OnlineDPOTrainer,
-    encode_pair,
 )
-from collab_env.adapters.sft import chat_ids  # noqa: E402
+from collab_env.adapters.common.pairs import encode_pair  # noqa: E402
+from collab_env.adapters.common.chat import chat_ids  # noqa: E402
 from collab_env.errors import ConfigError, DataSchemaError  # noqa: E402
 
 PROMPT = [
@@ -154,7 +154,7 @@ def test_offline_dpo_on_collabllm_pairs_learns_the_preference(tiny_dir, tmp_path
     """Pairs from build_dpo_dataset: at the start the policy is the reference, so every pair's
     loss is exactly log 2; DPO steps move the weights, lower the loss and make the implicit
     reward prefer the chosen replies."""
-    from collab_env.tasks.collabllm_data import build_dpo_dataset
+    from collab_env.tasks.collabllm_modes import build_dpo_dataset
     from collab_env.testing.collabllm_fixtures import collabllm_fixture_rows
 
     rows = collabllm_fixture_rows(2)

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("comlrl", reason="needs the installed CoMLRL to compare with: pip install 'collab-env[comlrl]'")
 
+from collab_env.adapters.common.config import learner_sampling  # noqa: E402
 from collab_env.adapters.magrpo import MAGRPOConfig, MAGRPOTrainer  # noqa: E402
 
 ROWS = [{"prompt": "Describe a city in the clouds."}, {"prompt": "Invent a new holiday."}]
@@ -65,7 +66,7 @@ def _our_tree(trainer):
     MAGRPO's ``train_step`` takes group-relative advantages of)."""
     a = trainer.args
     _, levels = trainer.rollout(trainer.train_env, [0], lambda d: a.num_generations, a.joint_mode,
-                                trainer.sampling(False), trainer.task.seeds)
+                                learner_sampling(trainer.args), trainer.task.seeds)
     values: dict[tuple[int, int], list[float]] = {}
 
     def keep(node, agent, vals):

@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from collab_env.adapters.common.baselines import baseline_advantages  # noqa: E402
+from collab_env.adapters.common.config import learner_sampling  # noqa: E402
 from collab_env.adapters.common.logging import read_jsonl  # noqa: E402
 from collab_env.adapters.common.losses import pack_sequences, token_logprobs  # noqa: E402
 from collab_env.adapters.magrpo import MAGRPOConfig  # noqa: E402
@@ -110,10 +111,10 @@ def test_config_validation():
     assert MAREINFORCEConfig(baseline="none", num_generations=1).num_generations == 1
     with pytest.raises(ConfigError, match="baseline"):
         MAREINFORCEConfig(baseline="critic")
-    with pytest.raises(ConfigError, match="on-policy"):
-        MAREINFORCEConfig(num_iterations=2)
-    with pytest.raises(ConfigError, match="clipping"):
-        MAREINFORCEConfig(clip_range=0.1)
+    # REINFORCE is on-policy: its config has no PPO fields (num_iterations, ratio clipping) at all
+    for ppo_field in ("num_iterations", "clip_range", "clip_range_high"):
+        with pytest.raises(ConfigError, match=f"has no field '{ppo_field}'"):
+            MAREINFORCEConfig(**{ppo_field: 2})
     with pytest.raises(ConfigError, match="num_generations >= 2"):
         MARLOOConfig(num_generations=1)
     with pytest.raises(ConfigError, match="std"):
@@ -217,7 +218,7 @@ def test_remax_baseline_is_the_reward_of_the_greedy_joint_action(tiny_dir, tmp_p
     trainer = MAReMaxTrainer(agent_model=model, tokenizer=tok, num_agents=2, formatters=formatters,
                              reward_func=reward_func, train_dataset=[item],
                              args=_cfg(tmp_path, cls=MAReMaxConfig, num_agents=2, max_new_tokens=6))
-    _, levels = trainer.rollout(trainer.train_env, [0], lambda d: 2, "aligned", trainer.sampling(False),
+    _, levels = trainer.rollout(trainer.train_env, [0], lambda d: 2, "aligned", learner_sampling(trainer.args),
                                  trainer.task.seeds)
     greedy, steps = trainer.greedy_returns(levels)
     root = levels[0][0]

@@ -12,9 +12,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from collab_env.adapters.common.logging import read_jsonl  # noqa: E402
+from collab_env.adapters.common.joint_reward import JointRewardModel, JointTemplate  # noqa: E402
 from collab_env.adapters.reward_model import (  # noqa: E402
-    JointRewardModel,
-    JointTemplate,
     RewardModelConfig,
     RewardModelTrainer,
     bradley_terry_loss,

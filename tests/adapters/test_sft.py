@@ -10,7 +10,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from collab_env.adapters.common.logging import read_jsonl  # noqa: E402
-from collab_env.adapters.sft import SFTConfig, SFTTrainer, chat_ids, encode_conversation  # noqa: E402
+from collab_env.adapters.sft import (  # noqa: E402
+    SFTConfig,
+    SFTTrainer,
+    encode_conversation,
+)
+from collab_env.adapters.common.chat import chat_ids  # noqa: E402
 from collab_env.errors import ConfigError, DataSchemaError  # noqa: E402
 
 CHAT = [
@@ -93,7 +98,7 @@ def test_trainable_flags_select_turns_and_reject_user_text(tiny_dir):
 def test_collabllm_sft_rows_never_train_on_the_hidden_goal(tiny_dir):
     """Rows built by build_sft_dataset: the loss tokens are exactly the assistant replies; the
     hidden goal and the reference answer are nowhere in the tokens at all."""
-    from collab_env.tasks.collabllm_data import build_sft_dataset
+    from collab_env.tasks.collabllm_modes import build_sft_dataset
     from collab_env.testing.collabllm_fixtures import collabllm_fixture_rows
 
     _, tok = _tiny(tiny_dir)

@@ -11,9 +11,9 @@ import sqlite3
 import pytest
 
 import collab_env
-from collab_env.agents.cache import CachedPolicy, CacheMissError, ResponseCache, request_key
+from collab_env.agents.cache import CachedPolicy, ResponseCache, request_key
 from collab_env.agents.users import LLMUserSimulator
-from collab_env.errors import CollabEnvError, ConfigError
+from collab_env.errors import CacheMissError, CollabEnvError, ConfigError
 from collab_env.rollout import run_episode
 from collab_env.tasks.hidden_facts import AskThenAnswer
 from collab_env.types import FAULT, Completion, Conversation, Message

@@ -19,7 +19,8 @@ pytest.importorskip("litellm")
 pytest.importorskip("aiohttp")
 
 import collab_env  # noqa: E402
-from collab_env.agents.litellm import ConcurrencyLimiter, LiteLLMPolicy, shared_limiter  # noqa: E402
+from collab_env.agents.limiter import ConcurrencyLimiter, shared_limiter  # noqa: E402
+from collab_env.agents.litellm import LiteLLMPolicy  # noqa: E402
 from collab_env.errors import ConfigError, FatalPolicyError, PolicyError  # noqa: E402
 from collab_env.rollout import run_episode  # noqa: E402
 from collab_env.tasks.hidden_facts import AskThenAnswer  # noqa: E402

@@ -1,9 +1,8 @@
 import pytest
 
-from collab_env.agents import POLICY_ALIASES, resolve_policy
 from collab_env.agents.litellm import LiteLLMPolicy
-from collab_env.agents.scripted import FixedTextPolicy
 from collab_env.errors import ConfigError, MissingDependencyError
+from collab_env.policy import POLICY_ALIASES, FixedTextPolicy, resolve_policy
 from collab_env.tasks.hidden_facts import AskThenAnswer
 
 

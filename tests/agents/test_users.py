@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 import collab_env
-from collab_env.agents.scripted import FixedTextPolicy
 from collab_env.agents.users import LLMUserSimulator, parse_user_reply, read_goal
 from collab_env.errors import ConfigError, FatalPolicyError, PolicyError
+from collab_env.policy import FixedTextPolicy
 from collab_env.rollout import run_episode
 from collab_env.tasks.hidden_facts import AskThenAnswer
 from collab_env.testing.collabllm_fixtures import write_collabllm_fixture

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 import collab_env
-from collab_env.agents.scripted import CallablePolicy
-from collab_env.errors import ConfigError
-from collab_env.rewards.mr import MultiturnAwareReward
 from collab_env.data.collabllm_build import build_multiturn_dataset
-from collab_env.tasks.collabllm_data import build_dpo_dataset, build_sft_dataset
+from collab_env.errors import ConfigError
+from collab_env.policy import CallablePolicy
+from collab_env.rewards.mr import MultiturnAwareReward
+from collab_env.tasks.collabllm_modes import build_dpo_dataset, build_sft_dataset
 from collab_env.tasks.hidden_facts import AnswerAtOnce, AskThenAnswer, HiddenFactsUser
 
 
@@ -73,10 +73,3 @@ def test_needs_an_mr_env_and_two_candidates():
     with pytest.raises(ConfigError, match="num_candidates"):
         build_multiturn_dataset(mr_env(), {"assistant": AskThenAnswer(), "user": HiddenFactsUser()}, items=[0],
                                 num_candidates=1)
-
-
-def test_the_old_import_path_still_works():
-    from collab_env.data import collabllm_build
-    from collab_env.tasks.collabllm_build import build_multiturn_dataset as old
-
-    assert old is collabllm_build.build_multiturn_dataset

@@ -77,7 +77,7 @@ def test_compare_baselines_side_by_side(tmp_path):
         assert (ask.episodes[k].conversation.by("user")[0].content
                 == guess.episodes[k].conversation.by("user")[0].content)
     table = cmp.summary_table()
-    assert "hidden-facts-v1" in table
+    assert "hidden-facts-v2" in table
     rows = [line for line in table.splitlines() if line.startswith(("ask ", "guess "))]
     assert len(rows) == 2 and "8/8" in rows[0] and "1.000" in rows[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ask.jsonl", "guess.jsonl"]
@@ -215,7 +215,8 @@ def test_invalid_arguments_are_clear_errors(policies, kwargs, match):
 # ---------------------------------------------------------------------------------------------
 def test_a_rejected_key_stops_the_evaluation_keeps_the_file_and_resume_finishes(tmp_path, monkeypatch):
     pytest.importorskip("litellm")
-    from collab_env.agents.litellm import ConcurrencyLimiter, LiteLLMPolicy
+    from collab_env.agents.limiter import ConcurrencyLimiter
+    from collab_env.agents.litellm import LiteLLMPolicy
     from collab_env.errors import FatalPolicyError
     from collab_env.testing.openai_server import FakeOpenAIServer
 

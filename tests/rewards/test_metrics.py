@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from collab_env.agents.judges import JudgeError, LLMJudge
-from collab_env.errors import ConfigError, SandboxError, TaskFunctionError
+from collab_env.agents.judges import LLMJudge
+from collab_env.errors import ConfigError, JudgeError, SandboxError, TaskFunctionError
 from collab_env.rewards import metrics as M
 from collab_env.rewards.metrics import (
     MetricResult,

@@ -13,8 +13,8 @@ import pytest
 from pettingzoo.test import parallel_api_test
 
 import collab_env
-from collab_env.agents.scripted import CallablePolicy, FixedTextPolicy
 from collab_env.errors import ConfigError, JudgeError, PolicyError, RewardError
+from collab_env.policy import CallablePolicy, FixedTextPolicy
 from collab_env.rewards.metrics import MetricResult, register_metric
 from collab_env.rewards.mr import (
     LEARNER,

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from collab_env.errors import ConfigError
+from collab_env.errors import ConfigError, SandboxError
 from collab_env.sandbox import (
     SandboxJob,
     SandboxLimits,
-    SandboxError,
     SandboxPool,
     live_processes_of_uid,
     run_python,

@@ -336,7 +336,8 @@ def test_a_batch_whose_callers_were_all_cancelled_is_abandoned_or_never_sent():
 
 def test_a_missing_api_key_stops_a_litellm_rollout_after_one_round_of_requests(monkeypatch):
     pytest.importorskip("litellm")
-    from collab_env.agents.litellm import ConcurrencyLimiter, LiteLLMPolicy
+    from collab_env.agents.limiter import ConcurrencyLimiter
+    from collab_env.agents.litellm import LiteLLMPolicy
     from collab_env.testing.openai_server import FakeOpenAIServer
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)

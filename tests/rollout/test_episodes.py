@@ -3,8 +3,8 @@ import asyncio
 import pytest
 
 import collab_env
-from collab_env.agents import FixedTextPolicy
 from collab_env.errors import ConfigError, EnvStateError, PolicyError
+from collab_env.policy import FixedTextPolicy
 from collab_env.rollout import RolloutEngine, run_episode
 from collab_env.tasks.hidden_facts import AskThenAnswer, HiddenFactsUser
 from collab_env.types import FAULT, Completion
@@ -35,7 +35,7 @@ class Counting(FixedTextPolicy):
 def test_episode_records_turns_rewards_and_costs():
     env = collab_env.make("hidden-facts")
     ep = run_episode(env, {"assistant": AskThenAnswer(), "user": HiddenFactsUser()}, seed=3)
-    assert ep.env_id == "hidden-facts-v1" and ep.seed == 3 and ep.terminated
+    assert ep.env_id == "hidden-facts-v2" and ep.seed == 3 and ep.terminated
     assert [t.player for t in ep.turns] == ["assistant", "user", "assistant"]
     assert ep.rewards["assistant"] == [0.0, 0.0, 1.0] and ep.returns["assistant"] == 1.0
     assert ep.components["assistant"]["accuracy"] == 1.0

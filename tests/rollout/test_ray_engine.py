@@ -8,7 +8,7 @@ ray = pytest.importorskip("ray")
 
 from collab_env.errors import ConfigError  # noqa: E402
 from collab_env.rollout import RolloutEngine, rollout  # noqa: E402
-from collab_env.rollout_ray import RayRolloutEngine  # noqa: E402
+from collab_env.rollout.ray_engine import RayRolloutEngine  # noqa: E402
 
 POLICIES = {"assistant": "ask-then-answer"}  # references: each worker builds its own
 

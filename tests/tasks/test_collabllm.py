@@ -10,17 +10,17 @@ import pytest
 from pettingzoo.test import parallel_api_test, parallel_seed_test
 
 import collab_env
-from collab_env.agents import FixedTextPolicy
 from collab_env.errors import ConfigError, DataSchemaError, DatasetUnavailableError, PolicyError
+from collab_env.policy import FixedTextPolicy
 from collab_env.rollout import run_episode
 from collab_env.tasks.collabllm import DEFAULT_SYSTEM_PROMPT, SessionReplayUser
-from collab_env.types import Completion, Conversation, Message
 from collab_env.testing.collabllm_fixtures import (
     FUTURE_USER_TURNS,
     collabllm_fixture_rows,
     write_collabllm_fixture,
     write_collabllm_hub_dir,
 )
+from collab_env.types import Completion, Conversation, Message
 
 SIGNAL = "[[TERMINATE CHAT]]"
 ANSWER = "Let me think about it."

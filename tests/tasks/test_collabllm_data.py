@@ -11,7 +11,8 @@ import datasets
 import pytest
 
 from collab_env.errors import ConfigError, DataSchemaError
-from collab_env.tasks.collabllm_data import (
+from collab_env.tasks.collabllm_data import main, process_collabllm_dataset, train_validation_split
+from collab_env.tasks.collabllm_modes import (
     DPO_COLUMNS,
     RECIPE_RL_COLUMNS,
     RECIPE_SFT_COLUMNS,
@@ -20,9 +21,6 @@ from collab_env.tasks.collabllm_data import (
     build_dpo_dataset,
     build_rl_dataset,
     build_sft_dataset,
-    main,
-    process_collabllm_dataset,
-    train_validation_split,
 )
 from collab_env.testing.collabllm_fixtures import collabllm_fixture_rows, write_collabllm_fixture
 

@@ -23,8 +23,8 @@ import pytest
 
 import collab_env
 from collab_env.tasks.collabllm import DEFAULT_SYSTEM_PROMPT
-from collab_env.tasks.collabllm_data import RECIPE_RL_COLUMNS, RECIPE_SFT_COLUMNS, RECIPE_TASK_DESC
 from collab_env.tasks.collabllm_load import load_collabllm_dataset
+from collab_env.tasks.collabllm_modes import RECIPE_RL_COLUMNS, RECIPE_SFT_COLUMNS, RECIPE_TASK_DESC
 from collab_env.testing.collabllm_fixtures import collabllm_fixture_rows, write_collabllm_hub_dir
 
 DATASET = "math-hard-large"

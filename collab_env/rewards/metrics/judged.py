@@ -41,5 +41,6 @@ async def interactivity(conversation: Conversation, item: Mapping[str, Any], *, 
         raise ConfigError(f"interactivity: rubric must be one of {list(presets)}, got {rubric!r}.")
     judge = judge_for("interactivity", presets[rubric], ctx)
     res = await judge.score(conversation=conversation)
-    detail = {"reason": res.reason, "rubric": rubric, "judge": judge.name, **{k: float(v) for k, v in res.components.items()}}
+    detail = {"reason": res.reason, "rubric": rubric, "judge": judge.name,
+              **{k: float(v) for k, v in res.components.items()}}
     return MetricResult(float(res.score), detail, dict(res.usage))

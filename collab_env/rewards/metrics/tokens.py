@@ -19,6 +19,7 @@ def _count(text: str, tokenizer: Any) -> int:
         return len(text.split())
     if not hasattr(tokenizer, "encode"):
         raise ConfigError(f"ctx['tokenizer'] must have .encode(text), got {type(tokenizer).__name__}.")
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(tokenizer.encode).parameters
     except (TypeError, ValueError):

@@ -221,7 +221,7 @@ def test_convert_legacy_checkpoint_written_the_old_way(tmp_path):
 
 def test_reward_head_trap_is_refused(tmp_path):
     pytest.importorskip("transformers")
-    from collab_env.adapters.reward_model import HEAD_FILE, META_FILE, JointRewardModel
+    from collab_env.adapters.common.joint_reward import HEAD_FILE, META_FILE, JointRewardModel
 
     marker, raw, zipped = trap_files(tmp_path)
     folder = tmp_path / "rm"

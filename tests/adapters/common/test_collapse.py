@@ -126,7 +126,7 @@ def test_a_real_learner_step_logs_the_statistics_and_flags_by_its_thresholds(tin
 
 
 def test_policy_stats_from_samples_drop_special_tokens():
-    from collab_env.adapters.common.update import sample_collapse_stats
+    from collab_env.adapters.common.tree_learner import sample_collapse_stats
 
     pm = SimpleNamespace(tokenizer=SimpleNamespace(all_special_ids=[EOS]), pad_id=PAD)
     samples = [([1, 2], (EOS,), 0.0, 0), ([1, 2], (PAD, EOS), 0.0, 0), ([1, 2], (5, EOS), 0.0, 0),

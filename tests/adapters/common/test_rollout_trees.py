@@ -15,11 +15,22 @@ pytest.importorskip("transformers")
 
 import collab_env  # noqa: E402
 from collab_env.adapters.common.models import load_policy_models  # noqa: E402
-from collab_env.adapters.common.rollout import compute_returns, expand_tree, start_roots  # noqa: E402
+from collab_env.adapters.common.rollout import (  # noqa: E402
+    compute_returns,
+    expand_tree,
+    start_roots,
+)
 from collab_env.adapters.magrpo import MAGRPOConfig  # noqa: E402
-from collab_env.agents.hf import HFPolicy, TokenGenerator  # noqa: E402
+from collab_env.agents.hf import HFPolicy  # noqa: E402
+from collab_env.agents.tokens import TokenGenerator  # noqa: E402
 from collab_env.errors import ConfigError  # noqa: E402
-from collab_env.policy import LEARNER, SamplingParams, bind_learner, policies_for, resolve_policy  # noqa: E402
+from collab_env.policy import (  # noqa: E402
+    LEARNER,
+    SamplingParams,
+    bind_learner,
+    policies_for,
+    resolve_policy,
+)
 from collab_env.types import Completion, Conversation  # noqa: E402
 
 

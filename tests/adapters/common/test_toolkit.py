@@ -258,6 +258,13 @@ class _FakeLogger:
     def plot(self):
         pass
 
+    def wrote(self, path):
+        pass
+
+    def summary(self, name, done):
+        self.done = dict(done)
+        return ""
+
 
 class _FakeLearner:
     """Records what the run loop asks of it; each step earns 3 env steps and one update."""
@@ -366,17 +373,21 @@ def test_run_state_reads_former_checkpoints():
 
 
 def test_learner_sampling_from_a_config():
+    """The config's sampling fields travel as one SamplingParams (what the rollout tree takes)."""
     from types import SimpleNamespace
 
-    from collab_env.adapters.common.task import learner_sampling
+    from collab_env.adapters.common.config import learner_sampling
+    from collab_env.adapters.common.task import sampling_keywords
+    from collab_env.policy import SamplingParams
 
     a = SimpleNamespace(temperature=0.7, top_p=0.9, top_k=None, max_new_tokens=16, eval_max_new_tokens=4,
                         eval_greedy=False)
-    assert learner_sampling(a) == {"temperature": 0.7, "top_p": 0.9, "top_k": None, "max_new_tokens": 16}
-    assert learner_sampling(a, True)["max_new_tokens"] == 4
+    assert learner_sampling(a) == SamplingParams(temperature=0.7, top_p=0.9, top_k=None, max_new_tokens=16)
+    assert sampling_keywords(learner_sampling(a)) == {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 16}
+    assert learner_sampling(a, True).max_new_tokens == 4
     a.eval_greedy = True
-    assert learner_sampling(a, True) == {"temperature": 0.0, "max_new_tokens": 4}
-    assert learner_sampling(a)["temperature"] == 0.7  # greedy is for evaluation only
+    assert learner_sampling(a, True) == SamplingParams(temperature=0.0, max_new_tokens=4)
+    assert learner_sampling(a).temperature == 0.7  # greedy is for evaluation only
 
 
 def test_every_learner_implements_the_learner_protocol():

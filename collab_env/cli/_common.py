@@ -1,0 +1,94 @@
+"""What the commands share: the program's name, parsing the ``KEY=VALUE`` options
+(``--policy``, ``--env-arg``, ``--sampling``) and the env options (``--data-files``,
+``--env-arg``), and the plain-text table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from collab_env.errors import ConfigError, did_you_mean
+
+__all__ = ["PROG", "parse_value", "parse_pairs", "env_kwargs", "add_env_args", "parse_sampling", "one_line",
+           "table"]
+
+PROG = "collab-env"
+
+
+def parse_value(text: str) -> Any:
+    """``--env-arg`` values: JSON when they parse (numbers, booleans, lists), else the string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def parse_pairs(items: Sequence[str] | None, what: str, example: str) -> dict[str, str]:
+    """``["a=b", ...]`` -> ``{"a": "b"}``; a malformed or repeated key is a usage error."""
+    out: dict[str, str] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise ConfigError(f"{what} takes KEY=VALUE, e.g. {example}; got {item!r}.")
+        if key in out:
+            raise ConfigError(f"{what} gives {key!r} twice ({out[key]!r} and {value!r}).")
+        out[key] = value
+    return out
+
+
+def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    kwargs = {k: parse_value(v) for k, v in
+              parse_pairs(getattr(args, "env_arg", None), "--env-arg", "--env-arg max_steps=8").items()}
+    files = getattr(args, "data_files", None)
+    if files:
+        kwargs["data_files"] = files[0] if len(files) == 1 else list(files)
+    return kwargs
+
+
+
+def add_env_args(q: argparse.ArgumentParser) -> None:
+    """Add ``--data-files`` and ``--env-arg`` (read by :func:`env_kwargs`) to a command's parser."""
+    q.add_argument("--data-files", nargs="+", metavar="F",
+                   help="local dataset file(s), for suites that read data (works offline)")
+    q.add_argument("--env-arg", action="append", metavar="KEY=VALUE",
+                   help="keyword argument for the env (VALUE parsed as JSON if it can be); repeatable")
+
+
+def parse_sampling(items: Sequence[str] | None) -> dict[str, dict[str, Any]]:
+    """``--sampling assistant.temperature=0.7`` -> ``{"assistant": {"temperature": 0.7}}``.
+
+    Each parameter is checked here, before any work, against
+    :class:`~collab_env.policy.SamplingParams` (the keywords every backend takes): an unknown name,
+    a value of the wrong type or out of range is a usage error naming the flag.
+    """
+    from collab_env.policy import SamplingParams
+
+    names = list(SamplingParams.__dataclass_fields__)
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in parse_pairs(items, "--sampling", "--sampling assistant.temperature=0.7").items():
+        player, dot, name = key.partition(".")
+        if not dot or not player or not name:
+            raise ConfigError(f"--sampling takes PLAYER.KEY=VALUE, e.g. assistant.temperature=0.7; got {key!r}.")
+        flag = f"--sampling {key}={value}"
+        if name not in names:
+            raise ConfigError(f"{flag}: {name!r} is not a sampling parameter." + did_you_mean(name, names)
+                              + f" Valid: {', '.join(names)}.")
+        parsed = parse_value(value)
+        try:
+            SamplingParams(**{name: parsed})  # its type and range: temperature a number >= 0...
+        except ConfigError as exc:
+            raise ConfigError(f"{flag}: {exc}") from None
+        out.setdefault(player, {})[name] = parsed
+    return out
+
+
+def one_line(text: str, width: int = 76) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3].rstrip() + "..."
+
+
+def table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

@@ -1,0 +1,60 @@
+"""``collab-env eval ID --policy P=SPEC --episodes N``: an evaluation run, its episode records
+written to a JSONL file as they finish (resumable); exit 1 when episodes failed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from collab_env.cli._common import PROG, add_env_args, env_kwargs, parse_pairs, parse_sampling
+from collab_env.cli.output import Writer
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add ``eval`` and its options to the subcommands ``sub``."""
+    q = sub.add_parser("eval", help="evaluate policies over many seeded episodes")
+    q.add_argument("id")
+    q.add_argument("--policy", action="append", metavar="PLAYER=SPEC",
+                   help="policy of a player (trainable players need one); repeatable")
+    q.add_argument("--episodes", type=int, required=True, help="number of episodes")
+    q.add_argument("--seed", type=int, default=0, help="base seed; episode k uses seed+k (default 0)")
+    q.add_argument("--out", help="JSONL result file, written as episodes finish")
+    q.add_argument("--resume", action="store_true",
+                   help="continue the run in --out: run only the episodes it lacks")
+    q.add_argument("--concurrency", type=int, default=8, help="episodes in flight (default 8)")
+    q.add_argument("--sampling", action="append", metavar="PLAYER.KEY=VALUE",
+                   help="sampling parameter for a policy, e.g. assistant.temperature=0.7; repeatable")
+    q.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_env_args(q)
+
+
+def run(args: argparse.Namespace, out: Writer) -> int:
+    from collab_env.eval import evaluate, failures_path
+
+    policies = parse_pairs(args.policy, "--policy", "--policy assistant=ask-then-answer")
+    result = evaluate(
+        args.id,
+        policies,
+        num_episodes=args.episodes,
+        seed=args.seed,
+        out=args.out,
+        resume=args.resume,
+        concurrency=args.concurrency,
+        env_kwargs=env_kwargs(args),
+        sampling=parse_sampling(args.sampling),
+        progress=not args.no_progress,
+    )
+    print(result.summary_table(), file=out)
+    if args.out:
+        print(f"\n{len(result.episodes)} episode records in {args.out}", file=out)
+    if result.failures:
+        where = f" (logged in {failures_path(args.out)})" if args.out else ""
+        first = result.failures[0]
+        print(f"{PROG}: {len(result.failures)} episode(s) failed{where}; first: episode "
+              f"{first.episode_id}: {first.error}", file=sys.stderr)
+        if args.out:
+            print(f"{PROG}: rerun the same command with --resume to retry them.", file=sys.stderr)
+        return 1
+    return 0
