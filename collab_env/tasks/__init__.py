@@ -36,7 +36,7 @@ TASK_POLICIES: dict[str, str] = {
 
 _CHAT = (("assistant",), ("user",))
 
-_HIDDEN_FACTS = {
+_HIDDEN_FACTS: dict[str, dict[str, Any]] = {
     "hidden-facts": dict(
         kwargs={},
         description=(
@@ -85,6 +85,8 @@ _COLLABLLM = {
 #: The make keywords that pin a hidden-facts v0 id to its legacy user (see the Version history in
 #: collab_env.tasks.hidden_facts).
 _HF_LEGACY = {"user_rule": "keyword", "guess_is_wrong": False}
+#: The make keywords of a hidden-facts v2 id (issue 27): v1's rules, text that reads as sense.
+_HF_V2 = {"sensible_numbers": True}
 
 
 def _register_hidden_facts(register, EnvSpec, cards, name, d, version, rule) -> None:
@@ -100,8 +102,11 @@ def _register_hidden_facts(register, EnvSpec, cards, name, d, version, rule) -> 
             reward={"accuracy": 1.0},
             reward_range=(0.0, 1.0),
             limits={"max_steps": 12},
-            description=d["description"] + (" Legacy v0: the user reveals to any clause naming the "
-                                             "object and an attribute keyword." if version == 0 else ""),
+            description=d["description"] + {
+                0: " Legacy v0: the user reveals to any clause naming the object and an attribute keyword.",
+                2: " v2: v1's rules in text that reads as sense (a value of 1 in the singular, clock hours "
+                   "2..12).",
+            }.get(version, ""),
             suite="builtin",
             card=cards[f"{name}-v{version}"],
         )
@@ -119,10 +124,11 @@ def register_builtin() -> None:
         register_policy(name, entry_point)
 
     # hidden-facts v1 (issue 23): the user reveals a fact only to a question for it and a guess at
-    # a withheld value counts as a wrong answer; v0 (legacy) keeps the keyword user.
+    # a withheld value counts as a wrong answer; v0 (legacy) keeps the keyword user; v2 (issue 27)
+    # is v1 in text that reads as sense. A level without "versions" has all three.
     for name, d in _HIDDEN_FACTS.items():
-        for version, rule in ((0, _HF_LEGACY), (1, {})):
-            if version in d.get("versions", (0, 1)):
+        for version, rule in ((0, _HF_LEGACY), (1, {}), (2, _HF_V2)):
+            if version in d.get("versions", (0, 1, 2)):
                 _register_hidden_facts(register, EnvSpec, BUILTIN_CARDS, name, d, version, rule)
 
     register(
@@ -229,21 +235,28 @@ def register_builtin() -> None:
     register_policy("chat-question-user", "collab_env.tasks.chats:SentenceRevealUser")
     register_policy("chat-sentence-user", "collab_env.tasks.chats:LegacySentenceRevealUser")
     register_policy("chat-llm-user", "collab_env.tasks.chats:EmbeddedChatUser")
-    for name, entry_point, metrics, what in (
-        ("math-chat", "make_math_chat", {"accuracy_rule": 1.0, "token_amount": -1e-4},
+    # math-chat v1 (issue 27): v0's problems in text that reads as sense ("a pen for 1 dollar",
+    # "1 of the lemons is spoiled"); the numbers and answers are v0's.
+    math_metrics = {"accuracy_rule": 1.0, "token_amount": -1e-4}
+    for name, version, kwargs, entry_point, metrics, what in (
+        ("math-chat", 0, {}, "make_math_chat", math_metrics,
          "a generated maths word problem (answer checked by rule)"),
-        ("humaneval-chat", "make_humaneval_chat", dict(_COLLABLLM["bigcodebench"]),
+        ("math-chat", 1, {"sensible_numbers": True}, "make_math_chat", math_metrics,
+         "a generated maths word problem (answer checked by rule; v1: v0's problems in text that "
+         "reads as sense)"),
+        ("humaneval-chat", 0, {}, "make_humaneval_chat", dict(_COLLABLLM["bigcodebench"]),
          "a HumanEval problem (pass rate in the sandbox)"),
     ):
         register(
             EnvSpec(
-                id=f"{name}-v0",
+                id=f"{name}-v{version}",
                 entry_point=f"collab_env.tasks.chats:{entry_point}",
+                kwargs=kwargs,
                 players=("assistant", "user"),
                 turn_order=_CHAT,
                 trainable=("assistant",),
                 default_policies={"user": "collab_env.tasks.chats:EmbeddedChatUser"},
-                reward=metrics,
+                reward=dict(metrics),
                 reward_range=(0.0, 0.0),  # the env's own reward; the card gives mr's and conversation's
                 limits={"max_assistant_turns": 6, "max_user_turns": 6, "max_steps": 12},
                 description=(
@@ -252,7 +265,7 @@ def register_builtin() -> None:
                     "LLM user simulator on the embedded model; 'chat-sentence-user' is the scripted one."
                 ),
                 suite="builtin",
-                card=CHAT_CARDS[f"{name}-v0"],
+                card=CHAT_CARDS[f"{name}-v{version}"],
             )
         )
 

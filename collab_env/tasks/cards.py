@@ -32,8 +32,8 @@ from collections.abc import Mapping
 from collab_env.registry import EnvCard
 from collab_env.tasks.exploit_quotes import EXPLOIT_QUOTES
 
-__all__ = ["BUILTIN_CARDS", "hidden_facts_card", "LENGTH_RATIO_CARD", "collabllm_card", "docstring_cards", "cards_section",
-           "baseline_text", "PROMPTS_LINE"]
+__all__ = ["BUILTIN_CARDS", "hidden_facts_card", "LENGTH_RATIO_CARD", "collabllm_card", "docstring_cards",
+           "cards_section", "baseline_text", "PROMPTS_LINE"]
 
 _HF_PLAYERS = {
     "assistant": "trainable; must find out the withheld quantities by asking, then answer with "
@@ -103,6 +103,10 @@ _HF_TESTS = {
     **{f"{name}-v0": "Legacy (v0, keyword user: use v1). " + text for name, text in _HF_LEVEL_TESTS.items()
        if name != "hidden-facts-copy"},
     **{f"{name}-v1": text + " The user answers questions only." for name, text in _HF_LEVEL_TESTS.items()},
+    # issue 27: v1's rules, text that reads as sense (hidden_facts.HiddenFactsConfig.sensible_numbers).
+    **{f"{name}-v2": text + " The user answers questions only. v2: v1's task in text that reads as sense "
+       "(a value of 1 in the singular, clock hours 2..12)." for name, text in _HF_LEVEL_TESTS.items()
+       if name != "hidden-facts-copy"},
 }
 
 #: Measured baselines (benchmarks/results/card_baselines.json, 200 episodes, seeds 0-199).
@@ -114,6 +118,9 @@ _HF_BASELINES = {
     "hidden-facts-easy-v1": ("1.000", "1.000", "0.020", "0.020"),
     "hidden-facts-hard-v1": ("1.000", "1.000", "0.000", "0.000"),
     "hidden-facts-copy-v1": ("1.000", "1.000", "0.000", "0.000"),
+    "hidden-facts-v2": ("1.000", "1.000", "0.000", "0.000"),
+    "hidden-facts-easy-v2": ("1.000", "1.000", "0.020", "0.020"),
+    "hidden-facts-hard-v2": ("1.000", "1.000", "0.000", "0.000"),
 }
 
 
@@ -124,6 +131,9 @@ _HF_GAMING = {
     "hidden-facts-easy-v1": (("0.000", "0.000"), ("0.000", "0.000")),
     "hidden-facts-hard-v1": (("0.000", "0.000"), ("0.000", "0.000")),
     "hidden-facts-copy-v1": (("0.000", "0.000"), ("0.000", "0.000")),
+    "hidden-facts-v2": (("0.000", "0.000"), ("0.000", "0.000")),
+    "hidden-facts-easy-v2": (("0.000", "0.000"), ("0.000", "0.000")),
+    "hidden-facts-hard-v2": (("0.000", "0.000"), ("0.000", "0.000")),
 }
 
 

@@ -32,14 +32,24 @@ Arguments
     withheld), ``vague_objects`` (the opening does not even name the objects),
     ``num_distractors`` (irrelevant numbers in the opening), value ranges, ``split``,
     ``withhold`` (which kinds of fact may be withheld), ``unit_value`` (a fixed unit value),
-    ``distractors_avoid_answer``.
+    ``distractors_avoid_answer``, ``sensible_numbers`` (v2: the text reads as sense).
 Levels
     ``hidden-facts-easy``, ``hidden-facts``, ``hidden-facts-hard`` (more objects, more withheld,
-    unnamed objects) and ``hidden-facts-copy`` (issue 26, v1 only): the withheld fact *is* the
-    answer (one object at 1 per unit, its count withheld, two distractor numbers that are never
-    the answer), so a small model that cannot multiply succeeds exactly when it asks for the count
-    and copies it into the box; answering at once is right only by a lucky guess (1 in 29).
+    unnamed objects), each at v0, v1 and v2, and ``hidden-facts-copy`` (issue 26, v1 only; its
+    text already reads as sense): the withheld fact *is* the answer (one object at 1 per unit,
+    its count withheld, two distractor numbers that are never the answer), so a small model that
+    cannot multiply succeeds exactly when it asks for the count and copies it into the box;
+    answering at once is right only by a lucky guess (1 in 29).
 Version history
+    v2 (issue 27; ``hidden-facts``, ``-easy``, ``-hard``): the v1 user and rules with
+    ``sensible_numbers=True``, a change of text only. v0/v1 items said a unit value of 1 in the
+    plural ("Each apple costs 1 dollars.") and drew clock-time distractors from 2..59 ("The
+    courier comes at 41 o'clock.", in about 20% of the items of hidden-facts, 40% of -hard); v2
+    says "1 dollar" / "1 gram" / "1 kilogram" and draws clock hours from 2..12. Every item has
+    the same scenario, objects, quantities, withheld facts, occasion, distractor sentences and
+    answer as at v1 (the same draws); only the words of a stated 1 and the distractors' numbers
+    differ. The task and its answers follow the same rules. v0/v1 items are unchanged (locked
+    by hashes and by the leaderboard's recorded episodes).
     v1 (issue 23): the user reveals a fact only to a question for it
     (:mod:`collab_env.tasks.questions`: an interrogative clause or an explicit "tell me", in the
     assistant's own words, not a keyword dump, naming the object and the attribute, at most two
@@ -75,6 +85,7 @@ from collab_env.types import Conversation, Message
 
 # The env cards: data in collab_env.tasks.cards (the registry's), text here for help() and pydoc.
 __doc__ = (__doc__ or "") + docstring_cards(
+    "hidden-facts-v2", "hidden-facts-easy-v2", "hidden-facts-hard-v2",
     "hidden-facts-v1", "hidden-facts-easy-v1", "hidden-facts-hard-v1", "hidden-facts-copy-v1",
     "hidden-facts-v0", "hidden-facts-easy-v0", "hidden-facts-hard-v0",
 )
@@ -116,7 +127,8 @@ class _Attr:
     keywords: tuple[str, ...]  # words that, with the object, make a question about this fact
     say: str  # sentence stating the fact: {n}/{v}, {one}, {many}
     parse: str  # regex (with {one}/{many}) that reads the number back out of that sentence
-    singular: tuple[str, str] = ("", "")  # (plural unit, singular unit) said of the value 1 (unit_value levels)
+    # (plural unit, singular unit) said of the value 1 (with unit_value or sensible_numbers)
+    singular: tuple[str, str] = ("", "")
 
 
 @dataclass(frozen=True)
@@ -252,6 +264,16 @@ class HiddenFactsConfig:
             (``hidden-facts-copy``).
         distractors_avoid_answer: Distractor numbers never equal the answer (nor a told value),
             so copying a number from the opening cannot be right by coincidence.
+        sensible_numbers: The text reads as sense (issue 27; the v2 ids): a unit value of 1 is
+            said in the singular at every level ("Each apple costs 1 dollar.", "needs 1 gram of
+            sugar"; without it only a ``unit_value`` level does so), and a clock-time distractor
+            is an hour of the clock, drawn from 2..12 (without it from 2..59: "The courier comes
+            at 41 o'clock."). Counts are drawn from ``[2, max_count]``, so no count sentence says
+            1. The draws of the problem (objects, counts, unit values, which facts are withheld,
+            which distractors) are those of the same config without it, so the answers and the
+            rules are unchanged; only the words of a stated 1 and the clock hours differ. Off by
+            default: the items of the released v0/v1 ids are locked (their hashes, the
+            leaderboard's recorded episodes), so the fix is a new version, not an edit.
     """
 
     num_objects: int = 2
@@ -271,6 +293,7 @@ class HiddenFactsConfig:
     withhold: tuple[str, ...] = ("count", "unit")
     unit_value: int | None = None
     distractors_avoid_answer: bool = False
+    sensible_numbers: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_objects <= 4:
@@ -318,13 +341,19 @@ class HiddenFactsConfig:
 _SPLIT_STREAM = {"train": 0x7A11, "test": 0x7E57}
 
 
+def _distractor_top(sentence: str) -> int:
+    """The exclusive upper bound of a distractor's number: a clock time is an hour of the clock
+    (2..12, never "41 o'clock"), any other number is drawn from 2..59."""
+    return 13 if "o'clock" in sentence else 60
+
+
 def generate_item(config: HiddenFactsConfig, index: int) -> dict[str, Any]:
     """The problem at ``index``: a pure function of the config and the index."""
     rng = np.random.default_rng([_SPLIT_STREAM[config.split], int(index)])
     sc = _SCENARIO_BY_NAME[config.scenarios[int(rng.integers(len(config.scenarios)))]]
     picks = rng.choice(len(sc.objects), size=config.num_objects, replace=False)
     objects = [sc.objects[int(i)] for i in sorted(picks)]
-    facts = []
+    facts: list[dict[str, Any]] = []
     for one, many in objects:
         n = int(rng.integers(2, config.max_count + 1))
         v = int(rng.integers(1, config.max_unit + 1))
@@ -332,7 +361,7 @@ def generate_item(config: HiddenFactsConfig, index: int) -> dict[str, Any]:
             v = config.unit_value
         for kind, attr, value in (("count", sc.count, n), ("unit", sc.unit, v)):
             sentence = attr.say.format(n=value, v=value, one=one, many=many)
-            if kind == "unit" and value == 1 and config.unit_value is not None:
+            if kind == "unit" and value == 1 and (config.unit_value is not None or config.sensible_numbers):
                 sentence = sentence.replace(*attr.singular)  # "costs 1 dollar", not "1 dollars"
             facts.append({
                 "object": one,
@@ -363,10 +392,12 @@ def generate_item(config: HiddenFactsConfig, index: int) -> dict[str, Any]:
         taken = {answer} | {f["value"] for f in facts}
         numbers = []
         for i in dpick:
-            top = 13 if "o'clock" in sc.distractors[int(i)] else 60
-            pool = [d for d in range(2, top) if d not in taken and d not in numbers]
+            pool = [d for d in range(2, _distractor_top(sc.distractors[int(i)]))
+                    if d not in taken and d not in numbers]
             numbers.append(int(pool[int(rng.integers(len(pool)))]))
-    else:
+    elif config.sensible_numbers:  # one draw per distractor, as below, with the clock rule
+        numbers = [int(rng.integers(2, _distractor_top(sc.distractors[int(i)]))) for i in dpick]
+    else:  # the released levels' draws (locked): a clock time may be "41 o'clock"
         numbers = [int(rng.integers(2, 60)) for _ in dpick]
     distractors = [sc.distractors[int(i)].format(d=d) for i, d in zip(dpick, numbers, strict=True)]
     opening += distractors
@@ -542,8 +573,9 @@ def guessed_facts(item: Mapping[str, Any], text: str, user_texts: Sequence[str])
     A clause that does not ask (:attr:`collab_env.tasks.questions.Clause.asks` is false) guesses
     the quantity ``(object, kind)`` when the quantity is withheld (its sentence is in no user
     message), the clause names the object in its own words and holds a number (digits or two..
-    twenty; never 1) that the user has not said (nor a product of two told values), and either that number stands within three words before the object's name
-    ("let's say 4 apples": the count) or the clause names a keyword of the quantity ("I assume
+    twenty; never 1) that the user has not said (nor a product of two told values), and either
+    that number stands within three words before the object's name ("let's say 4 apples": the
+    count) or the clause names a keyword of the quantity ("I assume
     apples cost $3": the unit value). A boxed answer is the task's business, not a guess.
 
     Args:
@@ -819,7 +851,7 @@ def collaboration_stats(conversation: Conversation, item: Mapping[str, Any]) -> 
     user_texts: list[str] = []
     asked = answered = 0
     told = ""
-    for k, m in enumerate(conversation):
+    for m in conversation:
         if m.role == "system":
             continue
         if m.author == "user":

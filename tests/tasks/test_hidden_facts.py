@@ -356,6 +356,23 @@ def test_legacy_ids_keep_the_keyword_user(env_id):
 
 def test_new_version_is_the_default():
     env = collab_env.make("hidden-facts")
-    assert env.spec.id == "hidden-facts-v1" and env.task.config.user_rule == "question"
+    assert env.spec.id == "hidden-facts-v2" and env.task.config.user_rule == "question"
+    assert env.task.config.sensible_numbers and env.task.config.guess_is_wrong
     card = collab_env.spec("hidden-facts-v0").card
     assert "legacy" in card.tests.lower() and "legacy" in card.players["user"]
+
+
+def test_v2_items_are_locked():
+    """300 items per split of the three v2 levels (issue 27) hash as released; a change of what a
+    player sees needs a new version (the v0/v1 items: tests/tasks/test_hidden_facts_copy.py)."""
+    import hashlib
+    import json
+
+    out = []
+    for env_id in ("hidden-facts-v2", "hidden-facts-easy-v2", "hidden-facts-hard-v2"):
+        for split in ("train", "test"):
+            c = HiddenFactsConfig(split=split, **collab_env.spec(env_id).kwargs)
+            out += [generate_item(c, i) for i in range(300)]
+    digest = hashlib.sha256(json.dumps(out, sort_keys=True).encode()).hexdigest()
+    assert digest == "b05de96a73b8e31d58a212347a325530c5680232060c43c611c83835c60f0004"
+
