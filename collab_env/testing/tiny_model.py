@@ -10,7 +10,7 @@ padding, token ids, log-probs, stop strings, adapters), which does not need a tr
 
 Reload the tokenizer with :func:`load_tiny_chat_model` (``PreTrainedTokenizerFast``): loading a
 Qwen2 folder with ``AutoTokenizer`` gives ``Qwen2Tokenizer``, whose pre-tokenizer differs from
-the one trained here and therefore changes the ids (see ``shared/OFFLINE.md``).
+the one trained here and therefore changes the ids.
 """
 
 from __future__ import annotations

@@ -47,13 +47,18 @@ def test_builtin_tracks_and_status(tmp_path):
     for name in ("hidden-facts", "hidden-facts-easy", "hidden-facts-hard", "length-ratio",
                  "collabllm-medium", "collabllm-math-hard", "collabllm-bigcodebench"):
         assert f"{name}@v1" in tracks
-    t = tracks["hidden-facts@v2"]  # v2: hidden-facts-v1, the user that answers questions only
-    assert (t.episodes, t.k, t.submitted) == (100, 4, ("assistant",)) and t.env_id == "hidden-facts-v1"
-    assert track_status(t) == "current" and track_status(tracks["hidden-facts@v1"]) == "legacy"
-    newer = Track.from_dict({**t.to_dict(), "version": 3, "seed": 5})
+    # v3: hidden-facts-v2 (issue 27), v2's user and items (hidden-facts-v1: the user answers
+    # questions only) in text that reads as sense; nothing else changed
+    t = tracks["hidden-facts@v3"]
+    assert (t.episodes, t.k, t.submitted) == (100, 4, ("assistant",)) and t.env_id == "hidden-facts-v2"
+    assert {k: v for k, v in t.fixed().items() if k != "env_id"} == \
+        {k: v for k, v in tracks["hidden-facts@v2"].fixed().items() if k != "env_id"}
+    assert track_status(t) == "current"
+    assert track_status(tracks["hidden-facts@v1"]) == track_status(tracks["hidden-facts@v2"]) == "legacy"
+    newer = Track.from_dict({**t.to_dict(), "version": 4, "seed": 5})
     both = {t.id: t, newer.id: newer}
     assert track_status(t, both) == "legacy" and track_status(newer, both) == "current"
-    assert get_track("hidden-facts").id == "hidden-facts@v2"  # a name means its current version
+    assert get_track("hidden-facts").id == "hidden-facts@v3"  # a name means its current version
     p = tmp_path / "mine.json"
     p.write_text(json.dumps(newer.to_dict()))
     assert load_track_file(p) == newer
