@@ -37,13 +37,38 @@ def test_every_suite_env_has_a_current_track():
     current = {t.env_id for t in tracks.values() if track_status(t, tracks) == "current"}
     envs = [s for suite in SUITES for s in _newest_package_envs(suite)]
     # The registry really is what drives this test: the issue-13 ids are among the envs checked.
-    assert {"team-facts-easy-v1", "team-facts-hard-v1", "humaneval-v0", "coop-humaneval-v0", "math-chat-v0",
-            "humaneval-chat-v0", "hidden-facts-v1", "length-ratio-v0"} <= {s.id for s in envs}
+    assert {"team-facts-easy-v1", "team-facts-hard-v1", "humaneval-v0", "coop-humaneval-v0", "math-chat-v1",
+            "humaneval-chat-v0", "hidden-facts-v2", "length-ratio-v0"} <= {s.id for s in envs}
     missing = [f"{s.id} (suite {s.suite})" for s in envs if s.id not in current]
     assert not missing, (
         f"registered envs without a current leaderboard track: {missing}. Add "
         "collab_env/leaderboard/tracks/<name>@v1.json for each (see the existing ones) and lock its "
         "hash in tracks/LOCK.json.")
+
+
+#: Issue 27: each track on a -v1 hidden-facts level or math-chat-v0 -> its successor on the env
+#: version whose text reads as sense.
+ISSUE27_TRACKS = (("hidden-facts@v2", "hidden-facts@v3"), ("hidden-facts-easy@v2", "hidden-facts-easy@v3"),
+                  ("hidden-facts-hard@v2", "hidden-facts-hard@v3"),
+                  ("hidden-facts-easy-llm-user@v3", "hidden-facts-easy-llm-user@v4"),
+                  ("math-chat@v2", "math-chat@v3"), ("math-chat-scripted-user@v2", "math-chat-scripted-user@v3"))
+
+
+def test_issue27_tracks_change_only_the_env_version():
+    """Each new track is its predecessor on the successor env (the same rules and items, with
+    sensible_numbers=True: a change of text only), nothing else fixed changed; the old one is
+    legacy and keeps its env, the new one is current and says what changed."""
+    tracks = builtin_tracks()
+    for old, new in ISSUE27_TRACKS:
+        a, b = tracks[old], tracks[new]
+        assert (b.name, b.version) == (a.name, a.version + 1), new
+        assert {k: v for k, v in a.fixed().items() if k != "env_id"} == \
+            {k: v for k, v in b.fixed().items() if k != "env_id"}, new
+        sa, sb = spec(a.env_id), spec(b.env_id)
+        assert (sb.name, sb.version) == (sa.name, sa.version + 1), new
+        assert dict(sb.kwargs) == {**dict(sa.kwargs), "sensible_numbers": True}, new
+        assert (track_status(a, tracks), track_status(b, tracks)) == ("legacy", "current"), new
+        assert b.description.startswith(a.description) and "reads as sense" in b.description, new
 
 
 def _team_tracks():
