@@ -152,6 +152,32 @@ def test_mr_wrapped_env_reward_reaches_reward_score(server, tiny):
     assert compute_score("hidden-facts", "", "", extra_info=out.extra_fields)["score"] == out.reward_score
 
 
+def test_each_moves_mr_is_its_turn_score_token_by_token(server, tiny):
+    ep, tr = reference(tiny, "hidden-facts", seed=1, index=0, env_kwargs=MR)
+    [row] = dataset_rows("hidden-facts", [0], seed=1, env_kwargs=MR)
+    out = run_row(make_loop(server, tiny[1], sampling={"assistant": {"max_new_tokens": MAX_NEW}}), row)
+    moves = [t for t in ep.turns if t.player == "assistant"]
+    assert len(moves) >= 2, "a multi-turn episode"
+    # each move's credit is the reward of its own step (the MR of that reply; the user's steps give 0)
+    expected = [ep.rewards["assistant"][t.step] for t in moves]
+    assert out.extra_fields["turn_scores"] == pytest.approx(expected, abs=1e-12)
+    assert sum(out.extra_fields["turn_scores"]) == pytest.approx(out.reward_score, abs=1e-12)
+    # the runs of 1s in the mask are the moves' ids, in order, and turn_ids names the move of every token
+    turn_ids = out.extra_fields["collab_env"]["turn_ids"]
+    assert len(turn_ids) == len(out.response_ids)
+    runs, k, t = [], -1, 0
+    mask = out.response_mask
+    while t < len(mask):
+        if mask[t] and (t == 0 or not mask[t - 1]):
+            k += 1
+            runs.append([])
+        if mask[t]:
+            runs[-1].append(out.response_ids[t])
+        assert turn_ids[t] == (k if mask[t] else -1), f"token {t}"
+        t += 1
+    assert runs == [list(m.completion.token_ids) for m in moves]
+
+
 def test_one_reply_per_sample_as_in_the_recipe(server, tiny):
     # max_player_turns=1 (examples/verl/agent_loop.yaml): the sample is the assistant's first reply,
     # scored by the MR futures; it equals the first reply of the full episode and its reward

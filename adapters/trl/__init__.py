@@ -44,6 +44,11 @@ and :func:`~collab_env.rollout.advance`):
     needs a GPU, and in TRL's server mode every process must make the same number of calls
     (episodes of one batch may differ in turns), so use it with one training process.
 
+Turn-level credit: :class:`~collab_env.adapters.trl.credit.TurnCreditGRPOTrainer` is the same
+trainer with per-token advantages: each move of the episode is compared with the same move of
+the other episodes of its prompt, by its own credit (under the multiturn-aware reward, that
+reply's MR), instead of every token sharing the episode's scalar.
+
 ``environment_factory`` (TRL's tool route)::
 
     trainer = GRPOTrainer(model, train_dataset=ce_trl.dataset("hidden-facts", n=64),
@@ -58,6 +63,7 @@ and :func:`~collab_env.rollout.advance`):
 Modules: :mod:`~collab_env.adapters.trl.data` (:func:`dataset`, :func:`item_of`),
 :mod:`~collab_env.adapters.trl.generation` (the generators, :class:`ChatPolicy`, :class:`TranscriptPolicy`),
 :mod:`~collab_env.adapters.trl.rollout` (:func:`rollout_func`, :func:`episode_output`),
+:mod:`~collab_env.adapters.trl.credit` (:class:`TurnCreditGRPOTrainer`),
 :mod:`~collab_env.adapters.trl.reward` (:func:`episode_reward`), :mod:`~collab_env.adapters.trl.tools`
 (:func:`environment_factory`) and :mod:`~collab_env.adapters.trl.envs` (the helpers they share).
 
@@ -71,6 +77,7 @@ from collab_env.errors import require
 
 require("trl", "trl", "collab_env.adapters.trl")
 
+from collab_env.adapters.trl.credit import TurnCreditGRPOTrainer
 from collab_env.adapters.trl.data import TAG, dataset, dataset_rows, item_of
 from collab_env.adapters.trl.generation import (
     ChatPolicy,
@@ -103,4 +110,5 @@ __all__ = [
     "episode_output",
     "CollabToolEnv",
     "environment_factory",
+    "TurnCreditGRPOTrainer",
 ]

@@ -51,10 +51,13 @@ def episode_output(episodes: Sequence[Episode], player: str, mr: Sequence[list[d
     """TRL's ``rollout_func`` output for ``episodes``: ``prompt_ids``, ``completion_ids``,
     ``logprobs`` and ``env_mask`` from :func:`~collab_env.rollout.token_transcript`, plus
     ``episode_reward``, ``reward_components``, ``mr``, ``end_reason``, ``num_turns``, ``index``
-    and ``seed`` per episode."""
+    and ``seed`` per episode, and the turn-level credit: ``turn_rewards`` (each move's credit,
+    :func:`~collab_env.rollout.turn_rewards`) and ``turn_ids`` (per completion token, the move that
+    generated it, -1 between moves), which :class:`~collab_env.adapters.trl.credit.TurnCreditGRPOTrainer`
+    turns into per-token advantages."""
     out: dict[str, list[Any]] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
                                                 "episode_reward", "reward_components", "mr", "end_reason",
-                                                "num_turns", "index", "seed")}
+                                                "num_turns", "index", "seed", "turn_rewards", "turn_ids")}
     for i, ep in enumerate(episodes):
         tt = token_transcript(ep, player)
         out["prompt_ids"].append(tt.prompt_ids)
@@ -68,6 +71,8 @@ def episode_output(episodes: Sequence[Episode], player: str, mr: Sequence[list[d
         out["num_turns"].append(tt.turns)
         out["index"].append(ep.index)
         out["seed"].append(ep.seed)
+        out["turn_rewards"].append(list(tt.turn_rewards))
+        out["turn_ids"].append(list(tt.turn_ids))
     return out
 
 

@@ -145,7 +145,14 @@ def episode_output(episode: Episode, player: str, *, response_length: int | None
     generated), cut to ``response_length`` tokens when longer (verl pads every response to it);
     ``reward_score`` is the player's return; ``num_turns`` the messages of the conversation;
     ``extra_fields["collab_env"]`` the reward, its components, the end reason, costs and whether
-    the response was cut.
+    the response was cut. Turn-level credit: ``extra_fields["turn_scores"]`` (verl's own key,
+    which its batch keeps per sample) holds each move's credit
+    (:func:`~collab_env.rollout.turn_rewards`: under the multiturn-aware reward, the MR of that
+    reply; they sum to ``reward_score``), and ``extra_fields["collab_env"]["turn_ids"]`` says
+    which move wrote each response token (-1 between moves). verl 0.9.1 puts ``reward_score`` on
+    the last token and its GRPO compares sums per sample, so inside verl a move is credited by
+    its own MR when a sample is one move (``max_player_turns=1``, the CollabLLM recipe's per-turn
+    samples).
     """
     from collab_env.rollout import token_transcript
 
@@ -160,11 +167,13 @@ def episode_output(episode: Episode, player: str, *, response_length: int | None
         "reward": reward, "components": {k: float(v) for k, v in episode.components.get(player, {}).items()},
         "end_reason": episode.end_reason, "player_turns": tr.turns, "truncated_response": bool(cut),
         "costs": {k: float(v) for k, v in episode.costs.items()},
+        "turn_ids": list(tr.turn_ids[:len(ids)]),
     }
     return {
         "prompt_ids": list(tr.prompt_ids), "response_ids": list(ids), "response_mask": list(mask),
         "response_logprobs": [float(x) for x in lps], "reward_score": reward,
-        "num_turns": len(episode.conversation), "extra_fields": {"collab_env": info},
+        "num_turns": len(episode.conversation),
+        "extra_fields": {"collab_env": info, "turn_scores": [float(x) for x in tr.turn_rewards]},
     }
 
 

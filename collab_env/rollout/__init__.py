@@ -58,7 +58,7 @@ from collab_env.rollout.jobs import (
 )
 from collab_env.rollout.limits import RateLimiter
 from collab_env.rollout.shortcuts import arollout, rollout
-from collab_env.rollout.tokens import TokenTranscript, token_transcript
+from collab_env.rollout.tokens import TokenTranscript, TurnSample, token_transcript, turn_rewards, turn_samples
 
 __all__ = [
     "advance",
@@ -81,6 +81,9 @@ __all__ = [
     "trainable_turns",
     "token_transcript",
     "TokenTranscript",
+    "TurnSample",
+    "turn_rewards",
+    "turn_samples",
     "fatal_error",
     "env_factory",
     "iterate_in_thread",
