@@ -33,10 +33,16 @@ The algorithm, per batch of training items:
    (``"sum"``, CoMLRL's) of the returns of the joint actions it is part of; each agent's
    completions at a node get group-relative advantages (mean-centred, optionally divided by the
    std) of their values.
-3. **Update**, per model, ``num_iterations`` times over the same samples: the clipped surrogate
-   (ratio to the sampling policy's log-probs) plus ``beta`` times the k3 KL to the reference,
-   on completion tokens only (padding and prompts are masked out), accumulated over
-   micro-batches, then gradient clipping, an AdamW step and the learning-rate schedule.
+3. **Update**, per model, ``num_iterations`` times over the same samples: the policy objective
+   (``policy_objective``: PPO's clipped surrogate, with DAPO's clip-higher ``clip_range_high``
+   and the two-sided ``clip_delta``, or CISPO; the ratio to the model before the update per
+   token or, GSPO's, per sequence: ``importance_sampling_level``), weighted by the importance
+   ratio to the sampler when ``is_correction`` is set, plus ``beta`` times the k3 KL to the
+   reference, on completion tokens only (padding and prompts are masked out), aggregated per
+   ``loss_type`` (GRPO, DAPO, BNPO, Dr. GRPO, CoMLRL's sum) exactly across micro-batches, then
+   gradient clipping, an AdamW step and the learning-rate schedule. With ``dynamic_sampling``
+   (DAPO's), groups whose values all tie are left out of the update (``groups_filtered``).
+   Every agent's samples go through the same update, on its own model.
 
 Evaluation follows the guide's schedule and metric names (``turn_k/reward_mean``,
 ``turn_k/expected_return``, ``eval/...``, ``turn_k/reference_kl_mean``,
@@ -47,14 +53,16 @@ reward evaluations so far.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from collab_env.adapters.common.config import (
+    PolicyLossFields,
     PPOFields,
     RolloutFields,
     SamplingFields,
     TrainerConfig,
     TreeFields,
+    check_choice,
     check_int,
     check_tree_buffer,
     learner_config,
@@ -64,16 +72,19 @@ from collab_env.adapters.common.loop import mean
 from collab_env.adapters.common.losses import group_advantages, policy_loss
 from collab_env.adapters.common.task import turn_metrics
 from collab_env.adapters.common.tree_learner import TreeLearner
+from collab_env.errors import ConfigError
 
 __all__ = ["MAGRPOConfig", "MAGRPOTrainer"]
 
 
 @learner_config
-class MAGRPOConfig(SamplingFields, RolloutFields, TreeFields, PPOFields, TrainerConfig):
+class MAGRPOConfig(PolicyLossFields, SamplingFields, RolloutFields, TreeFields, PPOFields, TrainerConfig):
     """Configuration of :class:`MAGRPOTrainer`: the common fields
     (:class:`~collab_env.adapters.common.config.TrainerConfig`: learning rate, schedule, LoRA,
-    evaluation and logging...) and the sampling, rollout, tree and PPO field groups of
-    :mod:`~collab_env.adapters.common.config`, with the CoMLRL guide's names.
+    evaluation and logging...) and the sampling, rollout, tree, PPO and policy-loss field groups
+    of :mod:`~collab_env.adapters.common.config`, with the CoMLRL guide's names (the policy-loss
+    group, last, holds the objectives of TRL's ``GRPOConfig``: the README's Training section
+    maps them).
 
     CoMLRL's names are accepted with CoMLRL's meaning: ``agent_learning_rate`` is
     ``learning_rate`` and ``advantage_normalization`` is ``normalize_advantages``;
@@ -104,10 +115,33 @@ class MAGRPOConfig(SamplingFields, RolloutFields, TreeFields, PPOFields, Trainer
         "prompt_format": "raw", "lr_scheduler_type": "constant", "warmup_steps": 0,
     }
 
+    rollout_shape: Literal["tree", "chains"] = "tree"
+    """``"tree"``: every node branches into ``num_generations`` completions and each node's
+    completions are a group (CoMLRL's tree; turn-level credit by construction, MT-GRPO's tree
+    variant). ``"chains"``: ``num_generations`` independent episodes per item (branching at the
+    root only, one completion per later turn: the episodes TRL, verl and SkyRL roll), credited by
+    ``chain_credit``."""
+    chain_credit: Literal["turn", "episode"] = "turn"
+    """``rollout_shape="chains"``: ``"turn"``: each move is compared with the same move (depth)
+    of the item's other chains by its own reward (its joint action's reward: under the
+    multiturn-aware reward, that reply's MR; MT-GRPO's turn-level grouping,
+    :func:`~collab_env.adapters.common.turn_credit.turn_advantages`); ``"episode"``: every move
+    of a chain gets its chain's return compared with the other chains' returns (one scalar per
+    episode, as a trainer that sees whole episodes gives)."""
+
     def __post_init__(self) -> None:
         super().__post_init__()
         check_int("num_generations", self.num_generations, 2)  # a group to compare
         check_tree_buffer(self)
+        check_choice("rollout_shape", self.rollout_shape, ("tree", "chains"))
+        check_choice("chain_credit", self.chain_credit, ("turn", "episode"))
+        if self.rollout_shape == "chains":
+            for name, bad in (("joint_mode='cross'", self.joint_mode == "cross"),
+                              ("rollout_buffer_size", self.rollout_buffer_size is not None),
+                              ("reference_kl_enabled", bool(self.reference_kl_enabled))):
+                if bad:
+                    raise ConfigError(f"rollout_shape='chains' does not combine with {name} (it groups a tree's "
+                                      "nodes); use rollout_shape='tree' for it.")
 
 
 class MAGRPOTrainer(TreeLearner):
@@ -160,8 +194,12 @@ class MAGRPOTrainer(TreeLearner):
         enabled, turn each node's returns into group-relative advantages and update every model
         (or, with ``rollout_buffer_size``, every agent whose buffer is full)."""
         a = self.args
-        # 1. the rollout trees, returns filled (reward + discount * mean child return)
-        _, levels = self.rollout(self.train_env, batch, lambda depth: a.num_generations, a.joint_mode,
+        # 1. the rollout trees, returns filled (reward + discount * mean child return); chains
+        # branch at the root only
+        chains = a.rollout_shape == "chains"
+        _, levels = self.rollout(self.train_env, batch,
+                                 (lambda depth: a.num_generations if depth == 0 else 1) if chains
+                                 else (lambda depth: a.num_generations), a.joint_mode,
                                  learner_sampling(a), self.task.seeds)
         metrics = turn_metrics(levels, "")
         metrics["env_steps"] = float(sum(len(n.joint) for nodes in levels for n in nodes))
@@ -169,20 +207,34 @@ class MAGRPOTrainer(TreeLearner):
         kls = self.reference_kls(levels, metrics) if a.reference_kl_enabled else {}
 
         # 3. group-relative advantages of each node's completions, per acting agent
+        tied: list[bool] = []  # per group, in node_groups' order: do its values all tie?
+
         def advantages(node: Any, agent: int, values: list[float]) -> list[float]:
+            tied.append(len(set(values)) <= 1)
             return group_advantages(values, normalize_std=a.normalize_advantages)
 
-        groups, lengths = self.node_groups(levels, advantages, kls)
+        if chains:  # per depth across the item's chains (turn credit) or per chain return
+            groups, lengths = self.chain_groups(levels, advantages, a.chain_credit)
+        else:
+            groups, lengths = self.node_groups(levels, advantages, kls)
         metrics["completion_length"] = mean(lengths)
+        if a.dynamic_sampling:  # DAPO: a group of tied values has zero advantages, no signal
+            metrics["groups_filtered"] = float(sum(tied))
+            groups = [g for g, t in zip(groups, tied, strict=True) if not t]
         # 4. one policy update per model with MAGRPOTrainer.loss
-        metrics.update(self.learn(groups))
+        if groups:
+            metrics.update(self.learn(groups))
         return metrics
 
-    def loss(self, logp, old_logp, advantages, mask, *, ref_logp, loss_type, num_sequences, num_tokens):
-        """The clipped surrogate (ratio to the sampling policy, ``clip_range`` /
-        ``clip_range_high``) plus ``beta`` times the k3 KL to the reference
+    def loss(self, logp, old_logp, advantages, mask, *, ref_logp, loss_type, num_sequences, num_tokens,
+             loss_tokens, is_weight):
+        """The policy objective (``policy_objective``, ``importance_sampling_level``, ``clip_range``
+        / ``clip_range_high``, ``clip_delta``), weighted by the importance weights against the
+        sampler, plus ``beta`` times the k3 KL to the reference
         (:func:`~collab_env.adapters.common.losses.policy_loss`)."""
         a = self.args
         return policy_loss(logp, old_logp, advantages, mask, ref_logp=ref_logp, beta=a.beta,
-                           clip_low=a.clip_range, clip_high=a.clip_range_high, loss_type=loss_type,
-                           num_sequences=num_sequences, num_tokens=num_tokens)
+                           clip_low=a.clip_range, clip_high=a.clip_range_high, delta=a.clip_delta,
+                           objective=a.policy_objective, level=a.importance_sampling_level, is_weight=is_weight,
+                           loss_type=loss_type, num_sequences=num_sequences, num_tokens=num_tokens,
+                           loss_tokens=loss_tokens)

@@ -86,10 +86,11 @@ class MAREINFORCEConfig(SamplingFields, RolloutFields, TreeFields, TrainerConfig
     num_generations: int = 4
     """Completions each agent samples per node; ``"mean"``/``"rloo"`` need >= 2, ``"remax"``
     and ``"none"`` work with 1."""
-    loss_type: Literal["sequence", "token", "sum"] = "token"
+    loss_type: Literal["sequence", "token", "sum", "grpo", "bnpo", "dr_grpo", "dapo"] = "token"
     """``"token"``: ``-sum(A * log-prob)`` over all completion tokens divided by their count
     (REINFORCE's sum of log-probs, up to a constant); ``"sequence"``: mean per sequence first;
-    ``"sum"``: sum per sequence, mean over sequences (CoMLRL)."""
+    ``"sum"``: sum per sequence, mean over sequences (CoMLRL); TRL's names as in
+    :attr:`~collab_env.adapters.common.config.TreeFields.loss_type`."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -122,9 +123,10 @@ class MAReMaxConfig(MAREINFORCEConfig):
 
 def reinforce_loss(logp, advantages, mask, *, ref_logp=None, beta: float = 0.0,
                    loss_type: Literal["sequence", "token"] = "token",
-                   num_sequences: int | None = None, num_tokens: int | None = None):
+                   num_sequences: int | None = None, num_tokens: int | None = None, is_weight=None):
     """The REINFORCE loss of one micro-batch: per token ``-A * logp`` (``A`` the sequence's
-    advantage) plus ``beta`` times the k3 KL to the reference, aggregated by
+    advantage; times ``is_weight``, the importance weights against the sampler, when given)
+    plus ``beta`` times the k3 KL to the reference, aggregated by
     :func:`~collab_env.adapters.common.losses.masked_aggregate` over the whole batch's
     ``num_sequences`` / ``num_tokens`` (default: this micro-batch's).
 
@@ -138,6 +140,8 @@ def reinforce_loss(logp, advantages, mask, *, ref_logp=None, beta: float = 0.0,
     num_tokens = int(mask.sum().item()) if num_tokens is None else num_tokens
     m = mask.bool()
     per_token = torch.where(m, -advantages.to(logp.dtype).unsqueeze(-1) * logp, torch.zeros_like(logp))
+    if is_weight is not None:
+        per_token = per_token * is_weight.detach().to(per_token.dtype)
     loss = masked_aggregate(per_token, mask, loss_type, num_sequences, num_tokens)
     stats = {"policy_loss": loss.detach()}
     if ref_logp is not None:
@@ -203,10 +207,11 @@ class MAREINFORCETrainer(TreeLearner):
         metrics.update(self.learn(groups))
         return metrics
 
-    def loss(self, logp, old_logp, advantages, mask, *, ref_logp, loss_type, num_sequences, num_tokens):
+    def loss(self, logp, old_logp, advantages, mask, *, ref_logp, loss_type, num_sequences, num_tokens,
+             loss_tokens, is_weight):
         """:func:`reinforce_loss` (on-policy: ``old_logp`` is not used)."""
         return reinforce_loss(logp, advantages, mask, ref_logp=ref_logp, beta=self.args.beta, loss_type=loss_type,
-                              num_sequences=num_sequences, num_tokens=num_tokens)
+                              num_sequences=num_sequences, num_tokens=num_tokens, is_weight=is_weight)
 
     def greedy_returns(self, levels: Sequence[Sequence[Any]]) -> tuple[dict[tuple[int, int], float], int]:
         """ReMax's baselines: from every node, a greedy joint action continued greedily to the

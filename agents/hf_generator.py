@@ -6,8 +6,11 @@ implements the token-level interface (:class:`~collab_env.agents.tokens.TokenGen
 ``model.generate`` calls of at most ``max_batch_size`` rows, each row with its own seed
 (:class:`~collab_env.agents.hf_sampling.RowSampler`), and :attr:`~HFGenerator.pad_token_id` is
 the id to pad with. A prompt that several rows of a call share is read once (one prefill over
-the distinct prompts, whose KV cache every copy continues from). It also scores given
-continuations on token ids (:meth:`~HFGenerator.score_token_continuations`).
+the distinct prompts, whose KV cache every copy continues from), and a prefix that every row of
+a call shares (the futures of a multiturn-aware reward share their conversation up to the first
+sampled turn) is read once for all of them. Prefixes read by earlier calls are reused from a
+:class:`~collab_env.agents.hf_prefix.PrefixCache` (:attr:`~HFGenerator.prefix_cache_tokens`). It
+also scores given continuations on token ids (:meth:`~HFGenerator.score_token_continuations`).
 
 :class:`~collab_env.agents.hf.HFPolicy` is this generator plus chat templates and the
 micro-batching queue; the module docstring of :mod:`collab_env.agents.hf` says what a
@@ -30,6 +33,7 @@ from collab_env.agents.hf_loading import (
     forward_accepts,
     load_causal_lm,
 )
+from collab_env.agents.hf_prefix import PrefixCache, common_prefix_length, cropped, plain_layers
 from collab_env.agents.hf_sampling import RowSampler, StopStrings
 from collab_env.agents.hf_scoring import score_rows
 from collab_env.agents.tokens import sampling_params
@@ -55,6 +59,10 @@ class GenerationStats:
             scoring continuations.
         scoring_calls: ``score_continuations`` calls made.
         scored_continuations: Continuations they scored.
+        prefill_tokens: Prompt positions actually read by the model (a prompt shared by several
+            rows, a prefix every row shares and prefixes reused from the prefix cache count once
+            or not at all), scored prompts included.
+        reused_prefix_tokens: Prompt positions taken from the prefix cache instead of being read.
     """
 
     generate_calls: int = 0
@@ -66,6 +74,8 @@ class GenerationStats:
     generate_seconds: float = 0.0
     scoring_calls: int = 0
     scored_continuations: int = 0
+    prefill_tokens: int = 0
+    reused_prefix_tokens: int = 0
 
     @property
     def mean_batch_size(self) -> float:
@@ -96,6 +106,14 @@ class HFGenerator:
     #: the distinct prompts fills the KV cache every copy continues from) instead of once per row.
     #: Turned off by itself for models whose cache is not plain full attention.
     shared_prefill = True
+    #: Read a prefix that every row of a ``generate`` call shares once, when it is at least this
+    #: many tokens (below it, the extra forward pass costs more than it saves); needs
+    #: :attr:`shared_prefill`.
+    min_shared_prefix = 16
+    #: Prompt positions whose KV caches a new generator keeps for later calls (see
+    #: :class:`~collab_env.agents.hf_prefix.PrefixCache`; :attr:`prefix_cache_tokens` changes it on
+    #: an instance). About 190 MB for SmolLM2-135M in float32; a few judge and simulator prompts.
+    default_prefix_cache_tokens = 4096
 
     def __init__(
         self,
@@ -132,6 +150,42 @@ class HFGenerator:
         self.name = name or f"hf:{self._model_label}"
         # Generate and scoring calls (from worker threads) are serialised by this lock.
         self._model_lock = threading.Lock()
+        self._prefix_cache = PrefixCache(self.default_prefix_cache_tokens)
+        self._prefix_version: int | None = None
+
+    def _weights_version(self) -> int | None:
+        """A number that changes whenever a weight of the model is written in place (an optimiser
+        step, ``load_state_dict``, a LoRA adapter's update): the sum of torch's version counters of
+        the parameters. The prefix cache is dropped when it changes, so a stored KV cache is never
+        reused under other weights. ``None`` (never equal: no reuse) when the counters are not
+        readable. Fused optimisers (``torch.optim.AdamW(fused=True)``) write without bumping the
+        counters: a trainer that steps this model must call :meth:`reset_prefix_cache` after each
+        step (collab_env's learners and TRL adapter do)."""
+        try:
+            return sum(int(p._version) for p in self.model.parameters())
+        except (AttributeError, RuntimeError):
+            return None
+
+    @property
+    def prefix_cache_tokens(self) -> int:
+        """Prompt positions whose KV caches are kept for later calls; 0 turns the reuse off (setting
+        it forgets what is stored)."""
+        return self._prefix_cache.max_tokens
+
+    @prefix_cache_tokens.setter
+    def prefix_cache_tokens(self, n: int) -> None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError(f"prefix_cache_tokens must be an int >= 0, got {n!r}.")
+        with self._model_lock:
+            self._prefix_cache = PrefixCache(n)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the stored prompt prefixes (see :attr:`prefix_cache_tokens`), so the next calls
+        read their prompts in full (a benchmark's cold start). Returns ``True`` (the name and the
+        result follow vLLM's ``reset_prefix_cache``)."""
+        with self._model_lock:
+            self._prefix_cache.clear()
+        return True
 
     @property
     def model_label(self) -> str:
@@ -190,13 +244,9 @@ class HFGenerator:
             self.stats.generate_calls += 1
             try:
                 device = self.model.device
-                width = max(len(p) for p in prompts)
-                input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
-                attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-                for i, p in enumerate(prompts):  # left padding: every prompt ends at column `width`
-                    if p:
-                        input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-                        attention_mask[i, width - len(p):] = 1
+                prefix = self._common_prefix(prompts)
+                input_ids, attention_mask = self._layout(prompts, prefix)
+                width = input_ids.shape[1]
                 sampler = RowSampler(params, seeds)
                 criteria = StoppingCriteriaList()
                 if params.stop:
@@ -220,7 +270,7 @@ class HFGenerator:
                     use_cache=True,
                 )
                 with torch.inference_mode():
-                    shared = self._shared_prefill(prompts, input_ids, attention_mask, device)
+                    shared = self._shared_prefill(prompts, input_ids, attention_mask, device, prefix)
                     out = self.model.generate(
                         input_ids=input_ids.to(device),
                         attention_mask=attention_mask.to(device),
@@ -287,37 +337,122 @@ class HFGenerator:
             meta={"policy": self.name, "batch_size": batch_size, "stop": matched, "seed": seed},
         )
 
+    def _common_prefix(self, prompts: Sequence[Sequence[int]]) -> int:
+        """How many leading tokens every prompt of a ``generate`` call shares and reads once
+        (:meth:`_shared_prefill`): the longest common prefix, short of every prompt's last token;
+        0 when it is under :attr:`min_shared_prefix` (a single prompt: all but its last token, so
+        the prefix cache can serve it) or :attr:`shared_prefill` is off."""
+        if not self.shared_prefill:
+            return 0
+        n = min(len(p) for p in prompts) - 1
+        for p in prompts[1:]:
+            n = min(n, common_prefix_length(prompts[0], p))
+        single = len(prompts) == 1 and n > 0 and self._prefix_cache.max_tokens > 0
+        return n if n >= self.min_shared_prefix or single else 0
+
+    def _layout(self, prompts: Sequence[Sequence[int]], prefix: int) -> tuple[Any, Any]:
+        """``(input_ids, attention_mask)`` of a ``generate`` call: left padding, so every prompt
+        ends at the last column; with a shared ``prefix`` (> 0), its tokens fill the first
+        ``prefix`` columns of every row and the padding sits between it and each row's rest (the
+        position ids, which generate derives from the mask, skip it)."""
+        torch = self._torch
+        rest = [p[prefix:] for p in prompts]
+        width = prefix + max(len(r) for r in rest)
+        input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        if prefix:
+            input_ids[:, :prefix] = torch.tensor(prompts[0][:prefix], dtype=torch.long)
+            attention_mask[:, :prefix] = 1
+        for i, r in enumerate(rest):
+            if r:
+                input_ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+                attention_mask[i, width - len(r):] = 1
+        return input_ids, attention_mask
+
+    def _read_prefix(self, ids: Sequence[int], keyword: str) -> tuple[Any, Any]:
+        """``(logits, cache)`` after reading ``ids``: the logits at its last position and the KV
+        cache (batch one), continuing the longest prefix of ``ids`` in the prefix cache; the result
+        is stored there for later calls. A prompt stored whole is not read again (its logits were
+        stored with it). Call it under the model lock and ``torch.inference_mode()``."""
+        torch = self._torch
+        version = self._weights_version()
+        if version is None or version != self._prefix_version:  # the weights changed (a training step): nothing stored is valid
+            self._prefix_cache.clear()
+            self._prefix_version = version
+        n, cache, logits = self._prefix_cache.longest(ids)
+        self.stats.reused_prefix_tokens += n
+        if logits is not None:
+            return logits, cache
+        if n == len(ids):  # a longer stored prompt covers it, but its logits here were not kept
+            n -= 1
+            cache = cropped(cache, n)
+            self.stats.reused_prefix_tokens -= 1
+        kwargs: dict[str, Any] = {keyword: cache} if cache is not None else {}
+        if forward_accepts(self.model, "logits_to_keep"):
+            kwargs["logits_to_keep"] = 1  # the last position's logits; the others are not wanted
+        out = self.model(input_ids=torch.tensor([list(ids[n:])], device=self.model.device), use_cache=True, **kwargs)
+        self.stats.prefill_tokens += len(ids) - n
+        cache = getattr(out, "cache", None) or out.past_key_values
+        logits = out.logits[0, -1]
+        self._prefix_cache.add(ids, cache, logits)
+        return logits, cache
+
     def _shared_prefill(self, prompts: Sequence[Sequence[int]], input_ids: Any, attention_mask: Any,
-                             device: Any) -> dict[str, Any]:
-        """When rows repeat a prompt (a group's samples, a tree's forks), read each distinct
-        prompt once: one forward pass over the distinct rows (all but their last token) fills a KV
-        cache, whose rows are then repeated for every row of the batch; ``generate`` continues from
-        it. Returns the ``generate`` keyword holding that cache, or ``{}`` (no repeated prompt, a
-        one-token prompt, :attr:`shared_prefill` off, or a cache other than full attention)."""
+                        device: Any, prefix: int = 0) -> dict[str, Any]:
+        """Read the prompts' shared parts once, and hand ``generate`` the KV cache of everything
+        but each row's last token; returns the ``generate`` keyword holding that cache, or ``{}``
+        (``generate`` reads the prompts itself).
+
+        * A ``prefix`` (> 0, see :meth:`_common_prefix`) that every row starts with (laid out by
+          :meth:`_layout`) is read once, at batch one, continuing the longest prefix of it that an
+          earlier call left in the prefix cache.
+        * Rows that repeat a prompt (a group's samples, a tree's forks) are read once: one forward
+          pass over the distinct rows' rest (all but their last token), on the prefix's cache
+          repeated per distinct row, whose rows are then repeated for every row of the batch.
+
+        ``{}`` when there is neither a prefix nor a repeated prompt, the prompts are one token,
+        :attr:`shared_prefill` is off, or the model's cache is not plain full attention (which turns
+        :attr:`shared_prefill` off)."""
         torch = self._torch
         width = input_ids.shape[1]
-        if not self.shared_prefill or width < 2:
-            return {}
         first: dict[tuple[int, ...], int] = {}
         owner = [first.setdefault(tuple(p), i) for i, p in enumerate(prompts)]
         distinct = sorted(first.values())
-        if len(distinct) == len(prompts):
+        if not self.shared_prefill or width < 2 or (not prefix and len(distinct) == len(prompts)):
+            self.stats.prefill_tokens += sum(len(p) for p in prompts)
             return {}
         slot = {row: k for k, row in enumerate(distinct)}
-        ids, mask = input_ids[distinct, :-1], attention_mask[distinct, :-1]
-        # the position ids generate derives from the attention mask (left padding)
-        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
         keyword = cache_keyword(self.model)
-        kwargs: dict[str, Any] = dict(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                      position_ids=positions.to(device), use_cache=True)
-        if forward_accepts(self.model, "logits_to_keep"):
-            kwargs["logits_to_keep"] = 1  # only the cache is wanted, not logits over the prompt
-        cache = getattr(self.model(**kwargs), keyword, None)
-        layers = getattr(cache, "layers", None)
-        if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
+        cache = None
+        if prefix:
+            cache = self._read_prefix(prompts[0][:prefix], keyword)[1]
+        if width - 1 > prefix:  # the distinct rows' rest, all but the last token
+            ids, mask = input_ids[distinct, prefix:-1], attention_mask[distinct, :-1]
+            # the position ids generate derives from the attention mask (left padding)
+            positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, prefix:]
+            kwargs: dict[str, Any] = dict(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                          position_ids=positions.to(device), use_cache=True)
+            if cache is not None:
+                if not plain_layers(cache):
+                    self.shared_prefill = False
+                    return {}
+                cache.batch_repeat_interleave(len(distinct))
+                kwargs[keyword] = cache
+            if forward_accepts(self.model, "logits_to_keep"):
+                kwargs["logits_to_keep"] = 1  # only the cache is wanted, not logits over the prompt
+            out = self.model(**kwargs)
+            cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+            self.stats.prefill_tokens += sum(len(prompts[r]) - prefix - 1 for r in distinct)
+            index = [slot[r] for r in owner]
+        else:  # every row's rest is its last token: the prefix's cache serves them all
+            index = [0] * len(prompts)
+        self.stats.prefill_tokens += len(prompts)  # each row's last token, read by generate
+        if not plain_layers(cache):
             self.shared_prefill = False  # sliding windows, linear attention: not repeated this way
+            self.stats.prefill_tokens -= len(prompts)
+            self.stats.prefill_tokens += sum(len(p) for p in prompts)
             return {}
-        cache.batch_select_indices(torch.tensor([slot[r] for r in owner], dtype=torch.long, device=device))
+        cache.batch_select_indices(torch.tensor(index, dtype=torch.long, device=device))
         return {keyword: cache}
 
     def _decode(self, ids: Sequence[int]) -> str:
@@ -333,6 +468,9 @@ class HFGenerator:
         shared ids fills the KV cache and gives the distribution of the first scored token; the
         cache is then repeated once per row and one batched pass over the rows' remaining ids
         (right-padded, masked) gives the others (:func:`~collab_env.agents.hf_scoring.score_rows`).
+        The shared ids continue the longest prefix of them in the prefix cache (a judge's prompts
+        for the futures of one reply share their template and the conversation up to the first
+        sampled turn), and are stored there.
         Returns the sum over ``rows[j][start:]`` of ``log p(token | everything before it)`` per row.
         """
         torch = self._torch
@@ -341,7 +479,9 @@ class HFGenerator:
         with self._model_lock, torch.inference_mode():
             keyword = cache_keyword(self.model)
             for rows, start in jobs:
-                results.append(score_rows(self.model, rows, start, pad_id=self._pad_id, cache_keyword=keyword))
+                read = (lambda ids, kw=keyword: self._read_prefix(ids, kw)) if self.shared_prefill else None
+                results.append(score_rows(self.model, rows, start, pad_id=self._pad_id, cache_keyword=keyword,
+                                          read_prefix=read))
             self.stats.scoring_calls += 1
             self.stats.scored_continuations += sum(len(rows) for rows, _ in jobs)
             self.stats.generate_seconds += time.perf_counter() - start_t

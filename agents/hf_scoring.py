@@ -11,7 +11,7 @@ from conversations.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from collab_env.errors import ConfigError
@@ -20,7 +20,7 @@ __all__ = ["score_rows"]
 
 
 def score_rows(model: Any, rows: Sequence[Sequence[int]], start: int, *, pad_id: int,
-               cache_keyword: str) -> tuple[float, ...]:
+               cache_keyword: str, read_prefix: Callable[[list[int]], Any] | None = None) -> tuple[float, ...]:
     """``sum(log p(rows[j][k] | rows[j][:k]) for k >= start)`` for each row ``j`` (blocking;
     call it under ``torch.inference_mode()``).
 
@@ -31,6 +31,10 @@ def score_rows(model: Any, rows: Sequence[Sequence[int]], start: int, *, pad_id:
         pad_id: Id that fills the rows' tails to one width (masked out).
         cache_keyword: The forward keyword of a KV cache
             (:func:`~collab_env.agents.hf_loading.cache_keyword`).
+        read_prefix: Reads the prompt instead of one plain forward pass: takes its ids and returns
+            ``(logits, cache)``, the logits at its last position (over the vocabulary) and its KV
+            cache (batch one; this function may grow it); the backend's reads reuse a cached prefix
+            (:meth:`~collab_env.agents.hf_generator.HFGenerator.score_token_continuations`).
 
     Raises:
         ConfigError: The rows do not extend one non-empty prefix by at least one token each.
@@ -42,8 +46,12 @@ def score_rows(model: Any, rows: Sequence[Sequence[int]], start: int, *, pad_id:
     tails = [list(r[start:]) for r in rows]
     if start < 1 or any(list(r[:start]) != prefix for r in rows) or not all(tails):
         raise ConfigError("every row must extend the same non-empty prefix by at least one token.")
-    first = model(input_ids=torch.tensor([prefix], device=device), use_cache=True, logits_to_keep=1)
-    logp0 = torch.log_softmax(first.logits[0, -1].float(), dim=-1)
+    if read_prefix is not None:
+        last, cache = read_prefix(prefix)
+    else:
+        first = model(input_ids=torch.tensor([prefix], device=device), use_cache=True, logits_to_keep=1)
+        last, cache = first.logits[0, -1], getattr(first, "cache", None) or first.past_key_values
+    logp0 = torch.log_softmax(last.float(), dim=-1)
     scores = [float(logp0[t[0]]) for t in tails]
     width = max(len(t) for t in tails) - 1
     if width > 0:
@@ -58,7 +66,6 @@ def score_rows(model: Any, rows: Sequence[Sequence[int]], start: int, *, pad_id:
             if len(t) > 1:
                 ids[j, : len(t) - 1] = torch.tensor(t[:-1], dtype=torch.long)
                 mask[j, start : start + len(t) - 1] = 1
-        cache = getattr(first, "cache", None) or first.past_key_values
         cache.batch_repeat_interleave(n)
         out = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=True,
                     **{cache_keyword: cache})

@@ -11,7 +11,7 @@ concurrently, each model call of each future goes to the backend as soon as its 
 the backend batches what is in flight, and each future's judge calls start when it ends). Each of the ``--repeats``
 pairs resets both envs with the same seed, so the single future is the first of the three (same
 policy seeds: the script checks that it is identical), and times the two in alternating order,
-each from an empty prefix cache (vLLM: ``AsyncVLLMPolicy.reset_prefix_cache``), so neither
+each from an empty prefix cache (``reset_prefix_cache`` of vLLM and of the HF backend), so neither
 replays the other's KV. The script prints the median ratio ``time(3) / time(1)``, what two more
 futures of the same reply cost, with a 95% bootstrap interval (``--summarize FILE`` reprints it
 from a results file). On a batch-efficient backend (vLLM with prefix caching, a GPU) a
@@ -142,10 +142,20 @@ def make_policy(args):
     if args.model == "embedded":
         from collab_env.agents.embedded import EmbeddedPolicy
 
-        return EmbeddedPolicy(max_batch_size=32, device=args.device)
+        return _hf_prefix_reuse(EmbeddedPolicy(max_batch_size=32, device=args.device), args)
     from collab_env.agents.hf import HFPolicy
 
-    return HFPolicy(args.model, max_batch_size=32, device=args.device)
+    policy = HFPolicy(args.model, max_batch_size=32, device=args.device)
+    return _hf_prefix_reuse(policy, args)
+
+
+def _hf_prefix_reuse(policy, args):
+    """HF: ``--no-prefix-caching`` turns off the reuse of read prefixes (the prefix cache, and the
+    prefix shared by a batch's rows), as before it existed; repeated prompts are still read once."""
+    if args.no_prefix_caching:
+        policy.prefix_cache_tokens = 0
+        policy.min_shared_prefix = 1 << 30
+    return policy
 
 
 def make_env(args, model, rollouts: int, data: Path):
@@ -173,12 +183,17 @@ async def take_reply(env, seed: int) -> tuple[int, int]:
     return start, step
 
 
+async def _maybe_await(value):
+    """``value``, awaited when it is awaitable (vLLM's reset is a coroutine, HF's is not)."""
+    return await value if asyncio.iscoroutine(value) else value
+
+
 async def timed_score(env, model, seed: int, cold: bool = False) -> dict:
     """Take the reply on a reset with ``seed``, then time its MR (``cold``: from an empty prefix
     cache, where the backend has one)."""
     start, step = await take_reply(env, seed)
     reset = getattr(model, "reset_prefix_cache", None)
-    if cold and reset is not None and not await reset():
+    if cold and reset is not None and not await _maybe_await(reset()):
         raise RuntimeError("vLLM did not reset its prefix cache (requests still running?)")
     s0, t0 = _stats(model), time.perf_counter()
     result, extra = await env.score_reply(start=start, step=step)
@@ -253,8 +268,7 @@ async def run(args, meter: LoadMeter | None = None) -> dict:
     out = {"repeats": rows, "ratio_median": statistics.median(ratios), "ratio_ci95": [lo, hi],
            "ratio_min": min(ratios), "ratio_max": max(ratios), "same_first_future": same,
            "policy": getattr(model, "name", type(model).__name__)}
-    if hasattr(model.stats, "shared_requests"):
-        out["engine_stats"] = model.stats.to_dict()
+    out["engine_stats"] = model.stats.to_dict()
     if args.sequential:
         seq = await sequential_check(envs[args.rollouts], model, seed=7, rollouts=args.rollouts)
         out["sequential"] = seq
@@ -282,7 +296,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rollouts", type=int, default=3, help="futures of the many-futures run (default 3)")
     parser.add_argument("--repeats", type=int, default=5, help="timed pairs, in alternating order (default 5)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--no-prefix-caching", action="store_true", help="vLLM: turn prefix caching off")
+    parser.add_argument("--no-prefix-caching", action="store_true",
+                        help="turn prefix caching off (HF: the reuse of prefixes read by earlier calls and of the "
+                             "prefix a batch's rows share, as before the HF backend had it)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch's intra-op threads (default: torch's choice, one per core); on a machine that "
+                             "other work keeps busy, fewer threads than cores avoid waiting on descheduled ones")
     parser.add_argument("--block-size", type=int, default=None,
                         help="vLLM: tokens per KV block, the prefix cache's granularity (default: 32 on a CPU, "
                              "see VLLM_CPU_ENGINE; the engine's own on a GPU)")
@@ -308,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.rollouts < 2 or args.repeats < 1:
         raise SystemExit("--rollouts must be >= 2 and --repeats >= 1")
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     load = check(args)
     result = asyncio.run(run(args, LoadMeter().start()))
     during = result.pop("load_during")
@@ -318,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         record = {"command": "python benchmarks/bench_mr.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
                   "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "backend": args.backend, "model": args.model,
                   "device": args.device, "rollouts": args.rollouts, "max_new_tokens": args.max_new_tokens,
-                  "prefix_caching": args.backend == "vllm" and not args.no_prefix_caching,
+                  "prefix_caching": not args.no_prefix_caching,
                   "threads": torch.get_num_threads(), "platform": platform.platform(),
                   "torch": torch.__version__, "load_before": load.to_dict(), "load_during": during.to_dict(),
                   **result}

@@ -4,7 +4,8 @@ A bar needs a terminal; a log file or a CI job would otherwise show nothing for 
 ``lines=True``, :func:`progress_bar` then prints a line to stderr at every tenth of the total (and
 at least every :data:`LINE_INTERVAL_S` seconds) and one when it closes:
 ``eval hidden-facts-easy-v1: 40/100 ep (40%, 1 failed) 2.1 min``. ``tqdm`` is imported only when
-a bar is drawn.
+a bar is drawn. A display for a short task can wait ``delay`` seconds before it shows anything (a
+task that ends sooner shows nothing), and a bar can be removed when it closes (``leave=False``).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ class LineProgress:
     written as plain lines."""
 
     def __init__(self, total: int | None, desc: str, *, initial: int = 0, unit: str = "ep",
-                 file: TextIO | None = None) -> None:
+                 file: TextIO | None = None, delay: float = 0.0) -> None:
         self.total, self.desc, self.n, self.unit = total, desc, initial, unit
         self.file = file
+        self.delay = float(delay)
         self.postfix: dict[str, Any] = {}
         self._t0 = self._last = time.monotonic()
         self._next = self._step(initial)
@@ -51,6 +53,8 @@ class LineProgress:
     def update(self, k: int = 1) -> None:
         self.n += k
         now = time.monotonic()
+        if now - self._t0 < self.delay:  # too early: the task may end before anyone waits
+            return
         if (self._next is not None and self.n >= self._next) or now - self._last >= LINE_INTERVAL_S:
             self._next = self._step(self.n)
             self._say()
@@ -59,15 +63,15 @@ class LineProgress:
         self.postfix = {**(ordered_dict or {}), **kwargs}
 
     def close(self) -> None:
-        """The last count, unless it was just printed."""
+        """The last count, unless it was just printed (or nothing was, within the delay)."""
         if not self._closed:
             self._closed = True
-            if self.n != self._said:
+            if self.n != self._said and time.monotonic() - self._t0 >= self.delay:
                 self._say()
 
 
 def progress_bar(total: int | None, desc: str, *, show: bool | None = None, lines: bool = False,
-                 initial: int = 0, unit: str = "ep") -> Any:
+                 initial: int = 0, unit: str = "ep", delay: float = 0.0, leave: bool = True) -> Any:
     """A progress display with tqdm's ``update`` / ``set_postfix`` / ``close``, or ``None``.
 
     Args:
@@ -78,6 +82,8 @@ def progress_bar(total: int | None, desc: str, *, show: bool | None = None, line
             :class:`LineProgress` lines instead of nothing.
         initial: The count already done (a resumed run).
         unit: The unit shown.
+        delay: Seconds to wait before showing anything (tqdm's ``delay``; no line before it).
+        leave: Keep the bar on the terminal when it closes (tqdm's ``leave``).
     """
     tty = sys.stderr.isatty()
     if show is False or (show is None and not tty and not lines):
@@ -85,5 +91,6 @@ def progress_bar(total: int | None, desc: str, *, show: bool | None = None, line
     if tty or (show is True and not lines):
         from tqdm.auto import tqdm
 
-        return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
-    return LineProgress(total, desc, initial=initial, unit=unit)
+        return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True,
+                    delay=delay, leave=leave)
+    return LineProgress(total, desc, initial=initial, unit=unit, delay=delay)

@@ -5,7 +5,10 @@ A learner implements the :class:`Learner` protocol: ``args``, ``state`` (a :clas
 :meth:`~Learner.evaluate`, :meth:`~Learner.save_checkpoint` and :meth:`~Learner.end_epoch`.
 :func:`run` drives it:
 
-1. before each step, evaluate when the schedule says so (``eval_rule``);
+1. before each step, evaluate when the schedule says so (``eval_rule``); tell a learner that
+   has the optional hook ``prefetch(next_batch)`` the batch of the step after this one
+   (``None``: none follows), so that it can start that batch's rollout during this step
+   (``async_rollouts``, :mod:`~collab_env.adapters.common.async_rollout`; item schedules only);
 2. ``metrics = learner.train_step(batch)``: the learner's algorithm on the batch of schedule
    units (training items, or one optimiser step) ``batch``; ``metrics["env_steps"]`` (popped)
    advances ``state.env_step``;
@@ -33,6 +36,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from collab_env._progress import progress_bar
 from collab_env.adapters.common.collapse import DEFAULT_THRESHOLDS, check_collapse
 from collab_env.adapters.common.config import eval_due
+from collab_env.errors import ConfigError
 
 __all__ = ["RunState", "TrainerState", "Schedule", "Learner", "run", "run_item_loop", "flush_log",
            "merge_metrics", "mean"]
@@ -145,7 +149,10 @@ class Schedule:
 
 @runtime_checkable
 class Learner(Protocol):
-    """What :func:`run` needs from a learner (every trainer of :mod:`collab_env.adapters`)."""
+    """What :func:`run` needs from a learner (every trainer of :mod:`collab_env.adapters`).
+
+    Optional: ``prefetch(next_batch: list[int] | None) -> None``, called before each item step
+    with the batch of the step after it (module docstring)."""
 
     args: Any
     state: RunState
@@ -229,10 +236,31 @@ def _roll_epoch(learner: Learner, s: Schedule) -> None:
         st.in_epoch = 0
 
 
+def _next_batch(s: Schedule, st: RunState, size: int) -> list[int] | None:
+    """The batch of the step after the one of ``size`` units starting at ``st``'s position
+    (``None``: that step is the last), as :func:`run` will compute it (item schedules)."""
+    pos, epoch, done = st.in_epoch + size, st.epoch, st.items_done + size
+    if pos >= s.per_epoch:
+        pos, epoch = 0, epoch + 1
+    if epoch >= s.epochs or done >= s.limit:
+        return None
+    return list(range(pos, pos + min(s.batch, s.per_epoch - pos, s.limit - done)))
+
+
 def run(learner: Learner) -> dict[str, Any]:
     """Train ``learner`` from its ``state`` to the end of its :class:`Schedule` (module
-    docstring); returns the last logged training metrics."""
+    docstring); returns the last logged training metrics.
+
+    Raises:
+        ConfigError: ``args.async_rollouts`` on a learner that cannot overlap its rollouts (no
+            ``prefetch`` hook, or a schedule of optimiser steps).
+    """
     s, st = learner.schedule(), learner.state
+    prefetch = getattr(learner, "prefetch", None) if s.unit == "item" else None
+    if getattr(learner.args, "async_rollouts", False) and prefetch is None:
+        raise ConfigError(f"async_rollouts=True: {type(learner).__name__} does not overlap its rollouts with its "
+                          "updates (only the tree learners' item steps do: MAGRPO/GRPO, REINFORCE); set "
+                          "async_rollouts=False.")
     # A bar on a terminal, plain lines in a log file (collab_env._progress); none when not verbose.
     bar = progress_bar(s.limit, s.desc, show=None if learner.logger.verbose else False, lines=True,
                        initial=_done(s, st), unit=s.unit)
@@ -242,6 +270,8 @@ def run(learner: Learner) -> dict[str, Any]:
         size = min(s.batch, s.per_epoch - pos, s.limit - _done(s, st))
         if _eval_due(s, st, size):
             learner.evaluate()
+        if prefetch is not None:
+            prefetch(_next_batch(s, st, size))
         updates = st.optimizer_steps
         metrics = learner.train_step(list(range(pos, pos + size)))
         st.env_step += int(metrics.pop("env_steps", 0))

@@ -1,5 +1,8 @@
-"""The learning math: masked per-token log-probs, group-relative advantages, the clipped
-surrogate and the k3 estimator of the KL to a reference model.
+"""The learning math: masked per-token log-probs, group-relative advantages, the policy
+objectives (PPO's clipped surrogate with DAPO's clip-higher and INTELLECT-2's two-sided clip,
+CISPO, GSPO's sequence-level ratio), the aggregations of a per-token loss (GRPO, BNPO, Dr. GRPO,
+DAPO, CoMLRL's sum), the truncated importance sampling against the sampler's log-probs and the
+k3 estimator of the KL to a reference model.
 
 Every function is a plain function of tensors (or lists), so tests can check it against values
 computed by hand. Masks are applied *before* any exponential: a padding position contributes
@@ -22,7 +25,11 @@ __all__ = [
     "token_logprobs",
     "clipped_surrogate",
     "kl_k3",
+    "LOSS_TYPES",
+    "aggregation_plan",
     "masked_aggregate",
+    "IS_MODES",
+    "importance_weights",
     "policy_loss",
 ]
 
@@ -126,7 +133,7 @@ def token_logprobs(model: Any, batch: TokenBatch, temperature: float = 1.0):
 # Losses
 # ---------------------------------------------------------------------------------------------
 def clipped_surrogate(logp, old_logp, advantages, mask, clip_low: float = 0.2,
-                      clip_high: float | None = None):
+                      clip_high: float | None = None, delta: float | None = None):
     """Per-token PPO clipped surrogate loss ``-min(r A, clip(r, 1 - clip_low, 1 + clip_high) A)``
     with ``r = exp(logp - old_logp)``; zero (and zero gradient) where ``mask`` is 0.
 
@@ -136,24 +143,35 @@ def clipped_surrogate(logp, old_logp, advantages, mask, clip_low: float = 0.2,
         advantages: ``[B]`` one advantage per sequence.
         mask: ``[B, C]`` loss positions.
         clip_low: Lower clip range ``epsilon``.
-        clip_high: Upper clip range (default ``clip_low``).
+        clip_high: Upper clip range (default ``clip_low``; DAPO's clip-higher is 0.28 with
+            ``clip_low`` 0.2).
+        delta: INTELLECT-2's two-sided clip (TRL's ``delta``): the unclipped term's ratio is
+            capped at ``delta`` too, which bounds the loss of a negative advantage by
+            ``delta * |A|`` (``None``: off).
 
     Returns:
-        ``(loss [B, C], clipped [B, C] bool)``: the per-token loss and where the clip was active.
+        ``(loss [B, C], clipped [B, C] bool)``: the per-token loss and where a clip was active.
     """
     import torch
 
-    clip_high = clip_low if clip_high is None else clip_high
     m = mask.bool()
-    delta = torch.where(m, logp - old_logp, torch.zeros_like(logp))
-    ratio = torch.exp(delta)
-    adv = advantages.to(logp.dtype).unsqueeze(-1)
-    unclipped = ratio * adv
+    ratio = torch.exp(torch.where(m, logp - old_logp, torch.zeros_like(logp)))
+    return _clipped(ratio, advantages.to(logp.dtype).unsqueeze(-1), m, clip_low, clip_high, delta)
+
+
+def _clipped(ratio, adv, m, clip_low: float, clip_high: float | None, delta: float | None):
+    """The clipped surrogate of ``ratio`` (``[B, C]``, or one per sequence broadcast to it) and
+    ``adv`` (``[B, 1]``) on the loss positions ``m``; a clip is active where the chosen term is
+    not the plain ``r A`` (its gradient is cut)."""
+    import torch
+
+    clip_high = clip_low if clip_high is None else clip_high
+    plain = ratio * adv
+    unclipped = torch.clamp(ratio, max=delta) * adv if delta is not None else plain
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
-    loss = -torch.minimum(unclipped, clipped)
-    loss = torch.where(m, loss, torch.zeros_like(loss))
-    active = m & (clipped < unclipped)
-    return loss, active
+    chosen = torch.minimum(unclipped, clipped)
+    loss = torch.where(m, -chosen, torch.zeros_like(chosen))
+    return loss, m & (chosen != plain)
 
 
 def kl_k3(logp, ref_logp, mask):
@@ -168,13 +186,74 @@ def kl_k3(logp, ref_logp, mask):
     return torch.where(m, kl, torch.zeros_like(kl))
 
 
+# ---------------------------------------------------------------------------------------------
+# Aggregations
+# ---------------------------------------------------------------------------------------------
+#: The ``loss_type`` names :func:`aggregation_plan` accepts: ours and TRL's (``GRPOConfig.loss_type``)
+#: for the same reductions (``"grpo"`` is ``"sequence"``, ``"dapo"`` is ``"token"``).
+LOSS_TYPES: tuple[str, ...] = ("sequence", "token", "sum", "grpo", "bnpo", "dr_grpo", "dapo")
+
+
+def aggregation_plan(loss_type: str, tokens: Sequence[int], sequences: Sequence[int],
+                     max_new_tokens: int | None = None) -> list[tuple[Literal["sequence", "token"], int, int]]:
+    """How each micro-batch reduces its per-token loss so that the micro-batches' shares sum to
+    the whole batch's loss: per micro-batch, ``(mode, num_sequences, num_tokens)`` for
+    :func:`masked_aggregate` (the keywords a learner's ``loss`` hook receives).
+
+    ``tokens[k]`` / ``sequences[k]`` are the loss tokens / sequences of micro-batch ``k``; with
+    ``L_i`` the summed per-token loss of sequence ``i``, ``n_i`` its loss tokens, ``N`` the
+    sequences and ``T`` the loss tokens of the whole batch, the batch's loss is:
+
+    * ``"sequence"`` / ``"grpo"`` (GRPO's paper): ``sum_i (L_i / n_i) / N``, each sequence's
+      token mean, averaged over sequences. TRL's ``"grpo"`` averages per micro-batch and
+      divides by the number of micro-batches: the same when they are equally large.
+    * ``"token"`` / ``"dapo"`` (DAPO): ``sum_i L_i / T``, every token of the batch weighs the
+      same whatever its micro-batch (TRL's ``"dapo"``, normalised by the tokens of the whole
+      accumulated batch).
+    * ``"bnpo"`` (TRL's): each micro-batch's token mean ``sum_{i in k} L_i / T_k``, averaged
+      over the ``K`` micro-batches. It differs from ``"dapo"`` when micro-batches hold different
+      numbers of tokens (a token of a short micro-batch weighs more) and so depends on
+      ``train_micro_batch_size``; with one sequence per micro-batch it is ``"sequence"``, with
+      one micro-batch it is ``"token"``.
+    * ``"dr_grpo"`` (Dr. GRPO): ``sum_i L_i / (N * max_new_tokens)``: a constant normaliser, so no
+      length bias (TRL's normaliser is its ``max_completion_length``, our ``max_new_tokens``).
+    * ``"sum"`` (CoMLRL's ``-A * sum(log p)``): ``sum_i L_i / N``, each sequence's token sum
+      averaged over sequences; with GSPO's sequence-level ratio it is TRL's ``"luspo"``.
+
+    Every share is exact: summing the micro-batches' shares gives the batch's loss above.
+
+    Raises:
+        ConfigError: an unknown ``loss_type``, ``"dr_grpo"`` without ``max_new_tokens``, or
+            ``tokens`` and ``sequences`` of different lengths.
+    """
+    if len(tokens) != len(sequences):
+        raise ConfigError(f"aggregation_plan needs one token and one sequence count per micro-batch, got "
+                          f"{len(tokens)} and {len(sequences)}.")
+    n_seq, n_tok, k = sum(sequences), sum(tokens), len(tokens)
+    if loss_type in ("sequence", "grpo"):
+        return [("sequence", n_seq, n_tok)] * k
+    if loss_type in ("token", "dapo"):
+        return [("token", n_seq, n_tok)] * k
+    if loss_type == "sum":
+        return [("token", n_seq, n_seq)] * k
+    if loss_type == "dr_grpo":
+        if not max_new_tokens or max_new_tokens < 1:
+            raise ConfigError("loss_type='dr_grpo' divides by num_sequences * max_new_tokens: pass max_new_tokens "
+                              f"(the config's), got {max_new_tokens!r}.")
+        return [("token", n_seq, n_seq * int(max_new_tokens))] * k
+    if loss_type == "bnpo":
+        return [("token", n_seq, max(t, 1) * k) for t in tokens]
+    raise ConfigError(f"loss_type must be one of {list(LOSS_TYPES)}, got {loss_type!r}.")
+
+
 def masked_aggregate(per_token, mask, loss_type: Literal["sequence", "token"],
                      num_sequences: int, num_tokens: int):
     """Reduce a per-token loss to this micro-batch's share of the whole batch's loss.
 
     ``"sequence"``: the mean over tokens of each sequence, averaged over the ``num_sequences``
-    sequences of the whole batch (GRPO's paper). ``"token"``: the sum over tokens divided by the
-    ``num_tokens`` loss tokens of the whole batch (every token weighs the same). Summing the
+    sequences of the whole batch (GRPO's paper). ``"token"``: the sum over tokens divided by
+    ``num_tokens`` (the loss tokens of the whole batch: every token weighs the same; the other
+    aggregations are ``"token"`` with another divisor, :func:`aggregation_plan`). Summing the
     shares of all micro-batches gives the full-batch loss, so gradient accumulation is exact.
     """
     m = mask.to(per_token.dtype)
@@ -183,28 +262,130 @@ def masked_aggregate(per_token, mask, loss_type: Literal["sequence", "token"],
         return ((per_token * m).sum(-1) / lengths).sum() / max(num_sequences, 1)
     if loss_type == "token":
         return (per_token * m).sum() / max(num_tokens, 1)
-    raise ConfigError(f"loss_type must be 'sequence' or 'token', got {loss_type!r}.")
+    raise ConfigError(f"masked_aggregate takes 'sequence' or 'token' (aggregation_plan turns {list(LOSS_TYPES)} "
+                      f"into them), got {loss_type!r}.")
 
 
+# ---------------------------------------------------------------------------------------------
+# Importance sampling against the sampler
+# ---------------------------------------------------------------------------------------------
+#: The modes of :func:`importance_weights` (TRL's ``vllm_importance_sampling_mode`` values).
+IS_MODES: tuple[str, ...] = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def importance_weights(old_logp, sampler_logp, mask, mode: str, cap: float | None = 3.0,
+                       floor: float | None = None):
+    """Truncated / masked importance weights of the tokens against the policy that sampled them.
+
+    The ratio is ``exp(old_logp - sampler_logp)``: the proximal policy (the trained model before
+    the update) over the sampler (a vLLM engine, or an older policy in an off-policy rollout).
+    ``token_*`` modes: one ratio per token; ``sequence_*`` modes: one per sequence,
+    ``exp(sum over its loss tokens of (old_logp - sampler_logp))``, applied to all its tokens
+    (TRL's). ``*_truncate``: the ratio clamped to ``[floor, cap]`` (truncated IS, TIS);
+    ``*_mask``: 0 where it falls outside ``[floor, cap]``, else the ratio (masked IS). A bound
+    of ``None`` is no bound. Log-ratios are capped at 20 before the exponential (``e**20`` is
+    far above any useful cap), so an extreme mismatch stays finite.
+
+    Args:
+        old_logp: ``[B, C]`` proximal log-probs (no gradient).
+        sampler_logp: ``[B, C]`` the sampler's log-probs of the same tokens.
+        mask: ``[B, C]`` loss positions.
+        mode: One of :data:`IS_MODES`.
+        cap: Upper bound ``C_max`` (TRL's ``vllm_importance_sampling_clip_max``, default 3).
+        floor: Lower bound ``C_min`` (TRL's ``vllm_importance_sampling_clip_min``).
+
+    Returns:
+        ``(weights [B, C], stats)``: detached weights (0 on padding) and float sums over the
+        ratios' units (loss tokens, or sequences in ``sequence_*`` modes): ``is_ratio_sum`` (raw
+        ratios), ``is_ratio_max``, ``is_clipped`` (units truncated or masked) and ``is_units``.
+    """
+    import torch
+
+    if mode not in IS_MODES:
+        raise ConfigError(f"importance sampling mode must be one of {list(IS_MODES)}, got {mode!r}.")
+    if cap is None and floor is None:
+        raise ConfigError(f"importance sampling mode {mode!r} needs a bound: set the cap (C_max) or the floor (C_min).")
+    m = mask.bool()
+    diff = torch.where(m, old_logp.detach().float() - sampler_logp.float(), torch.zeros_like(old_logp.float()))
+    if mode.startswith("sequence"):
+        ratio = torch.exp(diff.sum(-1, keepdim=True).clamp(max=20.0))  # [B, 1]
+        units = m.any(-1, keepdim=True)
+    else:
+        ratio = torch.exp(diff.clamp(max=20.0))
+        units = m
+    lo = -math.inf if floor is None else floor
+    hi = math.inf if cap is None else cap
+    outside = (ratio < lo) | (ratio > hi)
+    weight = ratio.clamp(min=floor, max=cap) if mode.endswith("truncate") else torch.where(outside, 0.0, ratio)
+    weight = torch.where(m, weight.expand_as(diff), torch.zeros_like(diff))
+    stats = {"is_ratio_sum": float(ratio[units].sum()),
+             "is_ratio_max": float(ratio[units].max()) if units.any() else 0.0,
+             "is_clipped": float((outside & units).sum()), "is_units": float(units.sum())}
+    return weight, stats
+
+
+# ---------------------------------------------------------------------------------------------
+# The policy loss
+# ---------------------------------------------------------------------------------------------
 def policy_loss(logp, old_logp, advantages, mask, *, ref_logp=None, beta: float = 0.0,
-                clip_low: float = 0.2, clip_high: float | None = None,
-                loss_type: Literal["sequence", "token"] = "sequence",
-                num_sequences: int | None = None, num_tokens: int | None = None):
-    """The GRPO/MAGRPO loss of one micro-batch: clipped surrogate plus ``beta`` times the k3 KL
-    to the reference, aggregated by :func:`masked_aggregate`.
+                clip_low: float = 0.2, clip_high: float | None = None, delta: float | None = None,
+                objective: Literal["clip", "cispo"] = "clip", level: Literal["token", "sequence"] = "token",
+                is_weight=None, loss_type: Literal["sequence", "token"] = "sequence",
+                num_sequences: int | None = None, num_tokens: int | None = None, loss_tokens: int | None = None):
+    """The GRPO/MAGRPO loss of one micro-batch: the policy objective, weighted by ``is_weight``,
+    plus ``beta`` times the k3 KL to the reference, aggregated by :func:`masked_aggregate`.
 
-    ``num_sequences`` / ``num_tokens`` are the whole batch's counts (default: this micro-batch's).
+    The ratio is ``r = exp(logp - old_logp)`` per token (``level="token"``), or GSPO's
+    sequence-level ``s = exp(mean over the sequence's loss tokens of (logp - old_logp))``
+    (``level="sequence"``; the gradient flows through the mean), one per sequence for all its
+    tokens. The objective, with advantage ``A``:
+
+    * ``"clip"``: PPO's ``-min(r A, clip(r, 1 - clip_low, 1 + clip_high) A)``
+      (:func:`clipped_surrogate`; ``clip_high`` above ``clip_low`` is DAPO's clip-higher,
+      ``delta`` INTELLECT-2's two-sided clip). With ``level="sequence"`` it is GSPO's loss.
+    * ``"cispo"`` (MiniMax-M1): ``-sg(min(r, 1 + clip_high)) A log p``: the ratio is clipped
+      and its gradient stopped (``sg``), so every token keeps a gradient ``A * w * grad log p``
+      however far its ratio moved (the paper's lower bound is left open, as there).
+      TRL's ``epsilon_high`` for CISPO is the cap itself (ScaleRL's ``epsilon_max``): its
+      ``epsilon_high=e`` is our ``clip_high=e - 1``.
+
+    ``is_weight`` (``[B, C]``, no gradient: :func:`importance_weights`) multiplies the policy
+    term per token, not the KL. ``num_sequences`` / ``num_tokens`` are the aggregation's
+    whole-batch divisors (:func:`aggregation_plan`; default: this micro-batch's counts);
+    ``loss_tokens`` the whole batch's loss tokens, the denominator of ``clip_fraction``
+    (default ``num_tokens``).
 
     Returns:
         ``(loss, stats)``: a scalar tensor with gradient and a dict of float tensors (detached
         shares, summable over micro-batches): ``policy_loss``, ``kl`` (mean KL, same
-        aggregation), ``clip_fraction`` (share of loss tokens where the clip was active).
+        aggregation), ``clip_fraction`` (share of loss tokens where a clip was active: the
+        surrogate's clip, or CISPO's cap), ``loss``.
     """
     import torch
 
     num_sequences = int(mask.shape[0]) if num_sequences is None else num_sequences
     num_tokens = int(mask.sum().item()) if num_tokens is None else num_tokens
-    surrogate, active = clipped_surrogate(logp, old_logp, advantages, mask, clip_low, clip_high)
+    loss_tokens = num_tokens if loss_tokens is None else loss_tokens
+    clip_high = clip_low if clip_high is None else clip_high
+    m = mask.bool()
+    log_ratio = torch.where(m, logp - old_logp, torch.zeros_like(logp))
+    if level == "sequence":
+        seq = log_ratio.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)
+        log_ratio = seq.expand_as(logp)
+    elif level != "token":
+        raise ConfigError(f"importance_sampling_level must be 'token' or 'sequence', got {level!r}.")
+    ratio = torch.exp(log_ratio)
+    adv = advantages.to(logp.dtype).unsqueeze(-1)
+    if objective == "clip":
+        surrogate, active = _clipped(ratio, adv, m, clip_low, clip_high, delta)
+    elif objective == "cispo":
+        weight = torch.clamp(ratio, max=1.0 + clip_high).detach()
+        surrogate = torch.where(m, -weight * adv * logp, torch.zeros_like(logp))
+        active = m & (ratio > 1.0 + clip_high)
+    else:
+        raise ConfigError(f"policy_objective must be 'clip' or 'cispo', got {objective!r}.")
+    if is_weight is not None:
+        surrogate = surrogate * is_weight.detach().to(surrogate.dtype)
     pg = masked_aggregate(surrogate, mask, loss_type, num_sequences, num_tokens)
     loss = pg
     stats = {"policy_loss": pg.detach()}
@@ -213,6 +394,6 @@ def policy_loss(logp, old_logp, advantages, mask, *, ref_logp=None, beta: float 
         stats["kl"] = kl.detach()
         if beta:
             loss = loss + beta * kl
-    stats["clip_fraction"] = active.float().sum().detach() / max(num_tokens, 1)
+    stats["clip_fraction"] = active.float().sum().detach() / max(loss_tokens, 1)
     stats["loss"] = loss.detach()
     return loss, {k: v.to(torch.float32) for k, v in stats.items()}

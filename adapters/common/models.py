@@ -353,6 +353,9 @@ def make_optimizer(pm: PolicyModel, config: Any):
 
     def bump(*_: Any) -> None:  # the weights changed: a vLLM engine must sync before generating
         pm.version += 1
+        reset = getattr(pm.generator, "reset_prefix_cache", None)
+        if reset is not None:  # KV caches read under the old weights are stale
+            reset()
 
     opt.register_step_post_hook(bump)
     return opt

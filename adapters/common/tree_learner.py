@@ -9,7 +9,7 @@ A step (MAGRPO's ``train_step`` in :mod:`collab_env.adapters.magrpo` reads top t
 2. :meth:`TreeLearner.reference_kls` (optional): CoMLRL's reference KL of every completion;
 3. :meth:`TreeLearner.node_groups`: **group the nodes**: per node and acting agent, its
    completions' values turned into advantages by the learner's function, as samples
-   ``(prompt ids, completion ids, advantage, turn)``;
+   ``(prompt ids, completion ids, advantage, turn, sampler log-probs)`` (:data:`Sample`);
 4. :meth:`TreeLearner.learn`: per model (or through CoMLRL's rollout buffer)
    :func:`policy_update`, **one policy update**: ``iterations`` optimiser steps on the samples
    with the learner's loss, accumulated over micro-batches, gradient clipping, AdamW, schedule.
@@ -28,10 +28,16 @@ Extension points (the only things an algorithm file writes):
   :class:`~collab_env.adapters.common.config.TreeFields`; ``num_iterations`` from
   :class:`~collab_env.adapters.common.config.PPOFields` when it has them, else 1).
 * ``train_step(batch) -> metrics``: the algorithm on the training items ``batch``.
-* ``loss(logp, old_logp, advantages, mask, *, ref_logp, loss_type, num_sequences, num_tokens)
-  -> (loss, stats)``: the loss of one micro-batch (``old_logp``: the sampling policy's
-  log-probs, ``logp.detach()`` in the first iteration; ``stats``: detached shares summed over
-  micro-batches, e.g. ``loss``, ``policy_loss``, ``kl``, ``clip_fraction``).
+* ``loss(logp, old_logp, advantages, mask, *, ref_logp, loss_type, num_sequences, num_tokens,
+  loss_tokens, is_weight) -> (loss, stats)``: the loss of one micro-batch (``old_logp``: the
+  log-probs of the model before the update, ``logp.detach()`` when neither ``num_iterations > 1``
+  nor the importance sampling correction needs them; ``loss_type`` ``"sequence"`` or
+  ``"token"`` with the divisors ``num_sequences`` / ``num_tokens`` that make the micro-batches'
+  shares sum to the configured aggregation,
+  :func:`~collab_env.adapters.common.losses.aggregation_plan`; ``loss_tokens``: the batch's loss
+  tokens, for fractions; ``is_weight``: ``[B, C]`` importance weights of the tokens against
+  the sampler, or ``None``, to multiply the policy term by; ``stats``: detached shares summed
+  over micro-batches, e.g. ``loss``, ``policy_loss``, ``kl``, ``clip_fraction``).
 * Optionally ``evaluate``, ``schedule``, ``planned_optimizer_steps``, ``end_epoch``, ``train``
   (MADPO replaces them: it learns from preference pairs, not from advantages).
 """
@@ -44,22 +50,31 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from collab_env.adapters.common.async_rollout import OverlappedRollouts
 from collab_env.adapters.common.checkpoint import load_checkpoint, save_checkpoint
 from collab_env.adapters.common.collapse import completion_stats
 from collab_env.adapters.common.config import TrainerConfig, learner_sampling
 from collab_env.adapters.common.learner import TaskLearner
 from collab_env.adapters.common.logging import MetricsLogger
 from collab_env.adapters.common.loop import RunState, Schedule, mean, run
-from collab_env.adapters.common.losses import kl_k3, pack_sequences, token_logprobs
+from collab_env.adapters.common.losses import (
+    aggregation_plan,
+    importance_weights,
+    kl_k3,
+    pack_sequences,
+    token_logprobs,
+)
 from collab_env.adapters.common.rollout import completion_values, episode_item, grow_trees
-from collab_env.adapters.common.task import turn_metrics
+from collab_env.adapters.common.task import bind_learner, turn_metrics
 from collab_env.errors import ConfigError, TaskFunctionError
 from collab_env.policy import SamplingParams
 
 __all__ = ["TreeLearner", "Sample", "policy_update", "kl_per_turn", "sample_collapse_stats"]
 
-#: One training sample: (prompt ids, completion ids, advantage, 0-based turn).
-Sample = tuple[list[int], tuple[int, ...], float, int]
+#: One training sample: (prompt ids, completion ids, advantage, 0-based turn, the sampler's
+#: log-prob of each completion token or ``None`` when it reported none). :func:`policy_update`
+#: also takes the first four alone (no sampler log-probs).
+Sample = tuple[list[int], tuple[int, ...], float, int, tuple[float, ...] | None]
 
 
 class TreeLearner(TaskLearner):
@@ -108,7 +123,44 @@ class TreeLearner(TaskLearner):
         self.state = RunState()
         self._buffers: list[list[list[Sample]]] = [[] for _ in range(args.num_agents)]
         self.wandb_config = wandb_config
+        self._overlap: OverlappedRollouts | None = None
+        self._rollout_metrics: dict[str, float] = {}
+        if getattr(args, "async_rollouts", False):
+            self._overlap = self._overlapped_rollouts()
         self.logger = MetricsLogger(args.output_dir, {**args.to_dict(), **self.task.config_record()}, wandb_config)
+
+    def _overlapped_rollouts(self) -> OverlappedRollouts:
+        """``async_rollouts``: the frozen copy of the models that the background rollouts
+        generate with, bound into the training env's futures (a multiturn-aware reward's) in
+        place of the live models; the evaluation env keeps the live ones.
+
+        Raises:
+            ConfigError: A learner that collects its samples before training (MADPO), vLLM
+                generation, or an evaluation env that is the training env object and binds the
+                learner's policy (it cannot hold both).
+        """
+        from collab_env.policy import unbind_learner
+
+        name = type(self).__name__
+        if type(self).train is not TreeLearner.train:
+            raise ConfigError(f"async_rollouts=True overlaps each training step's rollout with the previous update; "
+                              f"{name} collects its samples before it trains: set async_rollouts=False.")
+        if any(pm.engine is not None for pm in self._unique):
+            raise ConfigError("async_rollouts=True generates with a frozen copy through transformers, but the models "
+                              "generate with vLLM (generation_backend='auto' on CUDA): set generation_backend='hf'.")
+        overlap = OverlappedRollouts(self.models, self.task, self._updates_between)
+        if self.train_env is not None and unbind_learner(self.train_env):
+            if self.eval_env is self.train_env:
+                raise ConfigError("async_rollouts=True binds the training env's futures to the rollouts' frozen "
+                                  "copy of the policy, and evaluation needs the live one: pass a separate eval_env "
+                                  "object (e.g. a second collab_env.make(...)), or async_rollouts=False.")
+            bind_learner((self.train_env,), self.players, overlap.models, learner_sampling(self.args))
+        return overlap
+
+    def _updates_between(self, then: Sequence[int], now: Sequence[int]) -> int:
+        """Policy updates between two version tuples (optimiser steps per model)."""
+        steps = max((n - t for t, n in zip(then, now, strict=True)), default=0)
+        return -(-steps // self.iterations)
 
     # -- schedule ---------------------------------------------------------------------------------
     def planned_optimizer_steps(self) -> int:
@@ -136,7 +188,18 @@ class TreeLearner(TaskLearner):
         if resume_from_checkpoint is not None:
             self.state = RunState.from_dict(load_checkpoint(resume_from_checkpoint, self._unique, self._rng))
             self.logger.resume()
-        return run(self)
+        try:
+            return run(self)
+        finally:  # also on an error or an interrupt: no rollout outlives training
+            if self._overlap is not None:
+                self._overlap.close()
+
+    def prefetch(self, next_batch: Sequence[int] | None) -> None:
+        """The loop's hook (:func:`~collab_env.adapters.common.loop.run`): the batch the step
+        after the coming one takes (``None``: none). With ``async_rollouts`` the coming step
+        starts its rollout before it updates; otherwise nothing happens."""
+        if self._overlap is not None:
+            self._overlap.next_batch = list(next_batch) if next_batch else None
 
     def train_step(self, batch: Sequence[int]) -> dict[str, float]:
         """The algorithm on the training items ``batch`` (the subclass's)."""
@@ -150,15 +213,32 @@ class TreeLearner(TaskLearner):
 
     # -- rollout and the shared update --------------------------------------------------------------
     def rollout(self, env: Any, indices: Sequence[int], branching: Callable[[int], int], joint_mode: str,
-                sampling: SamplingParams, seeds: Callable[[int], list[int]], training: bool = True):
-        """Expand the rollout trees of ``indices`` on ``env`` with the learner's models:
-        ``branching(depth)`` completions per acting agent and node, sampled with ``sampling``,
-        depth ``num_turns``, returns discounted by ``discount`` (reward plus ``discount`` times
-        the mean return of the child's joint actions; CoMLRL's is this with discount 1);
-        CoMLRL's early termination on training trees only. Returns ``(roots, levels)``."""
+                sampling: SamplingParams, seeds: Callable[[int], list[int]], training: bool = True,
+                models: Sequence[Any] | None = None):
+        """Expand the rollout trees of ``indices`` on ``env`` with the learner's models (or
+        ``models``): ``branching(depth)`` completions per acting agent and node, sampled with
+        ``sampling``, depth ``num_turns``, returns discounted by ``discount`` (reward plus
+        ``discount`` times the mean return of the child's joint actions; CoMLRL's is this with
+        discount 1); CoMLRL's early termination on training trees only. Returns
+        ``(roots, levels)``.
+
+        With ``async_rollouts`` a training rollout (on the training env, with the task's seeds)
+        is the one started in the background during the previous step (or started now), and
+        the next batch's (:meth:`prefetch`) starts, rolled the same way, before this returns
+        (:mod:`~collab_env.adapters.common.async_rollout`)."""
         a = self.args
-        return grow_trees(self.task, env, indices, self.models, branching=branching, max_depth=a.num_turns,
-                          joint_mode=joint_mode, sampling=sampling, seeds=seeds, prompt_format=a.prompt_format,
+        overlap = self._overlap
+        if overlap is not None and training and models is None and env is self.train_env and seeds == self.task.seeds:
+            frozen = overlap.models
+
+            def roll(batch: Sequence[int], draw: Callable[[int], list[int]]):
+                return self.rollout(env, batch, branching, joint_mode, sampling, draw, training, frozen)
+
+            result, self._rollout_metrics = overlap.take(indices, (joint_mode, sampling), roll)
+            return result
+        return grow_trees(self.task, env, indices, self.models if models is None else models, branching=branching,
+                          max_depth=a.num_turns, joint_mode=joint_mode, sampling=sampling, seeds=seeds,
+                          prompt_format=a.prompt_format,
                           stop_above=a.early_termination_threshold if training else None, discount=a.discount)
 
     def node_groups(self, levels: Sequence[Sequence[Any]], advantages: Callable[[Any, int, list[float]], list[float]],
@@ -167,8 +247,10 @@ class TreeLearner(TaskLearner):
         """Per node and acting agent, its samples with ``advantages(node, agent, values)`` of
         the completions' values (:func:`~collab_env.adapters.common.rollout.completion_values`
         with the config's ``cross_value``, ``"mean"`` when it has none; less
-        ``reference_kl_coef`` times their reference KL when ``kls`` has them). Returns
-        ``(groups, completion lengths)``."""
+        ``reference_kl_coef`` times their reference KL when ``kls`` has them). ``advantages``
+        is called once per group, in the order of the returned groups. Each sample carries its
+        completion's sampler log-probs (``Completion.logprobs``) for the importance sampling
+        correction. Returns ``(groups, completion lengths)``."""
         coef = self.args.reference_kl_coef
         reduce = getattr(self.args, "cross_value", "mean")
         groups: list[tuple[int, list[Sample]]] = []
@@ -180,13 +262,67 @@ class TreeLearner(TaskLearner):
                     if kls:  # CoMLRL: the KL penalty comes off each completion's return
                         values = [v - coef * k for v, k in zip(values, kls[(id(node), agent)], strict=True)]
                     adv = advantages(node, agent, values)
-                    group = [(node.prompt_ids[agent], tuple(comp.token_ids or ()), adv_g, node.depth)
+                    group = [(node.prompt_ids[agent], tuple(comp.token_ids or ()), adv_g, node.depth,
+                              None if comp.logprobs is None else tuple(comp.logprobs))
                              for comp, adv_g in zip(node.completions[agent], adv, strict=True)]
                     lengths.extend(len(g[1]) for g in group)
                     groups.append((agent, group))
         return groups, lengths
 
-    def loss(self, logp, old_logp, advantages, mask, *, ref_logp, loss_type, num_sequences, num_tokens):
+    def chain_groups(self, levels: Sequence[Sequence[Any]], advantages: Callable[[Any, int, list[float]], list[float]],
+                     credit: str = "turn") -> tuple[list[tuple[int, list[Sample]]], list[int]]:
+        """The samples of rollouts shaped as chains (``num_generations`` joint actions at each
+        root, one below: independent episodes), with ``advantages(node, agent, values)`` called
+        once per returned group, in order.
+
+        ``credit="turn"``: per root, depth and acting agent, one group of the moves at that
+        depth of the root's chains that reached it, valued by the move's own reward (its joint
+        action's ``rewards``: the env's rewards from the move until a trained agent acts again;
+        under the multiturn-aware reward, that reply's MR); ``node`` is the first such move's.
+        ``credit="episode"``: per root and agent, one group of all its moves, each valued by its
+        chain's return (the root joint action's ``returns``); ``node`` is the root. Returns
+        ``(groups, completion lengths)``."""
+        if credit not in ("turn", "episode"):
+            raise ConfigError(f"credit must be 'turn' or 'episode', got {credit!r}.")
+        groups: list[tuple[int, list[Sample]]] = []
+        lengths: list[int] = []
+
+        def sample(node: Any, ja: Any, agent: int, adv: float) -> Sample:
+            comp = node.completions[agent][ja.choice[agent]]
+            lengths.append(len(comp.token_ids or ()))
+            return (node.prompt_ids[agent], tuple(comp.token_ids or ()), adv, node.depth,
+                    None if comp.logprobs is None else tuple(comp.logprobs))
+
+        for root in levels[0] if levels else ():
+            chains = []
+            for ja in root.joint:
+                chain, node, step = [], root, ja
+                while True:
+                    chain.append((node, step))
+                    node = step.child
+                    if node is None or not node.joint:
+                        break
+                    step = node.joint[0]
+                chains.append(chain)
+            agents = sorted({ag for chain in chains for node, _ in chain for ag in node.acting})
+            for agent in agents:
+                if credit == "episode":
+                    members = [c for c in chains if any(agent in n.acting for n, _ in c)]
+                    adv = advantages(root, agent, [float(c[0][1].returns[agent]) for c in members])
+                    groups.append((agent, [sample(n, ja, agent, a_c) for c, a_c in zip(members, adv, strict=True)
+                                           for n, ja in c if agent in n.acting]))
+                    continue
+                depth = max(len(c) for c in chains)
+                for d in range(depth):
+                    moves = [c[d] for c in chains if len(c) > d and agent in c[d][0].acting]
+                    if not moves:
+                        continue
+                    adv = advantages(moves[0][0], agent, [float(ja.rewards[agent]) for _, ja in moves])
+                    groups.append((agent, [sample(n, ja, agent, a_m) for (n, ja), a_m in zip(moves, adv, strict=True)]))
+        return groups, lengths
+
+    def loss(self, logp, old_logp, advantages, mask, *, ref_logp, loss_type, num_sequences, num_tokens,
+             loss_tokens, is_weight):
         """The loss of one micro-batch (the subclass's; module docstring)."""
         raise NotImplementedError
 
@@ -197,12 +333,16 @@ class TreeLearner(TaskLearner):
 
     def update_model(self, pm: Any, samples: Sequence[Sample]) -> dict[str, float]:
         """:func:`policy_update` of ``pm`` on its samples with this learner's :meth:`loss` and
-        its config's iterations, log-prob temperature, micro-batch, loss type, KL and clipping."""
+        its config's iterations, log-prob temperature, micro-batch, loss type (and
+        ``max_new_tokens`` for ``"dr_grpo"``), KL, clipping and importance sampling correction
+        (:class:`~collab_env.adapters.common.config.PolicyLossFields`, off without them)."""
         a = self.args
         return policy_update(pm, samples, self.loss, iterations=self.iterations,
                              temperature=a.logprob_temperature or a.temperature,
                              micro_batch=a.train_micro_batch_size, loss_type=a.loss_type, beta=a.beta,
-                             max_grad_norm=a.max_grad_norm)
+                             max_grad_norm=a.max_grad_norm, max_new_tokens=getattr(a, "max_new_tokens", None),
+                             is_correction=getattr(a, "is_correction", None), is_cap=getattr(a, "is_cap", 3.0),
+                             is_floor=getattr(a, "is_floor", None))
 
     def learn(self, groups: Sequence[tuple[int, list[Sample]]]) -> dict[str, float]:
         """Update on the node sample groups ``(agent, samples)`` of a batch: all at once per
@@ -220,7 +360,10 @@ class TreeLearner(TaskLearner):
                 self._buffers[agent].append(group)
                 if len(self._buffers[agent]) >= a.rollout_buffer_size:
                     per_model.extend(self._flush_buffer(agent))
-        return {key: mean([m[key] for m in per_model if key in m]) for key in sorted({k for m in per_model for k in m})}
+        out = {key: mean([m[key] for m in per_model if key in m]) for key in sorted({k for m in per_model for k in m})}
+        out.update(self._rollout_metrics)  # async_rollouts: how stale the batch was, how long it was awaited
+        self._rollout_metrics = {}
+        return out
 
     def _owner(self, agent: int) -> int:
         return next(k for k, u in enumerate(self._unique) if u is self.models[agent])
@@ -336,7 +479,10 @@ class TreeLearner(TaskLearner):
         return save_checkpoint(path, self._unique, asdict(self.state), self._rng)
 
     def close(self) -> None:
-        """Finish logging (closes the Weights & Biases run)."""
+        """Finish logging (closes the Weights & Biases run); end the background rollouts'
+        thread (``async_rollouts``)."""
+        if self._overlap is not None:
+            self._overlap.close()
         self.logger.close()
 
 
@@ -380,24 +526,58 @@ def sample_collapse_stats(pm: Any, samples: Sequence[Sample]) -> dict[str, float
 
 def policy_update(pm: Any, samples: Sequence[Sample], loss: Callable[..., Any], *, iterations: int = 1,
                   temperature: float = 1.0, micro_batch: int = 8, loss_type: str = "sequence",
-                  beta: float = 0.0, max_grad_norm: float | None = None) -> dict[str, float]:
+                  beta: float = 0.0, max_grad_norm: float | None = None, max_new_tokens: int | None = None,
+                  is_correction: str | None = None, is_cap: float | None = 3.0,
+                  is_floor: float | None = None) -> dict[str, float]:
     """One policy update: ``iterations`` optimiser steps of ``pm`` (a
     :class:`~collab_env.adapters.common.models.PolicyModel` with its optimiser and scheduler) on
     ``samples`` with the learner's ``loss`` (module docstring: the extension points). Per step,
-    every micro-batch's loss (given the whole batch's sequence and token counts, so accumulation
-    is exact) is back-propagated, then the gradient is clipped (``max_grad_norm``), AdamW steps
-    and the schedule advances. The sampling policy's log-probs (for a ratio, from the second
-    iteration) and the reference's (``beta > 0``) are computed once, before the first step.
+    every micro-batch's loss (given the divisors of ``loss_type`` over the whole batch,
+    :func:`~collab_env.adapters.common.losses.aggregation_plan`, so accumulation is exact) is
+    back-propagated, then the gradient is clipped (``max_grad_norm``), AdamW steps and the
+    schedule advances. The proximal log-probs ``old_logp`` (the model before the update: the
+    ratio's denominator from the second iteration, and the importance ratio's numerator) and
+    the reference's (``beta > 0``) are computed once, before the first step, without gradient.
 
-    ``loss_type`` ``"sequence"`` or ``"token"`` is passed through; ``"sum"`` (per-sequence sums
-    averaged over sequences, CoMLRL's) is ``"token"`` with the sequence count as token count.
-    ``beta > 0`` computes reference log-probs (the hook adds ``beta`` times the KL).
+    Args:
+        pm: The policy model with its optimiser and scheduler.
+        samples: :data:`Sample` tuples; the 5th element (the sampler's per-token log-probs of
+            the completion, as long as its token ids) is read only with ``is_correction``, and
+            may be left out (4-tuples) without it.
+        loss: The learner's loss hook.
+        iterations: Optimiser steps on the same samples (PPO's epochs).
+        temperature: Temperature of the log-probs (the sampling one, for an exact ratio).
+        micro_batch: Sequences per forward/backward pass.
+        loss_type: The aggregation, one of
+            :data:`~collab_env.adapters.common.losses.LOSS_TYPES` (ours and TRL's names).
+        beta: Weight of the KL to the reference; ``> 0`` computes reference log-probs (the hook
+            adds ``beta`` times the KL).
+        max_grad_norm: Gradient clipping (``None``: none).
+        max_new_tokens: The completion budget, Dr. GRPO's constant (``loss_type="dr_grpo"``).
+        is_correction: Importance sampling against the sampler (TRL's
+            ``vllm_importance_sampling_mode``; ``None``: off): ``"token_truncate"``,
+            ``"token_mask"``, ``"sequence_truncate"`` or ``"sequence_mask"``
+            (:func:`~collab_env.adapters.common.losses.importance_weights`). The ratio is
+            ``exp(old_logp - sampler_logp)``: ``old_logp`` the model's before this update
+            (computed with the model, never ``logp.detach()``), ``sampler_logp`` the samples' 5th
+            element. An asynchronous (off-policy) rollout passes the log-probs of the stale
+            policy that sampled; a vLLM engine's corrects its numerical mismatch. The policy
+            term of each token is multiplied by the truncated / masked weight (the hook's
+            ``is_weight``); the KL term is not.
+        is_cap: ``C_max`` of the importance ratio (TRL's ``vllm_importance_sampling_clip_max``).
+        is_floor: ``C_min`` (TRL's ``vllm_importance_sampling_clip_min``).
 
     Returns:
         The first step's summed stats, ``grad_norm``, per-turn and overall reference-KL metrics
         (with a reference), ``loss_last_iteration`` / ``clip_fraction_last_iteration`` (more
-        than one iteration), ``learning_rate`` and the collapse statistics of the samples
-        (:func:`sample_collapse_stats`).
+        than one iteration), ``learning_rate``, the collapse statistics of the samples
+        (:func:`sample_collapse_stats`) and, with ``is_correction``, ``is_ratio_mean`` /
+        ``is_ratio_max`` (the raw ratio over loss tokens, or over sequences in the sequence
+        modes) and ``is_clipped_fraction`` (the share of them truncated or masked).
+
+    Raises:
+        ConfigError: ``is_correction`` with a sample without sampler log-probs (or with as many
+            as its tokens), an unknown ``loss_type`` or mode.
     """
     import torch
 
@@ -405,22 +585,30 @@ def policy_update(pm: Any, samples: Sequence[Sample], loss: Callable[..., Any], 
     micro = [samples[i:i + micro_batch] for i in range(0, len(samples), micro_batch)]
     batches = [pack_sequences([s[0] for s in mb], [s[1] for s in mb], pm.pad_id).to(device) for mb in micro]
     advantages = [torch.tensor([s[2] for s in mb], dtype=torch.float32, device=device) for mb in micro]
-    num_seq = len(samples)
-    num_tok = int(sum(int(b.completion_mask.sum()) for b in batches))
-    if loss_type == "sum":  # per-sequence sums averaged over sequences: "token" over num_seq
-        loss_type, num_tok = "token", num_seq
+    tokens = [int(b.completion_mask.sum()) for b in batches]
+    plan = aggregation_plan(loss_type, tokens, [len(mb) for mb in micro], max_new_tokens)
     params = [p for _, p in pm.trainable_parameters()]
+    sampler = [_sampler_logprobs(mb, b.completion_mask) for mb, b in zip(micro, batches, strict=True)] \
+        if is_correction is not None else None
 
     old: list[Any] | None = None
     ref: list[Any] | None = None
     pm.model.eval()
     with torch.no_grad():
-        if iterations > 1:
+        if iterations > 1 or sampler is not None:
             old = [token_logprobs(pm.model, b, temperature) for b in batches]
         if beta > 0:
             with pm.as_reference() as reference:
                 reference.eval()
                 ref = [token_logprobs(reference, b, temperature) for b in batches]
+    weights: list[Any] = [None] * len(batches)
+    is_stats: dict[str, float] = {}
+    if sampler is not None and old is not None and is_correction is not None:
+        for k, b in enumerate(batches):
+            weights[k], st = importance_weights(old[k], sampler[k], b.completion_mask, is_correction, is_cap, is_floor)
+            for name, v in st.items():  # sums over micro-batches, the max of the maxima
+                prev = is_stats.get(name, 0.0)
+                is_stats[name] = max(prev, v) if name == "is_ratio_max" else prev + v
 
     out: dict[str, float] = {}
     for it in range(iterations):
@@ -431,8 +619,10 @@ def policy_update(pm: Any, samples: Sequence[Sample], loss: Callable[..., Any], 
         for k, (b, adv) in enumerate(zip(batches, advantages, strict=True)):
             logp = token_logprobs(pm.model, b, temperature)
             old_k = old[k] if old is not None else logp.detach()
+            mode, n_seq, n_tok = plan[k]
             value, stats = loss(logp, old_k, adv, b.completion_mask, ref_logp=ref[k] if ref is not None else None,
-                                loss_type=loss_type, num_sequences=num_seq, num_tokens=num_tok)
+                                loss_type=mode, num_sequences=n_seq, num_tokens=n_tok, loss_tokens=sum(tokens),
+                                is_weight=weights[k])
             value.backward()
             for name, v in stats.items():
                 totals[name] = totals.get(name, 0.0) + float(v)
@@ -454,7 +644,31 @@ def policy_update(pm: Any, samples: Sequence[Sample], loss: Callable[..., Any], 
             out["loss_last_iteration"] = totals.get("loss", 0.0)
             out["clip_fraction_last_iteration"] = totals.get("clip_fraction", 0.0)
     out.pop("kl", None)
+    if is_stats:
+        units = max(is_stats["is_units"], 1.0)
+        out["is_ratio_mean"] = is_stats["is_ratio_sum"] / units
+        out["is_ratio_max"] = is_stats["is_ratio_max"]
+        out["is_clipped_fraction"] = is_stats["is_clipped"] / units
     out["learning_rate"] = float(pm.scheduler.get_last_lr()[0])
     out.update(sample_collapse_stats(pm, samples))
     pm.model.eval()
     return out
+
+
+def _sampler_logprobs(samples: Sequence[Any], completion_mask: Any):
+    """The samples' sampler log-probs (their 5th element) right-padded with zeros like their
+    completions: ``[B, C]`` on the mask's device."""
+    import torch
+
+    out = torch.zeros(completion_mask.shape, dtype=torch.float32)
+    for i, s in enumerate(samples):
+        lp = s[4] if len(s) > 4 else None
+        if lp is None:
+            raise ConfigError("the importance sampling correction (is_correction) needs the sampler's log-probs of "
+                              "every completion (the sample's 5th element, Completion.logprobs); a sample has none: "
+                              "use a policy that reports them (transformers, vLLM) or set is_correction=None.")
+        if len(lp) != len(s[1]):
+            raise ConfigError(f"a sample has {len(s[1])} completion tokens but {len(lp)} sampler log-probs.")
+        if lp:
+            out[i, :len(lp)] = torch.tensor(list(lp), dtype=torch.float32)
+    return out.to(completion_mask.device)

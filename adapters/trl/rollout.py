@@ -147,6 +147,7 @@ class RolloutFunc:
                 self._hf = HFPolicy(model, tokenizer, flush="idle", max_batch_size=self.max_batch_size,
                                     name="trl-model")
             self._hf.model.eval()
+            self._hf.reset_prefix_cache()  # TRL stepped the weights since the last call: no stale KV
             yield TrainerGenerator(self._hf, tokenizer, params)
 
     async def _play(self, items: Sequence[tuple[int, int]], generator: TrainerGenerator) -> list[Episode]:

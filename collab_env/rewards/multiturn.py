@@ -30,6 +30,10 @@ from collab_env.wrappers.base import EnvWrapper
 __all__ = ["MultiturnAwareReward"]
 
 
+#: Seconds a rewarded step runs before its progress shows (a fast step shows nothing).
+PROGRESS_DELAY_S = 2.0
+
+
 def _mix_seed(*parts: int) -> int:
     """A future's policy seed (31 bits) from the episode seed, the step, the rollout and the round."""
     h = 1469598103934665603
@@ -70,6 +74,10 @@ class MultiturnAwareReward(EnvWrapper):
             ``max_response_length``, 2,048 in the recipe); ``None`` (default): no budget.
         token_counter: How the budget counts: ``None`` (whitespace words), a tokenizer (its
             ``encode``) or a callable ``text -> int``.
+        progress: Show the progress of each rewarded step on stderr (futures rolled, futures
+            scored by their metrics and judges), once it has run :data:`PROGRESS_DELAY_S` seconds:
+            ``None`` (default) draws a bar on a terminal only, ``True`` also prints lines when
+            stderr is redirected, ``False`` never shows it.
 
     Rewards: ``player`` gets the MR at every step where it moved; other players (and
     ``player`` at steps where it did not move) keep the env's reward.
@@ -107,6 +115,7 @@ class MultiturnAwareReward(EnvWrapper):
         return_futures: bool = False,
         future_token_budget: int | None = None,
         token_counter: Any = None,
+        progress: bool | None = None,
     ) -> None:
         super().__init__(env)
         for name, v, lo in (("num_rollouts", num_rollouts, 1), ("max_user_turns", max_user_turns, 0),
@@ -130,6 +139,7 @@ class MultiturnAwareReward(EnvWrapper):
         self.return_futures = bool(return_futures)
         self.future_token_budget = future_token_budget
         self._count_tokens = token_count_fn(token_counter)
+        self.progress = progress
         self.policies = self._future_policies(env, policies)
         self._built_policies = dict(self.policies)
         self.stats: dict[str, float] = {"rewards": 0.0, "rollouts": 0.0, "scored": 0.0, "faults": 0.0}
@@ -308,17 +318,31 @@ class MultiturnAwareReward(EnvWrapper):
             result = await self.metric_set.score(convs, state.item, start=start, player=self.player)
         else:
             reply_tokens = self._count_tokens(reply)
+            bar = self._progress_bar()
+            done = {"rolled": 0, "scored": 0}
+
+            def advanced(stage: str) -> None:
+                done[stage] += 1
+                if bar is not None:
+                    bar.set_postfix(done, refresh=False)
+                    bar.update(1)
 
             async def roll_and_evaluate(r: int, fork: Any) -> dict[str, Any]:
                 out = await self.roll_future(fork, r, step, reply_tokens)
+                advanced("rolled")
                 # this future's metrics (its judge calls) start as soon as it ends, while the
                 # others still play: a batching backend takes them with the others' turns
                 out["metrics"] = None if out["fault"] is not None else await self.metric_set.evaluate(
                     out["conversation"], state.item, start=start, player=self.player)
+                advanced("scored")
                 return out
 
             forks = [self.env.clone() for _ in range(self.num_rollouts)]
-            outs = await asyncio.gather(*(roll_and_evaluate(r, f) for r, f in enumerate(forks)))
+            try:
+                outs = await asyncio.gather(*(roll_and_evaluate(r, f) for r, f in enumerate(forks)))
+            finally:
+                if bar is not None:
+                    bar.close()
             faults: list[Any]
             cost: dict[str, Any]
             convs, faults, cost, turns, dropped = [], [], {}, [], []
@@ -336,6 +360,17 @@ class MultiturnAwareReward(EnvWrapper):
         futures = [None if c is None else [m.to_dict() for m in c.messages[start:]] for c in convs]
         return result, {"num_rollouts": len(convs), "future_turns": turns, "dropped_turns": dropped,
                         "zero_reason": None, "immediate": immediate, "futures": futures}
+
+    def _progress_bar(self) -> Any:
+        """The progress display of one rewarded step (see ``progress``), or ``None``: two stages
+        per future (rolled, then scored)."""
+        if self.progress is False:
+            return None
+        from collab_env._progress import progress_bar
+
+        return progress_bar(2 * self.num_rollouts, f"MR {self.player} ({self.num_rollouts} futures)",
+                            show=self.progress, lines=bool(self.progress), unit="stages",
+                            delay=PROGRESS_DELAY_S, leave=False)
 
     async def roll_future(self, fork: Any, rollout: int, step: int, reply_tokens: int = 0) -> dict[str, Any]:
         """Play one future of the reply just taken on ``fork`` (a clone of the wrapped env)

@@ -232,3 +232,90 @@ def test_skyrl_step_rewards_are_the_turn_credits_of_the_same_episode():
     # SkyRL gets each move's credit as that step's reward: its generator puts it on the turn's last token
     assert rewards == pytest.approx(credits, abs=1e-12)
     sky.close()
+
+
+# -- our learners: MAGRPO on chains (independent episodes), per-turn or per-episode credit ---------
+
+
+class _Comp:
+    def __init__(self, ids):
+        self.token_ids, self.logprobs = tuple(ids), tuple(-0.5 for _ in ids)
+
+
+def _chain_tree():
+    """One root, 3 chains of one agent: rewards per move (chain 0: 1, 0; chain 1: 0, 3; chain 2:
+    0, ended after one move); returns (undiscounted): 1, 3, 0."""
+    from collab_env.adapters.common.rollout import JointAction, TreeNode
+
+    def node(depth, comps):
+        return TreeNode(root=0, depth=depth, env=None, obs={}, infos={}, players=("a",), acting=[0],
+                        prompt_ids={0: [depth]}, completions={0: [_Comp(c) for c in comps]})
+
+    root = node(0, [[1], [2], [3]])
+    kids = [node(1, [[10, 11]]), node(1, [[20]])]
+    for kid, r in zip(kids, (0.0, 3.0), strict=True):
+        kid.joint = [JointAction(choice={0: 0}, rewards=[r], returns=[r])]
+    root.joint = [JointAction(choice={0: 0}, rewards=[1.0], child=kids[0], returns=[1.0]),
+                  JointAction(choice={0: 1}, rewards=[0.0], child=kids[1], returns=[3.0]),
+                  JointAction(choice={0: 2}, rewards=[0.0], child=None, returns=[0.0])]
+    return [[root], kids]
+
+
+def test_chain_groups_compare_each_move_with_the_same_move_of_the_other_chains():
+    from collab_env.adapters.common.losses import group_advantages
+    from collab_env.adapters.common.tree_learner import TreeLearner
+
+    seen = []
+
+    def adv(node, agent, values):
+        seen.append(values)
+        return group_advantages(values)
+
+    groups, lengths = TreeLearner.chain_groups(None, _chain_tree(), adv, "turn")
+    # depth 0: rewards 1, 0, 0 (mean 1/3); depth 1: 0, 3 (mean 1.5)
+    assert seen == [[1.0, 0.0, 0.0], [0.0, 3.0]]
+    assert [[(s[1], round(s[2], 9), s[3]) for s in g] for _, g in groups] == [
+        [((1,), round(2 / 3, 9), 0), ((2,), round(-1 / 3, 9), 0), ((3,), round(-1 / 3, 9), 0)],
+        [((10, 11), -1.5, 1), ((20,), 1.5, 1)]]
+    assert groups[1][1][0][0] == [1] and groups[1][1][0][4] == (-0.5, -0.5)  # prompt ids, sampler log-probs
+    assert sorted(lengths) == [1, 1, 1, 1, 2]
+
+    seen.clear()
+    groups, _ = TreeLearner.chain_groups(None, _chain_tree(), adv, "episode")
+    # one group per root and agent: every move of a chain gets its chain's return advantage (1, 3, 0; mean 4/3)
+    assert seen == [[1.0, 3.0, 0.0]]
+    [(agent, g)] = groups
+    assert [(s[1], round(s[2], 9)) for s in g] == [((1,), round(-1 / 3, 9)), ((10, 11), round(-1 / 3, 9)),
+                                                   ((2,), round(5 / 3, 9)), ((20,), round(5 / 3, 9)),
+                                                   ((3,), round(-4 / 3, 9))]
+    with pytest.raises(ConfigError, match="credit"):
+        TreeLearner.chain_groups(None, _chain_tree(), adv, "step")
+
+
+def test_magrpo_on_chains_trains_on_independent_episodes(tiny_dir, tmp_path):
+    pytest.importorskip("torch")
+    from collab_env.adapters.magrpo import MAGRPOConfig, MAGRPOTrainer
+    from collab_env.testing.tiny_model import load_tiny_chat_model
+
+    with pytest.raises(ConfigError, match="chains.*joint_mode"):
+        MAGRPOConfig(rollout_shape="chains", joint_mode="cross")
+    with pytest.raises(ConfigError, match="chain_credit"):
+        MAGRPOConfig(rollout_shape="chains", chain_credit="steps")
+    model, tok = load_tiny_chat_model(tiny_dir)
+    cfg = MAGRPOConfig(num_agents=1, num_generations=3, max_new_tokens=4, num_turns=2, eval_interval=0,
+                       logging_steps=1, learning_rate=1e-2, max_steps=1, output_dir=str(tmp_path / "out"),
+                       rollout_shape="chains", chain_credit="turn")
+    trainer = MAGRPOTrainer(agent_model=model, tokenizer=tok, env="hidden-facts", args=cfg)
+    captured = {}
+    original = trainer.chain_groups
+
+    def spy(levels, advantages, credit):
+        captured["levels"] = levels
+        return original(levels, advantages, credit)
+
+    trainer.chain_groups = spy
+    trainer.train()
+    levels = captured["levels"]
+    # 3 chains from the root, then one completion per node: independent episodes
+    assert [len(n.joint) for n in levels[0]] == [3]
+    assert all(len(n.completions[0]) == 1 and len(n.joint) <= 1 for n in levels[1])

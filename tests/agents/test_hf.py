@@ -525,3 +525,95 @@ def test_a_missing_local_folder_says_so_not_the_hubs_id_rules(tmp_path):
         with pytest.raises(ConfigError, match="no model folder at") as err:
             resolve_policy(spec)
         assert "Repo id" not in str(err.value)
+
+
+# -- reading shared prefixes once, and reusing prefixes read before --------------------------
+
+
+def _no_reuse(policy: HFPolicy) -> HFPolicy:
+    policy.prefix_cache_tokens = 0
+    policy.min_shared_prefix = 1 << 30
+    return policy
+
+
+def test_a_prefix_every_row_shares_is_read_once_and_reused_by_later_calls(tiny):
+    from collab_env.policy import SamplingParams
+
+    model, tok = tiny
+    cold = _no_reuse(HFPolicy(model, tok, device="cpu"))
+    warm = HFPolicy(model, tok, device="cpu")
+    base = list(range(100, 140))  # 40 shared tokens, then rows that differ from their first token on
+    prompts = [base + [7, 8, 9, 10, 11], base + [12, 13, 14], base + [15, 16, 17, 18, 19, 20, 21]]
+    for params, seeds in ((SamplingParams.from_kwargs(temperature=0, max_new_tokens=6), [0, 0, 0]),
+                          (SamplingParams.from_kwargs(temperature=1.0, max_new_tokens=6), [1, 2, 3])):
+        a, b = cold.generate_batch(prompts, params, seeds), warm.generate_batch(prompts, params, seeds)
+        assert [c.token_ids for c in a] == [c.token_ids for c in b]
+        assert all(x == pytest.approx(y, abs=1e-4) for c, d in zip(a, b) for x, y in zip(c.logprobs, d.logprobs))
+    # read without reuse: every prompt token, twice (5 + 40, 3 + 40, 7 + 40 per call)
+    assert cold.stats.prefill_tokens == 2 * 135 and cold.stats.reused_prefix_tokens == 0
+    # first call: the prefix (40), each row's rest but its last token (4 + 2 + 6), the 3 last tokens;
+    # second call: the whole prefix comes from the cache (40 reused, 0 read), then 12 + 3 again
+    assert warm.stats.prefill_tokens == (40 + 12 + 3) + (0 + 12 + 3)
+    assert warm.stats.reused_prefix_tokens == 40
+    # a single prompt extending the first row: the cached 40-token prefix is reused, 6 read
+    # (its 47 tokens but the last), + its last
+    longer = prompts[0] + [22, 23]
+    params = SamplingParams.from_kwargs(temperature=0, max_new_tokens=6)
+    cold_ids = cold.generate_batch([longer], params, [0])[0].token_ids
+    assert warm.generate_batch([longer], params, [0])[0].token_ids == cold_ids
+    assert warm.stats.reused_prefix_tokens == 40 + 40 and warm.stats.prefill_tokens == 70 + 6 + 1
+    # the same prompt again: its stored 46 tokens are handed out whole, so every number is the same
+    again = warm.generate_batch([longer], SamplingParams.from_kwargs(temperature=1.0, max_new_tokens=6), [5])
+    once = warm.generate_batch([longer], SamplingParams.from_kwargs(temperature=1.0, max_new_tokens=6), [5])
+    assert again[0].token_ids == once[0].token_ids and again[0].logprobs == once[0].logprobs
+    assert warm.reset_prefix_cache() is True and len(warm._prefix_cache) == 0
+
+
+def test_scoring_reuses_the_prompt_a_previous_call_read(tiny):
+    model, tok = tiny
+    cold = _no_reuse(HFPolicy(model, tok, device="cpu"))
+    warm = HFPolicy(model, tok, device="cpu")
+    obs = [chat("a long enough question about sums of odd numbers", system="judge this")]
+    conts = [["yes", "no thanks"]]
+    expected = run_sync(cold.score_continuations(obs, conts))
+    first = run_sync(warm.score_continuations(obs, conts))
+    second = run_sync(warm.score_continuations(obs, conts))
+    n = len(template_ids(tok, obs[0]))
+    assert warm.stats.reused_prefix_tokens == n  # the second call read nothing of the prompt again
+    assert second == first  # the stored prompt is handed out as it was computed: the same numbers
+    assert first[0] == pytest.approx(expected[0], abs=1e-4)
+
+
+def test_a_stored_prefix_is_never_reused_under_other_weights(tiny, tmp_path):
+    """A cached KV cache belongs to the weights that computed it: a weight written in place
+    (load_state_dict, a plain optimiser step) drops the cache, and a learner's fused AdamW step
+    (which does not bump torch's version counters) resets it through the optimiser hook."""
+    import copy
+
+    import torch
+
+    from collab_env.adapters.common.models import PolicyModel, make_optimizer
+    from collab_env.policy import SamplingParams
+
+    model, tok = tiny
+    model = copy.deepcopy(model)
+    warm = HFPolicy(model, tok, device="cpu")
+    prompts = [list(range(100, 140))]
+    params = SamplingParams.from_kwargs(temperature=0, max_new_tokens=4)
+    warm.generate_batch(prompts, params, [0])
+    read = warm.stats.prefill_tokens
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.5) if not model.config.tie_word_embeddings else \
+            model.get_input_embeddings().weight.mul_(1.5)
+    warm.generate_batch(prompts, params, [0])
+    assert warm.stats.reused_prefix_tokens == 0 and warm.stats.prefill_tokens == 2 * read
+    # a fused AdamW step leaves the counters alone; the learners' optimiser hook resets the cache
+    cfg = type("Cfg", (), dict(learning_rate=1e-2, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999,
+                               adam_epsilon=1e-8, optim="adamw_torch_fused"))()
+    pm = PolicyModel(model=model, tokenizer=tok, generator=warm)
+    opt = make_optimizer(pm, cfg)
+    warm.generate_batch(prompts, params, [0])
+    assert len(warm._prefix_cache) > 0
+    model(torch.tensor([prompts[0]])).logits.sum().backward()
+    opt.step()
+    assert pm.version == 1 and len(warm._prefix_cache) == 0

@@ -836,3 +836,33 @@ def test_futures_are_played_by_the_episode_driver(math_env, monkeypatch):
     env.step({"assistant": "A1 reply"})
     assert len(calls) == 3  # one driver call per future, no loop of its own
     assert all({"before_step", "on_moves", "seed", "sampling"} <= set(c) for c in calls)
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress of a rewarded step
+# ---------------------------------------------------------------------------------------------
+def test_progress_lines_count_futures_rolled_and_scored(math_env, capsys, monkeypatch):
+    from collab_env.rewards import multiturn
+
+    monkeypatch.setattr(multiturn, "PROGRESS_DELAY_S", 0.0)
+    env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(), "user": replay_user()},
+                               weights={"test_future_len": 1.0}, num_rollouts=2, progress=True)
+    env.reset(seed=0, options={"index": 0})
+    env.step({"assistant": "A1 reply"})
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("MR assistant")]
+    # 2 futures -> 4 stages (rolled, scored each); a total under 10 prints a line per stage
+    assert [ln.split(": ")[1].split(" (")[0] for ln in lines] == ["1/4 stages", "2/4 stages", "3/4 stages",
+                                                                   "4/4 stages"]
+    assert "rolled 2, scored 2" in lines[-1] and lines[-1].startswith("MR assistant (2 futures): 4/4 stages (100%")
+
+
+def test_progress_is_off_when_stderr_is_not_a_terminal_or_the_step_is_quick(math_env, capsys, monkeypatch):
+    from collab_env.rewards import multiturn
+
+    for progress, delay in ((None, 0.0), (False, 0.0), (True, 3600.0)):
+        monkeypatch.setattr(multiturn, "PROGRESS_DELAY_S", delay)
+        env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(), "user": replay_user()},
+                                   weights={"test_future_len": 1.0}, num_rollouts=2, progress=progress)
+        env.reset(seed=0, options={"index": 0})
+        env.step({"assistant": "A1 reply"})
+        assert "MR assistant" not in capsys.readouterr().err, (progress, delay)
