@@ -376,7 +376,7 @@ class HFGenerator:
         stored with it). Call it under the model lock and ``torch.inference_mode()``."""
         torch = self._torch
         version = self._weights_version()
-        if version is None or version != self._prefix_version:  # the weights changed (a training step): nothing stored is valid
+        if version is None or version != self._prefix_version:  # other weights: nothing stored is valid
             self._prefix_cache.clear()
             self._prefix_version = version
         n, cache, logits = self._prefix_cache.longest(ids)

@@ -37,9 +37,11 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------
 # Advantages
 # ---------------------------------------------------------------------------------------------
-def group_advantages(values: Sequence[float], *, normalize_std: bool = False, eps: float = 1e-4) -> list[float]:
+def group_advantages(values: Sequence[float], *, normalize_std: bool = False, eps: float = 1e-4,
+                     ddof: int = 0) -> list[float]:
     """Group-relative advantages: ``v_i - mean(v)``, divided by ``std(v) + eps`` when
-    ``normalize_std`` (population std, as in GRPO's paper). A group of one gets 0.
+    ``normalize_std`` (the population std, as in GRPO's paper; ``ddof=1``: the Bessel-corrected
+    one, TRL's ``scale_rewards="group"``). A group of one gets 0.
 
     Example: ``group_advantages([1, 0, 0, 1]) == [0.5, -0.5, -0.5, 0.5]``; with
     ``normalize_std=True`` each is ``±0.5 / (0.5 + eps)``.
@@ -51,7 +53,9 @@ def group_advantages(values: Sequence[float], *, normalize_std: bool = False, ep
     centred = [float(v) - mean for v in values]
     if not normalize_std:
         return centred
-    std = math.sqrt(sum(c * c for c in centred) / n)
+    if n <= ddof:  # no spread to estimate: every value is its own mean
+        return [0.0] * n
+    std = math.sqrt(sum(c * c for c in centred) / (n - ddof))
     return [c / (std + eps) for c in centred]
 
 

@@ -20,6 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
+from collab_env.adapters.common.losses import group_advantages
 from collab_env.errors import ConfigError
 
 __all__ = ["turn_advantages", "token_advantages"]
@@ -35,8 +36,9 @@ def turn_advantages(turn_rewards: Sequence[Sequence[float]], *, scale: Scale = "
         turn_rewards: Per episode of the group, the credit of each of its moves in order
             (:func:`collab_env.rollout.turn_rewards`); episodes may have different numbers of moves.
         scale: ``"none"``: centred only (Dr. GRPO); ``"population"``: divided by the population
-            std plus ``eps`` (GRPO's paper, :func:`~collab_env.adapters.common.losses.group_advantages`);
-            ``"sample"``: divided by the Bessel-corrected std plus ``eps`` (TRL's ``scale_rewards="group"``).
+            std plus ``eps`` (GRPO's paper); ``"sample"``: divided by the Bessel-corrected std plus
+            ``eps`` (TRL's ``scale_rewards="group"``). Each position's group goes through
+            :func:`~collab_env.adapters.common.losses.group_advantages`.
         eps: Added to the std.
 
     Returns:
@@ -56,13 +58,8 @@ def turn_advantages(turn_rewards: Sequence[Sequence[float]], *, scale: Scale = "
         values = [float(turn_rewards[i][k]) for i in members]
         if not all(math.isfinite(v) for v in values):
             raise ConfigError(f"turn {k} has a non-finite credit in {values}; a reward must be a finite number.")
-        mean = sum(values) / len(values)
-        centred = [v - mean for v in values]
-        if scale != "none":
-            ddof = 1 if scale == "sample" else 0
-            std = math.sqrt(sum(c * c for c in centred) / (len(values) - ddof))
-            centred = [c / (std + eps) for c in centred]
-        for i, a in zip(members, centred, strict=True):
+        adv = group_advantages(values, normalize_std=scale != "none", eps=eps, ddof=1 if scale == "sample" else 0)
+        for i, a in zip(members, adv, strict=True):
             out[i][k] = a
     return out
 
