@@ -12,6 +12,7 @@ exactly zero to the loss and receives exactly zero gradient, whatever garbage it
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -23,6 +24,7 @@ __all__ = [
     "TokenBatch",
     "pack_sequences",
     "token_logprobs",
+    "shared_prompt_logits",
     "clipped_surrogate",
     "kl_k3",
     "LOSS_TYPES",
@@ -73,17 +75,24 @@ class TokenBatch:
         position_ids: ``[B, P + C]``, positions counted from each row's first real token (what
             generation used with left padding).
         completion_mask: ``[B, C]``, 1 on real completion tokens: the loss positions.
+        prompt_rows: ``[U]`` the first row of each distinct prompt, when some prompt repeats (a
+            group's samples, a tree node's forks, a preference pair); ``None`` when every row's
+            prompt is its own. :func:`token_logprobs` reads each distinct prompt once.
+        prompt_index: ``[B]`` which of ``prompt_rows`` holds each row's prompt (``None`` with it).
     """
 
     input_ids: Any
     attention_mask: Any
     position_ids: Any
     completion_mask: Any
+    prompt_rows: Any = None
+    prompt_index: Any = None
 
     def to(self, device: Any) -> TokenBatch:
         """The same batch on ``device``."""
-        return TokenBatch(*(t.to(device) for t in (self.input_ids, self.attention_mask,
-                                                   self.position_ids, self.completion_mask)))
+        return TokenBatch(*(t.to(device) if t is not None else None
+                            for t in (self.input_ids, self.attention_mask, self.position_ids,
+                                      self.completion_mask, self.prompt_rows, self.prompt_index)))
 
 
 def pack_sequences(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
@@ -108,29 +117,99 @@ def pack_sequences(prompts: Sequence[Sequence[int]], completions: Sequence[Seque
             attn[i, p_width:p_width + len(c)] = 1
             comp[i, :len(c)] = 1
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    return TokenBatch(ids, attn, pos, comp)
+    first: dict[tuple[int, ...], int] = {}
+    owner = [first.setdefault(tuple(p), i) for i, p in enumerate(prompts)]
+    if len(first) == b:  # no prompt repeats: nothing to share
+        return TokenBatch(ids, attn, pos, comp)
+    rows = sorted(first.values())
+    slot = {row: k for k, row in enumerate(rows)}
+    return TokenBatch(ids, attn, pos, comp, torch.tensor(rows, dtype=torch.long),
+                      torch.tensor([slot[o] for o in owner], dtype=torch.long))
 
 
-def token_logprobs(model: Any, batch: TokenBatch, temperature: float = 1.0):
+def token_logprobs(model: Any, batch: TokenBatch, temperature: float = 1.0, *, share_prompts: bool = True):
     """``[B, C]`` log-probability of each completion token under ``model`` (float32), with the
     logits divided by ``temperature`` (the distribution the tokens were sampled from). Values
-    at masked positions are meaningless; use ``batch.completion_mask``."""
+    at masked positions are meaningless; use ``batch.completion_mask``.
+
+    With ``share_prompts`` (the default) and rows that repeat a prompt (``batch.prompt_rows``),
+    each distinct prompt is read once and its KV cache, repeated per row, carries the gradient
+    back to it (:func:`shared_prompt_logits`): the same values and gradients as reading every
+    row whole (up to float rounding), for less compute. Models that cannot (no ``logits_to_keep``,
+    gradient checkpointing while training, a cache that is not plain full attention) read every
+    row whole."""
     import torch
 
     c_width = batch.completion_mask.shape[1]
-    kwargs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                  position_ids=batch.position_ids, use_cache=False)
-    try:
-        logits = model(**kwargs, logits_to_keep=c_width + 1).logits
-    except TypeError:  # models without logits_to_keep
-        logits = model(**kwargs).logits
-    logits = logits[:, -(c_width + 1):-1].float()
+    logits = shared_prompt_logits(model, batch) if share_prompts else None
+    if logits is None:
+        kwargs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                      position_ids=batch.position_ids, use_cache=False)
+        try:
+            logits = model(**kwargs, logits_to_keep=c_width + 1).logits
+        except TypeError:  # models without logits_to_keep
+            logits = model(**kwargs).logits
+        logits = logits[:, -(c_width + 1):-1]
+    logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     targets = batch.input_ids[:, -c_width:]
     # log_softmax(x)[t] = x[t] - logsumexp(x): avoids materialising a second [B, C, V] tensor.
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
+
+
+#: Models whose forward turned out unable to share prompts (checked once per model object).
+_NO_SHARING: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def shared_prompt_logits(model: Any, batch: TokenBatch):
+    """``[B, C, V]`` logits predicting each completion token of ``batch`` (position ``j`` predicts
+    completion token ``j``), reading each distinct prompt once; ``None`` when the batch repeats
+    no prompt or ``model`` cannot share (then read every row whole).
+
+    Two forward passes: the distinct prompts (``[U, P]``, left-padded as in the batch, so each
+    keeps its row's positions), whose KV cache is then indexed per row (``[B, ...]``; indexing
+    is differentiable, so the gradient of every row flows back to its prompt), and every row's
+    completion but its last token on that cache, with the batch's own attention mask and
+    position ids. A group of G samples of a P-token prompt costs ``P + G*C`` positions instead
+    of ``G*(P + C)``.
+    """
+    import torch
+
+    if batch.prompt_rows is None or model in _NO_SHARING:
+        return None
+    from collab_env.agents.hf_loading import cache_keyword, forward_accepts
+    from collab_env.agents.hf_prefix import plain_layers
+
+    width = batch.input_ids.shape[1]
+    c_width = batch.completion_mask.shape[1]
+    p_width = width - c_width
+    # HF turns the cache off in training under gradient checkpointing (set on its layers)
+    checkpointing = model.training and any(getattr(m, "gradient_checkpointing", False) is True
+                                           for m in model.modules())
+    if p_width < 1 or checkpointing:
+        return None
+    if not forward_accepts(model, "logits_to_keep"):
+        _NO_SHARING.add(model)
+        return None
+    rows, index = batch.prompt_rows, batch.prompt_index
+    out = model(input_ids=batch.input_ids[rows, :p_width], attention_mask=batch.attention_mask[rows, :p_width],
+                position_ids=batch.position_ids[rows, :p_width], use_cache=True, logits_to_keep=1)
+    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    if cache is None:
+        return None
+    if not plain_layers(cache):  # sliding windows, linear attention
+        _NO_SHARING.add(model)
+        return None
+    first = out.logits[:, -1:][index]  # [B, 1, V]: predicts each row's first completion token
+    if c_width == 1:
+        return first
+    cache.batch_select_indices(index)
+    rest = model(input_ids=batch.input_ids[:, p_width:width - 1], attention_mask=batch.attention_mask[:, :width - 1],
+                 position_ids=batch.position_ids[:, p_width:width - 1], use_cache=True,
+                 **{cache_keyword(model): cache}).logits
+    return torch.cat([first, rest], dim=1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -153,6 +153,98 @@ def test_token_logprobs_match_a_plain_forward(tiny):
     assert got[1, 0].item() == pytest.approx(one[0, 9].item(), abs=1e-5)
 
 
+def _forward_shapes(model):
+    """A list that records the ``input_ids`` shape of every forward of ``model``, and its hook."""
+    shapes = []
+
+    def hook(_module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        shapes.append(tuple(ids.shape))
+
+    return shapes, model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+# Three rows of one prompt, two of another (shorter: left padding), one alone; completions of
+# 4, 1, 3, 2, 4 and 3 tokens (right padding), so sharing meets both paddings.
+SHARED_PROMPTS = [[3, 4, 5, 6]] * 3 + [[7, 8]] * 2 + [[9, 10, 11]]
+SHARED_COMPLETIONS = [[12, 13, 14, 15], [16], [17, 18, 19], [20, 21], [22, 23, 24, 25], [26, 27, 28]]
+
+
+def test_pack_sequences_finds_the_repeated_prompts():
+    b = pack_sequences(SHARED_PROMPTS, SHARED_COMPLETIONS, pad_id=0)
+    assert b.prompt_rows.tolist() == [0, 3, 5]
+    assert b.prompt_index.tolist() == [0, 0, 0, 1, 1, 2]
+    # the same ids with no prompt repeated: nothing to share
+    alone = pack_sequences([[3, 4], [3, 5]], [[1], [2]], pad_id=0)
+    assert alone.prompt_rows is None and alone.prompt_index is None
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_shared_prompts_give_the_values_and_gradients_of_reading_every_row(tiny, temperature):
+    """Reading each distinct prompt once (its KV cache indexed per row) gives every row's
+    log-probs and every parameter's gradient of reading each row whole, up to float32 rounding;
+    and it does read each prompt once: a forward over the 3 distinct prompts, then one over the
+    6 completions but their last token."""
+    model, _ = tiny
+    batch = pack_sequences(SHARED_PROMPTS, SHARED_COMPLETIONS, pad_id=0)
+    mask = batch.completion_mask.bool()
+    weights = torch.linspace(-1.0, 2.0, mask.numel()).reshape(mask.shape)  # a gradient unlike any row's
+    results = {}
+    model.train()
+    for share in (False, True):
+        shapes, handle = _forward_shapes(model)
+        model.zero_grad(set_to_none=True)
+        try:
+            logp = token_logprobs(model, batch, temperature, share_prompts=share)
+        finally:
+            handle.remove()
+        (logp * weights).masked_fill(~mask, 0.0).sum().backward()
+        results[share] = (logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, shapes)
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    (plain, plain_grads, plain_shapes), (shared, shared_grads, shared_shapes) = results[False], results[True]
+    assert plain_shapes == [(6, 8)]                  # prompts padded to 4 + completions padded to 4
+    assert shared_shapes == [(3, 4), (6, 3)]         # the distinct prompts, then the completions
+    assert torch.allclose(shared[mask], plain[mask], atol=1e-5, rtol=0)
+    for name, grad in plain_grads.items():
+        assert torch.allclose(shared_grads[name], grad, atol=1e-6, rtol=1e-4), name
+
+
+def test_shared_prompts_with_one_token_completions_need_one_forward(tiny):
+    model, _ = tiny
+    batch = pack_sequences([[3, 4, 5]] * 2 + [[6]], [[7], [8], [9]], pad_id=0)
+    shapes, handle = _forward_shapes(model)
+    try:
+        with torch.no_grad():
+            shared = token_logprobs(model, batch)
+            plain = token_logprobs(model, batch, share_prompts=False)
+    finally:
+        handle.remove()
+    assert shapes == [(2, 3), (3, 4)]
+    assert torch.allclose(shared, plain, atol=1e-5, rtol=0)
+
+
+def test_gradient_checkpointing_reads_every_row_whole(tmp_path):
+    """HF turns the KV cache off in training under gradient checkpointing: every row is read
+    whole then (and sharing comes back for the no-grad passes in eval mode)."""
+    from collab_env.testing.tiny_model import build_tiny_chat_model, load_tiny_chat_model
+
+    model, _ = load_tiny_chat_model(build_tiny_chat_model(tmp_path / "tiny"))
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    batch = pack_sequences(SHARED_PROMPTS, SHARED_COMPLETIONS, pad_id=0)
+    shapes, handle = _forward_shapes(model)
+    try:
+        model.train()
+        token_logprobs(model, batch).sum().backward()
+        assert shapes == [(6, 8)]
+        model.eval()
+        with torch.no_grad():
+            token_logprobs(model, batch)
+        assert shapes[1:] == [(3, 4), (6, 3)]
+    finally:
+        handle.remove()
+
+
 # -- schedule and config -------------------------------------------------------------------------
 
 
