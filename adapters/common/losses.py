@@ -101,7 +101,8 @@ def pack_sequences(prompts: Sequence[Sequence[int]], completions: Sequence[Seque
     import torch
 
     if len(prompts) != len(completions) or not prompts:
-        raise ConfigError(f"pack_sequences needs as many prompts as completions (>0), got {len(prompts)} and {len(completions)}.")
+        raise ConfigError(f"pack_sequences needs as many prompts as completions (>0), got {len(prompts)} "
+                          f"and {len(completions)}.")
     p_width = max(len(p) for p in prompts)
     c_width = max(1, max(len(c) for c in completions))
     b = len(prompts)
