@@ -119,9 +119,7 @@ class PolicySnapshot:
                     if b is not c:
                         c.copy_(b)
                 snap.version = live.version
-                reset = getattr(snap.generator, "reset_prefix_cache", None)
-                if reset is not None:  # KV caches of prompts read by the old weights
-                    reset()
+                snap.forget_cached_prompts()
         return self.versions()
 
     def versions(self) -> tuple[int, ...]:

@@ -125,6 +125,14 @@ class PolicyModel:
         weights :meth:`generate_tokens` synced before the level's own generation."""
         return self.engine.policy if self.engine is not None else self.generator
 
+    def forget_cached_prompts(self) -> None:
+        """Drop the KV caches of prompts the generator read under earlier weights (its prefix
+        cache): call it whenever the weights change in place. Fused AdamW does not bump the
+        parameters' version counters, so the generator cannot see such a step by itself."""
+        reset = getattr(self.generator, "reset_prefix_cache", None)
+        if reset is not None:
+            reset()
+
     def trainable_parameters(self) -> list[tuple[str, Any]]:
         """``(name, parameter)`` of every parameter with ``requires_grad``."""
         return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
@@ -353,9 +361,7 @@ def make_optimizer(pm: PolicyModel, config: Any):
 
     def bump(*_: Any) -> None:  # the weights changed: a vLLM engine must sync before generating
         pm.version += 1
-        reset = getattr(pm.generator, "reset_prefix_cache", None)
-        if reset is not None:  # KV caches read under the old weights are stale
-            reset()
+        pm.forget_cached_prompts()
 
     opt.register_step_post_hook(bump)
     return opt

@@ -319,21 +319,25 @@ class MultiturnAwareReward(EnvWrapper):
         else:
             reply_tokens = self._count_tokens(reply)
             bar = self._progress_bar()
-            done = {"rolled": 0, "scored": 0}
+            done = {"rolled": 0, "scored": 0, "faulted": 0}
 
-            def advanced(stage: str) -> None:
+            def advanced(stage: str, stages: int = 1) -> None:
                 done[stage] += 1
                 if bar is not None:
-                    bar.set_postfix(done, refresh=False)
-                    bar.update(1)
+                    bar.set_postfix({k: v for k, v in done.items() if v or k != "faulted"}, refresh=False)
+                    bar.update(stages)
 
             async def roll_and_evaluate(r: int, fork: Any) -> dict[str, Any]:
                 out = await self.roll_future(fork, r, step, reply_tokens)
+                if out["fault"] is not None:  # nothing to score: both of its stages are over
+                    out["metrics"] = None
+                    advanced("faulted", 2)
+                    return out
                 advanced("rolled")
                 # this future's metrics (its judge calls) start as soon as it ends, while the
                 # others still play: a batching backend takes them with the others' turns
-                out["metrics"] = None if out["fault"] is not None else await self.metric_set.evaluate(
-                    out["conversation"], state.item, start=start, player=self.player)
+                out["metrics"] = await self.metric_set.evaluate(out["conversation"], state.item, start=start,
+                                                                player=self.player)
                 advanced("scored")
                 return out
 

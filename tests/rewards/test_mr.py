@@ -856,6 +856,20 @@ def test_progress_lines_count_futures_rolled_and_scored(math_env, capsys, monkey
     assert "rolled 2, scored 2" in lines[-1] and lines[-1].startswith("MR assistant (2 futures): 4/4 stages (100%")
 
 
+def test_progress_counts_a_faulted_future_as_faulted_not_scored(math_env, capsys, monkeypatch):
+    from collab_env.rewards import multiturn
+
+    monkeypatch.setattr(multiturn, "PROGRESS_DELAY_S", 0.0)
+    env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(), "user": FaultOnCalls({2})},
+                               weights={"test_future_len": 0.1}, progress=True)
+    env.reset(seed=0, options={"index": 0})
+    env.step({"assistant": "A1"})
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("MR assistant")]
+    # 3 futures -> 6 stages; the faulted one ends both of its stages at once
+    assert lines[-1].startswith("MR assistant (3 futures): 6/6 stages (100%")
+    assert "rolled 2, scored 2, faulted 1" in lines[-1]
+
+
 def test_progress_is_off_when_stderr_is_not_a_terminal_or_the_step_is_quick(math_env, capsys, monkeypatch):
     from collab_env.rewards import multiturn
 
