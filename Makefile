@@ -44,14 +44,15 @@ clean:
 # Extra venvs for what cannot share .venv, each built once and kept by its stamp file (rebuilt
 # when setup.py, setup.cfg, pyproject.toml or constraints.txt change): `make test-NAME` runs tests_NAME/ in
 # .venv-NAME. collab_env goes in with --no-deps (editable) on top of NAME_PKGS; NAME_AFTER runs
-# after those installs, NAME_CHECK is a Python line that must import the framework.
+# after those installs, NAME_CHECK is a Python line that must import the framework. NAME_PYTHON,
+# if set, is the interpreter of .venv-NAME (default $(PYTHON)).
 # $(call extra_venv,NAME)
 EXTRA_PIP = -m pip install --quiet --disable-pip-version-check --no-compile
 EXTRA_BASE := 'gymnasium>=1.0' 'pettingzoo>=1.24' 'datasets>=2.19' 'tqdm>=4.60' 'pytest>=8' 'pytest-timeout>=2.3'
 
 define extra_venv
 .venv-$(1)/.installed: setup.py setup.cfg pyproject.toml constraints.txt
-	$$(PYTHON) -m venv .venv-$(1)
+	$$(or $$($(1)_PYTHON),$$(PYTHON)) -m venv .venv-$(1)
 	.venv-$(1)/bin/python $$(EXTRA_PIP) -c constraints.txt $$($(1)_PKGS) $$(EXTRA_BASE)
 	$$($(1)_AFTER)
 	.venv-$(1)/bin/python $$(EXTRA_PIP) --no-deps -e .
@@ -94,3 +95,24 @@ verifiers_AFTER = .venv-verifiers/bin/python -c "from verifiers.v1.harnesses.uti
 	&& .venv-verifiers/bin/uv sync --script .venv-verifiers/chat_program.py -q --no-config
 verifiers_CHECK := import verifiers, verifiers.v1 as vf, collab_env; print('verifiers', verifiers.__version__)
 $(eval $(call extra_venv,verifiers))
+
+# `make test-skyrl`: SkyRL's real generator (skyrl-train 0.3.1 SkyRLGymGenerator, over its
+# InferenceEngineClient) playing collab_env envs through adapters/skyrl. skyrl-train requires Python
+# 3.12 (.venv is 3.11) and declares GPU packages (flash-attn, vLLM...) that do not install on CPU:
+# it goes in with --no-deps on top of what the generator imports (ray only because its engine
+# utilities import it; transformers < 5: 0.3.1 reads apply_chat_template(tokenize=True) as a list).
+# On 3.12, torch 2.13.0 comes from PyPI with its CUDA libraries (~5 GB venv; they stay unused).
+# The tests serve a real tiny model's tokens through a fake engine on CPU and check the loss masks
+# and per-token rewards against collab_env's replay of each episode; a SkyRL training step (Ray
+# workers, vLLM/SGLang, FSDP) needs GPUs and is not part of CI. SKYRL_PYTHON=... picks the 3.12.
+SKYRL_PYTHON ?= $(firstword $(foreach p,python3.12 $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python \
+	/root/.pyenv/versions/3.12*/bin/python),$(shell $(p) -c 'import sys; assert sys.version_info[:2] == (3, 12)' \
+	>/dev/null 2>&1 && echo $(p))))
+skyrl_PYTHON = $(or $(SKYRL_PYTHON),$(error make test-skyrl needs Python 3.12 (skyrl-train 0.3.1 requires \
+	==3.12.*) and found none: install it (pyenv install 3.12, or apt-get install python3.12 python3.12-venv) \
+	or pass SKYRL_PYTHON=/path/to/python3.12))
+skyrl_PKGS := skyrl-gym==0.4.0 torch==2.13.0 'transformers>=4.51,<5' 'omegaconf>=2.3,<2.4' loguru ray==2.51.1 \
+	fastapi uvicorn requests 'numpy>=1.24' 'safetensors>=0.4'
+skyrl_AFTER = .venv-skyrl/bin/python $(EXTRA_PIP) --no-deps skyrl-train==0.3.1
+skyrl_CHECK := import sys, torch, transformers; from importlib.metadata import version; from skyrl_train.generators.skyrl_gym_generator import SkyRLGymGenerator; print('skyrl-train', version('skyrl-train'), 'python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__)
+$(eval $(call extra_venv,skyrl))

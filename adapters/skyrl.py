@@ -204,6 +204,17 @@ class CollabTextEnv(BaseTextEnv):
         return f"<CollabTextEnv {self.env_id} player={self.player!r}>"
 
 
+class _EnvFactory(functools.partial):
+    """The entry point :func:`register` gives SkyRL: ``CollabTextEnv`` with the registered options.
+
+    SkyRL's generator aggregates the episodes' metrics with
+    ``skyrl_gym.metrics.aggregate_for_environment``, which calls ``entry_point.aggregate_metrics``
+    as on an env class: a plain ``functools.partial`` has none.
+    """
+
+    aggregate_metrics = staticmethod(CollabTextEnv.aggregate_metrics)
+
+
 def register(
     env_id: str,
     *,
@@ -241,8 +252,8 @@ def register(
     if sid in _skyrl_gym.registry:
         del _skyrl_gym.registry[sid]
     # The entry point holds the options, so skyrl_gym.make never deep-copies a policy object.
-    factory = functools.partial(CollabTextEnv, env_id=s.id, player=player, policies=policies,
-                                sampling=sampling, env_kwargs=dict(env_kwargs))
+    factory = _EnvFactory(CollabTextEnv, env_id=s.id, player=player, policies=policies,
+                          sampling=sampling, env_kwargs=dict(env_kwargs))
     _skyrl_gym.register(id=sid, entry_point=factory)
     return sid
 

@@ -119,6 +119,16 @@ def test_dataset_rows_hold_the_opening_and_the_episode_keys():
         dataset("hidden-facts")
 
 
+def test_skyrl_aggregates_the_registered_envs_metrics():
+    """SkyRL's generator ends every batch with ``skyrl_gym.metrics.aggregate_for_environment``,
+    which calls the registered entry point's ``aggregate_metrics`` as on an env class (a plain
+    ``functools.partial`` entry point made every ``generate`` raise)."""
+    from skyrl_gym.metrics import aggregate_for_environment
+
+    sid = register("hidden-facts")
+    assert aggregate_for_environment(sid, [{"return": 1.0}, {"return": 0.0}]) == {"return": 0.5}
+
+
 def test_errors_are_clear():
     with pytest.raises(UnknownEnvError):
         register("no-such-env")
