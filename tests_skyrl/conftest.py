@@ -1,11 +1,11 @@
 """Fixtures of the SkyRL tests (run by ``make test-skyrl`` in ``.venv-skyrl``, never by ``make test``).
 
 SkyRL's real ``SkyRLGymGenerator`` runs over SkyRL's real ``InferenceEngineClient``, whose one
-engine is a fake: it serves a real tiny model's tokens (generation with transformers on CPU
-through collab_env's HF backend, at the sampling params SkyRL sends) in SkyRL's
-``InferenceEngineOutput`` form, and records every call, so a SkyRL trajectory can be compared token for token with the ids the model returned and
-with collab_env's own replay of the same episode. Training (Ray workers, vLLM/SGLang engines,
-FSDP/DeepSpeed) needs GPUs and is not run here.
+engine is a fake: it serves a real tiny model's tokens (generation with transformers on CPU through
+collab_env's HF backend, at the sampling params SkyRL sends) in SkyRL's ``InferenceEngineOutput``
+form, and records every call, so a SkyRL trajectory can be compared token for token with the ids the
+model returned and with collab_env's own replay of the same episode. Training (Ray workers,
+vLLM/SGLang engines, FSDP/DeepSpeed) needs GPUs and is not run here.
 """
 
 from __future__ import annotations
