@@ -19,22 +19,6 @@ import pytest  # noqa: E402
 from skyrl_train.inference_engines.base import InferenceEngineInterface  # noqa: E402
 
 
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory):
-    """A tiny random chat model folder (collab_env.testing.tiny_model), built once per session."""
-    from collab_env.testing.tiny_model import build_tiny_chat_model
-
-    return build_tiny_chat_model(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="session")
-def tiny(tiny_dir):
-    """``(model, tokenizer)`` of the tiny model."""
-    from collab_env.testing.tiny_model import load_tiny_chat_model
-
-    return load_tiny_chat_model(tiny_dir)
-
-
 class TinyEngine(InferenceEngineInterface):
     """SkyRL's ``InferenceEngineInterface`` over a real model: ``generate`` returns the ids and
     log-probs of collab_env's HF backend's token-level generation for each prompt, reading the

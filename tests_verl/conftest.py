@@ -16,22 +16,6 @@ os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORM
 import pytest  # noqa: E402
 
 
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory):
-    """A tiny random chat model folder (collab_env.testing.tiny_model), built once per session."""
-    from collab_env.testing.tiny_model import build_tiny_chat_model
-
-    return build_tiny_chat_model(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="session")
-def tiny(tiny_dir):
-    """``(model, tokenizer)`` of the tiny model."""
-    from collab_env.testing.tiny_model import load_tiny_chat_model
-
-    return load_tiny_chat_model(tiny_dir)
-
-
 class TinyServer:
     """verl's ``server_manager`` surface (``async generate(request_id, *, prompt_ids,
     sampling_params) -> TokenOutput``) over a real model: the ids and log-probs of collab_env's
