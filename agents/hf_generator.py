@@ -34,7 +34,7 @@ from collab_env.agents.hf_loading import (
     forward_accepts,
     load_causal_lm,
 )
-from collab_env.agents.hf_prefix import PrefixCache, common_prefix_length, cropped, plain_layers
+from collab_env.agents.hf_prefix import PrefixCache, common_prefix_length, cropped, distinct_rows, plain_layers
 from collab_env.agents.hf_sampling import RowSampler, StopStrings
 from collab_env.agents.hf_scoring import score_rows
 from collab_env.agents.tokens import sampling_params
@@ -416,13 +416,10 @@ class HFGenerator:
         :attr:`shared_prefill` off)."""
         torch = self._torch
         width = input_ids.shape[1]
-        first: dict[tuple[int, ...], int] = {}
-        owner = [first.setdefault(tuple(p), i) for i, p in enumerate(prompts)]
-        distinct = sorted(first.values())
+        distinct, index = distinct_rows(prompts)
         if not self.shared_prefill or width < 2 or (not prefix and len(distinct) == len(prompts)):
             self.stats.prefill_tokens += sum(len(p) for p in prompts)
             return {}
-        slot = {row: k for k, row in enumerate(distinct)}
         keyword = cache_keyword(self.model)
         cache = None
         if prefix:
@@ -444,7 +441,6 @@ class HFGenerator:
             out = self.model(**kwargs)
             cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
             self.stats.prefill_tokens += sum(len(prompts[r]) - prefix - 1 for r in distinct)
-            index = [slot[r] for r in owner]
         else:  # every row's rest is its last token: the prefix's cache serves them all
             index = [0] * len(prompts)
         self.stats.prefill_tokens += len(prompts)  # each row's last token, read by generate

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from collab_env.agents.hf_prefix import distinct_rows, plain_layers
 from collab_env.errors import ConfigError
 
 __all__ = [
@@ -118,14 +119,11 @@ def pack_sequences(prompts: Sequence[Sequence[int]], completions: Sequence[Seque
             attn[i, p_width:p_width + len(c)] = 1
             comp[i, :len(c)] = 1
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    first: dict[tuple[int, ...], int] = {}
-    owner = [first.setdefault(tuple(p), i) for i, p in enumerate(prompts)]
-    if len(first) == b:  # no prompt repeats: nothing to share
+    rows, index = distinct_rows(prompts)
+    if len(rows) == b:  # no prompt repeats: nothing to share
         return TokenBatch(ids, attn, pos, comp)
-    rows = sorted(first.values())
-    slot = {row: k for k, row in enumerate(rows)}
     return TokenBatch(ids, attn, pos, comp, torch.tensor(rows, dtype=torch.long),
-                      torch.tensor([slot[o] for o in owner], dtype=torch.long))
+                      torch.tensor(index, dtype=torch.long))
 
 
 def token_logprobs(model: Any, batch: TokenBatch, temperature: float = 1.0, *, share_prompts: bool = True):
@@ -181,7 +179,6 @@ def shared_prompt_logits(model: Any, batch: TokenBatch):
     if batch.prompt_rows is None or model in _NO_SHARING:
         return None
     from collab_env.agents.hf_loading import cache_keyword, forward_accepts
-    from collab_env.agents.hf_prefix import plain_layers
 
     width = batch.input_ids.shape[1]
     c_width = batch.completion_mask.shape[1]
