@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from collab_env.agents.hf_head import rows_first_head
+from collab_env.agents.hf_rows_first import rows_first_linears
 from collab_env.agents.hf_loading import (
     cache_keyword,
     check_device_and_dtype,
@@ -270,7 +270,7 @@ class HFGenerator:
                     min_length=0,
                     use_cache=True,
                 )
-                with torch.inference_mode(), rows_first_head(self.model):
+                with torch.inference_mode(), rows_first_linears(self.model):
                     shared = self._shared_prefill(prompts, input_ids, attention_mask, device, prefix)
                     out = self.model.generate(
                         input_ids=input_ids.to(device),

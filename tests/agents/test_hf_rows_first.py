@@ -1,5 +1,5 @@
-"""The rows-first output layer of the HF backend's decode steps (collab_env.agents.hf_head): the
-same product as ``linear`` up to float rounding, only where it is meant to act (few rows, no
+"""The rows-first linear layers of the HF backend's decode steps (collab_env.agents.hf_rows_first):
+the same product as ``linear`` up to float rounding, only where it is meant to act (few rows, no
 gradient, a plain CPU ``Linear``), undone on exit, and the same generations with and without it."""
 
 from __future__ import annotations
@@ -12,17 +12,18 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from collab_env.agents import hf_generator  # noqa: E402
-from collab_env.agents.hf_head import MAX_ROWS, rows_first_head  # noqa: E402
-from collab_env.testing.tiny_model import build_tiny_chat_model, load_tiny_chat_model  # noqa: E402
+from collab_env.agents.hf_rows_first import MAX_ROWS, rows_first_linears  # noqa: E402
+from collab_env.testing.tiny_model import load_tiny_chat_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return load_tiny_chat_model(build_tiny_chat_model(tmp_path_factory.mktemp("tiny")))
+def tiny(tiny_dir):
+    """A copy of the tiny model of its own: these tests replace its layers' forwards."""
+    return load_tiny_chat_model(tiny_dir)
 
 
-def _calls(head):
-    """Count ``torch.nn.functional.linear`` calls made by ``head`` (its class forward's)."""
+def _calls():
+    """A stand-in for ``torch.nn.functional.linear`` that records the shape of each call."""
     seen = []
     original = torch.nn.functional.linear
 
@@ -33,20 +34,38 @@ def _calls(head):
     return seen, counting
 
 
+def _linears(model):
+    return [m for m in model.modules() if type(m) is torch.nn.Linear]
+
+
 @pytest.mark.parametrize("rows", [1, 2, 3, MAX_ROWS])
 def test_few_rows_give_linears_product_without_calling_linear(tiny, rows, monkeypatch):
+    """Every linear layer (projections and output layer) gives ``linear``'s product, rows-first."""
     model, _ = tiny
-    head = model.get_output_embeddings()
-    x = torch.randn(rows, 1, head.in_features, generator=torch.Generator().manual_seed(rows))
+    layers = _linears(model)
+    assert model.get_output_embeddings() in layers and len(layers) > 1
+    gen = torch.Generator().manual_seed(rows)
+    xs = [torch.randn(rows, 1, layer.in_features, generator=gen) for layer in layers]
     with torch.no_grad():
-        expected = torch.nn.functional.linear(x, head.weight, head.bias)
-        seen, counting = _calls(head)
+        expected = [torch.nn.functional.linear(x, layer.weight, layer.bias) for x, layer in zip(xs, layers)]
+        seen, counting = _calls()
         monkeypatch.setattr(torch.nn.functional, "linear", counting)
-        with rows_first_head(model) as active:
-            got = head(x)
-    assert active and seen == []                 # the rows-first product, not linear
-    assert got.shape == expected.shape == (rows, 1, head.out_features)
-    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)
+        with rows_first_linears(model) as patched:
+            got = [layer(x) for x, layer in zip(xs, layers)]
+    assert patched == len(layers) and seen == []  # the rows-first product, not linear
+    for g, e, layer in zip(got, expected, layers, strict=True):
+        assert g.shape == e.shape == (rows, 1, layer.out_features)
+        assert torch.allclose(g, e, atol=1e-5, rtol=1e-5)
+
+
+def test_a_bias_is_added(monkeypatch):
+    layer = torch.nn.Linear(5, 3, bias=True)
+    x = torch.randn(2, 5)
+    with torch.no_grad():
+        expected = layer(x)
+        with rows_first_linears(layer) as patched:
+            got = layer(x)
+    assert patched == 1 and torch.allclose(got, expected, atol=1e-6)
 
 
 def test_many_rows_and_gradients_keep_linear_bit_for_bit(tiny):
@@ -54,7 +73,7 @@ def test_many_rows_and_gradients_keep_linear_bit_for_bit(tiny):
     head = model.get_output_embeddings()
     x = torch.randn(MAX_ROWS + 1, 1, head.in_features)
     few = torch.randn(2, 1, head.in_features, requires_grad=True)
-    with rows_first_head(model):
+    with rows_first_linears(model):
         with torch.no_grad():
             assert torch.equal(head(x), torch.nn.functional.linear(x, head.weight, head.bias))
         out = head(few)                          # grad mode: linear, with its gradient
@@ -66,30 +85,37 @@ def test_many_rows_and_gradients_keep_linear_bit_for_bit(tiny):
 
 def test_undone_on_exit_and_on_error(tiny):
     model, _ = tiny
-    head = model.get_output_embeddings()
-    with rows_first_head(model):
-        assert "forward" in vars(head)
-    assert "forward" not in vars(head)
+    layers = _linears(model)
+    with rows_first_linears(model):
+        assert all("forward" in vars(layer) for layer in layers)
+    assert not any("forward" in vars(layer) for layer in layers)
     with pytest.raises(RuntimeError, match="boom"):
-        with rows_first_head(model):
+        with rows_first_linears(model):
             raise RuntimeError("boom")
-    assert "forward" not in vars(head)
+    assert not any("forward" in vars(layer) for layer in layers)
 
 
 def test_left_alone_where_it_does_not_apply(tiny):
     model, _ = tiny
 
-    class NoHead(torch.nn.Module):
-        def get_output_embeddings(self):
-            return None
+    class NoLinear(torch.nn.Module):
+        pass
 
-    with rows_first_head(NoHead()) as active:
-        assert not active
+    class Quantised(torch.nn.Linear):  # a subclass computes its own way
+        pass
+
+    with rows_first_linears(NoLinear()) as patched:
+        assert patched == 0
+    with rows_first_linears(Quantised(4, 4)) as patched:
+        assert patched == 0
     head = model.get_output_embeddings()
-    head.forward = head.__class__.forward.__get__(head)  # someone else's patch: never stacked
+    foreign = head.__class__.forward.__get__(head)
+    head.forward = foreign  # someone else's patch: never stacked, never removed
     try:
-        with rows_first_head(model) as active:
-            assert not active
+        with rows_first_linears(model) as patched:
+            assert patched == len(_linears(model)) - 1
+            assert vars(head)["forward"] is foreign
+        assert vars(head)["forward"] is foreign
     finally:
         del head.forward
 
@@ -107,7 +133,7 @@ def test_another_threads_grad_mode_keeps_linear(tiny):
         result["equal"] = torch.equal(out, torch.nn.functional.linear(x, head.weight, head.bias))
         result["grad"] = out.requires_grad
 
-    with torch.no_grad(), rows_first_head(model):
+    with torch.no_grad(), rows_first_linears(model):
         thread = threading.Thread(target=train_step)
         thread.start()
         thread.join()
@@ -115,8 +141,8 @@ def test_another_threads_grad_mode_keeps_linear(tiny):
 
 
 def test_generations_are_the_same_with_and_without_it(tiny, monkeypatch):
-    """Greedy and seeded sampled generations of the HF backend, with the rows-first head (the
-    default) and with it replaced by a no-op: the same tokens, log-probs within float rounding."""
+    """Greedy and seeded sampled generations of the HF backend, with the rows-first layers (the
+    default) and with them replaced by a no-op: the same tokens, log-probs within float rounding."""
     import contextlib
 
     from collab_env.agents.hf import HFPolicy
@@ -126,7 +152,7 @@ def test_generations_are_the_same_with_and_without_it(tiny, monkeypatch):
     runs = {}
     for name in ("rows_first", "linear"):
         if name == "linear":
-            monkeypatch.setattr(hf_generator, "rows_first_head", lambda m: contextlib.nullcontext(False))
+            monkeypatch.setattr(hf_generator, "rows_first_linears", lambda m: contextlib.nullcontext(0))
         policy = HFPolicy(model, tok, max_new_tokens=6)
         policy.prefix_cache_tokens = 0  # each run reads its prompts itself
         runs[name] = [policy.generate_tokens(prompts, {"max_new_tokens": 6, "temperature": t}, [1, 2, 3])
