@@ -3,13 +3,38 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import threading
+import weakref
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 _local = threading.local()
+_loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()  # every loop run_sync made
+
+
+def _close_loops() -> None:
+    """At exit, close the loops :func:`run_sync` kept, as ``asyncio.run`` closes its own: tasks
+    still pending on them (a library's background worker, e.g. litellm's logging worker) are
+    cancelled and awaited, so none is destroyed pending (which prints "Task was destroyed but it
+    is pending!"). A loop that another thread is running is left alone."""
+    for loop in list(_loops):
+        if loop.is_closed() or loop.is_running():
+            continue
+        try:
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+
+
+atexit.register(_close_loops)
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
@@ -26,6 +51,7 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         if loop is None or loop.is_closed():
             loop = asyncio.new_event_loop()
             _local.loop = loop
+            _loops.add(loop)
         return loop.run_until_complete(coro)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(asyncio.run, coro).result()
