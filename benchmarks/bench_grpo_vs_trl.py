@@ -8,7 +8,8 @@ two trainers sample different completions), so the comparison is in **generated 
 of training step**: each trainer's mean completion length times the ``prompts x generations``
 completions of a step, over its seconds per step. A shared machine drifts, so the pair is run
 ``--rounds`` times (default 3) with fresh trainers, the order alternating (ours first, then TRL
-first...); the script prints each round's tokens/s and ratio ours / TRL (above 1: ours is faster)
+first...), round ``r`` seeding both trainers with ``r`` (so each round samples other
+completions); the script prints each round's tokens/s and ratio ours / TRL (above 1: ours is faster)
 and the median ratio over the rounds, with its min and max.
 
 ``--sizes 2x4,4x8`` runs the comparison at several batch sizes (prompts x generations) in one
@@ -73,7 +74,7 @@ def ours(model_dir, tokenizer, args, out):
                        train_micro_batch_size=args.prompts * args.generations,
                        gradient_checkpointing=args.gradient_checkpointing,
                        device=args.device, dtype=args.dtype, output_dir=str(out / "ours"), plot=False,
-                       max_steps=args.prompts, logging_steps=1)
+                       max_steps=args.prompts, logging_steps=1, seed=args.seed)
     trainer = MAGRPOTrainer(agent_model=str(model_dir), tokenizer=tokenizer, num_agents=1,
                             formatters=[lambda item: item["prompt"]],
                             reward_func=lambda completions: [-len(completions[0]) / 100.0],
@@ -102,7 +103,7 @@ def trl_step(model_dir, tokenizer, args, out):
                      gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1, beta=0.0,
                      learning_rate=1e-6, max_steps=args.steps + 1, use_cpu=args.device == "cpu",
                      bf16=args.dtype == "bfloat16", gradient_checkpointing=args.gradient_checkpointing, report_to="none", logging_steps=1, save_strategy="no",
-                     temperature=1.0, top_p=1.0, disable_tqdm=True, dataloader_num_workers=0, seed=0,
+                     temperature=1.0, top_p=1.0, disable_tqdm=True, dataloader_num_workers=0, seed=args.seed,
                      shuffle_dataset=False)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="float32")  # bf16: autocast (TRL's way)
     trainer = GRPOTrainer(model=model, reward_funcs=reward_len, args=cfg, train_dataset=data,
@@ -157,8 +158,12 @@ def compare(model_dir, tokenizer, args, prompts: int, generations: int, tmp: Pat
     for r in range(args.rounds):
         order = list(runners) if r % 2 == 0 else list(reversed(runners))
         rate, sec = {}, {}
+        # Each round seeds both trainers with its index: with one seed for every round, our
+        # per-row seeded sampler would draw the same completions each round, and their lengths
+        # (which tokens/s counts) would be one draw rather than an average.
+        seeded = argparse.Namespace(**{**vars(args), "seed": r})
         for name in order:
-            steps = runners[name](model_dir, tokenizer, args, tmp / f"{prompts}x{generations}-round{r}")
+            steps = runners[name](model_dir, tokenizer, seeded, tmp / f"{prompts}x{generations}-round{r}")
             pooled[name] += steps
             sec[name] = sum(s for s, _ in steps)
             rate[name] = sum(length * n for _, length in steps) / sec[name]
