@@ -102,9 +102,9 @@ def trl_step(model_dir, tokenizer, args, out):
                      max_completion_length=args.max_new_tokens, per_device_train_batch_size=batch,
                      gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1, beta=0.0,
                      learning_rate=1e-6, max_steps=args.steps + 1, use_cpu=args.device == "cpu",
-                     bf16=args.dtype == "bfloat16", gradient_checkpointing=args.gradient_checkpointing, report_to="none", logging_steps=1, save_strategy="no",
-                     temperature=1.0, top_p=1.0, disable_tqdm=True, dataloader_num_workers=0, seed=args.seed,
-                     shuffle_dataset=False)
+                     bf16=args.dtype == "bfloat16", gradient_checkpointing=args.gradient_checkpointing,
+                     report_to="none", logging_steps=1, save_strategy="no", temperature=1.0, top_p=1.0,
+                     disable_tqdm=True, dataloader_num_workers=0, seed=args.seed, shuffle_dataset=False)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="float32")  # bf16: autocast (TRL's way)
     trainer = GRPOTrainer(model=model, reward_funcs=reward_len, args=cfg, train_dataset=data,
                           processing_class=tokenizer)
@@ -246,10 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         import transformers
 
+        given = argv if argv is not None else sys.argv[1:]
         record = {
-            "command": "python benchmarks/bench_grpo_vs_trl.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
+            "command": "python benchmarks/bench_grpo_vs_trl.py " + shlex.join(given),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": args.model, "device": args.device,
-            "dtype": args.dtype, "max_new_tokens": args.max_new_tokens, "steps": args.steps, "rounds": args.rounds,
+            "dtype": args.dtype, "max_new_tokens": args.max_new_tokens, "steps": args.steps,
+            "rounds": args.rounds,
             "threads": torch.get_num_threads(), "platform": platform.platform(),
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
             "load_before": load.to_dict(), "load_during": during.to_dict(), "sizes": results,
