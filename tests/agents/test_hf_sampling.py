@@ -67,6 +67,17 @@ def test_the_rounding_edge_never_draws_an_excluded_token(monkeypatch):
     assert draw(logp, [torch.Generator()]).item() == 1
 
 
+@pytest.mark.parametrize("broken", [float("nan"), float("inf")])
+def test_a_broken_distribution_raises_instead_of_drawing(broken):
+    """NaN or infinite scores (a broken model) raise, naming the row, rather than draw a token."""
+    logp = torch.log(torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]]))
+    logp[1, 0] = broken
+    with pytest.raises(FloatingPointError, match=r"row\(s\) \[1\]"):
+        draw(logp, [torch.Generator(), torch.Generator()])
+    with pytest.raises(FloatingPointError):
+        draw(torch.full((1, 3), float("-inf")), [torch.Generator()])  # no possible token
+
+
 @pytest.mark.parametrize("params", [{"temperature": 1.0}, {"temperature": 0.7, "top_k": 3},
                                     {"temperature": 1.3, "top_p": 0.8}])
 def test_the_sampler_records_the_drawn_tokens_log_prob_and_forces_it(params):
