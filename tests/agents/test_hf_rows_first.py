@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from collab_env.agents import hf_generator  # noqa: E402
-from collab_env.agents.hf_rows_first import MAX_ROWS, rows_first_linears  # noqa: E402
+from collab_env.agents.hf_rows_first import MAX_ROWS, MIN_ELEMENTS, rows_first_linears  # noqa: E402
 from collab_env.testing.tiny_model import load_tiny_chat_model  # noqa: E402
 
 
@@ -50,7 +50,7 @@ def test_few_rows_give_linears_product_without_calling_linear(tiny, rows, monkey
         expected = [torch.nn.functional.linear(x, layer.weight, layer.bias) for x, layer in zip(xs, layers)]
         seen, counting = _calls()
         monkeypatch.setattr(torch.nn.functional, "linear", counting)
-        with rows_first_linears(model) as patched:
+        with rows_first_linears(model, min_elements=0) as patched:
             got = [layer(x) for x, layer in zip(xs, layers)]
     assert patched == len(layers) and seen == []  # the rows-first product, not linear
     for g, e, layer in zip(got, expected, layers, strict=True):
@@ -63,7 +63,7 @@ def test_a_bias_is_added(monkeypatch):
     x = torch.randn(2, 5)
     with torch.no_grad():
         expected = layer(x)
-        with rows_first_linears(layer) as patched:
+        with rows_first_linears(layer, min_elements=0) as patched:
             got = layer(x)
     assert patched == 1 and torch.allclose(got, expected, atol=1e-6)
 
@@ -73,7 +73,7 @@ def test_many_rows_and_gradients_keep_linear_bit_for_bit(tiny):
     head = model.get_output_embeddings()
     x = torch.randn(MAX_ROWS + 1, 1, head.in_features)
     few = torch.randn(2, 1, head.in_features, requires_grad=True)
-    with rows_first_linears(model):
+    with rows_first_linears(model, min_elements=0):
         with torch.no_grad():
             assert torch.equal(head(x), torch.nn.functional.linear(x, head.weight, head.bias))
         out = head(few)                          # grad mode: linear, with its gradient
@@ -86,11 +86,11 @@ def test_many_rows_and_gradients_keep_linear_bit_for_bit(tiny):
 def test_undone_on_exit_and_on_error(tiny):
     model, _ = tiny
     layers = _linears(model)
-    with rows_first_linears(model):
+    with rows_first_linears(model, min_elements=0):
         assert all("forward" in vars(layer) for layer in layers)
     assert not any("forward" in vars(layer) for layer in layers)
     with pytest.raises(RuntimeError, match="boom"):
-        with rows_first_linears(model):
+        with rows_first_linears(model, min_elements=0):
             raise RuntimeError("boom")
     assert not any("forward" in vars(layer) for layer in layers)
 
@@ -104,20 +104,32 @@ def test_left_alone_where_it_does_not_apply(tiny):
     class Quantised(torch.nn.Linear):  # a subclass computes its own way
         pass
 
-    with rows_first_linears(NoLinear()) as patched:
+    with rows_first_linears(NoLinear(), min_elements=0) as patched:
         assert patched == 0
-    with rows_first_linears(Quantised(4, 4)) as patched:
+    with rows_first_linears(Quantised(4, 4), min_elements=0) as patched:
         assert patched == 0
     head = model.get_output_embeddings()
     foreign = head.__class__.forward.__get__(head)
     head.forward = foreign  # someone else's patch: never stacked, never removed
     try:
-        with rows_first_linears(model) as patched:
+        with rows_first_linears(model, min_elements=0) as patched:
             assert patched == len(_linears(model)) - 1
             assert vars(head)["forward"] is foreign
         assert vars(head)["forward"] is foreign
     finally:
         del head.forward
+
+
+def test_small_layers_are_left_alone_by_default(tiny):
+    """Below MIN_ELEMENTS weights the wrapper costs more than it saves: the tiny model's layers
+    keep their class forward, a large layer is patched."""
+    model, _ = tiny
+    assert all(m.weight.numel() < MIN_ELEMENTS for m in _linears(model))
+    with rows_first_linears(model) as patched:
+        assert patched == 0 and not any("forward" in vars(m) for m in _linears(model))
+    big = torch.nn.Linear(256, MIN_ELEMENTS // 256, bias=False)
+    with rows_first_linears(big) as patched:
+        assert patched == 1 and "forward" in vars(big)
 
 
 def test_another_threads_grad_mode_keeps_linear(tiny):
@@ -133,7 +145,7 @@ def test_another_threads_grad_mode_keeps_linear(tiny):
         result["equal"] = torch.equal(out, torch.nn.functional.linear(x, head.weight, head.bias))
         result["grad"] = out.requires_grad
 
-    with torch.no_grad(), rows_first_linears(model):
+    with torch.no_grad(), rows_first_linears(model, min_elements=0):
         thread = threading.Thread(target=train_step)
         thread.start()
         thread.join()
@@ -142,7 +154,8 @@ def test_another_threads_grad_mode_keeps_linear(tiny):
 
 def test_generations_are_the_same_with_and_without_it(tiny, monkeypatch):
     """Greedy and seeded sampled generations of the HF backend, with the rows-first layers (the
-    default) and with them replaced by a no-op: the same tokens, log-probs within float rounding."""
+    default; here for the tiny model's small layers too) and with them replaced by a no-op: the
+    same tokens, log-probs within float rounding."""
     import contextlib
 
     from collab_env.agents.hf import HFPolicy
@@ -150,13 +163,21 @@ def test_generations_are_the_same_with_and_without_it(tiny, monkeypatch):
     model, tok = tiny
     prompts = [[5, 6, 7, 8], [9, 10, 11], [5, 6, 7, 8]]
     runs = {}
+    used = []
+
+    def every_layer(m):
+        context = rows_first_linears(m, min_elements=0)
+        used.append(context)
+        return context
+
     for name in ("rows_first", "linear"):
-        if name == "linear":
-            monkeypatch.setattr(hf_generator, "rows_first_linears", lambda m: contextlib.nullcontext(0))
+        monkeypatch.setattr(hf_generator, "rows_first_linears", every_layer if name == "rows_first"
+                            else (lambda m: contextlib.nullcontext(0)))
         policy = HFPolicy(model, tok, max_new_tokens=6)
         policy.prefix_cache_tokens = 0  # each run reads its prompts itself
         runs[name] = [policy.generate_tokens(prompts, {"max_new_tokens": 6, "temperature": t}, [1, 2, 3])
                       for t in (0.0, 1.0)]
+    assert used  # the generator went through the patch
     for a_run, b_run in zip(runs["rows_first"], runs["linear"], strict=True):
         for a, b in zip(a_run, b_run, strict=True):
             assert a.token_ids == b.token_ids
