@@ -25,7 +25,8 @@ Under :func:`rows_first_linears`, every plain ``torch.nn.Linear`` of the model w
 :data:`MIN_ELEMENTS` weights computes few-row products as ``(W @ x.T).T`` (one row padded to
 two): the same product up to float rounding (the sums run in another order, about 1e-5 apart in
 float32). Products with gradient, on an accelerator, or of more than :data:`MAX_ROWS` rows keep
-``linear``.
+``linear``. So do bfloat16 and float16 layers: the measurements above are MKL's float32 GEMM,
+and a rough bfloat16 measurement (on a loaded machine) had rows-first several times slower at 2 rows.
 """
 
 from __future__ import annotations
@@ -68,8 +69,8 @@ def _rows_first_forward(layer: Any, max_rows: int) -> Any:
 @contextlib.contextmanager
 def rows_first_linears(model: Any, max_rows: int = MAX_ROWS,
                        min_elements: int = MIN_ELEMENTS) -> Iterator[int]:
-    """While active, every plain ``torch.nn.Linear`` of ``model`` whose weight is on a CPU and
-    has at least ``min_elements`` entries (the projections and the output layer; LoRA's base
+    """While active, every plain ``torch.nn.Linear`` of ``model`` whose weight is float32, on a
+    CPU, with at least ``min_elements`` entries (the projections and the output layer; LoRA's base
     layers too) computes products of at most ``max_rows`` rows without gradient as
     ``(W @ x.T).T``; yields how many layers it patched (0: nothing applies, e.g. a model on an
     accelerator or a tiny one). Subclasses of ``Linear``
@@ -81,7 +82,8 @@ def rows_first_linears(model: Any, max_rows: int = MAX_ROWS,
 
     modules = getattr(model, "modules", None)
     layers = [m for m in modules() if type(m) is torch.nn.Linear and m.weight.device.type == "cpu"
-              and m.weight.numel() >= min_elements and "forward" not in vars(m)] if callable(modules) else []
+              and m.weight.dtype == torch.float32 and m.weight.numel() >= min_elements
+              and "forward" not in vars(m)] if callable(modules) else []
     patched = []
     try:
         for layer in layers:

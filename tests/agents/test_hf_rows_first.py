@@ -120,9 +120,9 @@ def test_left_alone_where_it_does_not_apply(tiny):
         del head.forward
 
 
-def test_small_layers_are_left_alone_by_default(tiny):
+def test_small_and_half_precision_layers_are_left_alone_by_default(tiny):
     """Below MIN_ELEMENTS weights the wrapper costs more than it saves: the tiny model's layers
-    keep their class forward, a large layer is patched."""
+    keep their class forward, a large float32 layer is patched, the same in bfloat16 is not."""
     model, _ = tiny
     assert all(m.weight.numel() < MIN_ELEMENTS for m in _linears(model))
     with rows_first_linears(model) as patched:
@@ -130,6 +130,8 @@ def test_small_layers_are_left_alone_by_default(tiny):
     big = torch.nn.Linear(256, MIN_ELEMENTS // 256, bias=False)
     with rows_first_linears(big) as patched:
         assert patched == 1 and "forward" in vars(big)
+    with rows_first_linears(big.to(torch.bfloat16)) as patched:  # measured in float32 only
+        assert patched == 0 and "forward" not in vars(big)
 
 
 def test_another_threads_grad_mode_keeps_linear(tiny):
