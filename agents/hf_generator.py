@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from collab_env.agents.hf_rows_first import rows_first_linears
+from collab_env.agents.hf_decode import LeanDecoder, lean_decoder
 from collab_env.agents.hf_loading import (
     cache_keyword,
     check_device_and_dtype,
@@ -35,6 +35,7 @@ from collab_env.agents.hf_loading import (
     load_causal_lm,
 )
 from collab_env.agents.hf_prefix import PrefixCache, common_prefix_length, cropped, distinct_rows, plain_layers
+from collab_env.agents.hf_rows_first import rows_first_linears
 from collab_env.agents.hf_sampling import RowSampler, StopStrings
 from collab_env.agents.hf_scoring import score_rows
 from collab_env.agents.tokens import sampling_params
@@ -115,6 +116,12 @@ class HFGenerator:
     #: :class:`~collab_env.agents.hf_prefix.PrefixCache`; :attr:`prefix_cache_tokens` changes it on
     #: an instance). About 190 MB for SmolLM2-135M in float32; a few judge and simulator prompts.
     default_prefix_cache_tokens = 4096
+    #: Decode Llama-family models (:data:`~collab_env.agents.hf_decode.ARCHITECTURES`) with
+    #: :class:`~collab_env.agents.hf_decode.LeanDecoder` instead of ``model.generate``: the same
+    #: tokens, without the per-step mask, cache growth and attention dispatch of the whole
+    #: forward (about 70 against 58 ms a step at 8 rows of the embedded model on 2 cores). Off:
+    #: ``generate`` decodes every model.
+    lean_decode = True
 
     def __init__(
         self,
@@ -153,6 +160,17 @@ class HFGenerator:
         self._model_lock = threading.Lock()
         self._prefix_cache = PrefixCache(self.default_prefix_cache_tokens)
         self._prefix_version: int | None = None
+        self._lean: tuple[Any, LeanDecoder | None] | None = None
+
+    def _lean_decoder(self) -> LeanDecoder | None:
+        """The :class:`~collab_env.agents.hf_decode.LeanDecoder` of the model when
+        :attr:`lean_decode` is on and the architecture is one it decodes, else ``None``
+        (``model.generate`` decodes)."""
+        if not self.lean_decode:
+            return None
+        if self._lean is None or self._lean[0] is not self.model:
+            self._lean = (self.model, lean_decoder(self.model))
+        return self._lean[1]
 
     def _weights_version(self) -> int | None:
         """A number that changes whenever a weight of the model is written in place (an optimiser
@@ -272,15 +290,24 @@ class HFGenerator:
                 )
                 with torch.inference_mode(), rows_first_linears(self.model):
                     shared = self._shared_prefill(prompts, input_ids, attention_mask, device, prefix)
-                    out = self.model.generate(
-                        input_ids=input_ids.to(device),
-                        attention_mask=attention_mask.to(device),
-                        generation_config=config,
-                        logits_processor=LogitsProcessorList([sampler]),
-                        stopping_criteria=criteria,
-                        **shared,
-                    )
-                new = out[:, width:].cpu()
+                    lean = self._lean_decoder()
+                    if lean is not None and lean.fits(width + params.max_new_tokens):
+                        new = lean.generate(
+                            input_ids.to(device), attention_mask.to(device),
+                            cache=next(iter(shared.values()), None), cache_keyword=cache_keyword(self.model),
+                            logits_processor=sampler, stopping_criteria=criteria, eos_token_ids=self._eos_ids,
+                            pad_token_id=self._pad_id, max_new_tokens=params.max_new_tokens,
+                        ).cpu()
+                    else:
+                        out = self.model.generate(
+                            input_ids=input_ids.to(device),
+                            attention_mask=attention_mask.to(device),
+                            generation_config=config,
+                            logits_processor=LogitsProcessorList([sampler]),
+                            stopping_criteria=criteria,
+                            **shared,
+                        )
+                        new = out[:, width:].cpu()
                 logprobs = (torch.stack(sampler.logprobs, dim=1).cpu() if sampler.logprobs
                             else torch.zeros((len(prompts), 0)))
                 if logprobs.shape[1] != new.shape[1]:

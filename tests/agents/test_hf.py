@@ -23,6 +23,7 @@ from collab_env.agents.hf import HFPolicy  # noqa: E402
 from collab_env.errors import ConfigError, MissingDependencyError, PolicyError  # noqa: E402
 from collab_env.testing.tiny_model import build_tiny_chat_model, load_tiny_chat_model  # noqa: E402
 from collab_env.types import Conversation  # noqa: E402
+from tests._decode_calls import count_decodes, on_decode  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -47,19 +48,6 @@ def template_ids(tok, obs: Conversation) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
-def count_generate(model) -> list[int]:
-    """Wrap ``model.generate`` on the instance; return the list of batch sizes it sees."""
-    sizes: list[int] = []
-    real = model.generate
-
-    def wrapped(*args, **kwargs):
-        sizes.append(int(kwargs["input_ids"].shape[0]))
-        return real(*args, **kwargs)
-
-    model.generate = wrapped
-    return sizes
-
-
 def recompute_logprobs(model, prompt, ids, temperature=1.0, top_k=None):
     """Log-probs of ``ids`` after ``prompt`` from one unpadded forward pass."""
     full = torch.tensor([list(prompt) + list(ids)])
@@ -76,9 +64,9 @@ def recompute_logprobs(model, prompt, ids, temperature=1.0, top_k=None):
 # -- batching -------------------------------------------------------------------------------
 
 
-def test_64_concurrent_calls_make_at_most_4_generate_calls_and_reach_their_callers(tiny):
+def test_64_concurrent_calls_make_at_most_4_generate_calls_and_reach_their_callers(tiny, monkeypatch):
     model, tok = tiny
-    sizes = count_generate(model)
+    sizes = count_decodes(monkeypatch, model)
     policy = HFPolicy(model, tok, max_batch_size=16, max_new_tokens=8, temperature=0)
     # Distinct prompts of different lengths, so a mix-up would show in prompt_token_ids.
     observations = [chat(f"question {i}: " + "why " * (i % 7)) for i in range(64)]
@@ -101,9 +89,9 @@ def test_64_concurrent_calls_make_at_most_4_generate_calls_and_reach_their_calle
     print(f"64 concurrent acts: {len(sizes)} generate calls, {elapsed:.2f}s")
 
 
-def test_requests_with_different_sampling_are_batched_separately(tiny):
+def test_requests_with_different_sampling_are_batched_separately(tiny, monkeypatch):
     model, tok = tiny
-    sizes = count_generate(model)
+    sizes = count_decodes(monkeypatch, model)
     policy = HFPolicy(model, tok, max_batch_size=16, max_new_tokens=4)
 
     async def main():
@@ -115,9 +103,9 @@ def test_requests_with_different_sampling_are_batched_separately(tiny):
     assert sorted(sizes) == [3, 5]
 
 
-def test_max_wait_bounds_how_long_a_batch_waits(tiny):
+def test_max_wait_bounds_how_long_a_batch_waits(tiny, monkeypatch):
     model, tok = tiny
-    sizes = count_generate(model)
+    sizes = count_decodes(monkeypatch, model)
 
     async def two_calls(policy, gap):
         first = asyncio.ensure_future(policy.act([chat("first")]))
@@ -134,15 +122,9 @@ def test_max_wait_bounds_how_long_a_batch_waits(tiny):
     assert sizes == [1, 1]
 
 
-def test_event_loop_stays_responsive_during_generate(tiny):
+def test_event_loop_stays_responsive_during_generate(tiny, monkeypatch):
     model, tok = tiny
-    real = model.generate
-
-    def slow_generate(*args, **kwargs):
-        time.sleep(0.5)  # stands in for a long generation
-        return real(*args, **kwargs)
-
-    model.generate = slow_generate
+    on_decode(monkeypatch, model, lambda rows: time.sleep(0.5))  # stands in for a long generation
     policy = HFPolicy(model, tok, max_new_tokens=4, temperature=0)
     ticks = 0
 
@@ -182,18 +164,16 @@ def test_queue_follows_the_event_loop_across_sync_calls(tiny):
     assert policy.stats.generate_calls == 4
 
 
-def test_generate_failure_fails_the_batch_with_policy_error_and_policy_recovers(tiny):
+def test_generate_failure_fails_the_batch_with_policy_error_and_policy_recovers(tiny, monkeypatch):
     model, tok = tiny
-    real = model.generate
     calls = {"n": 0}
 
-    def flaky(*args, **kwargs):
+    def flaky(rows):
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("CUDA out of memory (simulated)")
-        return real(*args, **kwargs)
 
-    model.generate = flaky
+    on_decode(monkeypatch, model, flaky)
     policy = HFPolicy(model, tok, max_new_tokens=4, temperature=0)
 
     async def main():

@@ -32,6 +32,7 @@ from collab_env.policy import (  # noqa: E402
     resolve_policy,
 )
 from collab_env.types import Completion, Conversation  # noqa: E402
+from tests._decode_calls import count_decodes  # noqa: E402
 
 
 def _tiny(tiny_dir):
@@ -51,19 +52,6 @@ def _seeds(seed=0):
     return lambda n: [int(x) for x in rng.integers(0, 2**31 - 1, n)]
 
 
-def count_generate(model) -> list:
-    """Wrap ``model.generate`` on the instance; the list gets each call's number of rows."""
-    log: list = []
-    real = model.generate
-
-    def wrapped(*args, **kwargs):
-        log.append(int(kwargs["input_ids"].shape[0]))
-        return real(*args, **kwargs)
-
-    model.generate = wrapped
-    return log
-
-
 def chat(text):
     return Conversation.from_chat([{"role": "user", "content": text}])
 
@@ -81,9 +69,9 @@ def test_hf_policy_and_policy_model_are_token_generators(tiny_dir, tmp_path):
     assert pm.policy is pm.generator and pm.generator.flush == "idle"
 
 
-def test_generate_tokens_keeps_prompts_and_calls_within_max_batch_size(tiny_dir):
+def test_generate_tokens_keeps_prompts_and_calls_within_max_batch_size(tiny_dir, monkeypatch):
     model, tok = _tiny(tiny_dir)
-    sizes = count_generate(model)
+    sizes = count_decodes(monkeypatch, model)
     policy = HFPolicy(model, tok, max_batch_size=2)
     prompts = [policy.prompt_ids(chat(f"question {i}: " + "why " * i)) for i in range(5)]
     outs = policy.generate_tokens(prompts, SamplingParams(temperature=1.0, max_new_tokens=5), [7, 8, 9, 10, 11])
@@ -115,11 +103,11 @@ def test_generate_tokens_rejects_bad_input(tiny_dir):
 # -- the HF queue under flush="idle" -------------------------------------------------------------
 
 
-def test_idle_flush_merges_callers_that_arrive_over_many_loop_iterations(tiny_dir):
+def test_idle_flush_merges_callers_that_arrive_over_many_loop_iterations(tiny_dir, monkeypatch):
     """Callers that reach the policy after different amounts of work (loop iterations) share
     full batches under flush="idle"; the timer rule with no wait sends what has arrived."""
     model, tok = _tiny(tiny_dir)
-    sizes = count_generate(model)
+    sizes = count_decodes(monkeypatch, model)
 
     async def staggered(policy, n):
         async def caller(i):
@@ -200,7 +188,7 @@ def test_tree_without_a_policy_for_an_untrained_player_says_which(tiny_dir, tmp_
 # -- the must-show: one tree level in ceil(rows / max_batch_size) model calls --------------------
 
 
-def test_magrpo_level_with_mr_futures_makes_ceil_rows_over_max_batch_size_model_calls(tiny_dir, tmp_path):
+def test_magrpo_level_with_mr_futures_makes_ceil_rows_over_max_batch_size_model_calls(tiny_dir, tmp_path, monkeypatch):
     """8 prompts x 4 generations x 2 turns on hidden-facts with the multiturn-aware reward (3
     futures, the assistant's future turns played by the learner, the scripted user answering):
     per tree level, the model's generate calls are at most ceil(rows / max_batch_size), rows being
@@ -219,7 +207,7 @@ def test_magrpo_level_with_mr_futures_makes_ceil_rows_over_max_batch_size_model_
         weights={"accuracy_rule": 1.0, "token_amount": -1e-3}, sampling={"assistant": {"max_new_tokens": 6}}))
     assert bind_learner(env, {"assistant": pm.policy}) == 1
     others = {p: resolve_policy(v) for p, v in policies_for(env.spec).items() if p != "assistant"}
-    log = count_generate(pm.model)
+    log = count_decodes(monkeypatch, pm.model)
     real = pm.generate_tokens
 
     def level_start(prompts, params, seeds):  # each level begins with the trained samples
