@@ -31,6 +31,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from collab_env.agents.hf_rows_first import rows_first_limit, rows_first_product
+
 __all__ = ["ARCHITECTURES", "LeanDecoder", "lean_decoder", "unsupported_reason"]
 
 #: ``config.model_type`` values whose decoder layer is the Llama layer (pre-norm RMSNorm, rotary
@@ -126,6 +128,7 @@ class LeanDecoder:
         prefill = getattr(out, "cache", None) or out.past_key_values
         logits = out.logits[:, -1, :].to(dtype=torch.float32, copy=True)
         keys, values = self._allocate(prefill, rows, width + max_new_tokens, width)
+        layers = self._layers(rows)
         del out, prefill, cache
         # attention bias over the cache's columns: the prompt's padding is -inf; every new column
         # is attended (generate appends ones to the mask, finished rows included)
@@ -147,7 +150,7 @@ class LeanDecoder:
             unfinished &= ~done
             if step == max_new_tokens - 1 or not bool(unfinished.any()):
                 break
-            logits = self._step(token, position, width + step, keys, values, bias)
+            logits = self._step(token, position, width + step, keys, values, bias, layers)
             position = position + 1
         return torch.stack(new, dim=1)
 
@@ -174,35 +177,63 @@ class LeanDecoder:
             values.append(vb)
         return keys, values
 
-    def _step(self, token: Any, position: Any, column: int, keys: list[Any], values: list[Any], bias: Any) -> Any:
+    def _layers(self, rows: int) -> list[tuple[Any, ...]]:
+        """Per decoder layer, what a step calls: ``(input norm, q, k, v, o, post norm, gate, up,
+        down, activation, apply_rotary_pos_emb, scaling, head_dim)``. A projection is a module
+        call, or, for a layer that :func:`~collab_env.agents.hf_rows_first.rows_first_linears`
+        patched for ``rows`` rows, its product taken directly (the same
+        :func:`~collab_env.agents.hf_rows_first.rows_first_product`, without the module call)."""
+        out = []
+        for layer in self.model.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            projections = [_projection(m, rows) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)]
+            if all(callable(getattr(mlp, n, None)) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+                mlp_parts = [_projection(m, rows) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)] + [mlp.act_fn]
+            else:  # an MLP of another layout: its own forward
+                mlp_parts = [None, mlp, None, None]
+            out.append((layer.input_layernorm, *projections, layer.post_attention_layernorm, *mlp_parts,
+                        sys.modules[type(attn).__module__].apply_rotary_pos_emb, attn.scaling, attn.head_dim))
+        return out
+
+    def _step(self, token: Any, position: Any, column: int, keys: list[Any], values: list[Any], bias: Any,
+              layers: list[tuple[Any, ...]]) -> Any:
         """Read ``token`` (``[rows]``) at ``position`` (``[rows, 1]``) into cache ``column``;
-        returns the float32 logits of the next position, ``[rows, vocab]``."""
+        returns the float32 logits of the next position, ``[rows, vocab]``. ``layers``:
+        :meth:`_layers`."""
         import torch
 
         model = self.model
         inner = model.model
         rows = token.shape[0]
-        hidden = inner.embed_tokens(token[:, None])
+        hidden = inner.embed_tokens(token)  # [rows, hidden]: one position per row
         cos, sin = inner.rotary_emb(hidden, position)
+        cos, sin = cos[:, 0], sin[:, 0]  # [rows, head_dim], broadcast over the heads below
         end = column + 1
-        group = self.heads // self.kv_heads
-        for layer, k_cache, v_cache in zip(inner.layers, keys, values, strict=True):
-            attn = layer.self_attn
-            rotate = sys.modules[type(attn).__module__].apply_rotary_pos_emb
-            x = layer.input_layernorm(hidden)
-            d = attn.head_dim
-            q = attn.q_proj(x).view(rows, 1, -1, d).transpose(1, 2)
-            k = attn.k_proj(x).view(rows, 1, -1, d).transpose(1, 2)
-            v = attn.v_proj(x).view(rows, 1, -1, d).transpose(1, 2)
+        kv, group = self.kv_heads, self.heads // self.kv_heads
+        for (norm1, q_proj, k_proj, v_proj, o_proj, norm2, gate, up, down, act, rotate, scaling, d), k_cache, \
+                v_cache in zip(layers, keys, values, strict=True):
+            x = norm1(hidden)
+            q = q_proj(x).view(rows, self.heads, d)
+            k = k_proj(x).view(rows, kv, d)
             q, k = rotate(q, k, cos, sin)
-            k_cache[:, :, column] = k[:, :, 0]
-            v_cache[:, :, column] = v[:, :, 0]
+            k_cache[:, :, column] = k
+            v_cache[:, :, column] = v_proj(x).view(rows, kv, d)
             # query head h reads KV head h // group (transformers' repeat_kv order)
-            q = q.reshape(rows, self.kv_heads, group, d)
-            scores = torch.matmul(q, k_cache[:, :, :end].transpose(-1, -2)) * attn.scaling + bias[..., :end]
-            weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            context = torch.matmul(weights, v_cache[:, :, :end]).reshape(rows, 1, self.heads * d)
-            hidden = hidden + attn.o_proj(context)
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            scores = torch.matmul(q.view(rows, kv, group, d), k_cache[:, :, :end].transpose(-1, -2)) * scaling
+            weights = torch.softmax(scores + bias[..., :end], dim=-1, dtype=torch.float32).to(q.dtype)
+            context = torch.matmul(weights, v_cache[:, :, :end]).view(rows, self.heads * d)
+            hidden = hidden + o_proj(context)
+            x = norm2(hidden)
+            hidden = hidden + (down(act(gate(x)) * up(x)) if gate is not None else up(x))
         hidden = inner.norm(hidden)
-        return model.lm_head(hidden[:, -1, :]).to(dtype=torch.float32)
+        return model.lm_head(hidden).to(dtype=torch.float32)
+
+
+def _projection(module: Any, rows: int) -> Any:
+    """``module`` as a function of ``[rows, in]``: its rows-first product taken directly when
+    :func:`~collab_env.agents.hf_rows_first.rows_first_linears` patched it for ``rows`` rows,
+    else the module."""
+    if 1 <= rows <= rows_first_limit(module):
+        weight, bias = module.weight, module.bias
+        return lambda x: rows_first_product(weight, bias, x)
+    return module

@@ -35,13 +35,31 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["MAX_ROWS", "MIN_ELEMENTS", "rows_first_linears"]
+__all__ = ["MAX_ROWS", "MIN_ELEMENTS", "rows_first_limit", "rows_first_linears", "rows_first_product"]
 
 #: Most rows (sequences x positions) a linear layer's product takes the rows-first way.
 MAX_ROWS = 8
 #: Fewest weights a layer needs to be computed rows-first (the embedded model's smallest
 #: projection has 192 x 576 = 110,592).
 MIN_ELEMENTS = 1 << 16
+
+
+def rows_first_product(weight: Any, bias: Any, rows: Any) -> Any:
+    """``rows @ weight.T (+ bias)`` computed as ``(weight @ rows.T).T``, one row padded to two
+    (the matrix-vector path is the slow one): ``rows`` is ``[n, in]`` with ``1 <= n``."""
+    import torch
+
+    n = rows.shape[0]
+    if n == 1:
+        rows = torch.cat([rows, rows])
+    out = torch.mm(weight, rows.t()).t()[:n]
+    return out + bias if bias is not None else out
+
+
+def rows_first_limit(layer: Any) -> int:
+    """The most rows ``layer`` computes rows-first: the ``max_rows`` of the
+    :func:`rows_first_linears` that patched it, 0 when none did (or it is not active)."""
+    return int(getattr(vars(layer).get("forward"), "rows_first_max_rows", 0))
 
 
 def _rows_first_forward(layer: Any, max_rows: int) -> Any:
@@ -56,13 +74,9 @@ def _rows_first_forward(layer: Any, max_rows: int) -> Any:
         n = rows.shape[0]
         if n > max_rows or n == 0 or torch.is_grad_enabled():
             return linear(x, weight, bias)
-        if n == 1:  # the matrix-vector path is slower than a two-row product
-            rows = torch.cat([rows, rows])
-        out = torch.mm(weight, rows.t()).t()[:n]
-        if bias is not None:
-            out = out + bias
-        return out.reshape(*x.shape[:-1], weight.shape[0])
+        return rows_first_product(weight, bias, rows).reshape(*x.shape[:-1], weight.shape[0])
 
+    forward.rows_first_max_rows = max_rows  # type: ignore[attr-defined]
     return forward
 
 

@@ -7,6 +7,7 @@ logits with one unpadded forward per row, independent of ``generate``.
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -16,6 +17,7 @@ transformers = pytest.importorskip("transformers")
 
 from collab_env.agents.hf_decode import LeanDecoder, lean_decoder, unsupported_reason  # noqa: E402
 from collab_env.agents.hf_generator import HFGenerator  # noqa: E402
+from collab_env.agents.hf_rows_first import rows_first_linears  # noqa: E402
 from collab_env.testing.tiny_model import load_tiny_chat_model  # noqa: E402
 
 VOCAB = 101
@@ -76,17 +78,25 @@ class Greedy:
         return scores
 
 
+@pytest.mark.parametrize("rows_first", [False, True], ids=["modules", "rows-first"])
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
-def test_every_step_gives_the_logits_of_an_unpadded_forward_pass(kind):
+def test_every_step_gives_the_logits_of_an_unpadded_forward_pass(kind, rows_first):
+    """With ``rows_first_linears`` active (every layer, whatever its size), the decode steps take
+    the projections' rows-first products directly instead of calling the modules."""
     model = random_model(kind)
     assert unsupported_reason(model) is None
     ids, mask = left_padded(PROMPTS)
     steps = 6
     forced = torch.randint(3, VOCAB, (len(PROMPTS), steps), generator=torch.Generator().manual_seed(1))
     proc = Forced(forced)
-    with torch.inference_mode():
-        new = lean_decoder(model).generate(ids, mask, logits_processor=proc, eos_token_ids=[2], pad_token_id=0,
-                                           max_new_tokens=steps)
+    patched = rows_first_linears(model, min_elements=0) if rows_first else contextlib.nullcontext(0)
+    with torch.inference_mode(), patched as n_patched:
+        assert (n_patched > 0) == rows_first
+        lean = lean_decoder(model)
+        q_proj = model.model.layers[0].self_attn.q_proj
+        assert (lean._layers(len(PROMPTS))[0][1] is not q_proj) == rows_first  # the product, not the module
+        assert lean._layers(9)[0][1] is q_proj  # more rows than rows-first takes: the module
+        new = lean.generate(ids, mask, logits_processor=proc, eos_token_ids=[2], pad_token_id=0, max_new_tokens=steps)
         assert torch.equal(new, forced)
         for i, prompt in enumerate(PROMPTS):
             full = torch.tensor([prompt + forced[i].tolist()])
