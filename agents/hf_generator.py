@@ -9,8 +9,12 @@ the id to pad with. A prompt that several rows of a call share is read once (one
 the distinct prompts, whose KV cache every copy continues from), and a prefix that every row of
 a call shares (the futures of a multiturn-aware reward share their conversation up to the first
 sampled turn) is read once for all of them. Prefixes read by earlier calls are reused from a
-:class:`~collab_env.agents.hf_prefix.PrefixCache` (:attr:`~HFGenerator.prefix_cache_tokens`). It
-also scores given continuations on token ids (:meth:`~HFGenerator.score_token_continuations`).
+:class:`~collab_env.agents.hf_prefix.PrefixCache` (:attr:`~HFGenerator.prefix_cache_tokens`).
+Llama-family models (:data:`~collab_env.agents.hf_decode.ARCHITECTURES`) decode with
+:class:`~collab_env.agents.hf_decode.LeanDecoder` (:attr:`~HFGenerator.lean_decode`): the same
+tokens as ``model.generate``, without the whole forward's per-step bookkeeping; other models with
+``model.generate``. It also scores given continuations on token ids
+(:meth:`~HFGenerator.score_token_continuations`).
 
 :class:`~collab_env.agents.hf.HFPolicy` is this generator plus chat templates and the
 micro-batching queue; the module docstring of :mod:`collab_env.agents.hf` says what a
@@ -51,7 +55,7 @@ class GenerationStats:
     """Counters of one :class:`~collab_env.agents.hf.HFPolicy` (read them as ``policy.stats``).
 
     Args:
-        generate_calls: ``model.generate`` calls made.
+        generate_calls: Decode calls made (``model.generate`` or the lean loop, one per batch).
         batched_requests: Observations answered by those calls.
         largest_batch: Most observations in one call.
         failed_calls: Calls that raised (their requests failed with ``PolicyError``).
