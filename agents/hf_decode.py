@@ -31,6 +31,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from collab_env.agents.hf_loading import forward_accepts
 from collab_env.agents.hf_rows_first import rows_first_limit, rows_first_product
 
 __all__ = ["ARCHITECTURES", "LeanDecoder", "lean_decoder", "unsupported_reason"]
@@ -48,9 +49,16 @@ def unsupported_reason(model: Any) -> str | None:
     model_type = getattr(config, "model_type", None)
     if model_type not in ARCHITECTURES:
         return f"model_type {model_type!r} is not one of {ARCHITECTURES}"
+    import transformers
+    from packaging.version import Version
+
+    if Version(transformers.__version__) < Version("4.56"):
+        return f"transformers {transformers.__version__} (its caches have no per-layer keys and values before 4.56)"
     inner = getattr(model, "model", None)
     if not all(hasattr(inner, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")):
         return "the model has no model.embed_tokens / layers / norm / rotary_emb (a wrapped model?)"
+    if not forward_accepts(model, "logits_to_keep"):
+        return "the model's forward takes no logits_to_keep"
     if not callable(getattr(model, "lm_head", None)):
         return "the model has no lm_head"
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "attn_logit_softcapping", None):

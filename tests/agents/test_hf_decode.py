@@ -150,7 +150,7 @@ def test_a_stopping_criterion_sees_the_ids_so_far_and_ends_its_row():
     assert new[1].tolist() == [4, 4, 0, 0, 0] and new[0].tolist() == [4] * 5
 
 
-def test_other_architectures_and_layouts_are_refused_with_a_reason():
+def test_other_architectures_and_layouts_are_refused_with_a_reason(monkeypatch):
     llama = random_model("llama")
     wrapped = SimpleNamespace(config=llama.config, model=SimpleNamespace(model=llama.model), lm_head=llama.lm_head)
     assert "wrapped" in unsupported_reason(wrapped)  # e.g. a PEFT wrapper: generate serves it
@@ -159,6 +159,10 @@ def test_other_architectures_and_layouts_are_refused_with_a_reason():
     gemma = random_model("llama")
     gemma.config.model_type = "gemma"
     assert "model_type" in unsupported_reason(gemma)
+    old = random_model("llama")
+    monkeypatch.setattr(transformers, "__version__", "4.55.2")
+    assert "4.56" in unsupported_reason(old)
+    monkeypatch.undo()
     mistral = random_model("mistral", sliding_window=16)
     lean = lean_decoder(mistral)
     assert isinstance(lean, LeanDecoder) and lean.fits(16) and not lean.fits(17)
