@@ -160,7 +160,7 @@ def test_other_architectures_and_layouts_are_refused_with_a_reason(monkeypatch):
     gemma.config.model_type = "gemma"
     assert "model_type" in unsupported_reason(gemma)
     old = random_model("llama")
-    monkeypatch.setattr(transformers, "__version__", "4.55.2")
+    monkeypatch.setattr("transformers.__version__", "4.55.2")  # the module now in sys.modules
     assert "4.56" in unsupported_reason(old)
     monkeypatch.undo()
     mistral = random_model("mistral", sliding_window=16)
