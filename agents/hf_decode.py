@@ -17,8 +17,10 @@ shared prefill's cache), then decodes with
 
 It replaces ``generate`` only where its maths is the model's: :func:`lean_decoder` accepts the
 architectures in :data:`ARCHITECTURES` (checked by ``config.model_type`` and by the modules
-present) with full attention in every layer, SiLU MLPs and no attention dropout in training mode,
-and returns ``None`` for anything else, which ``generate`` then serves. The loop keeps
+present) with full attention in every layer and SiLU MLPs, and returns ``None`` for anything
+else, which ``generate`` then serves; :meth:`LeanDecoder.fits` says whether a call can be decoded
+exactly (a Mistral sliding window longer than the sequence, no attention dropout in training
+mode), else ``generate`` serves that call. The loop keeps
 ``generate``'s rules: the logits processor sees the float32 logits of the last position and the
 greedy choice is its argmax, finished rows get the pad token, a row is finished by an EOS id or a
 stopping criterion, and the loop ends when every row is finished or ``max_new_tokens`` tokens are
@@ -70,8 +72,6 @@ def unsupported_reason(model: Any) -> str | None:
         return "a layer that is not full attention"
     if model_type == "qwen2" and getattr(config, "use_sliding_window", False):
         return "sliding-window attention"
-    if getattr(model, "training", False) and getattr(config, "attention_dropout", 0.0):
-        return "attention dropout in training mode"
     for i, layer in enumerate(inner.layers):
         attn = getattr(layer, "self_attn", None)
         if not all(callable(getattr(attn, n, None)) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
@@ -105,8 +105,11 @@ class LeanDecoder:
         self.sliding_window = getattr(config, "sliding_window", None) if config.model_type == "mistral" else None
 
     def fits(self, length: int) -> bool:
-        """Whether a sequence of ``length`` positions is decoded exactly (a Mistral sliding window
-        longer than it, or none)."""
+        """Whether a sequence of ``length`` positions is decoded exactly now: a Mistral sliding
+        window longer than it (or none), and no attention dropout (a model in training mode with
+        ``attention_dropout > 0``, which ``generate`` would apply)."""
+        if self.model.training and getattr(self.model.config, "attention_dropout", 0.0):
+            return False
         return self.sliding_window is None or length <= int(self.sliding_window)
 
     def generate(self, input_ids: Any, attention_mask: Any, *, cache: Any = None, cache_keyword: str = "cache",

@@ -296,9 +296,11 @@ class HFGenerator:
                     shared = self._shared_prefill(prompts, input_ids, attention_mask, device, prefix)
                     lean = self._lean_decoder()
                     if lean is not None and lean.fits(width + params.max_new_tokens):
+                        cache = next(iter(shared.values()), None)
+                        shared.clear()  # the decoder copies the cache and lets it go
                         new = lean.generate(
                             input_ids.to(device), attention_mask.to(device),
-                            cache=next(iter(shared.values()), None), cache_keyword=cache_keyword(self.model),
+                            cache=cache, cache_keyword=cache_keyword(self.model),
                             logits_processor=sampler, stopping_criteria=criteria, eos_token_ids=self._eos_ids,
                             pad_token_id=self._pad_id, max_new_tokens=params.max_new_tokens,
                         ).cpu()

@@ -166,6 +166,10 @@ def test_other_architectures_and_layouts_are_refused_with_a_reason(monkeypatch):
     mistral = random_model("mistral", sliding_window=16)
     lean = lean_decoder(mistral)
     assert isinstance(lean, LeanDecoder) and lean.fits(16) and not lean.fits(17)
+    dropout = lean_decoder(random_model("llama", attention_dropout=0.1))
+    assert dropout.fits(100)  # eval mode: no dropout
+    dropout.model.train()
+    assert not dropout.fits(100)  # generate would drop attention weights: it decodes
 
 
 @pytest.fixture
