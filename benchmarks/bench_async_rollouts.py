@@ -18,10 +18,14 @@ Part 2, learning curves: the tiny random model of ``collab_env/testing/tiny_mode
 ``length-ratio`` (two agents, no latency: a task it learns within a few dozen items, which the
 hidden-facts reward gives no signal on), MAGRPO sync vs async over ``--curve-seeds`` seeds: the
 training reward per step (``turn_1/reward_mean``), its mean over the last quarter of the run and
-over the whole run (area under the curve). Part 1's rewards per step are kept too.
+over the whole run (area under the curve), and the paired difference async minus sync of both per
+seed (a seed gives both modes the same first batch and item order), with the mean difference's 95%
+bootstrap interval over the seeds. Part 1's rewards per step are kept too. ``--curves-only`` runs
+part 2 alone: rewards do not depend on the machine's speed, so it may run beside other work.
 
     python benchmarks/bench_async_rollouts.py                          # minutes on 2 quiet cores
     python benchmarks/bench_async_rollouts.py --model tiny --steps 6   # plumbing check, seconds
+    python benchmarks/bench_async_rollouts.py --curves-only --curve-seeds 8 --out /tmp/curves.json
 
 Writes ``--out`` (default ``benchmarks/results/async_rollouts.json``) and, with matplotlib, the
 curves next to it (``.png``), with the exact command and ``/proc/loadavg`` before and after.
@@ -155,6 +159,7 @@ def main() -> int:
     p.add_argument("--curve-seeds", type=int, default=3)
     p.add_argument("--curve-items", type=int, default=32)
     p.add_argument("--curve-learning-rate", type=float, default=0.03)
+    p.add_argument("--curves-only", action="store_true", help="part 2 only (no server, no timing)")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "async_rollouts.json"))
     args = p.parse_args()
 
@@ -162,16 +167,15 @@ def main() -> int:
     load_before = loadavg()
     import torch
 
-    model, tokenizer = (tiny_model() if args.model == "tiny" else (args.model, None))
-    proc, api_base = start_server(args.latency)
-    try:
-        timing = {mode: timing_run(args, api_base, mode == "async", model, tokenizer) for mode in ("sync", "async")}
-    finally:
-        proc.stdin.close()
-        proc.wait(10)
-    sync_steps, async_steps = timing["sync"]["step_s"], timing["async"]["step_s"]
-    ratio = statistics.median(sync_steps) / statistics.median(async_steps)
-    interval = bootstrap_ratio(sync_steps, async_steps)
+    timing = None
+    if not args.curves_only:
+        model, tokenizer = (tiny_model() if args.model == "tiny" else (args.model, None))
+        proc, api_base = start_server(args.latency)
+        try:
+            timing = {mode: timing_run(args, api_base, mode == "async", model, tokenizer) for mode in ("sync", "async")}
+        finally:
+            proc.stdin.close()
+            proc.wait(10)
 
     tiny, tiny_tok = tiny_model()
     curves = {mode: [curve_run(args, mode == "async", args.seed + s, tiny, tiny_tok) for s in range(args.curve_seeds)]
@@ -183,33 +187,36 @@ def main() -> int:
                 "whole_run_mean": statistics.mean(x for r in runs for x in r),
                 "per_seed_last_quarter": [statistics.mean(r[-quarter:]) for r in runs]}
 
-    result = {
+    from collab_env.leaderboard.stats import bootstrap
+
+    def paired(name: str) -> dict:
+        """async minus sync of ``name`` per seed (same seed: same first batch and item order), the
+        mean of the differences with its 95% bootstrap interval over the seeds."""
+        diffs = [a - b for a, b in zip(stats["async"][name], stats["sync"][name], strict=True)]
+        mean, lo, hi = bootstrap(diffs, statistics.mean)
+        return {"per_seed": diffs, "mean": mean, "ci95": [lo, hi]}
+
+    stats = {mode: curve_stats(curves[mode]) for mode in ("sync", "async")}
+    for mode in stats:
+        stats[mode]["per_seed_whole_run"] = [statistics.mean(r) for r in curves[mode]]
+    result: dict = {
         "command": command,
         "loadavg_before": load_before,
         "loadavg_after": loadavg(),
         "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()},
-        "timing": {
-            "setup": {"env": "hidden-facts-easy", "user": f"LiteLLMPolicy -> fake OpenAI server, {args.latency} s/call",
-                      "model": args.model, "learner": "MAGRPOTrainer (GRPO, 1 agent)", "steps": args.steps,
-                      "items_per_step": args.batch, "generations": args.generations, "turns": args.turns,
-                      "max_new_tokens": args.max_new_tokens, "learning_rate": args.learning_rate, "seed": args.seed},
-            "sync": {**summary(sync_steps), "first_step_s": timing["sync"]["first_step_s"],
-                     "total_s": timing["sync"]["total_s"], "step_s": sync_steps, "reward": timing["sync"]["reward"]},
-            "async": {**summary(async_steps), "first_step_s": timing["async"]["first_step_s"],
-                      "total_s": timing["async"]["total_s"], "step_s": async_steps, "reward": timing["async"]["reward"],
-                      "off_policy_steps": timing["async"]["off_policy_steps"],
-                      "rollout_wait_s": timing["async"]["rollout_wait_s"]},
-            "speedup_median_sync_over_async": ratio,
-            "speedup_bootstrap_95": interval,
-        },
+        "timing": None,
         "curves": {
             "setup": {"env": "length-ratio (2 agents, no latency)", "model": "tiny", "learner": "MAGRPOTrainer",
                       "items": args.curve_items, "learning_rate": args.curve_learning_rate,
                       "seeds": list(range(args.seed, args.seed + args.curve_seeds))},
-            "sync": {**curve_stats(curves["sync"]), "reward_per_step": curves["sync"]},
-            "async": {**curve_stats(curves["async"]), "reward_per_step": curves["async"]},
+            "sync": {**stats["sync"], "reward_per_step": curves["sync"]},
+            "async": {**stats["async"], "reward_per_step": curves["async"]},
+            "async_minus_sync": {"last_quarter": paired("per_seed_last_quarter"),
+                                 "whole_run": paired("per_seed_whole_run")},
         },
     }
+    if timing is not None:
+        result["timing"] = timing_summary(args, timing)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -220,16 +227,18 @@ def main() -> int:
 
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
         for mode, colour in (("sync", "tab:blue"), ("async", "tab:orange")):
-            left.plot(range(2, len(timing[mode]["step_s"]) + 2), timing[mode]["step_s"], "o-", color=colour,
-                      label=f"{mode}: median {statistics.median(timing[mode]['step_s']):.2f} s")
+            if timing is not None:
+                left.plot(range(2, len(timing[mode]["step_s"]) + 2), timing[mode]["step_s"], "o-", color=colour,
+                          label=f"{mode}: median {statistics.median(timing[mode]['step_s']):.2f} s")
             for k, run in enumerate(curves[mode]):
                 right.plot(range(1, len(run) + 1), run, color=colour, alpha=0.8,
                            label=mode if k == 0 else None)
-        left.set(title=f"step time, user simulator {args.latency} s/call ({args.model})", xlabel="step",
-                 ylabel="seconds")
-        right.set(title=f"training reward, length-ratio, tiny model ({args.curve_seeds} seeds)", xlabel="step",
-                  ylabel="turn_1/reward_mean")
-        left.legend()
+        left.set(title=f"step time, user simulator {args.latency} s/call ({args.model})" if timing is not None
+                 else "step time: not measured (--curves-only)", xlabel="step", ylabel="seconds")
+        right.set(title=f"training reward, length-ratio, tiny model ({args.curve_seeds} seeds, lr "
+                        f"{args.curve_learning_rate})", xlabel="step", ylabel="turn_1/reward_mean")
+        if timing is not None:
+            left.legend()
         right.legend()
         fig.tight_layout()
         fig.savefig(out.with_suffix(".png"), dpi=100)
@@ -237,12 +246,32 @@ def main() -> int:
     except ImportError:
         result["png"] = None
     out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in result["timing"].items() if k in ("speedup_median_sync_over_async",
-                                                                         "speedup_bootstrap_95")}, indent=1))
-    print("sync", summary(sync_steps), "async", summary(async_steps))
+    if result["timing"] is not None:
+        print(json.dumps({k: v for k, v in result["timing"].items() if k in ("speedup_median_sync_over_async",
+                                                                             "speedup_bootstrap_95")}, indent=1))
+        print("sync", summary(timing["sync"]["step_s"]), "async", summary(timing["async"]["step_s"]))
     print("curves", {m: {k: v for k, v in result["curves"][m].items() if k != "reward_per_step"}
-                     for m in ("sync", "async")})
+                     for m in ("sync", "async", "async_minus_sync")})
     return 0
+
+
+def timing_summary(args, timing: dict) -> dict:
+    """Part 1's record: the setup, each mode's steps and the ratio of the medians with its interval."""
+    sync_steps, async_steps = timing["sync"]["step_s"], timing["async"]["step_s"]
+    return {
+        "setup": {"env": "hidden-facts-easy", "user": f"LiteLLMPolicy -> fake OpenAI server, {args.latency} s/call",
+                  "model": args.model, "learner": "MAGRPOTrainer (GRPO, 1 agent)", "steps": args.steps,
+                  "items_per_step": args.batch, "generations": args.generations, "turns": args.turns,
+                  "max_new_tokens": args.max_new_tokens, "learning_rate": args.learning_rate, "seed": args.seed},
+        "sync": {**summary(sync_steps), "first_step_s": timing["sync"]["first_step_s"],
+                 "total_s": timing["sync"]["total_s"], "step_s": sync_steps, "reward": timing["sync"]["reward"]},
+        "async": {**summary(async_steps), "first_step_s": timing["async"]["first_step_s"],
+                  "total_s": timing["async"]["total_s"], "step_s": async_steps, "reward": timing["async"]["reward"],
+                  "off_policy_steps": timing["async"]["off_policy_steps"],
+                  "rollout_wait_s": timing["async"]["rollout_wait_s"]},
+        "speedup_median_sync_over_async": statistics.median(sync_steps) / statistics.median(async_steps),
+        "speedup_bootstrap_95": bootstrap_ratio(sync_steps, async_steps),
+    }
 
 
 if __name__ == "__main__":
