@@ -20,7 +20,9 @@ architectures in :data:`ARCHITECTURES` (checked by ``config.model_type`` and by 
 present) with full attention in every layer and SiLU MLPs, and returns ``None`` for anything
 else, which ``generate`` then serves; :meth:`LeanDecoder.fits` says whether a call can be decoded
 exactly (a Mistral sliding window longer than the sequence, no attention dropout in training
-mode), else ``generate`` serves that call. The loop keeps
+mode, nothing attached to a forward the steps skip: accelerate's mixed-precision wrapper of
+``model.forward``, a hook on a decoder layer; :meth:`LeanDecoder.bypassed`), else ``generate``
+serves that call. The loop keeps
 ``generate``'s rules: the logits processor sees the float32 logits of the last position and the
 greedy choice is its argmax, finished rows get the pad token, a row is finished by an EOS id or a
 stopping criterion, and the loop ends when every row is finished or ``max_new_tokens`` tokens are
@@ -106,11 +108,33 @@ class LeanDecoder:
 
     def fits(self, length: int) -> bool:
         """Whether a sequence of ``length`` positions is decoded exactly now: a Mistral sliding
-        window longer than it (or none), and no attention dropout (a model in training mode with
-        ``attention_dropout > 0``, which ``generate`` would apply)."""
+        window longer than it (or none), no attention dropout (a model in training mode with
+        ``attention_dropout > 0``, which ``generate`` would apply), and nothing attached to a
+        module whose forward the decode steps do not call (see :meth:`bypassed`)."""
         if self.model.training and getattr(self.model.config, "attention_dropout", 0.0):
             return False
+        if self.bypassed():
+            return False
         return self.sliding_window is None or length <= int(self.sliding_window)
+
+    def bypassed(self) -> list[str]:
+        """The modules whose own forward the decode steps skip (the model, its decoder, each
+        decoder layer, attention and MLP; the steps call their parts) that carry something that
+        forward would run: a forward replaced on the instance (accelerate's mixed-precision
+        autocast wraps ``model.forward`` so), forward hooks or pre-hooks; or any global forward
+        hook. Empty: the steps compute what the model's forward would."""
+        import torch
+
+        module_hooks = torch.nn.modules.module
+        if module_hooks._global_forward_hooks or module_hooks._global_forward_pre_hooks:
+            return ["(global forward hooks)"]
+        inner = self.model.model
+        named = [("model", self.model), ("model.model", inner)]
+        for i, layer in enumerate(inner.layers):
+            named += [(f"layers.{i}", layer), (f"layers.{i}.self_attn", layer.self_attn),
+                      (f"layers.{i}.mlp", layer.mlp)]
+        return [name for name, m in named
+                if "forward" in vars(m) or m._forward_hooks or m._forward_pre_hooks]
 
     def generate(self, input_ids: Any, attention_mask: Any, *, cache: Any = None, cache_keyword: str = "cache",
                  logits_processor: Any, stopping_criteria: Sequence[Any] = (), eos_token_ids: Sequence[int],

@@ -225,7 +225,10 @@ def main() -> int:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+        if timing is not None:
+            fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+        else:  # --curves-only: the curves alone
+            fig, right = plt.subplots(1, 1, figsize=(6, 4))
         for mode, colour in (("sync", "tab:blue"), ("async", "tab:orange")):
             if timing is not None:
                 left.plot(range(2, len(timing[mode]["step_s"]) + 2), timing[mode]["step_s"], "o-", color=colour,
@@ -233,8 +236,9 @@ def main() -> int:
             for k, run in enumerate(curves[mode]):
                 right.plot(range(1, len(run) + 1), run, color=colour, alpha=0.8,
                            label=mode if k == 0 else None)
-        left.set(title=f"step time, user simulator {args.latency} s/call ({args.model})" if timing is not None
-                 else "step time: not measured (--curves-only)", xlabel="step", ylabel="seconds")
+        if timing is not None:
+            left.set(title=f"step time, user simulator {args.latency} s/call ({args.model})", xlabel="step",
+                     ylabel="seconds")
         right.set(title=f"training reward, length-ratio, tiny model ({args.curve_seeds} seeds, lr "
                         f"{args.curve_learning_rate})", xlabel="step", ylabel="turn_1/reward_mean")
         if timing is not None:

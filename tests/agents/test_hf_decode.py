@@ -207,3 +207,69 @@ def test_the_generator_gives_the_same_completions_with_and_without_the_lean_loop
             assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason and a.text == b.text
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
     assert any(c.finish_reason == "stop" for c in lean)  # the stop string really ended some rows
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_under_bfloat16_autocast_the_steps_follow_the_forward_pass(kind):
+    """Generation inside a caller's CPU autocast to bfloat16 (thread-local, so the steps' module
+    calls run under it too; the rotated keys come out float32, the values bfloat16): every step's
+    logits stay within bfloat16 rounding of one unpadded forward pass under the same autocast."""
+    model = random_model(kind, seed=4)
+    ids, mask = left_padded(PROMPTS)
+    steps = 5
+    forced = torch.randint(3, VOCAB, (len(PROMPTS), steps), generator=torch.Generator().manual_seed(2))
+    proc = Forced(forced)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        new = lean_decoder(model).generate(ids, mask, logits_processor=proc, eos_token_ids=[2], pad_token_id=0,
+                                           max_new_tokens=steps)
+        assert torch.equal(new, forced)
+        for i, prompt in enumerate(PROMPTS):
+            full = torch.tensor([prompt + forced[i].tolist()])
+            expect = model(full).logits[0, len(prompt) - 1:len(prompt) - 1 + steps].float()
+            got = torch.stack([s[i] for s in proc.seen])
+            scale = float(expect.abs().max())
+            assert float((got - expect).abs().max()) <= 0.05 * scale, (kind, i, (got - expect).abs().max(), scale)
+
+
+def test_a_wrapped_forward_or_a_hook_the_steps_would_skip_sends_the_call_to_generate():
+    """The steps call the layers' parts, not the model's, decoder's or layers' forward: anything
+    attached there (accelerate's mixed precision wraps ``model.forward`` in an autocast; a hook
+    that captures or steers a layer) must run, so such a call goes to ``generate``."""
+    model = random_model("llama", seed=6)
+    lean = lean_decoder(model)
+    assert lean.bypassed() == [] and lean.fits(50)
+    real = model.forward
+    model.forward = lambda *a, **k: real(*a, **k)  # what accelerate's autocast wrapper does
+    assert lean.bypassed() == ["model"] and not lean.fits(50)
+    del model.forward
+    handle = model.model.layers[1].register_forward_hook(lambda m, args, out: out)
+    assert lean.bypassed() == ["layers.1"] and not lean.fits(50)
+    handle.remove()
+    handle = model.model.layers[0].mlp.register_forward_pre_hook(lambda m, args: None)
+    assert lean.bypassed() == ["layers.0.mlp"]
+    handle.remove()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, args, out: out)
+    try:
+        assert lean.bypassed() == ["(global forward hooks)"]
+    finally:
+        handle.remove()
+    assert lean.fits(50)
+
+
+def test_the_generator_decodes_with_generate_when_a_hook_is_attached(tiny_generator):
+    gen = tiny_generator
+    tok = gen.tokenizer
+    prompts = [tok("why")["input_ids"], tok("a longer question")["input_ids"]]
+    seen = []
+    handle = gen.model.model.layers[0].register_forward_hook(lambda m, args, out: seen.append(1))
+    calls = []
+    real = gen.model.generate
+    gen.model.generate = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        out = gen.generate_tokens(prompts, {"temperature": 0.0, "max_new_tokens": 4}, [0, 1])
+    finally:
+        handle.remove()
+    assert calls == [1] and len(seen) >= 4  # generate decoded, and the hook saw every step
+    gen.model.generate = lambda *a, **k: (_ for _ in ()).throw(AssertionError("generate called"))
+    again = gen.generate_tokens(prompts, {"temperature": 0.0, "max_new_tokens": 4}, [0, 1])  # hook gone: lean
+    assert [c.token_ids for c in again] == [c.token_ids for c in out]
