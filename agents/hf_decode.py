@@ -86,6 +86,8 @@ def unsupported_reason(model: Any) -> str | None:
             return f"layer {i}'s attention has a sliding window or q/k norms"
         if not all(callable(getattr(layer, n, None)) for n in ("input_layernorm", "post_attention_layernorm", "mlp")):
             return f"layer {i} has no input_layernorm / post_attention_layernorm / mlp"
+        if not all(callable(getattr(layer.mlp, n, None)) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            return f"layer {i}'s MLP has no gate_proj / up_proj / down_proj / act_fn"
     return None
 
 
@@ -221,12 +223,10 @@ class LeanDecoder:
         out = []
         for layer in self.model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            projections = [_projection(m, rows) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)]
-            if all(callable(getattr(mlp, n, None)) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-                mlp_parts = [_projection(m, rows) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)] + [mlp.act_fn]
-            else:  # an MLP of another layout: its own forward
-                mlp_parts = [None, mlp, None, None]
-            out.append((layer.input_layernorm, *projections, layer.post_attention_layernorm, *mlp_parts,
+            projections = [_projection(m, rows) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
+                                                          mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
+            out.append((layer.input_layernorm, *projections[:4], layer.post_attention_layernorm, *projections[4:],
+                        mlp.act_fn,
                         sys.modules[type(attn).__module__].apply_rotary_pos_emb, attn.scaling, attn.head_dim))
         return out
 
@@ -259,7 +259,7 @@ class LeanDecoder:
             context = torch.matmul(weights, v_cache[:, :, :end]).view(rows, self.heads * d)
             hidden = hidden + o_proj(context)
             x = norm2(hidden)
-            hidden = hidden + (down(act(gate(x)) * up(x)) if gate is not None else up(x))
+            hidden = hidden + down(act(gate(x)) * up(x))
         hidden = inner.norm(hidden)
         return model.lm_head(hidden).to(dtype=torch.float32)
 

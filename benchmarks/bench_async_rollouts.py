@@ -185,9 +185,12 @@ def main() -> int:
         quarter = max(1, len(runs[0]) // 4)
         return {"last_quarter_mean": statistics.mean(x for r in runs for x in r[-quarter:]),
                 "whole_run_mean": statistics.mean(x for r in runs for x in r),
-                "per_seed_last_quarter": [statistics.mean(r[-quarter:]) for r in runs]}
+                "per_seed_last_quarter": [statistics.mean(r[-quarter:]) for r in runs],
+                "per_seed_whole_run": [statistics.mean(r) for r in runs]}
 
     from collab_env.leaderboard.stats import bootstrap
+
+    stats = {mode: curve_stats(curves[mode]) for mode in ("sync", "async")}
 
     def paired(name: str) -> dict:
         """async minus sync of ``name`` per seed (same seed: same first batch and item order), the
@@ -196,9 +199,6 @@ def main() -> int:
         mean, lo, hi = bootstrap(diffs, statistics.mean)
         return {"per_seed": diffs, "mean": mean, "ci95": [lo, hi]}
 
-    stats = {mode: curve_stats(curves[mode]) for mode in ("sync", "async")}
-    for mode in stats:
-        stats[mode]["per_seed_whole_run"] = [statistics.mean(r) for r in curves[mode]]
     result: dict = {
         "command": command,
         "loadavg_before": load_before,

@@ -159,6 +159,10 @@ def test_other_architectures_and_layouts_are_refused_with_a_reason(monkeypatch):
     gemma = random_model("llama")
     gemma.config.model_type = "gemma"
     assert "model_type" in unsupported_reason(gemma)
+    fused = random_model("llama")
+    fused.model.layers[1].mlp.gate_up_proj = fused.model.layers[1].mlp.gate_proj  # another MLP layout
+    del fused.model.layers[1].mlp.gate_proj
+    assert "layer 1's MLP" in unsupported_reason(fused)
     old = random_model("llama")
     monkeypatch.setattr("transformers.__version__", "4.55.2")  # the module now in sys.modules
     assert "4.56" in unsupported_reason(old)
