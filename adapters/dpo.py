@@ -396,8 +396,6 @@ class OnlineDPOTrainer(TaskLearner, _Base):
                                      dataset_path=False)
         self.skipped = 0
         self._setup(agent_model, tokenizer, args, wandb_config, self._planned_updates())
-        # futures of a multiturn-aware reward are played by the trained policy, sampling as it does
-        self.task.bind_learner(self.models, learner_sampling(self.args))
 
     def _items_per_update(self) -> int:
         return self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps

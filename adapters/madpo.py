@@ -419,11 +419,15 @@ class MADPOTrainer(TreeLearner):
     async def _step_parts(self, node: Any, ja: Any, parts: Sequence[str], seeds) -> None:
         """One round on a clone of the node's env: the parsed parts as the trained players'
         moves, the untrained players on turn through their policies (the episode driver)."""
+        from collab_env.adapters.common.config import learner_sampling
+        from collab_env.adapters.common.rollout import driver_table
         from collab_env.rollout import advance
 
-        run = await advance(node.env.clone(), self.others, obs=node.obs, infos=node.infos,
+        # the trained models in the table: a multiturn-aware reward's futures play them
+        table, sampling = driver_table(self.players, self.models, self.others, learner_sampling(self.args))
+        run = await advance(node.env.clone(), table, obs=node.obs, infos=node.infos,
                             actions=dict(zip(self.players, parts, strict=True)), max_steps=1,
-                            seed=lambda k: seeds(1)[0])
+                            sampling=sampling, seed=lambda k: seeds(1)[0])
         for i, p in enumerate(self.players):
             ja.rewards[i] += run.reward(p)
 

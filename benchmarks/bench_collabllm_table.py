@@ -23,7 +23,7 @@ one adapter is trained through every stage, so the product is one small adapter 
    (``--normalize-advantages`` divides by the std; the two stopped runs in
    ``benchmarks/results/collabllm_table_cpu_stdnorm_seed0.md`` and ``..._turn1.md`` show why
    neither std normalisation nor training the first turn alone is the default here). The
-   futures are played by the learner itself (``LEARNER``) and the scripted user. Metrics: the accuracy rule
+   futures are played by the learner itself (the driver's policy) and the scripted user. Metrics: the accuracy rule
    (the exact boxed answer anywhere in the future) and the recipe's token penalty
    (``token_amount``, -1e-3 per word), aggregated by the ``"collabllm"`` rule. Two windows:
 
@@ -247,7 +247,7 @@ def run_grpo(seed: int, window: int, a: argparse.Namespace, sft_state: dict[str,
     from collab_env.adapters.common.collapse import CollapseThresholds
     from collab_env.adapters.common.models import load_model_and_tokenizer, resolve_device, resolve_dtype
     from collab_env.adapters.magrpo import MAGRPOConfig, MAGRPOTrainer
-    from collab_env.rewards.mr import LEARNER, MultiturnAwareReward
+    from collab_env.rewards.mr import MultiturnAwareReward
 
     device = resolve_device(a.device)
     base, tok = load_model_and_tokenizer(a.model, a.tokenizer, device, resolve_dtype(a.dtype, device))
@@ -259,7 +259,8 @@ def run_grpo(seed: int, window: int, a: argparse.Namespace, sft_state: dict[str,
     peft.set_peft_model_state_dict(model, sft_state)
     env = MultiturnAwareReward(
         collab_env.make(ENV_ID, split="train"),
-        policies={"assistant": LEARNER},  # the user keeps the spec's scripted HiddenFactsUser
+        # the learner's model plays the futures' assistant (the driver's policy); the user keeps
+        # the spec's scripted HiddenFactsUser
         weights={"accuracy_rule": 1.0, "token_amount": -1e-3},
         aggregation="collabllm",
         num_rollouts=a.rollouts if window > 0 else 1,

@@ -106,6 +106,9 @@ class EpisodeState:
     terminated: bool = False
     truncated: bool = False
     end_reason: str | None = None
+    seed: int | None = None
+    """The seed the episode was reset with (``None``: unseeded); a reward stage seeds what it
+    samples for this episode from it (the multiturn-aware reward's futures)."""
 
     @property
     def conversation(self) -> Conversation:
@@ -134,6 +137,7 @@ class EpisodeState:
             terminated=self.terminated,
             truncated=self.truncated,
             end_reason=self.end_reason,
+            seed=self.seed,
         )
 
 
@@ -388,7 +392,7 @@ class CollabEnv(ParallelEnv[str, Conversation, str]):
                                   "pass an index in that range.")
         episode_rng = np.random.default_rng(int(rng.integers(2**63 - 1)))
         item = self.task.item_from_row(row) if row is not None else self.task.get_item(index)
-        state = EpisodeState(index=index, item=item, rng=episode_rng)
+        state = EpisodeState(index=index, item=item, rng=episode_rng, seed=None if seed is None else int(seed))
         state.moves = dict.fromkeys(self.possible_agents, 0)
         state.chars = dict.fromkeys(self.possible_agents, 0)
         start = self.task.start(state, {k: v for k, v in options.items() if k in self.task.option_keys})

@@ -13,9 +13,9 @@
 * :class:`ScriptedPolicy` (and :class:`FixedTextPolicy`, :class:`CallablePolicy`): deterministic,
   model-free players.
 * :func:`policies_for`: a spec's default policies merged with the caller's.
-* The learner binding: :data:`LEARNER` in a policy table means "the policy being trained plays
-  this player"; a wrapper that accepts it is :class:`LearnerBindable` and the trainer binds its
-  policy into every such layer with :func:`bind_learner`.
+* :func:`fork_policy`: the policy that plays forks of an episode (a per-episode policy's
+  ``fork()``). Policies flow one way: callers hand them to the episode driver, which hands its
+  table to the reward stages that play futures; nothing puts a policy into an env.
 
 These names have one import path, this module (``tests/test_one_import_path.py`` keeps it so).
 """
@@ -55,11 +55,7 @@ __all__ = [
     "FixedTextPolicy",
     "CallablePolicy",
     "observation_rng",
-    "LEARNER",
-    "LearnerBindable",
-    "bind_learner",
-    "unbind_learner",
-    "unbound_learners",
+    "fork_policy",
 ]
 
 
@@ -74,9 +70,21 @@ class Policy(Protocol):
     that needs an action); the result has one completion per observation, in order. A policy
     that fails after its own retries raises :class:`~collab_env.errors.PolicyError`; it never
     returns empty text in place of an error.
+
+    A policy that keeps state across the moves of ONE episode (an exact token history, say) also
+    has ``fork() -> Policy``: the policy that plays forks of that episode (the futures a
+    reward stage rolls) from the same model, without touching the episode's state
+    (:func:`fork_policy`). Stateless policies play forks as they are.
     """
 
     async def act(self, observations: Sequence[Conversation], **sampling: Any) -> list[Completion]: ...
+
+
+def fork_policy(policy: Any) -> Any:
+    """The policy that plays a fork of an episode that ``policy`` plays: ``policy.fork()`` when
+    it has one (a policy with per-episode state), else ``policy`` itself."""
+    fork = getattr(policy, "fork", None)
+    return fork() if callable(fork) else policy
 
 
 @dataclass(frozen=True)
@@ -359,72 +367,3 @@ class CallablePolicy(ScriptedPolicy):
 
     def respond(self, observation: Conversation, rng: np.random.Generator) -> str:
         return self.fn(observation, rng) if self._takes_rng else self.fn(observation)
-
-
-# -- the learner binding ------------------------------------------------------------------------
-
-#: The policy-table value meaning "the learner plays this player": a wrapper that rolls futures
-#: (e.g. the multiturn-aware reward) keeps it unbound until the trainer binds the policy it
-#: trains with :func:`bind_learner`.
-LEARNER = "learner"
-
-
-@runtime_checkable
-class LearnerBindable(Protocol):
-    """A layer of an env's wrapper chain whose policy table may name :data:`LEARNER`."""
-
-    def learner_players(self) -> list[str]:
-        """Players whose policy is :data:`LEARNER` and not bound yet."""
-        ...
-
-    def bind_policy(self, player: str, policy: Any, sampling: Mapping[str, Any] | None = None) -> None:
-        """Use ``policy`` for ``player`` from now on, with ``sampling`` (keywords of
-        :class:`SamplingParams`, the learner's own settings) when given."""
-        ...
-
-
-def bind_learner(env: Any, policies: Mapping[str, Any],
-                 sampling: Mapping[str, Mapping[str, Any]] | None = None) -> int:
-    """Bind ``policies`` (player -> policy) into every layer of ``env``'s wrapper chain (``env``,
-    ``env.env``, ...) that is :class:`LearnerBindable`, for the players it reports as
-    :data:`LEARNER`; a player of ``policies`` a layer does not report is left alone there, and a
-    layer's learner player missing from ``policies`` stays unbound (the layer says so when it
-    needs it). ``sampling`` (player -> sampling keywords, the learner's config) travels with each
-    bound policy, so the futures a learner plays sample as its own rollouts do. Returns how many
-    (layer, player) bindings were made.
-    """
-    bound = 0
-    for layer in _bindable_layers(env):
-        for player in list(layer.learner_players()):
-            if player in policies:
-                if sampling is not None and sampling.get(player) is not None:
-                    layer.bind_policy(player, policies[player], sampling=dict(sampling[player]))
-                else:
-                    layer.bind_policy(player, policies[player])
-                bound += 1
-    return bound
-
-
-def unbind_learner(env: Any) -> int:
-    """Undo :func:`bind_learner`: every layer of ``env``'s wrapper chain that can
-    (``unbind_learners()``) puts :data:`LEARNER` back in the slots it was built with. A learner
-    that reuses one env for samples with different policies (verl's per-sample rollout policy)
-    unbinds before the next bind. Returns how many (layer, player) slots were reset."""
-    return sum(len(layer.unbind_learners()) for layer in _bindable_layers(env) if hasattr(layer, "unbind_learners"))
-
-
-def unbound_learners(env: Any) -> list[str]:
-    """The players that some layer of ``env``'s wrapper chain still plays with :data:`LEARNER`
-    (sorted, each once): a trainer that cannot :func:`bind_learner` its model (TRL's tool route,
-    say) refuses such an env up front instead of failing at the first scored step."""
-    return sorted({p for layer in _bindable_layers(env) for p in layer.learner_players()})
-
-
-def _bindable_layers(env: Any) -> list[Any]:
-    layers, layer, seen = [], env, set()
-    while layer is not None and id(layer) not in seen:
-        seen.add(id(layer))
-        if isinstance(layer, LearnerBindable):
-            layers.append(layer)
-        layer = getattr(layer, "env", None)
-    return layers

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     env_kwargs = {
         "data_files": str(data / "rl_train.parquet"), "system_prompt": None,  # the rows' own system prompt
         "reward": "mr",
-        "reward_kwargs": {"policy": "learner", "user": args.user, "judge": args.judge,
+        "reward_kwargs": {"user": args.user, "judge": args.judge,
                           "weights": {"accuracy": 1.0, "interactivity": 1.0, "token_amount": -1e-4},
                           "num_rollouts": args.rollouts, "max_user_turns": 1, "max_assistant_turns": 2,
                           "sampling": {"user": {"max_new_tokens": args.max_new_tokens}}},

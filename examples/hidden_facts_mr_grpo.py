@@ -2,8 +2,8 @@
 
 The assistant of ``hidden-facts-easy`` is trained with GRPO on the **multiturn-aware reward**:
 each sampled reply is scored by ``num_rollouts`` short futures in which the scripted user
-answers and the policy being trained plays the later assistant turns (``LEARNER``: the trainer
-binds its own policy). It is the CollabLLM recipe with the API user simulator and judge replaced
+answers and the policy being trained plays the later assistant turns (the episode driver hands
+the reward the policy it plays with). It is the CollabLLM recipe with the API user simulator and judge replaced
 by the suite's scripted user and rules, so it runs offline in minutes.
 
     python examples/hidden_facts_mr_grpo.py                 # embedded SmolLM2-135M-Instruct
@@ -43,7 +43,7 @@ from typing import Any
 
 import collab_env
 from collab_env.rewards.metrics import MetricResult, register_metric
-from collab_env.rewards.mr import LEARNER, MultiturnAwareReward
+from collab_env.rewards.mr import MultiturnAwareReward
 from collab_env.types import Conversation
 
 MAX_NEW_TOKENS = int(os.environ.get("MAX_NEW_TOKENS", "48"))
@@ -85,16 +85,18 @@ def register_metrics() -> None:
 
 def mr_env(split: str, env_id: str = "hidden-facts-easy", num_rollouts: int = 2,
            weights: Mapping[str, float] | None = None, aggregation: str = "collabllm",
-           assistant: Any = LEARNER, max_user_turns: int = 2) -> MultiturnAwareReward:
+           assistant: Any = None, max_user_turns: int = 2) -> MultiturnAwareReward:
     """The training env: ``env_id``'s ``split`` under the multiturn-aware reward above
-    (``assistant``: the future assistant turns' policy, the learner by default;
+    (``assistant``: the future assistant turns' policy when the env is stepped directly; played
+    by a learner, the learner's own model;
     ``max_user_turns=1`` ends every future at the user's answer to the reply: no future
     assistant turn is generated, so it is cheaper, but only the facts a reply elicits (and an
     answer boxed in the reply itself) earn credit)."""
     register_metrics()
     return MultiturnAwareReward(
         collab_env.make(env_id, split=split),
-        policies={"assistant": assistant},  # the user keeps the spec's scripted HiddenFactsUser
+        # the user keeps the spec's scripted HiddenFactsUser
+        policies={} if assistant is None else {"assistant": assistant},
         weights=dict(weights or WEIGHTS),
         aggregation=aggregation,  # "collabllm": an empty reply is scored (its -1 counts), not a flat 0
         num_rollouts=num_rollouts,
@@ -102,8 +104,8 @@ def mr_env(split: str, env_id: str = "hidden-facts-easy", num_rollouts: int = 2,
         # the total once the user told the fact), the user's reply to it.
         max_user_turns=max_user_turns,
         max_assistant_turns=2,
-        # No sampling= here: the trainer binds its policy with its own sampling settings
-        # (temperature, max_new_tokens), so the futures sample as the training rollouts do.
+        # No sampling= here: the driver hands the reward the learner's policy with its sampling
+        # settings (temperature, max_new_tokens), so the futures sample as the training rollouts do.
     )
 
 

@@ -1,5 +1,5 @@
-"""The policy contract in the core (collab_env.policy): the learner binding, the policy-name
-registry, policies_for, and the old import paths."""
+"""The policy contract in the core (collab_env.policy): forks of per-episode policies, the
+policy-name registry, policies_for, and the old import paths."""
 
 import subprocess
 import sys
@@ -10,91 +10,32 @@ import collab_env
 from collab_env.errors import ConfigError
 from collab_env.policy import (
     BACKEND_PREFIXES,
-    LEARNER,
     POLICY_ALIASES,
     FixedTextPolicy,
-    LearnerBindable,
-    bind_learner,
+    fork_policy,
     policies_for,
     register_backend,
     register_policy,
     resolve_policy,
 )
-from collab_env.wrappers.base import EnvWrapper
 
 
-class FuturesLayer(EnvWrapper):
-    """A wrapper with a policy table that may name LEARNER (like the multiturn-aware reward)."""
+def test_the_policy_contract_holds_no_learner_binding():
+    """Data flows one way: the core contract has no way to push a policy into an env."""
+    import collab_env.policy as policy
 
-    def __init__(self, env, policies):
-        super().__init__(env)
-        self.policies = dict(policies)
-        self.bound_calls = []
-
-    def learner_players(self):
-        return [p for p, v in self.policies.items() if isinstance(v, str) and v == LEARNER]
-
-    def bind_policy(self, player, policy):
-        self.bound_calls.append(player)
-        self.policies[player] = policy
+    for name in ("LEARNER", "LearnerBindable", "bind_learner", "unbind_learner", "unbound_learners"):
+        assert not hasattr(policy, name), name
 
 
-class PlainLayer(EnvWrapper):
-    """A wrapper that has a policy table but does not take part in the binding."""
+def test_fork_policy_takes_a_per_episode_policys_fork():
+    class PerEpisode(FixedTextPolicy):
+        def fork(self):
+            return FixedTextPolicy("fork")
 
-    def __init__(self, env):
-        super().__init__(env)
-        self.policies = {"assistant": LEARNER}
-
-
-def test_bind_learner_binds_every_bindable_layer_for_its_learner_players():
-    base = collab_env.make("hidden-facts")
-    inner = FuturesLayer(base, {"assistant": LEARNER, "user": "hidden-facts-user"})
-    middle = PlainLayer(inner)
-    outer = FuturesLayer(middle, {"assistant": LEARNER, "user": LEARNER})
-    assert isinstance(inner, LearnerBindable) and not isinstance(middle, LearnerBindable)
-    assert not isinstance(base, LearnerBindable)
-
-    a, u = FixedTextPolicy("a"), FixedTextPolicy("u")
-    # outer: assistant and user; inner: assistant only (its user is a named policy); the plain
-    # layer in between is skipped although its table names LEARNER: 3 bindings.
-    assert bind_learner(outer, {"assistant": a, "user": u}) == 3
-    assert outer.policies == {"assistant": a, "user": u}
-    assert inner.policies == {"assistant": a, "user": "hidden-facts-user"}
-    assert middle.policies == {"assistant": LEARNER}
-    assert outer.bound_calls == ["assistant", "user"] and inner.bound_calls == ["assistant"]
-    # Everything is bound now: a second call binds nothing.
-    assert bind_learner(outer, {"assistant": a, "user": u}) == 0
-
-
-def test_bind_learner_leaves_players_it_is_not_given_unbound():
-    layer = FuturesLayer(collab_env.make("hidden-facts"), {"assistant": LEARNER, "user": LEARNER})
-    p = FixedTextPolicy("p")
-    assert bind_learner(layer, {"user": p, "nobody": p}) == 1
-    assert layer.policies == {"assistant": LEARNER, "user": p}
-    assert layer.learner_players() == ["assistant"]
-    assert bind_learner(collab_env.make("hidden-facts"), {"assistant": p}) == 0
-
-
-def test_bind_learner_stops_on_a_wrapper_chain_that_loops():
-    class Loop:
-        def __init__(self):
-            self.env = self
-            self.policies = {"a": LEARNER}
-
-        def learner_players(self):
-            return [k for k, v in self.policies.items() if v == LEARNER]
-
-        def bind_policy(self, player, policy):
-            self.policies[player] = policy
-
-    assert bind_learner(Loop(), {"a": FixedTextPolicy("x")}) == 1
-
-
-def test_rewards_mr_keeps_the_learner_names():
-    from collab_env.rewards import mr
-
-    assert mr.LEARNER == LEARNER == "learner"
+    plain = FixedTextPolicy("plain")
+    assert fork_policy(plain) is plain
+    assert fork_policy(PerEpisode("live")).text == "fork"
 
 
 def test_policies_for_merges_overrides_and_none_removes():

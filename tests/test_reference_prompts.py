@@ -364,12 +364,12 @@ def test_env_prompts_reach_the_reward_user_simulator_and_judges(tmp_path, standi
     use read the reference templates too (built, no API call); a source without a judge's template
     is an error naming it, never our rubric in its place; the default builds our own."""
     data = write_collabllm_fixture(tmp_path, "list", "jsonl", n=4)
-    kw = {"user": "litellm:openai/gpt-4o-mini", "judge": "litellm:openai/gpt-4o-mini", "policy": "learner",
+    kw = {"user": "litellm:openai/gpt-4o-mini", "judge": "litellm:openai/gpt-4o-mini",
           "weights": {"accuracy": 1.0, "interactivity": 1.0}}
     env = collab_env.make("collabllm-math-hard", data_files=str(data), prompts=("collabllm", str(verl_checkout)),
                           reward="mr", reward_kwargs=kw)
     assert "STANDIN" in env.unwrapped.task.reference_system_prompt
-    user = env.policies["user"]
+    user = env.scorer.named["user"]
     assert user.template is not None and "STANDIN USER" in user.template.text
     judges = env.metric_set.ctx["judge"]
     assert set(judges) == {"accuracy", "interactivity"}
@@ -379,7 +379,7 @@ def test_env_prompts_reach_the_reward_user_simulator_and_judges(tmp_path, standi
         collab_env.make("collabllm-math-hard", data_files=str(data), prompts="collabllm", reward="mr",
                         reward_kwargs=kw)
     ours = collab_env.make("collabllm-math-hard", data_files=str(data), reward="mr", reward_kwargs=kw)
-    assert ours.policies["user"].template is None
+    assert ours.scorer.named["user"].template is None
     assert {j.prompt_origin for j in ours.metric_set.ctx["judge"].values()} == {None}
     assert {"extractor", "document_extractor"} <= set(ours.metric_set.ctx)
 

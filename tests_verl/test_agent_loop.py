@@ -21,7 +21,7 @@ import collab_env
 from collab_env.adapters.verl import AGENT_NAME, CollabEnvAgentLoop, compute_score, dataset_rows
 from collab_env.agents.hf import HFPolicy
 from collab_env.errors import ConfigError
-from collab_env.policy import bind_learner, policies_for
+from collab_env.policy import policies_for
 from collab_env.rollout import arun_episode, token_transcript
 
 MAX_NEW = 12
@@ -50,7 +50,6 @@ def reference(tiny, env_id, *, seed, index, env_kwargs=None):
     model, tok = tiny
     env = collab_env.make(env_id, **(env_kwargs or {}))
     policy = HFPolicy(model, tok, device="cpu", temperature=0, max_new_tokens=MAX_NEW)
-    bind_learner(env, {"assistant": policy})
     table = {**policies_for(env.spec), "assistant": policy}
     ep = asyncio.run(arun_episode(env, table, seed=seed, index=index))
     return ep, token_transcript(ep, "assistant")

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from collab_env.adapters.common.config import learner_sampling
 from collab_env.adapters.common.loop import Schedule
 from collab_env.adapters.common.models import load_policy_models, make_optimizer, make_scheduler, unique_models
 from collab_env.adapters.common.task import TaskSource
@@ -114,7 +113,6 @@ class TaskLearner:
         self.models, self._unique = build_models(agent_model, tokenizer, args.num_agents, args,
                                                  need_reference=need_reference(args),
                                                  steps=self.planned_optimizer_steps())
-        self.task.bind_learner(self.models, learner_sampling(args))
         return args
 
     def item_schedule(self, batch: int, desc: str, **rules: Any) -> Schedule:

@@ -12,8 +12,8 @@ Generation goes through the token-level interface (:class:`~collab_env.agents.to
 :meth:`PolicyModel.generate_tokens`) of an :class:`~collab_env.agents.hf.HFPolicy` on the model
 being trained, or of its vLLM engine, so a :class:`~collab_env.types.Completion` holds the exact
 token ids the learner puts in its loss. :attr:`PolicyModel.policy` is the same model as a
-:class:`~collab_env.policy.Policy`, for the reward wrappers whose futures the learner plays
-(``collab_env.policy.bind_learner``): its queue merges the concurrent calls of every fork of a
+:class:`~collab_env.policy.Policy`, in the episode driver's policy table (a multiturn-aware reward's futures play it,
+:func:`~collab_env.adapters.common.rollout.driver_table`): its queue merges the concurrent calls of every fork of a
 tree level into model calls of at most ``max_batch_size`` observations.
 """
 
@@ -115,8 +115,8 @@ class PolicyModel:
 
     @property
     def policy(self) -> Any:
-        """This model as a :class:`~collab_env.policy.Policy`: what a learner binds into the
-        reward wrappers whose futures it plays (``collab_env.policy.bind_learner``).
+        """This model as a :class:`~collab_env.policy.Policy`: the trained player's entry in the
+        episode driver's policy table, which plays a multiturn-aware reward's futures.
 
         Without a vLLM engine it is :attr:`generator` (an :class:`~collab_env.agents.hf.HFPolicy`
         with ``flush="idle"``: the concurrent ``act`` calls of every fork of a tree level wait for

@@ -43,7 +43,7 @@ from collab_env.rollout.driver import advance
 
 __all__ = [
     "TreeNode", "JointAction", "grow_trees", "start_roots", "expand_tree", "compute_returns", "completion_values",
-    "episode_item", "as_sampling",
+    "episode_item", "as_sampling", "driver_table",
 ]
 
 
@@ -166,6 +166,29 @@ def grow_trees(task: Any, env: Any, indices: Sequence[int], models: Sequence[Any
     return roots, levels
 
 
+def driver_table(players: Sequence[str], models: Sequence[Any], others: Mapping[str, Any],
+                 sampling: SamplingParams | Mapping[str, Any],
+                 others_sampling: Mapping[str, Mapping[str, Any]] | None = None,
+                 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The episode driver's policy table and sampling keywords for a learner's rollouts: the
+    untrained players' ``others`` with ``others_sampling``, and each trained player
+    ``players[i]`` played by ``models[i].policy`` (the model that generates its moves: the live
+    model, or the frozen copy of async rollouts) with the learner's ``sampling``. The trained
+    players never act through the driver (their moves are given); a reward stage that rolls
+    futures (the multiturn-aware reward) plays them with these policies, so the futures'
+    assistant is the model that wrote the reply."""
+    keywords = {k: v for k, v in as_sampling(sampling).to_dict().items()
+                if k in ("temperature", "top_p", "top_k", "max_new_tokens") and v is not None}
+    table = dict(others)
+    table_sampling = {p: dict(v) for p, v in (others_sampling or {}).items()}
+    for i, p in enumerate(players):
+        policy = getattr(models[i], "policy", None)
+        if policy is not None:
+            table[p] = policy
+            table_sampling[p] = dict(keywords)
+    return table, table_sampling
+
+
 def as_sampling(sampling: SamplingParams | Mapping[str, Any]) -> SamplingParams:
     """``sampling`` as :class:`~collab_env.policy.SamplingParams` (a mapping of its keywords is
     validated)."""
@@ -216,6 +239,7 @@ async def expand_tree(
     levels: list[list[TreeNode]] = []
     frontier = list(roots)
     depth = 0
+    table, table_sampling = driver_table(players, models, others, sampling, others_sampling)
     while frontier and depth < max_depth:
         levels.append(frontier)
         g = branching(depth)
@@ -225,8 +249,7 @@ async def expand_tree(
             for choice in _joint_choices(node, g, joint_mode):
                 ja = JointAction(choice=choice, rewards=[0.0] * len(players))
                 node.joint.append(ja)
-                steps.append(_step_joint(node, ja, players, others, seeds, depth + 1 < max_depth,
-                                         others_sampling))
+                steps.append(_step_joint(node, ja, players, table, seeds, depth + 1 < max_depth, table_sampling))
         await asyncio.gather(*steps)
         if stop_above is not None:
             for node in frontier:
@@ -279,15 +302,17 @@ def _joint_choices(node: TreeNode, g: int, mode: str) -> list[dict[int, int]]:
     return [dict(zip(node.acting, combo, strict=True)) for combo in itertools.product(range(g), repeat=len(node.acting))]
 
 
-async def _step_joint(node: TreeNode, ja: JointAction, players: Sequence[str], others: Mapping[str, Any],
+async def _step_joint(node: TreeNode, ja: JointAction, players: Sequence[str], table: Mapping[str, Any],
                       seeds: Callable[[int], list[int]], expand: bool,
-                      others_sampling: Mapping[str, Mapping[str, Any]] | None = None) -> TreeNode | None:
+                      table_sampling: Mapping[str, Mapping[str, Any]] | None = None) -> TreeNode | None:
     """Apply ``ja`` to a clone of ``node``'s env and play on until a trained player is on turn;
-    ``ja.rewards`` gets the trained players' rewards of every round played."""
+    ``ja.rewards`` gets the trained players' rewards of every round played. ``table``: every
+    player's policy (:func:`driver_table`): the untrained players act through theirs, and a
+    reward stage (the multiturn-aware reward's futures) plays the trained players with theirs."""
     env = node.env.clone()
     actions = {players[a]: node.completions[a][j].text for a, j in ja.choice.items()}
-    run = await advance(env, others, obs=node.obs, infos=node.infos, until=players, actions=actions,
-                        sampling=others_sampling, seed=_draws(seeds, seeds(1)[0]))
+    run = await advance(env, table, obs=node.obs, infos=node.infos, until=players, actions=actions,
+                        sampling=table_sampling, seed=_draws(seeds, seeds(1)[0]))
     for i, p in enumerate(players):
         ja.rewards[i] += run.reward(p)
     if run.done or not expand:

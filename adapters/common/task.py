@@ -11,9 +11,10 @@ builds one :class:`TaskSource` from its arguments instead of setting up envs its
   split), and how many of them an evaluation can play (:func:`eval_count`);
 * **seeds**: the training generator (``seeds(n)``; checkpoints save its state) and one fresh
   generator per evaluation, so that evaluating never shifts the training samples;
-* **sampling**: the learner's one :class:`~collab_env.policy.SamplingParams`
-  (:func:`~collab_env.adapters.common.config.learner_sampling`) is bound, with the learner's
-  policies, into the multiturn-aware reward's futures (:meth:`TaskSource.bind_learner`);
+* **sampling**: the untrained players' sampling keywords (:func:`untrained_sampling`); the
+  learner's own settings go to the episode driver with its models
+  (:func:`~collab_env.adapters.common.rollout.driver_table`), which hands both to a reward that
+  rolls futures (nothing is bound into an env);
 * **turn metrics**: :func:`turn_metrics`, the guide's ``turn_k/reward_mean`` and
   ``turn_k/expected_return``.
 
@@ -34,7 +35,6 @@ from collab_env.policy import SamplingParams
 __all__ = [
     "TaskSource",
     "sampling_keywords",
-    "bind_learner",
     "turn_metrics",
     "dataset_items",
     "streamed_rows",
@@ -94,7 +94,7 @@ def eval_count(env: Any, known_items: int | None, requested: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Sampling, binding, metrics
+# Sampling, metrics
 # ---------------------------------------------------------------------------------------------
 def untrained_sampling(args: Any, others: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """The sampling keywords of the untrained players ``others`` from ``args.untrained_sampling``
@@ -125,27 +125,6 @@ def sampling_keywords(sampling: SamplingParams | Mapping[str, Any] | None) -> di
     if isinstance(sampling, SamplingParams):
         sampling = {k: getattr(sampling, k) for k in ("temperature", "top_p", "top_k", "max_new_tokens")}
     return {k: v for k, v in sampling.items() if v is not None}
-
-
-def bind_learner(envs: Sequence[Any], players: Sequence[str], models: Sequence[Any],
-                 sampling: SamplingParams | Mapping[str, Any] | None = None) -> int:
-    """Bind the policies being trained into every environment of ``envs`` whose reward rolls
-    futures in which a trained player is played by the learner (:data:`collab_env.policy.LEARNER`,
-    e.g. the multiturn-aware reward): player ``players[i]`` is played by ``models[i].policy``, the
-    model being trained (its batching queue), so futures see the current weights. Every learner
-    binds through this function (IAC/MAAC included); it calls :func:`collab_env.policy.bind_learner`.
-
-    ``sampling`` (the learner's :func:`learner_sampling`) travels with the policies, so the
-    futures sample as the learner's rollouts do (``max_new_tokens``, temperature...); the reward
-    decides how it combines with its own ``sampling=``. Returns how many (env layer, player)
-    bindings were made.
-    """
-    from collab_env.policy import bind_learner as core_bind
-
-    policies = {p: models[i].policy for i, p in enumerate(players)}
-    keywords = sampling_keywords(sampling)
-    per_player = {p: dict(keywords) for p in players} if keywords else None
-    return sum(core_bind(e, policies, sampling=per_player) for e in envs if e is not None)
 
 
 def turn_metrics(levels: Sequence[Sequence[Any]], prefix: str) -> dict[str, float]:
@@ -335,11 +314,6 @@ class TaskSource:
             return [int(s) for s in rng.integers(0, 2**62, size=k)]
 
         return n, seeds
-
-    # -- binding ------------------------------------------------------------------------
-    def bind_learner(self, models: Sequence[Any], sampling: SamplingParams | Mapping[str, Any] | None = None) -> int:
-        """:func:`bind_learner` on the training and evaluation envs."""
-        return bind_learner((self.train_env, self.eval_env), self.players, models, sampling)
 
     def config_record(self) -> dict[str, Any]:
         """``players`` and ``env`` (the training env's spec id) for the run's logged config."""

@@ -65,7 +65,7 @@ from collab_env.adapters.common.losses import (
     token_logprobs,
 )
 from collab_env.adapters.common.rollout import completion_values, episode_item, grow_trees
-from collab_env.adapters.common.task import bind_learner, turn_metrics
+from collab_env.adapters.common.task import turn_metrics
 from collab_env.errors import ConfigError, TaskFunctionError
 from collab_env.policy import SamplingParams
 
@@ -131,16 +131,14 @@ class TreeLearner(TaskLearner):
 
     def _overlapped_rollouts(self) -> OverlappedRollouts:
         """``async_rollouts``: the frozen copy of the models that the background rollouts
-        generate with, bound into the training env's futures (a multiturn-aware reward's) in
-        place of the live models; the evaluation env keeps the live ones.
+        generate with. The rollouts hand it to the episode driver as the trained players'
+        policies, so a multiturn-aware reward's futures are played by the copy that wrote the
+        replies; evaluation plays the live models.
 
         Raises:
-            ConfigError: A learner that collects its samples before training (MADPO), vLLM
-                generation, or an evaluation env that is the training env object and binds the
-                learner's policy (it cannot hold both).
+            ConfigError: A learner that collects its samples before training (MADPO), or vLLM
+                generation.
         """
-        from collab_env.policy import unbind_learner
-
         name = type(self).__name__
         if type(self).train is not TreeLearner.train:
             raise ConfigError(f"async_rollouts=True overlaps each training step's rollout with the previous update; "
@@ -148,14 +146,7 @@ class TreeLearner(TaskLearner):
         if any(pm.engine is not None for pm in self._unique):
             raise ConfigError("async_rollouts=True generates with a frozen copy through transformers, but the models "
                               "generate with vLLM (generation_backend='auto' on CUDA): set generation_backend='hf'.")
-        overlap = OverlappedRollouts(self.models, self.task, self._updates_between)
-        if self.train_env is not None and unbind_learner(self.train_env):
-            if self.eval_env is self.train_env:
-                raise ConfigError("async_rollouts=True binds the training env's futures to the rollouts' frozen "
-                                  "copy of the policy, and evaluation needs the live one: pass a separate eval_env "
-                                  "object (e.g. a second collab_env.make(...)), or async_rollouts=False.")
-            bind_learner((self.train_env,), self.players, overlap.models, learner_sampling(self.args))
-        return overlap
+        return OverlappedRollouts(self.models, self.task, self._updates_between)
 
     def _updates_between(self, then: Sequence[int], now: Sequence[int]) -> int:
         """Policy updates between two version tuples (optimiser steps per model)."""

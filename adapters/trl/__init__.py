@@ -87,10 +87,10 @@ from collab_env.adapters.trl.generation import (
 )
 from collab_env.adapters.trl.reward import episode_reward
 from collab_env.adapters.trl.rollout import (
-    EpisodeRecorder,
     RolloutFunc,
     episode_output,
     rollout_func,
+    scored_moves,
 )
 from collab_env.adapters.trl.tools import CollabToolEnv, environment_factory
 
@@ -106,7 +106,7 @@ __all__ = [
     "VLLMGenerationGenerator",
     "TranscriptPolicy",
     "ChatPolicy",
-    "EpisodeRecorder",
+    "scored_moves",
     "episode_output",
     "CollabToolEnv",
     "environment_factory",

@@ -87,8 +87,8 @@ class TrainerGenerator:
 
 class ChatPolicy:
     """A stateless :class:`~collab_env.policy.Policy` over a :class:`TrainerGenerator`: each
-    observation rendered by the chat template (what the multiturn-aware reward's futures use
-    when their assistant is :data:`~collab_env.policy.LEARNER`)."""
+    observation rendered by the chat template (what the multiturn-aware reward's futures play
+    the trained player with: :meth:`TranscriptPolicy.fork`)."""
 
     def __init__(self, generator: TrainerGenerator) -> None:
         self.generator = generator
@@ -136,3 +136,8 @@ class TranscriptPolicy:
             raise PolicyError("the generator changed the prompt ids it was given.")
         self.history.record(completion)
         return [completion]
+
+    def fork(self) -> ChatPolicy:
+        """The policy of a fork of this episode (a multiturn-aware reward's futures): the same
+        generator and sampling, without this episode's token history."""
+        return ChatPolicy(self.generator)

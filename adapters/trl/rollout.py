@@ -11,43 +11,25 @@ from typing import Any
 from collab_env.adapters.trl.data import item_of
 from collab_env.adapters.trl.envs import env_builder, other_policies, trained_player
 from collab_env.adapters.trl.generation import (
-    ChatPolicy,
     TrainerGenerator,
     TranscriptPolicy,
     VLLMGenerationGenerator,
-    params_dict,
 )
 from collab_env.errors import ConfigError
-from collab_env.policy import SamplingParams, bind_learner
+from collab_env.policy import SamplingParams
 from collab_env.rollout import arun_episode, token_transcript
 from collab_env.types import Episode
-from collab_env.wrappers.base import EnvWrapper
 
 
-class EpisodeRecorder(EnvWrapper):
-    """Keeps ``infos[player]["mr"]`` of every step where the multiturn-aware reward scored the
-    player (with its ``step``), for the reward functions; changes nothing else."""
-
-    def __init__(self, env: Any, player: str) -> None:
-        super().__init__(env)
-        self.player = player
-        self.mr: list[dict[str, Any]] = []
-
-    async def areset(self, seed: int | None = None, options: Mapping[str, Any] | None = None):
-        self.mr = []
-        return await self.env.areset(seed=seed, options=options)
-
-    async def astep(self, actions: Mapping[str, str]):
-        step = self.env.unwrapped.episode.step
-        out = await self.env.astep(actions)
-        mr = out[4].get(self.player, {}).get("mr")
-        if mr is not None:
-            self.mr.append({"step": step, **{k: v for k, v in mr.items() if k != "futures"}})
-        return out
+def scored_moves(episode: Episode, player: str, name: str = "mr") -> list[dict[str, Any]]:
+    """``{"step", **infos[player][name]}`` of every move of ``player`` that the scorer ``name``
+    (the multiturn-aware reward) scored in ``episode`` (``Episode.info["scores"]``), without the
+    sampled futures' text."""
+    return [{"step": s["step"], **{k: v for k, v in s[name].items() if k != "futures"}}
+            for s in episode.info.get("scores", []) if s["player"] == player and s.get(name) is not None]
 
 
-def episode_output(episodes: Sequence[Episode], player: str, mr: Sequence[list[dict[str, Any]]] | None = None
-                   ) -> dict[str, list[Any]]:
+def episode_output(episodes: Sequence[Episode], player: str) -> dict[str, list[Any]]:
     """TRL's ``rollout_func`` output for ``episodes``: ``prompt_ids``, ``completion_ids``,
     ``logprobs`` and ``env_mask`` from :func:`~collab_env.rollout.token_transcript`, plus
     ``episode_reward``, ``reward_components``, ``mr``, ``end_reason``, ``num_turns``, ``index``
@@ -58,7 +40,7 @@ def episode_output(episodes: Sequence[Episode], player: str, mr: Sequence[list[d
     out: dict[str, list[Any]] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
                                                 "episode_reward", "reward_components", "mr", "end_reason",
                                                 "num_turns", "index", "seed", "turn_rewards", "turn_ids")}
-    for i, ep in enumerate(episodes):
+    for ep in episodes:
         tt = token_transcript(ep, player)
         out["prompt_ids"].append(tt.prompt_ids)
         out["completion_ids"].append(tt.response_ids)
@@ -66,7 +48,7 @@ def episode_output(episodes: Sequence[Episode], player: str, mr: Sequence[list[d
         out["env_mask"].append(tt.mask)
         out["episode_reward"].append(float(ep.returns[player]))
         out["reward_components"].append(dict(ep.components.get(player, {})))
-        out["mr"].append(list(mr[i]) if mr is not None else [])
+        out["mr"].append(scored_moves(ep, player))
         out["end_reason"].append(ep.end_reason)
         out["num_turns"].append(tt.turns)
         out["index"].append(ep.index)
@@ -115,15 +97,15 @@ class RolloutFunc:
             if was_training:
                 model.train()
         self.last_episodes = episodes
-        return episode_output(episodes, player, [self.envs[i].mr for i in range(len(episodes))])
+        return episode_output(episodes, player)
 
-    def _new_env(self) -> EpisodeRecorder:
+    def _new_env(self) -> Any:
         env = self.build_env()
         if self.player is None:
             self.player = trained_player(env, None)
         else:
             trained_player(env, self.player)
-        return EpisodeRecorder(env, self.player)
+        return env
 
     @contextlib.contextmanager
     def _generator(self, trainer: Any):
@@ -151,11 +133,9 @@ class RolloutFunc:
             yield TrainerGenerator(self._hf, tokenizer, params)
 
     async def _play(self, items: Sequence[tuple[int, int]], generator: TrainerGenerator) -> list[Episode]:
-        futures = ChatPolicy(generator)
-        sampling = {self.player: params_dict(generator.params)}
-
-        async def one(env: EpisodeRecorder, index: int, seed: int) -> Episode:
-            bind_learner(env, {self.player: futures}, sampling)  # MR futures played by the trained model
+        async def one(env: Any, index: int, seed: int) -> Episode:
+            # The trained model plays the episode; a multiturn-aware reward's futures play it too
+            # (TranscriptPolicy.fork: the same generator without this episode's token history).
             policies = {**other_policies(env, self.player, self.policies), self.player: TranscriptPolicy(generator)}
             # policy_seeds=False: the copies of one prompt must differ (the model's rows draw their
             # seeds from torch's generator); the env seed still fixes the item and its randomness.
@@ -172,8 +152,7 @@ def rollout_func(env_id_or_factory: Any, *, player: str | None = None, policies:
     Args:
         env_id_or_factory: A registered env id, or a zero-argument function that builds an env
             (e.g. ``lambda: collab_env.make("hidden-facts-easy", reward="mr", reward_kwargs=...)``).
-            A multiturn-aware reward whose assistant policy is ``"learner"`` rolls its futures
-            with the trainer's model.
+            A multiturn-aware reward rolls its futures with the trainer's model.
         player: The trained player (default: the env's only trainable player).
         policies: Player -> policy of the other players (default: the spec's defaults).
         split: The env's split (with an env id).

@@ -19,8 +19,8 @@ class CollabToolEnv:
 
     A reward wrapper works as on any route: with ``reward="mr"`` each ``send_message`` is the
     assistant's reply, scored by its futures, and ``get_reward()`` sums those scores. The futures
-    need a policy of their own (``reward_kwargs["policy"]``): :data:`~collab_env.policy.LEARNER`
-    is refused here, since TRL does not hand its model to the tools.
+    need a policy of their own for the trained player (``reward_kwargs["policy"]``): TRL does not
+    hand its model to the tools, so an env without one is refused here.
 
     Args:
         build_env: Builds the env.
@@ -31,21 +31,22 @@ class CollabToolEnv:
     def __init__(self, build_env: Callable[[], Any], player: str | None = None,
                  policies: Mapping[str, Any] | None = None) -> None:
         from collab_env.errors import ConfigError
-        from collab_env.policy import LEARNER, unbound_learners
+        from collab_env.rollout.driver import split_scorers
         from collab_env.wrappers.single_agent import SingleAgentEnv
 
         env = build_env()
         self._player = trained_player(env, player)
-        learners = unbound_learners(env)
-        if learners:
-            # TRL keeps its model to itself on this route: nothing could put it into the MR's
+        self._view = SingleAgentEnv(env, self._player, policies=policies)
+        _, scorers = split_scorers(env)
+        missing = sorted({p for sc in scorers for p in getattr(sc, "missing_policies", lambda _: [])(self._view.policies)})
+        if missing:
+            # TRL keeps its model to itself on this route: nothing could play the trained player's
             # futures, and the first scored reply would fail inside a tool call.
             raise ConfigError(
-                f"the env rolls futures with policy {LEARNER!r} for {learners}, which TRL's tool route "
-                "cannot bind to the model it trains: pass a policy object (e.g. an HFPolicy of the "
-                "same checkpoint) or 'embedded' as reward_kwargs['policy'], or train through "
-                "collab_env.adapters.trl.rollout_func, which binds the trained model into the futures.")
-        self._view = SingleAgentEnv(env, self._player, policies=policies)
+                f"the env's reward rolls futures that need a policy for {missing}, which TRL's tool route cannot "
+                "take from the model it trains: pass a policy object (e.g. an HFPolicy of the same checkpoint) "
+                "or 'embedded' as reward_kwargs['policy'], or train through collab_env.adapters.trl.rollout_func, "
+                "whose futures are played by the trained model.")
         self._reward = 0.0
         self._done = True
 

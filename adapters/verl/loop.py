@@ -120,15 +120,15 @@ async def play_episode(env: Any, policy: ServerPolicy, *, player: str, policies:
                        item: Mapping[str, Any] | None = None) -> Episode:
     """One episode of ``env`` with ``policy`` as ``player`` and the others' policies (the env spec's
     defaults with ``policies`` merged over them), through :func:`~collab_env.rollout.arun_episode`.
-    ``policy`` is also bound into the env's learner slots (a multiturn-aware reward's futures).
+    A multiturn-aware reward's futures play ``player`` with ``policy`` too (its fork: the driver
+    hands its policy table to the reward; :func:`~collab_env.policy.fork_policy`).
     ``max_player_turns``: end the episode after ``player``'s that many moves (``None``: play on).
     ``item``: a data row to play instead of task item ``index`` (``reset(options={"item": ...})``)."""
-    from collab_env.policy import bind_learner, policies_for
+    from collab_env.policy import policies_for
     from collab_env.rollout import arun_episode
 
     table = policies_for(getattr(env, "spec", None), policies)
     table[player] = policy
-    bind_learner(env, {player: policy}, sampling={player: dict((sampling or {}).get(player, {}))})
     # Every policy gets the episode's per-step seeds, as in collab_env's own rollouts (the user
     # simulator's replies stay reproducible); ``policy`` forwards them to the server only with
     # ``pass_seed`` (so the ``rollout.n`` samples of a row differ).
@@ -291,10 +291,7 @@ class EnvPool:
         return collab_env.make(env_id, **dict(env_kwargs))
 
     def release(self, env_id: str, env_kwargs: Mapping[str, Any], env: Any) -> None:
-        """Take ``env`` back, its learner slots unbound (the next sample binds its own policy)."""
-        from collab_env.policy import unbind_learner
-
-        unbind_learner(env)
+        """Take ``env`` back for the next sample (which plays it with its own policy table)."""
         self._idle.setdefault(self.key(env_id, env_kwargs), []).append(env)
 
     def close(self) -> None:

@@ -117,5 +117,14 @@ class ServerPolicy:
             out.append(completion)
         return out
 
+    def fork(self) -> ServerPolicy:
+        """The policy of a fork of this sample's episode (a multiturn-aware reward's futures): the
+        same server, request id (its prefix cache) and sampling, with a token history of its own,
+        so the futures never touch the sample's transcript."""
+        new = ServerPolicy(self.server_manager, self.tokenizer, self.sampling_params, system_prompt=self.system_prompt,
+                           pass_seed=self.pass_seed, name=f"{self.name}/fork")
+        new.request_id = self.request_id
+        return new
+
     def __repr__(self) -> str:
         return f"ServerPolicy({self.name!r})"

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from collab_env.errors import ConfigError
-from collab_env.policy import LEARNER, resolve_policy
+from collab_env.policy import resolve_policy
 from collab_env.rewards.common import (
     REPLAY,
     check_explicit_user,
@@ -23,7 +23,7 @@ from collab_env.rewards.common import (
 )
 from collab_env.rewards.conversation import ConversationReward
 from collab_env.rewards.metrics import get_metric
-from collab_env.rewards.multiturn import MultiturnAwareReward
+from collab_env.rewards.multiturn import MultiturnAwareReward, rolls_futures
 
 __all__ = ["default_reward", "judges_for"]
 
@@ -65,9 +65,11 @@ def default_reward(
             candidate). Required when futures are rolled and the env's default user ignores the
             candidate (the ``collabllm-*`` envs); envs with a reactive default user (hidden-facts)
             use it when ``user`` is not given.
-        policy: The rewarded player's policy for future turns (``kind="mr"``): a model string,
-            ``"embedded"``, a policy object, or :data:`LEARNER` (``"learner"``: the trainer binds
-            the policy it trains).
+        policy: The rewarded player's policy for future turns (``kind="mr"``) when the env is
+            stepped directly (``env.step``, Gymnasium, SB3): a model string, ``"embedded"`` or a
+            policy object. Played through the episode driver (``run_episode``, eval, every
+            learner), the futures use the driver's policy for that player instead, the one that
+            wrote the reply, so a learner needs none.
         weights: Override the spec's weights.
         rubric: Interactivity rubric: ``"verl"`` or ``"paper"``.
         judge_prefill: Start judge replies with the score field (see
@@ -90,10 +92,10 @@ def default_reward(
     """
     if kind not in ("mr", "conversation"):
         raise ConfigError(f"reward kind must be 'mr' or 'conversation', got {kind!r}.")
-    if kind == "mr" and user is None:  # before the judge check: this mistake is silent otherwise
-        rolls = kwargs.get("max_user_turns", 2) != 0 and kwargs.get("max_assistant_turns", 3) > 1
-        if rolls:
-            check_explicit_user(env, dict(kwargs.get("policies") or {}))
+    if kind == "mr" and user is None and rolls_futures(**{k: kwargs[k] for k in ("max_user_turns", "max_assistant_turns")
+                                                          if k in kwargs}):
+        # before the judge check: this mistake is silent otherwise
+        check_explicit_user(env, dict(kwargs.get("policies") or {}))
     loaded: dict[str, Any] = {}
 
     def backend(ref: Any) -> Any:
@@ -127,7 +129,7 @@ def default_reward(
         return ConversationReward(env, weights=w, metric_ctx=ctx, **kwargs)
     policies = dict(kwargs.pop("policies", None) or {})
     if policy is not None:
-        policies[rewarded_player(env, kwargs.get("player"))] = policy if policy == LEARNER else backend(policy)
+        policies[rewarded_player(env, kwargs.get("player"))] = backend(policy)
     if user is not None:
         users = env.unwrapped.task.user_players
         if not users:

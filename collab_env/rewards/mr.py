@@ -123,11 +123,12 @@ The code, one job a module (every name below stays importable from here):
 :mod:`~collab_env.rewards.aggregation` (:func:`aggregate`, :class:`MetricSet`,
 :class:`ScoredFutures`), :mod:`~collab_env.rewards.common` (the rewarded player, the weights,
 the user-simulator rules), :mod:`~collab_env.rewards.multiturn` (:class:`MultiturnAwareReward`,
-whose futures are played by :func:`collab_env.rollout.driver.advance`),
+and :class:`MRScorer`, the driver stage whose futures are played by
+:func:`collab_env.rollout.driver.advance` with the driver's own policies),
 :mod:`~collab_env.rewards.conversation` (:class:`ConversationReward`) and
-:mod:`~collab_env.rewards.defaults` (:func:`default_reward`). A learner binds the policy it trains
-(and its sampling settings) into the futures with :func:`collab_env.policy.bind_learner`
-(:func:`bind_learner_policies` here).
+:mod:`~collab_env.rewards.defaults` (:func:`default_reward`). Nothing is bound into an env: played
+through the episode driver, the futures' assistant is the policy that plays the episode (a
+learner's live model, sampling as its rollouts do).
 
 Version history of the reward (not of the envs):
 
@@ -139,7 +140,6 @@ Version history of the reward (not of the envs):
 
 from __future__ import annotations
 
-from collab_env.policy import LEARNER, bind_learner
 from collab_env.rewards.aggregation import (
     AGGREGATIONS,
     DEFAULT_WEIGHTS,
@@ -151,7 +151,7 @@ from collab_env.rewards.aggregation import (
 from collab_env.rewards.common import REPLAY, USER_CHOICES, check_explicit_user, ignores_candidate
 from collab_env.rewards.conversation import ConversationReward
 from collab_env.rewards.defaults import default_reward
-from collab_env.rewards.multiturn import MultiturnAwareReward
+from collab_env.rewards.multiturn import MRScorer, MultiturnAwareReward, rolls_futures
 from collab_env.rewards.reply_rules import is_valid_reply, strip_think, strip_think_conversation
 
 __all__ = [
@@ -160,11 +160,11 @@ __all__ = [
     "MetricSet",
     "ScoredFutures",
     "aggregate",
+    "MRScorer",
     "MultiturnAwareReward",
+    "rolls_futures",
     "ConversationReward",
     "default_reward",
-    "bind_learner_policies",
-    "LEARNER",
     "REPLAY",
     "ON_FAULT",
     "is_valid_reply",
@@ -174,8 +174,3 @@ __all__ = [
     "check_explicit_user",
     "USER_CHOICES",
 ]
-
-#: :func:`collab_env.policy.bind_learner` under its older name: bind the learner's policies (and
-#: sampling settings) into every layer of an env's wrapper chain that plays
-#: :data:`~collab_env.policy.LEARNER` futures; returns how many were bound.
-bind_learner_policies = bind_learner

@@ -9,11 +9,12 @@ The rules, the window and the fault policy are stated in :mod:`collab_env.reward
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from collab_env.errors import ConfigError, PolicyError
-from collab_env.policy import LEARNER, SamplingParams, add_usage, policies_for, resolve_policy
+from collab_env.policy import SamplingParams, add_usage, describe, fork_policy, policies_for, resolve_policy
 from collab_env.rewards.aggregation import MetricSet, ScoredFutures
 from collab_env.rewards.common import (
     check_explicit_user,
@@ -27,11 +28,21 @@ from collab_env.rollout.driver import advance
 from collab_env.types import Conversation
 from collab_env.wrappers.base import EnvWrapper
 
-__all__ = ["MultiturnAwareReward"]
+__all__ = ["MRScorer", "MultiturnAwareReward", "rolls_futures"]
 
 
 #: Seconds a rewarded step runs before its progress shows (a fast step shows nothing).
 PROGRESS_DELAY_S = 2.0
+
+#: The recipe's window: future user messages and assistant messages (the reply included) at most.
+MAX_USER_TURNS = 2
+MAX_ASSISTANT_TURNS = 3
+
+
+def rolls_futures(max_user_turns: int = MAX_USER_TURNS, max_assistant_turns: int = MAX_ASSISTANT_TURNS) -> bool:
+    """Whether an :class:`MRScorer` with this window samples future turns (``False``: the
+    immediate reward)."""
+    return max_user_turns != 0 and max_assistant_turns > 1
 
 
 def _mix_seed(*parts: int) -> int:
@@ -42,16 +53,25 @@ def _mix_seed(*parts: int) -> int:
     return h % (2**31 - 1)
 
 
-class MultiturnAwareReward(EnvWrapper):
-    """Reward ``player``'s replies by sampled future conversations (CollabLLM's MR).
+class MRScorer:
+    """CollabLLM's multiturn-aware reward as a stage of the episode driver: reward ``player``'s
+    replies by sampled future conversations.
+
+    The driver (:func:`~collab_env.rollout.driver.advance`) calls :meth:`score` after each round
+    in which ``player`` moved, with its own policy table: the futures play ``player`` with the
+    driver's policy for it (the policy that wrote the reply), and the other players with the
+    policies named here (a user simulator), else the driver's, else the spec's defaults.
 
     Args:
-        env: The env to wrap (a ``CollabEnv`` or a wrapper of one; it must support ``clone()``).
+        env: The env it scores (a ``CollabEnv`` or a wrapper of one): its spec, players and task.
         policies: Player -> policy (object, alias or ``"<backend>:<model>"``) for the future
-            turns. ``player``'s own policy is required when the window is not 0 (in training,
-            the policy being trained); other players default to the spec's default policies,
-            except a default user that ignores the candidate (``SessionReplayUser`` of the
-            ``collabllm-*`` envs): name the user simulator (an LLM user simulator, or
+            turns. A policy named here for another player always plays that player's future
+            turns (the user simulator). A policy for ``player`` itself is used only when the
+            driver has none for it (plain ``env.step`` through :class:`MultiturnAwareReward`, a
+            single-agent view whose controlled player is the rewarded one). Other players
+            default to the driver's policies, then the spec's defaults, except a default user
+            that ignores the candidate (``SessionReplayUser`` of the ``collabllm-*`` envs): name
+            the user simulator (an LLM user simulator, or
             :data:`~collab_env.rewards.common.REPLAY` to replay the recorded turns on purpose).
         weights: Metric -> weight (default: the env spec's ``reward`` weights, which must name
             registered metrics; :data:`~collab_env.rewards.aggregation.DEFAULT_WEIGHTS` for a
@@ -63,9 +83,9 @@ class MultiturnAwareReward(EnvWrapper):
         player: The rewarded player (default: the only trainable player of the task).
         metric_ctx: Resources for the metrics (``judge``, ``judge_backend``, ``tokenizer``,
             ``sandbox``, ``rubric``, ``scope``...).
-        sampling: Player -> sampling keywords for the future turns. A learner that binds its
-            policy with sampling settings (:meth:`bind_policy`, :func:`~collab_env.policy.bind_learner`)
-            overrides these keywords for its player, key by key.
+        sampling: Player -> sampling keywords for the future turns. For a player the driver
+            plays, the driver's sampling keywords for it override these, key by key (a learner's
+            futures sample as its rollouts do).
         token_metric: The metric the ``"paper"`` rule caps at 1.
         on_fault: ``"drop"`` (default), ``"raise"`` or ``"zero"`` (verl: a failed metric counts 0,
             a failed user simulator writes an empty message).
@@ -90,9 +110,10 @@ class MultiturnAwareReward(EnvWrapper):
     future), ``future_turns`` (messages generated per future), ``dropped_turns`` (future
     assistant turns the verl rule or the token budget dropped, per future), ``zero_reason``
     (``None``, or why the verl rule gave 0 without futures: ``"invalid_reply"``,
-    ``"turn_budget"``, ``"token_budget"``), ``window`` and, with ``return_futures``,
-    ``futures``. ``infos[player]["reward_components"]`` adds each metric's
-    contribution, ``"mr"`` (the reward) and ``"env"`` (the env's own reward).
+    ``"turn_budget"``, ``"token_budget"``), ``window``, ``policies`` (who played each player's
+    future turns) and, with ``return_futures``, ``futures``.
+    ``infos[player]["reward_components"]`` adds each metric's contribution, ``"mr"`` (the
+    reward) and ``"env"`` (the env's own reward).
 
     Cumulative counters are in :attr:`stats`.
     """
@@ -104,8 +125,8 @@ class MultiturnAwareReward(EnvWrapper):
         policies: Mapping[str, Any] | None = None,
         weights: Mapping[str, float] | None = None,
         num_rollouts: int = 3,
-        max_user_turns: int = 2,
-        max_assistant_turns: int = 3,
+        max_user_turns: int = MAX_USER_TURNS,
+        max_assistant_turns: int = MAX_ASSISTANT_TURNS,
         aggregation: str = "verl",
         player: str | None = None,
         metric_ctx: Mapping[str, Any] | None = None,
@@ -117,7 +138,6 @@ class MultiturnAwareReward(EnvWrapper):
         token_counter: Any = None,
         progress: bool | None = None,
     ) -> None:
-        super().__init__(env)
         for name, v, lo in (("num_rollouts", num_rollouts, 1), ("max_user_turns", max_user_turns, 0),
                             ("max_assistant_turns", max_assistant_turns, 1)):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
@@ -127,28 +147,32 @@ class MultiturnAwareReward(EnvWrapper):
             raise ConfigError("future_token_budget must be None or an int >= 1 (recipe: 2048), got "
                               f"{future_token_budget!r}.")
         task = env.unwrapped.task
+        self.name = "mr"
         self.player = rewarded_player(env, player)
+        self.players = tuple(env.possible_agents)
         self.user_players = tuple(task.user_players)
         self.num_rollouts = num_rollouts
         self.max_user_turns = max_user_turns
         self.max_assistant_turns = max_assistant_turns
         self.metric_set = MetricSet(weights_for(env, weights), aggregation=aggregation, ctx=metric_ctx,
                                     token_metric=token_metric, on_fault=on_fault)
-        self.configured_sampling = {p: dict(v) for p, v in (sampling or {}).items()}
-        self.sampling = {p: dict(v) for p, v in self.configured_sampling.items()}
+        self.sampling = {p: dict(v) for p, v in (sampling or {}).items()}
+        for p, kw in self.sampling.items():
+            if p not in self.players:
+                raise ConfigError(f"sampling for unknown player {p!r}; players are {list(self.players)}.")
+            SamplingParams.from_kwargs(**kw)  # an unknown or invalid keyword fails here, not in a future
         self.return_futures = bool(return_futures)
         self.future_token_budget = future_token_budget
         self._count_tokens = token_count_fn(token_counter)
         self.progress = progress
-        self.policies = self._future_policies(env, policies)
-        self._built_policies = dict(self.policies)
+        self.named = self._named_policies(env, policies)
+        self.defaults = self._default_policies(env)
         self.stats: dict[str, float] = {"rewards": 0.0, "rollouts": 0.0, "scored": 0.0, "faults": 0.0}
-        self._seed: int | None = None
 
     @property
     def window_is_zero(self) -> bool:
         """True when no future turn is ever sampled (the immediate reward)."""
-        return self.max_user_turns == 0 or self.max_assistant_turns <= 1
+        return not rolls_futures(self.max_user_turns, self.max_assistant_turns)
 
     @property
     def weights(self) -> dict[str, float]:
@@ -158,106 +182,94 @@ class MultiturnAwareReward(EnvWrapper):
     def aggregation(self) -> str:
         return self.metric_set.aggregation
 
-    def _future_policies(self, env: Any, policies: Mapping[str, Any] | None) -> dict[str, Any]:
+    def _named_policies(self, env: Any, policies: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The policies named for the futures, resolved (``"replay"``: the spec's default user)."""
         given = dict(policies or {})
-        unknown = [p for p in given if p not in env.possible_agents]
+        unknown = [p for p in given if p not in self.players]
         if unknown:
-            raise ConfigError(f"policies for unknown players {unknown}; players are {list(env.possible_agents)}.")
+            raise ConfigError(f"policies for unknown players {unknown}; players are {list(self.players)}.")
         defaults = policies_for(env.spec)
-        if self.window_is_zero:  # nothing is rolled: the policies given are kept, unused
-            # (LEARNER too, so one training script switches between window 0 and w > 0)
-            return {p: LEARNER if isinstance(v, str) and v == LEARNER else
-                    resolve_policy(defaults[p] if is_replay(v) else v) for p, v in given.items()
-                    if not (is_replay(v) and p not in defaults)}
-        check_explicit_user(env, given)
-        out: dict[str, Any] = {}
-        for p in env.possible_agents:
-            ref = given.get(p, defaults.get(p) if p != self.player else None)
-            if isinstance(ref, str) and ref == LEARNER:
-                out[p] = LEARNER  # bound by the learner (bind_policy) before the first future
-                continue
-            if ref is None:
-                raise ConfigError(
-                    f"MultiturnAwareReward needs a policy for {p!r} to roll futures"
-                    + (" (its own future turns; in training, the policy being trained)" if p == self.player else "")
-                    + f": pass policies={{{p!r}: ...}}, or max_user_turns=0 for the immediate reward."
-                )
-            out[p] = resolve_policy(defaults[p] if is_replay(ref) else ref)
-        return out
+        if not self.window_is_zero:
+            check_explicit_user(env, given)
+        elif any(is_replay(v) and p not in defaults for p, v in given.items()):
+            given = {p: v for p, v in given.items() if not (is_replay(v) and p not in defaults)}
+        return {p: resolve_policy(defaults[p] if is_replay(v) else v) for p, v in given.items()}
 
-    def learner_players(self) -> list[str]:
-        """Players whose future policy is :data:`~collab_env.policy.LEARNER` and not bound yet
-        (:class:`~collab_env.policy.LearnerBindable`)."""
-        return [p for p, pol in self.policies.items() if isinstance(pol, str) and pol == LEARNER]
+    def _default_policies(self, env: Any) -> dict[str, Any]:
+        """The spec's default policies of the players other than ``player`` that nobody named,
+        resolved when futures are rolled (a default user that ignores the candidate was refused
+        by :func:`~collab_env.rewards.common.check_explicit_user`)."""
+        if self.window_is_zero:
+            return {}
+        defaults = policies_for(env.spec)
+        return {p: resolve_policy(defaults[p]) for p in self.players
+                if p != self.player and p not in self.named and p in defaults}
 
-    def unbind_learners(self) -> list[str]:
-        """Put :data:`~collab_env.policy.LEARNER` back in every slot that was built with it (and
-        the built-with sampling), so the next :func:`~collab_env.policy.bind_learner` binds afresh:
-        an env reused across samples never plays a stale sample's policy. Returns those players."""
-        players = [p for p, pol in self._built_policies.items() if isinstance(pol, str) and pol == LEARNER]
-        for p in players:
-            self.policies[p] = LEARNER
-            if p in self.configured_sampling:
-                self.sampling[p] = dict(self.configured_sampling[p])
-            else:
-                self.sampling.pop(p, None)
-        return players
+    def missing_policies(self, policies: Mapping[str, Any]) -> list[str]:
+        """The players whose future turns would have no policy if the driver played with
+        ``policies`` (empty at window 0, where nothing is rolled): a caller that cannot hand the
+        driver a policy for them (TRL's tool route) refuses up front."""
+        if self.window_is_zero:
+            return []
+        return [p for p in self.players if policies.get(p) is None and p not in self.named
+                and (p == self.player or p not in self.defaults)]
 
-    def bind_policy(self, player: str, policy: Any, sampling: Mapping[str, Any] | None = None) -> None:
-        """Use ``policy`` for ``player``'s future turns (a learner binds the policy it trains).
+    def future_policies(self, policies: Mapping[str, Any]) -> tuple[dict[str, Any], set[str]]:
+        """Player -> the policy of its future turns, given the driver's table ``policies``, and
+        the players that the driver's policies play (whose sampling keywords apply).
 
-        Args:
-            player: A player of the env.
-            policy: A policy object or reference (see :func:`~collab_env.policy.resolve_policy`).
-            sampling: The learner's own sampling keywords (:class:`~collab_env.policy.SamplingParams`)
-                for ``player``'s future turns. Precedence, key by key: these keywords, then the
-                ``sampling=`` this reward was built with for ``player``; a ``None`` value means
-                "not set" (the built-with value stays). Each bind starts again from the built-with
-                keywords, so binding without ``sampling`` restores them.
+        Precedence: for ``player``, the driver's policy, then the one named here; for another
+        player, the one named here, then the driver's, then the spec's default.
 
         Raises:
-            ConfigError: ``player`` is not a player of the env, or ``sampling`` is not a mapping of
-                valid sampling keywords.
+            ConfigError: A player has none of them.
         """
-        if player not in self.possible_agents:
-            raise ConfigError(f"bind_policy: {player!r} is not a player of the env {list(self.possible_agents)}.")
-        bound: dict[str, Any] = {}
-        if sampling is not None:
-            if not isinstance(sampling, Mapping):
-                raise ConfigError(f"bind_policy: sampling must be a mapping of sampling keywords, got {sampling!r}.")
-            bound = {k: v for k, v in sampling.items() if v is not None}
-            SamplingParams.from_kwargs(**bound)  # an unknown or invalid keyword fails here, not in a future
-        resolved = resolve_policy(policy)
-        self.policies[player] = resolved
-        merged = {**self.configured_sampling.get(player, {}), **bound}
-        if merged:
-            self.sampling[player] = merged
-        else:
-            self.sampling.pop(player, None)
+        table: dict[str, Any] = {}
+        from_driver: set[str] = set()
+        for p in self.players:
+            own = p == self.player
+            if not own and p in self.named:
+                table[p] = self.named[p]
+            elif policies.get(p) is not None:
+                table[p] = fork_policy(policies[p])  # a per-episode policy plays forks through its fork()
+                from_driver.add(p)
+            elif own and p in self.named:
+                table[p] = self.named[p]
+            elif p in self.defaults:
+                table[p] = self.defaults[p]
+            else:
+                raise ConfigError(
+                    f"the multiturn-aware reward needs a policy for {p!r} to roll futures"
+                    + (" (its own future turns: the policy that wrote the reply)" if own else "")
+                    + ": play the env through the episode driver (run_episode, advance, the engine, eval or a "
+                    f"learner), whose policy for {p!r} then plays its futures, or name one (policies={{{p!r}: ...}}"
+                    + (", reward_kwargs={'policy': ...}" if own else "")
+                    + "); max_user_turns=0 gives the immediate reward."
+                )
+        return table, from_driver
 
-    def clone(self) -> MultiturnAwareReward:
-        new = super().clone()
-        new.stats = dict(self.stats)
-        return new
+    def future_sampling(self, sampling: Mapping[str, Mapping[str, Any]], from_driver: set[str]) -> dict[str, dict[str, Any]]:
+        """Player -> sampling keywords of its future turns: the ones given here, overridden key by
+        key by the driver's ``sampling`` for the players the driver's policies play (``None``
+        values mean "not set")."""
+        out = {p: dict(v) for p, v in self.sampling.items()}
+        for p in from_driver:
+            extra = {k: v for k, v in (sampling.get(p) or {}).items() if v is not None}
+            if extra:
+                out[p] = {**out.get(p, {}), **extra}
+        return out
 
     def __repr__(self) -> str:
-        return (f"<MultiturnAwareReward {self.aggregation} rollouts={self.num_rollouts} "
-                f"window=({self.max_user_turns}u,{self.max_assistant_turns}a) {self.env!r}>")
+        return (f"<MRScorer {self.player} {self.aggregation} rollouts={self.num_rollouts} "
+                f"window=({self.max_user_turns}u,{self.max_assistant_turns}a)>")
 
-    # -- async core ----------------------------------------------------------------------------
-    async def areset(self, seed: int | None = None, options: Mapping[str, Any] | None = None):
-        self._seed = seed
-        return await self.env.areset(seed=seed, options=options)
-
-    async def astep(self, actions: Mapping[str, str]):
-        state = self.env.unwrapped.episode
-        start = len(state.messages)  # the rewarded reply will be this message
-        step = state.step
-        moved = self.player in state.on_turn
-        obs, rewards, terms, truncs, infos = await self.env.astep(actions)
-        if not moved or self.player not in rewards:
-            return obs, rewards, terms, truncs, infos
-        result, extra = await self.score_reply(start=start, step=step)
+    async def score(self, env: Any, rewards: dict[str, float], infos: dict[str, dict[str, Any]], *,
+                    policies: Mapping[str, Any], sampling: Mapping[str, Mapping[str, Any]],
+                    start: int, step: int) -> None:
+        """Score the reply at message ``start`` that ``player`` has just written in ``env``
+        (the :class:`~collab_env.rollout.driver.Scorer` stage): sets ``rewards[player]`` and
+        adds ``infos[player]["mr"]`` and the reward components."""
+        result, extra = await self.score_reply(env, start=start, step=step, policies=policies, sampling=sampling)
         info = record_components(infos, self.player, rewards, result, "mr")
         info["mr"] = {
             "reward": result.reward,
@@ -272,22 +284,21 @@ class MultiturnAwareReward(EnvWrapper):
             "zero_reason": extra["zero_reason"],
             "window": {"max_user_turns": self.max_user_turns, "max_assistant_turns": self.max_assistant_turns,
                        "future_token_budget": self.future_token_budget, "immediate": extra["immediate"]},
+            "policies": extra["policies"],
         }
         if self.return_futures:
             info["mr"]["futures"] = extra["futures"]
-        rewards = dict(rewards)
         rewards[self.player] = result.reward
         self.stats["rewards"] += 1
         self.stats["rollouts"] += extra["num_rollouts"]
         self.stats["scored"] += len(result.scored)
         self.stats["faults"] += len(result.faults)
-        return obs, rewards, terms, truncs, infos
 
-    def zero_reason(self, reply: str) -> str | None:
+    def zero_reason(self, reply: str, state: Any) -> str | None:
         """Why the ``"verl"`` rule rewards the reply just taken 0 without rolling futures, in
         verl's order (token budget, turn budget, validity), or ``None``. Other rules: ``None``
-        unless the reply alone reaches ``future_token_budget``."""
-        state = self.env.unwrapped.episode
+        unless the reply alone reaches ``future_token_budget``. ``state``: the episode state
+        (``env.unwrapped.episode``) after the reply."""
         if self.future_token_budget is not None and self._count_tokens(reply) >= self.future_token_budget:
             return "token_budget"
         if self.aggregation != "verl":
@@ -298,25 +309,31 @@ class MultiturnAwareReward(EnvWrapper):
             return "invalid_reply"
         return None
 
-    async def score_reply(self, *, start: int, step: int) -> tuple[ScoredFutures, dict[str, Any]]:
-        """Sample and score the futures of the reply at message index ``start`` (the env has
-        just taken it). Returns the scores and ``{num_rollouts, future_turns, dropped_turns,
-        zero_reason, immediate, futures}``."""
-        base = self.env.unwrapped
-        state = base.episode
+    async def score_reply(self, env: Any, *, start: int, step: int, policies: Mapping[str, Any] | None = None,
+                          sampling: Mapping[str, Mapping[str, Any]] | None = None,
+                          ) -> tuple[ScoredFutures, dict[str, Any]]:
+        """Sample and score the futures of the reply at message index ``start`` (``env`` has
+        just taken it; it is forked, never stepped), with the driver's ``policies`` and
+        ``sampling`` (see :meth:`future_policies`). Returns the scores and ``{num_rollouts,
+        future_turns, dropped_turns, zero_reason, immediate, futures, policies}``."""
+        state = env.unwrapped.episode
         reply = state.messages[start].content
-        reason = self.zero_reason(reply)
+        reason = self.zero_reason(reply, state)
         if reason is not None:  # verl: no interaction at all, the reward manager scores 0
             zero = ScoredFutures(0.0, {m: 0.0 for m in self.metric_set.metrics},
                                  {m: [] for m in self.metric_set.metrics}, [], [], [], {"faults": 0.0})
             return zero, {"num_rollouts": 0, "future_turns": [], "dropped_turns": [], "zero_reason": reason,
-                          "immediate": False, "futures": []}
+                          "immediate": False, "futures": [], "policies": {}}
         immediate = self.window_is_zero or state.done  # (verl gave 0 above to a truncating reply)
+        played: dict[str, str] = {}
         if immediate:
             convs: list[Conversation | None] = [state.conversation]
             turns, dropped = [0], [0]
             result = await self.metric_set.score(convs, state.item, start=start, player=self.player)
         else:
+            table, from_driver = self.future_policies(policies or {})
+            future_sampling = self.future_sampling(sampling or {}, from_driver)
+            played = {p: describe(pol) for p, pol in table.items()}
             reply_tokens = self._count_tokens(reply)
             bar = self._progress_bar()
             done = {"rolled": 0, "scored": 0, "faulted": 0}
@@ -328,7 +345,7 @@ class MultiturnAwareReward(EnvWrapper):
                     bar.update(stages)
 
             async def roll_and_evaluate(r: int, fork: Any) -> dict[str, Any]:
-                out = await self.roll_future(fork, r, step, reply_tokens)
+                out = await self.roll_future(fork, r, step, reply_tokens, policies=table, sampling=future_sampling)
                 if out["fault"] is not None:  # nothing to score: both of its stages are over
                     out["metrics"] = None
                     advanced("faulted", 2)
@@ -341,7 +358,7 @@ class MultiturnAwareReward(EnvWrapper):
                 advanced("scored")
                 return out
 
-            forks = [self.env.clone() for _ in range(self.num_rollouts)]
+            forks = [env.clone() for _ in range(self.num_rollouts)]
             try:
                 outs = await asyncio.gather(*(roll_and_evaluate(r, f) for r, f in enumerate(forks)))
             finally:
@@ -363,7 +380,7 @@ class MultiturnAwareReward(EnvWrapper):
             result = self.metric_set.combine([out["metrics"] for out in outs], faults=faults, cost=cost)
         futures = [None if c is None else [m.to_dict() for m in c.messages[start:]] for c in convs]
         return result, {"num_rollouts": len(convs), "future_turns": turns, "dropped_turns": dropped,
-                        "zero_reason": None, "immediate": immediate, "futures": futures}
+                        "zero_reason": None, "immediate": immediate, "futures": futures, "policies": played}
 
     def _progress_bar(self) -> Any:
         """The progress display of one rewarded step (see ``progress``), or ``None``: two stages
@@ -376,8 +393,10 @@ class MultiturnAwareReward(EnvWrapper):
                             show=self.progress, lines=bool(self.progress), unit="stages",
                             delay=PROGRESS_DELAY_S, leave=False)
 
-    async def roll_future(self, fork: Any, rollout: int, step: int, reply_tokens: int = 0) -> dict[str, Any]:
-        """Play one future of the reply just taken on ``fork`` (a clone of the wrapped env)
+    async def roll_future(self, fork: Any, rollout: int, step: int, reply_tokens: int = 0, *,
+                          policies: Mapping[str, Any], sampling: Mapping[str, Mapping[str, Any]] | None = None,
+                          ) -> dict[str, Any]:
+        """Play one future of the reply just taken on ``fork`` (a clone of the scored env)
         through the window, with the episode driver (:func:`~collab_env.rollout.driver.advance`).
 
         Args:
@@ -385,6 +404,8 @@ class MultiturnAwareReward(EnvWrapper):
             rollout: The future's index (in fault messages and its policies' seeds).
             step: The env step of the rewarded reply (in the policies' seeds).
             reply_tokens: What the reply counts toward ``future_token_budget``.
+            policies: Player -> the policy of its future turns (:meth:`future_policies`).
+            sampling: Player -> sampling keywords of its future turns.
 
         Returns:
             ``{conversation, fault (None, or the fault that dropped the future), zeroed (faults
@@ -392,18 +413,10 @@ class MultiturnAwareReward(EnvWrapper):
             included), generated (messages written), dropped (assistant turns cut)}``.
 
         Raises:
-            ConfigError: A future player is :data:`~collab_env.policy.LEARNER` and no learner
-                bound it.
             PolicyError: A policy failed with ``on_fault="raise"``, or a player other than a user
                 failed with ``on_fault="zero"``; a :class:`~collab_env.errors.FatalPolicyError`
                 always.
         """
-        unbound = self.learner_players()
-        if unbound:
-            raise ConfigError(
-                f"the future policy of {unbound} is {LEARNER!r} but no learner bound one: call "
-                "env.bind_policy(player, policy) (or collab_env.policy.bind_learner(env, policies))."
-            )
         verl, on_fault, budget = self.aggregation == "verl", self.metric_set.on_fault, self.future_token_budget
         usage: dict[str, float] = {}
         out: dict[str, Any] = {"fault": None, "zeroed": [], "usage": usage, "dropped": 0}
@@ -454,13 +467,13 @@ class MultiturnAwareReward(EnvWrapper):
             turns["assistant"] += int(self.player in texts)
             return texts
 
-        base_seed = self._seed
+        base_seed = fork.unwrapped.episode.seed
         strip = self.metric_set.strip_think
         run = await advance(
-            fork, self.policies,
+            fork, policies,
             obs={a: fork.observe(a) for a in fork.agents},
             infos={a: {"on_turn": a in fork.on_turn} for a in fork.agents},
-            sampling=self.sampling,
+            sampling=sampling,
             seed=None if base_seed is None else (lambda k: _mix_seed(base_seed, step, rollout, k)),
             observe=(lambda p, o: strip_think_conversation(o) if p in self.user_players else o) if strip else None,
             before_step=before_step,
@@ -469,3 +482,69 @@ class MultiturnAwareReward(EnvWrapper):
         out.update(conversation=fork.unwrapped.episode.conversation,
                    generated=sum(len(s.actions) for s in run.steps))
         return out
+
+
+class MultiturnAwareReward(EnvWrapper):
+    """The env wrapper of the multiturn-aware reward: ``env`` with an :class:`MRScorer`
+    (``collab_env.make(id, reward="mr")`` returns one).
+
+    Played through the episode driver (``run_episode``, ``advance``, the engine, eval, every
+    learner and integration), the driver lifts :attr:`scorer` off the env and runs it with its
+    own policy table (:func:`~collab_env.rollout.driver.split_scorers`): the futures' assistant
+    is the policy playing the episode. Stepped directly (``env.step``, a Gymnasium or SB3 loop),
+    the wrapper runs the same scorer with the policies it was built with, so ``policies`` must
+    then name the rewarded player's future policy (a window of 0 needs none).
+
+    Args:
+        env: The env to wrap (a ``CollabEnv`` or a wrapper of one; it must support ``clone()``).
+        **kwargs: The :class:`MRScorer`'s arguments (``policies``, ``weights``,
+            ``num_rollouts``, ``max_user_turns``, ``aggregation``, ``metric_ctx``...).
+
+    Rewards and infos: as :class:`MRScorer` states. Cumulative counters: :attr:`stats`.
+    """
+
+    def __init__(self, env: Any, **kwargs: Any) -> None:
+        super().__init__(env)
+        self.scorer = MRScorer(env, **kwargs)
+
+    @property
+    def player(self) -> str:
+        """The rewarded player."""
+        return self.scorer.player
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """Cumulative counters of the scorer: ``rewards``, ``rollouts``, ``scored``, ``faults``."""
+        return self.scorer.stats
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """Metric -> weight."""
+        return self.scorer.weights
+
+    @property
+    def aggregation(self) -> str:
+        """The aggregation rule."""
+        return self.scorer.aggregation
+
+    def clone(self) -> MultiturnAwareReward:
+        new = super().clone()
+        new.scorer = copy.copy(self.scorer)
+        new.scorer.stats = dict(self.scorer.stats)
+        return new
+
+    def __repr__(self) -> str:
+        sc = self.scorer
+        return (f"<MultiturnAwareReward {sc.aggregation} rollouts={sc.num_rollouts} "
+                f"window=({sc.max_user_turns}u,{sc.max_assistant_turns}a) {self.env!r}>")
+
+    async def astep(self, actions: Mapping[str, str]):
+        state = self.env.unwrapped.episode
+        start, step = len(state.messages), state.step  # the rewarded reply will be message ``start``
+        moved = self.scorer.player in state.on_turn
+        obs, rewards, terms, truncs, infos = await self.env.astep(actions)
+        if not moved or self.scorer.player not in rewards:
+            return obs, rewards, terms, truncs, infos
+        rewards, infos = dict(rewards), {p: dict(v) for p, v in infos.items()}
+        await self.scorer.score(self.env, rewards, infos, policies={}, sampling={}, start=start, step=step)
+        return obs, rewards, terms, truncs, infos

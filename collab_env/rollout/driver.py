@@ -11,6 +11,16 @@ log-probs), what the env stored as the move, and the rewards and infos of the st
 A round: the players on turn act concurrently, each through its own policy (``act`` with one
 observation; a :class:`~collab_env.rollout.BatchedPolicy` merges the calls of concurrent rounds
 of other episodes and forks into one model call), then their moves go to ``env.astep`` together.
+
+**Scorers are stages of the driver.** A reward that must play policies (the multiturn-aware
+reward's futures) is a :class:`Scorer`: after a round in which its player moved, the driver calls
+it with the env in the state just after that round and *the policy table it is playing with*, so
+the futures' players are the policies that play the episode (a learner's live model, an async
+frozen copy, a verl server policy, an evaluation's policies). A reward wrapper that carries a
+scorer (``env.scorer``, e.g. ``collab_env.make(id, reward="mr")``) is lifted off the env by the
+driver (:func:`split_scorers`): the driver steps the env beneath it and runs the scorer itself.
+Nothing is bound into an env; the wrapper's own ``astep`` (plain ``env.step``, Gymnasium, SB3)
+calls the same scorer with the fixed policies it was built with.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ import asyncio
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 from collab_env.env import CollabEnv
 from collab_env.errors import ConfigError, FatalPolicyError, PolicyError
@@ -27,6 +37,8 @@ from collab_env.policy import Policy, add_usage, describe, resolve_policy
 from collab_env.types import Completion, Conversation, Episode, TurnRecord
 
 __all__ = [
+    "Scorer",
+    "split_scorers",
     "Step",
     "Advance",
     "advance",
@@ -158,6 +170,55 @@ async def act_for(
     return dict(zip(players, results, strict=True))
 
 
+@runtime_checkable
+class Scorer(Protocol):
+    """A reward stage of the driver: it scores ``player``'s move after each round in which
+    ``player`` moved.
+
+    The driver (:func:`advance`) calls :meth:`score` right after ``env.astep`` returned, with the
+    env in that state, the step's rewards and infos (copies it may change in place: the driver
+    records them in the :class:`Step` and returns them to its caller) and the driver's own policy
+    table and sampling keywords. A scorer that plays policies (forks of ``env``) plays the ones it
+    is given, so what it plays is what the caller plays; it holds policies only for what the
+    caller does not play (a user simulator named by the reward's configuration).
+    """
+
+    player: str
+    """The player whose moves it scores."""
+    name: str
+    """The key of what it records in ``infos[player]`` and in the reward components (``"mr"``)."""
+
+    async def score(self, env: Any, rewards: dict[str, float], infos: dict[str, dict[str, Any]], *,
+                    policies: Mapping[str, Any], sampling: Mapping[str, Mapping[str, Any]],
+                    start: int, step: int) -> None:
+        """Score ``player``'s move of the round just played.
+
+        Args:
+            env: The env (a ``CollabEnv`` or a wrapper of one without scorers) in the state
+                right after the round; a scorer forks it (``env.clone()``) and never steps it.
+            rewards: Player -> reward of the round (change ``rewards[player]`` in place).
+            infos: Player -> info of the round (add to ``infos[player]`` in place).
+            policies: The driver's policy table (player -> policy).
+            sampling: The driver's sampling keywords (player -> keywords).
+            start: The index in ``env.unwrapped.episode.messages`` of the round's first message.
+            step: The env step of the round (``episode.step`` before it).
+        """
+        ...
+
+
+def split_scorers(env: Any) -> tuple[Any, list[Scorer]]:
+    """``(inner, scorers)``: ``env`` without the outer reward wrappers that carry a scorer
+    (``layer.scorer``, a :class:`Scorer`), and those scorers, innermost first (the order their
+    wrappers would apply them). An env without such a wrapper on the outside is returned as is.
+    The driver plays ``inner`` and runs the scorers itself, with its own policy table."""
+    scorers: list[Scorer] = []
+    layer = env
+    while isinstance(getattr(layer, "scorer", None), Scorer) and getattr(layer, "env", None) is not None:
+        scorers.append(layer.scorer)
+        layer = layer.env
+    return layer, scorers[::-1]
+
+
 @dataclass
 class Step:
     """One round of an :func:`advance`: who moved, with what, and what the env returned."""
@@ -192,6 +253,9 @@ class Advance:
     steps: list[Step] = field(default_factory=list)
     faults: list[dict[str, Any]] = field(default_factory=list)
     """``{"step", "player", "reason"}`` of each policy that gave up (``Completion.is_fault``)."""
+    scores: list[dict[str, Any]] = field(default_factory=list)
+    """``{"step": env step, "player", <scorer name>: infos[player][name]}`` of each move a
+    :class:`Scorer` scored, in order."""
 
     def reward(self, player: str) -> float:
         """``player``'s reward summed over the rounds played."""
@@ -237,6 +301,7 @@ async def advance(
     on_moves: Callable[[int, dict[str, Completion | PolicyError]], Mapping[str, str] | None] | None = None,
     on_fault: str = "end",
     max_steps: int | None = None,
+    scorers: Iterable[Scorer] = (),
 ) -> Advance:
     """Play ``env`` from the state ``(obs, infos)`` with one policy per player.
 
@@ -273,10 +338,16 @@ async def advance(
             ``on_moves``: ``"end"`` ends the episode (``env.end_episode("fault:<player>")``,
             recorded in :attr:`Advance.faults`); ``"raise"`` raises PolicyError.
         max_steps: Most rounds to play.
+        scorers: Reward stages (:class:`Scorer`) run after each round in which their player
+            moved, with ``policies`` and ``sampling``; the scorers of ``env``'s outer reward
+            wrappers (:func:`split_scorers`) run first. Players that only a scorer plays (the
+            caller's own players in ``until``, whose moves come in ``actions``) belong in
+            ``policies`` too: they never act here, but the scorer's futures play them.
 
     Returns:
         The :class:`Advance`: the state it stopped in and every round's completions (token ids
-        and log-probs as the policy returned them), moves, rewards and infos.
+        and log-probs as the policy returned them), moves, rewards and infos (the scorers'
+        rewards and infos included).
 
     Raises:
         PolicyError: A policy raised or returned an invalid result (unless ``on_moves`` takes
@@ -285,6 +356,8 @@ async def advance(
     """
     if on_fault not in ("end", "raise"):
         raise ConfigError(f"on_fault must be 'end' or 'raise', got {on_fault!r}.")
+    env, lifted = split_scorers(env)
+    stages = [*lifted, *scorers]
     if obs is None:
         obs = {a: env.observe(a) for a in env.agents}
     if infos is None:
@@ -336,7 +409,17 @@ async def advance(
                 return out
             sent = {**given, **{p: c.text for p, c in completions.items()}}
         given = {}
+        state = getattr(env, "unwrapped", env).episode
+        start, env_step = len(state.messages), state.step
         nobs, rewards, terms, truncs, ninfos = await env.astep(sent)
+        if stages:
+            rewards, ninfos = dict(rewards), {p: dict(v) for p, v in ninfos.items()}
+            for stage in stages:
+                if stage.player in sent and stage.player in rewards:
+                    await stage.score(env, rewards, ninfos, policies=policies, sampling=sampling or {},
+                                      start=start, step=env_step)
+                    out.scores.append({"step": env_step, "player": stage.player,
+                                       stage.name: ninfos.get(stage.player, {}).get(stage.name)})
         stored = getattr(env, "unwrapped", env).episode.last_moves
         out.steps.append(Step(k, completions, sent, {p: stored.get(p, t) for p, t in sent.items()},
                               dict(rewards), dict(terms), dict(truncs), dict(ninfos)))
@@ -359,6 +442,7 @@ async def arun_episode(
     on_step: Callable[[int, dict[str, Completion]], None] | None = None,
     policy_seeds: bool = True,
     max_turns: Mapping[str, int] | None = None,
+    scorers: Iterable[Scorer] = (),
 ) -> Episode:
     """Play one episode of ``env`` with one policy per player; return the :class:`Episode`.
 
@@ -379,10 +463,13 @@ async def arun_episode(
             a truncation). The env scored the round first, so a multiturn-aware reward still
             rolls the futures of that last move, as when a trainer's sample is one reply (the
             CollabLLM recipe's verl setting).
+        scorers: Reward stages beside those of ``env``'s reward wrappers (see :func:`advance`);
+            they play ``policies``.
 
     Returns:
         The finished episode; each :class:`~collab_env.types.TurnRecord` holds the policy's
-        completion unchanged.
+        completion unchanged; ``info["scores"]`` what the scorers recorded
+        (:attr:`Advance.scores`).
 
     Raises:
         PolicyError: A policy raised or returned an invalid result.
@@ -433,7 +520,8 @@ async def arun_episode(
     usage_of_faults: list[Completion] = []
     step_seed = None if seed is None or not policy_seeds else (lambda k: seed + k)
     run = await advance(env, resolved, obs=obs, infos=infos, sampling=sampling, seed=step_seed,
-                        on_moves=count if limits else record, before_step=budget_left if limits else None)
+                        on_moves=count if limits else record, before_step=budget_left if limits else None,
+                        scorers=scorers)
     ep = Episode(
         env_id=env.spec.id if env.spec is not None else None,
         seed=seed,
@@ -462,6 +550,8 @@ async def arun_episode(
     if faults:
         ep.costs["faults"] = ep.costs.get("faults", 0.0) + len(faults)
         ep.info["faults"] = faults
+    if run.scores:
+        ep.info["scores"] = run.scores
     state = env.episode
     ep.conversation = state.conversation
     ep.terminated, ep.truncated, ep.end_reason = state.terminated, state.truncated, state.end_reason

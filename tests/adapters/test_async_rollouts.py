@@ -262,31 +262,49 @@ def test_a_checkpoint_drops_the_batch_in_flight_and_a_resumed_run_rolls_it_again
 
 
 def test_the_futures_of_the_training_env_play_the_frozen_copy_and_evaluation_the_live_model(tiny_dir, tmp_path):
-    from collab_env.rewards.mr import LEARNER, MultiturnAwareReward
+    """async overlap hands the driver its frozen copy as the trained player's policy, so the
+    training rollouts' MR futures are played by the copy that wrote the replies, and evaluation
+    (the live model) by the live one: no binding, and one env object can serve both."""
+    from collab_env.rewards.mr import MultiturnAwareReward
     from collab_env.testing.tiny_model import load_tiny_chat_model
 
     def mr():
-        return MultiturnAwareReward(collab_env.make("hidden-facts-easy"), policies={"assistant": LEARNER},
+        return MultiturnAwareReward(collab_env.make("hidden-facts-easy"),
                                     weights={"accuracy_rule": 1.0}, num_rollouts=1, max_user_turns=1,
-                                    max_assistant_turns=1, sampling={"assistant": {"max_new_tokens": 4}})
+                                    max_assistant_turns=2, aggregation="collabllm",
+                                    sampling={"assistant": {"max_new_tokens": 4}})
+
+    def recorded(env):
+        """The assistant policy of every set of futures ``env``'s reward rolls (clones share it)."""
+        played = []
+        future_policies = env.scorer.future_policies
+
+        def recording(policies):
+            table, from_driver = future_policies(policies)
+            played.append(table["assistant"])
+            return table, from_driver
+
+        env.scorer.future_policies = recording
+        return played
 
     model, tok = load_tiny_chat_model(tiny_dir)
     train_env, eval_env = mr(), mr()
     args = MAGRPOConfig(num_agents=1, num_generations=2, max_new_tokens=4, max_steps=2, eval_interval=1,
                         eval_num_samples=1, plot=False, output_dir=str(tmp_path / "o"), async_rollouts=True)
     trainer = MAGRPOTrainer(agent_model=model, tokenizer=tok, env=train_env, eval_env=eval_env, args=args)
-    frozen = trainer._overlap.models[0]
-    assert train_env.policies["assistant"] is frozen.generator
-    assert eval_env.policies["assistant"] is trainer.models[0].generator
-    assert frozen.model is not trainer.models[0].model
+    frozen, live = trainer._overlap.models[0], trainer.models[0]
+    assert frozen.model is not live.model
+    trained_by, evaluated_by = recorded(train_env), recorded(eval_env)
     trainer.train()  # evaluations run between the steps, while the next rollout is in flight
     assert sum("eval/turn_1/reward_mean" in r for r in trainer.logger.records) == 2
-    assert frozen.generator.stats.batched_requests > 0  # the futures were played by the copy
-    # one env object cannot hold the frozen copy for training and the live model for evaluation
+    # training futures: the frozen copy that wrote the replies; evaluation futures: the live model
+    assert trained_by and all(p is frozen.generator for p in trained_by)
+    assert evaluated_by and all(p is live.generator for p in evaluated_by)
+    assert train_env.scorer.named == {} and eval_env.scorer.named == {}
+    # one env object serves both: each run plays the policy table it is given
     model, tok = load_tiny_chat_model(tiny_dir)
     shared = mr()
-    with pytest.raises(ConfigError, match="separate eval_env"):
-        MAGRPOTrainer(agent_model=model, tokenizer=tok, env=shared, eval_env=shared, args=args)
+    MAGRPOTrainer(agent_model=model, tokenizer=tok, env=shared, eval_env=shared, args=args)
 
 
 def test_lora_snapshot_copies_the_adapters_and_shares_the_base_weights(tiny_dir, tmp_path):

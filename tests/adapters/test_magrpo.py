@@ -264,19 +264,29 @@ def test_env_path_alternating_turns_with_a_simulated_user(tiny_dir, tmp_path):
 
 def test_collabllm_style_training_with_the_multiturn_aware_reward(tiny_dir, tmp_path):
     """GRPO on hidden-facts whose reward is the MR: the futures' assistant turns are played by
-    the policy being trained (bound by the trainer), the scripted user answers."""
-    from collab_env.rewards.mr import LEARNER, MultiturnAwareReward
+    the live model being trained, with no binding step (the driver hands the reward the policy
+    table the rollout plays with), and the scripted user answers."""
+    from collab_env.rewards.mr import MultiturnAwareReward
 
     model, tok = _tiny(tiny_dir)
-    env = MultiturnAwareReward(collab_env.make("hidden-facts-easy"), policies={"assistant": LEARNER},
+    env = MultiturnAwareReward(collab_env.make("hidden-facts-easy"),
                                weights={"accuracy_rule": 1.0, "token_amount": -1e-2}, num_rollouts=2,
                                max_user_turns=1, max_assistant_turns=2,
                                sampling={"assistant": {"max_new_tokens": 4}})
     trainer = MAGRPOTrainer(agent_model=model, tokenizer=tok, env=env,
                             args=_cfg(tmp_path, num_agents=1, num_turns=1, max_steps=1, num_generations=4,
                                       max_new_tokens=8))
-    bound = env.policies["assistant"]
-    assert bound is trainer.models[0].generator  # futures use the model being trained
+    live = trainer.models[0].generator
+    assert env.scorer.named == {}  # nothing was put into the env
+    played = []  # the assistant of every set of futures the reward rolled
+    future_policies = env.scorer.future_policies
+
+    def recording(policies):
+        table, from_driver = future_policies(policies)
+        played.append(table["assistant"])
+        return table, from_driver
+
+    env.scorer.future_policies = recording  # clones of the env share this scorer's methods
     trained = trainer.models[0].model
     before = [p.detach().clone() for p in trained.parameters()]
     trainer.train()
@@ -284,7 +294,8 @@ def test_collabllm_style_training_with_the_multiturn_aware_reward(tiny_dir, tmp_
     rec = read_jsonl(tmp_path / "out" / "metrics.jsonl")[-1]
     # token_amount < 0 on every sample (the reply and the futures have words): a negative mean
     assert rec["turn_1/reward_mean"] < 0 and math.isfinite(rec["turn_1/reward_mean"])
-    assert bound.stats.batched_requests > 0
+    assert played and all(p is live for p in played)  # every future's assistant: the live model
+    assert env.scorer.named == {}
 
 
 class RecordingUser:

@@ -19,7 +19,7 @@ from collab_env.adapters import trl as ce_trl  # noqa: E402
 from collab_env.errors import ConfigError  # noqa: E402
 from collab_env.policy import FixedTextPolicy  # noqa: E402
 
-MR_KWARGS = dict(reward="mr", reward_kwargs=dict(policy="learner", weights={"accuracy_rule": 1.0, "token_amount": -1e-2},
+MR_KWARGS = dict(reward="mr", reward_kwargs=dict(weights={"accuracy_rule": 1.0, "token_amount": -1e-2},
                                                 num_rollouts=2, max_user_turns=1, max_assistant_turns=2))
 
 
@@ -121,11 +121,11 @@ def test_grpo_trainer_runs_two_steps_on_an_mr_env_and_the_mr_details_reach_the_r
 def test_tool_route_on_an_mr_env_scores_each_message_with_the_futures():
     """send_message is the assistant's reply: on an MR env get_reward() is the MR's return of the
     episode, equal to run_episode's with the same replies (the futures' seeds follow the step and
-    the rollout, so both roll the same futures); a future policy of "learner" is refused up front,
-    since nothing could bind TRL's model into the futures."""
+    the rollout, so both roll the same futures); an MR env without a future policy for the trained
+    player is refused up front, since TRL does not hand its model to the tools."""
     from collab_env.rollout import run_episode
 
-    with pytest.raises(ConfigError, match="tool route cannot bind.*rollout_func"):
+    with pytest.raises(ConfigError, match="need a policy for \\['assistant'\\].*tool route.*rollout_func"):
         ce_trl.environment_factory("hidden-facts-easy", env_kwargs=MR_KWARGS)
     reply = "Which quantity is missing? Tell me and I will add them up."
     row = ce_trl.dataset("hidden-facts-easy", n=3)[2]

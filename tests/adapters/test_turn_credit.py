@@ -45,7 +45,7 @@ def test_ties_give_zero_and_bad_input_is_refused():
 
 # -- TRL: per-token advantages from each move's MR -------------------------------------------------
 
-MR_KWARGS = dict(reward="mr", reward_kwargs=dict(policy="learner",
+MR_KWARGS = dict(reward="mr", reward_kwargs=dict(
                                                 weights={"accuracy_rule": 1.0, "token_amount": -1e-2},
                                                 num_rollouts=2, max_user_turns=1, max_assistant_turns=2))
 

@@ -17,7 +17,6 @@ from collab_env.errors import ConfigError, JudgeError, PolicyError, RewardError
 from collab_env.policy import CallablePolicy, FixedTextPolicy
 from collab_env.rewards.metrics import MetricResult, register_metric
 from collab_env.rewards.mr import (
-    LEARNER,
     ConversationReward,
     MultiturnAwareReward,
     aggregate,
@@ -144,11 +143,11 @@ def test_window_zero_is_the_immediate_reward(math_env):
     assert rewards["assistant"] == pytest.approx(infos["assistant"]["reward_components"]["mr"])
 
 
-def test_window_zero_takes_the_learner_placeholder():
+def test_window_zero_needs_no_policy_for_the_rewarded_player():
     # One training script switches between the immediate reward and a window (issue 26's
-    # ablation): policies={"assistant": LEARNER} is accepted at window 0 too (nothing is rolled,
-    # so nothing is bound), and the reward is the reply scored as it stands.
-    env = MultiturnAwareReward(collab_env.make("hidden-facts-copy"), policies={"assistant": LEARNER},
+    # ablation): at window 0 nothing is rolled, so no policy is needed for the rewarded player,
+    # and the reward is the reply scored as it stands.
+    env = MultiturnAwareReward(collab_env.make("hidden-facts-copy"),
                                weights={"accuracy_rule": 1.0, "token_amount": -1e-3}, aggregation="collabllm",
                                max_user_turns=0)
     env.reset(seed=0)
@@ -334,8 +333,6 @@ def test_a_raising_policy_counts_as_a_fault(math_env):
 # Configuration, determinism, API
 # ---------------------------------------------------------------------------------------------
 def test_configuration_errors(math_env):
-    with pytest.raises(ConfigError, match="needs a policy for 'assistant'"):
-        MultiturnAwareReward(math_env, policies={"user": replay_user()}, weights={"token_amount": -1e-4})
     with pytest.raises(ConfigError, match="num_rollouts must be an int >= 1"):
         MultiturnAwareReward(math_env, num_rollouts=0, max_user_turns=0)
     with pytest.raises(ConfigError, match="unknown metric"):
@@ -487,35 +484,44 @@ def test_make_with_reward_and_view(tmp_path):
         collab_env.make("collabllm-math-hard", data_files=str(path), reward_kwargs={"judge": "x"})
 
 
-def test_learner_placeholder_must_be_bound(math_env):
-    from collab_env.rewards.mr import LEARNER, bind_learner_policies
+def test_stepped_directly_the_wrapper_needs_the_rewarded_players_policy(math_env):
+    """``env.step`` on an MR env built without a policy for the rewarded player fails with the
+    fix; played through the episode driver, the driver's policy plays the futures."""
+    from collab_env.rollout import run_episode
 
-    env = MultiturnAwareReward(math_env, policies={"assistant": LEARNER, "user": replay_user()},
-                               weights={"test_future_len": 0.1}, num_rollouts=1)
+    env = MultiturnAwareReward(math_env, policies={"user": replay_user()}, weights={"test_future_len": 0.1},
+                               num_rollouts=1)
     env.reset(seed=0, options={"index": 0})
-    with pytest.raises(ConfigError, match="no learner bound"):
+    with pytest.raises(ConfigError, match="needs a policy for 'assistant'.*episode driver"):
         env.clone().step({"assistant": "A1"})
-    assert bind_learner_policies(env, {"assistant": FixedTextPolicy("bound")}) == 1
-    _, _, _, _, infos = env.step({"assistant": "A1"})
+    fixed = MultiturnAwareReward(math_env, policies={"assistant": FixedTextPolicy("fixed"), "user": replay_user()},
+                                 weights={"test_future_len": 0.1}, num_rollouts=1, return_futures=True)
+    fixed.reset(seed=0, options={"index": 0})
+    _, _, _, _, infos = fixed.step({"assistant": "A1"})
     assert infos["assistant"]["mr"]["scored"] == 1
+    assert [m["content"] for m in infos["assistant"]["mr"]["futures"][0] if m["role"] == "assistant"] == ["A1", "fixed"]
+    # Through the driver, the same env's futures are the driver's assistant, not the fixed one.
+    ep = run_episode(fixed, {"assistant": FixedTextPolicy("live"), "user": replay_user()}, seed=0, index=0,
+                     max_turns={"assistant": 1})
+    mr = ep.info["scores"][0]["mr"]
+    assert mr["policies"]["assistant"] == "fixed:'live'"
+    assert [m["content"] for m in mr["futures"][0] if m["role"] == "assistant"] == ["live", "live"]
 
 
-def test_unbind_learner_restores_the_placeholder(math_env):
-    """An env reused across samples: unbind_learner puts LEARNER back (and the built-with
-    sampling), so the next bind takes the next sample's policy instead of keeping the first."""
-    from collab_env.policy import LEARNER, bind_learner, unbind_learner
+def test_each_run_plays_its_own_drivers_policy(math_env):
+    """One env reused across samples with different policies (verl's per-sample policy, an
+    async frozen copy): each run's futures are played by that run's policy, with nothing to
+    bind or unbind in between, so no stale policy can play."""
+    from collab_env.rollout import run_episode
 
-    env = MultiturnAwareReward(math_env, policies={"assistant": LEARNER, "user": replay_user()},
-                               weights={"test_future_len": 0.1}, num_rollouts=1,
-                               sampling={"assistant": {"max_new_tokens": 9}})
-    first, second = FixedTextPolicy("first"), FixedTextPolicy("second")
-    assert bind_learner(env, {"assistant": first}, sampling={"assistant": {"temperature": 0.3}}) == 1
-    assert bind_learner(env, {"assistant": second}) == 0  # bound: a second bind is a no-op
-    assert env.policies["assistant"] is first and env.sampling["assistant"]["temperature"] == 0.3
-    assert unbind_learner(env) == 1 and env.learner_players() == ["assistant"]
-    assert env.sampling["assistant"] == {"max_new_tokens": 9}
-    assert bind_learner(env, {"assistant": second}) == 1 and env.policies["assistant"] is second
-    assert env.policies["user"] is not LEARNER and unbind_learner(math_env) == 0
+    env = MultiturnAwareReward(math_env, policies={"user": replay_user()}, weights={"test_future_len": 0.1},
+                               num_rollouts=1, return_futures=True, sampling={"assistant": {"max_new_tokens": 9}})
+    for text in ("first", "second", "first"):
+        ep = run_episode(env, {"assistant": FixedTextPolicy(text), "user": replay_user()}, seed=0, index=0,
+                         max_turns={"assistant": 1})
+        future = ep.info["scores"][0]["mr"]["futures"][0]
+        assert [m["content"] for m in future if m["role"] == "assistant"] == [text, text]
+    assert env.scorer.sampling == {"assistant": {"max_new_tokens": 9}}  # the driver's never sticks
 
 
 # ---------------------------------------------------------------------------------------------
@@ -753,7 +759,7 @@ def test_user_replay_selects_the_recorded_turns_on_purpose(tmp_path):
     env = collab_env.make("collabllm-math-hard", data_files=str(path), reward="mr",
                           reward_kwargs={"judge": JsonJudgeBackend(), "user": "replay",
                                          "policy": FixedTextPolicy("ok"), "num_rollouts": 1, "return_futures": True})
-    assert isinstance(env.policies["user"], SessionReplayUser)
+    assert isinstance(env.scorer.named["user"], SessionReplayUser)
     env.reset(seed=0, options={"index": 0})
     fut = env.step({"assistant": "hello"})[4]["assistant"]["mr"]["futures"][0]
     assert fut[1]["content"] == "FUTURE-USER-0-1"
@@ -786,37 +792,37 @@ class RecordingPolicy:
         return [Completion(text="bound words", finish_reason="stop") for _ in observations]
 
 
-def test_a_bound_learner_plays_the_futures_with_its_own_sampling(math_env):
-    from collab_env.policy import LEARNER, LearnerBindable, bind_learner
-    from collab_env.rewards.mr import bind_learner_policies
+def test_the_drivers_policy_plays_the_futures_with_its_own_sampling(math_env):
+    """A learner passes its live model to the driver: the futures play it with the learner's
+    sampling keywords over the reward's own, key by key (``None``: not set), and a reward built
+    with the driver's table changes nothing in the reward's configuration."""
+    from collab_env.rollout.driver import advance
 
-    assert bind_learner_policies is bind_learner
-    env = MultiturnAwareReward(math_env, policies={"assistant": LEARNER, "user": replay_user()},
+    env = MultiturnAwareReward(math_env, policies={"user": replay_user()},
                                weights={"test_future_len": 0.1}, num_rollouts=2,
                                sampling={"assistant": {"temperature": 0.5, "max_new_tokens": 4}})
-    assert isinstance(env, LearnerBindable) and env.learner_players() == ["assistant"]
     learner = RecordingPolicy()
-    # The learner's settings win key by key; None means "not set" (the reward's 0.5 stays).
-    assert bind_learner(env, {"assistant": learner},
-                        sampling={"assistant": {"max_new_tokens": 9, "temperature": None, "top_p": 0.9}}) == 1
-    assert env.learner_players() == [] and env.policies["assistant"] is learner
-    env.reset(seed=5, options={"index": 0})
-    _, rewards, _, _, infos = env.step({"assistant": "A1 reply"})
+    obs, infos = env.reset(seed=5, options={"index": 0})
+    run = asyncio.run(advance(env, {"assistant": learner, "user": replay_user()}, obs=obs, infos=infos,
+                              until=("assistant",), actions={"assistant": "A1 reply"},
+                              sampling={"assistant": {"max_new_tokens": 9, "temperature": None, "top_p": 0.9}}))
+    rewards, infos = run.steps[0].rewards, run.steps[0].infos
     # reply, U, A, U per future (verl window): one learner call per future, 4 messages * 0.1
     assert len(learner.seen) == 2 and rewards["assistant"] == pytest.approx(0.4)
     for kw in learner.seen:
         assert kw["max_new_tokens"] == 9 and kw["temperature"] == 0.5 and kw["top_p"] == 0.9
         assert isinstance(kw["seed"], int)  # the future's own seed travels with the sampling
     assert infos["assistant"]["mr"]["cost"]["policy_calls"] == 6.0  # per future: 2 user calls + 1 learner call
-    # Binding again without sampling restores the reward's own settings for that player.
-    env.bind_policy("assistant", learner)
-    env.reset(seed=5, options={"index": 0})
-    env.step({"assistant": "A1 reply"})
+    assert run.scores == [{"step": 0, "player": "assistant", "mr": infos["assistant"]["mr"]}]
+    # Without the driver's sampling, the reward's own settings.
+    obs, infos = env.reset(seed=5, options={"index": 0})
+    asyncio.run(advance(env, {"assistant": learner, "user": replay_user()}, obs=obs, infos=infos,
+                        until=("assistant",), actions={"assistant": "A1 reply"}))
     assert {k: v for k, v in learner.seen[-1].items() if k != "seed"} == {"temperature": 0.5, "max_new_tokens": 4}
     with pytest.raises(ConfigError, match="unknown sampling parameter"):
-        env.bind_policy("assistant", learner, sampling={"max_tokens": 9})
-    with pytest.raises(ConfigError, match="not a player"):
-        env.bind_policy("bot", learner)
+        MultiturnAwareReward(math_env, policies={"user": replay_user()}, sampling={"assistant": {"max_tokens": 9}})
+    with pytest.raises(ConfigError, match="unknown player"):
+        MultiturnAwareReward(math_env, policies={"user": replay_user()}, sampling={"bot": {"max_new_tokens": 9}})
 
 
 def test_futures_are_played_by_the_episode_driver(math_env, monkeypatch):

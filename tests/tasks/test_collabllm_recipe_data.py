@@ -253,7 +253,7 @@ def test_verl_example_env_has_the_recipe_settings(tmp_path):
     assert (env.num_rollouts, env.max_user_turns, env.max_assistant_turns, env.future_token_budget) == (3, 2, 3, 2048)
     assert (env.metric_set.on_fault, env.metric_set.aggregation) == ("zero", "verl")
     assert env.metric_set.weights == {"accuracy": 1.0, "interactivity": 1.0, "token_amount": -0.0001}
-    user = env.policies["user"]
+    user = env.scorer.named["user"]
     assert user.max_retries == 5 and dict(user.sampling) == {"max_new_tokens": 512, "temperature": 1.0}
     judges = env.metric_set.ctx["judge"]
     assert {(j.max_new_tokens, j.max_retries) for j in judges.values()} == {(2048, 6)}

@@ -25,9 +25,7 @@ from collab_env.agents.hf import HFPolicy  # noqa: E402
 from collab_env.agents.tokens import TokenGenerator  # noqa: E402
 from collab_env.errors import ConfigError  # noqa: E402
 from collab_env.policy import (  # noqa: E402
-    LEARNER,
     SamplingParams,
-    bind_learner,
     policies_for,
     resolve_policy,
 )
@@ -65,7 +63,7 @@ def test_hf_policy_and_policy_model_are_token_generators(tiny_dir, tmp_path):
     tok = pm.tokenizer
     expected_pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     assert pm.generator.pad_token_id == pm.pad_id == pm.pad_token_id == expected_pad
-    # the policy a learner binds into futures is the model being trained, merging its callers
+    # the policy that plays a learner's futures is the model being trained, merging its callers
     assert pm.policy is pm.generator and pm.generator.flush == "idle"
 
 
@@ -203,9 +201,8 @@ def test_magrpo_level_with_mr_futures_makes_ceil_rows_over_max_batch_size_model_
     [pm] = _models(tiny_dir, tmp_path, num_generations=4, num_turns=2, max_new_tokens=6)
     pm.generator.max_batch_size = max_batch
     env = collab_env.make("hidden-facts-easy", reward="mr", reward_kwargs=dict(
-        policy=LEARNER, num_rollouts=3, max_user_turns=2, max_assistant_turns=3,
+        num_rollouts=3, max_user_turns=2, max_assistant_turns=3,
         weights={"accuracy_rule": 1.0, "token_amount": -1e-3}, sampling={"assistant": {"max_new_tokens": 6}}))
-    assert bind_learner(env, {"assistant": pm.policy}) == 1
     others = {p: resolve_policy(v) for p, v in policies_for(env.spec).items() if p != "assistant"}
     log = count_decodes(monkeypatch, pm.model)
     real = pm.generate_tokens
