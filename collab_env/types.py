@@ -389,7 +389,3 @@ class Episode:
     def from_json(cls, line: str) -> Episode:
         return cls.from_dict(json.loads(line))
 
-
-def chat_of(messages: Sequence[Message]) -> list[dict[str, str]]:
-    """``[{"role", "content"}]`` of any message sequence."""
-    return [{"role": m.role, "content": m.content} for m in messages]
