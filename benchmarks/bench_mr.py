@@ -22,7 +22,7 @@ seeded per row, so batching does not change a token) rolled and scored one after
 the script checks that they are identical and prints both wall times.
 
 Backends: ``--backend hf`` (transformers, :class:`~collab_env.agents.hf.HFPolicy`, one
-micro-batching queue) or ``--backend vllm`` (:class:`~collab_env.agents.vllm.AsyncVLLMPolicy`,
+micro-batching queue) or ``--backend vllm`` (:class:`~collab_env.agents.vllm_async.AsyncVLLMPolicy`,
 continuous batching, prefix caching on; needs vLLM: on a CPU machine run it in ``.venv-vllm``,
 see ``make test-vllm``). The machine-load check of :mod:`benchmarks._machine` runs first (refuses
 a loaded machine unless ``--allow-loaded``); ``--out FILE.json`` records everything, the load
@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import LoadMeter, add_load_arguments, check  # noqa: E402
 
 import collab_env  # noqa: E402
-from collab_env.rewards.mr import default_reward  # noqa: E402
+from collab_env.rewards.defaults import default_reward  # noqa: E402
 
 ROW = {
     "prompt": [{"role": "user", "content": "Can you help me with a sum of some numbers?"}],
@@ -126,7 +126,7 @@ def _diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
 def make_policy(args):
     """The one model behind the assistant, the user simulator and the judge."""
     if args.backend == "vllm":
-        from collab_env.agents.vllm import AsyncVLLMPolicy
+        from collab_env.agents.vllm_async import AsyncVLLMPolicy
 
         model = args.model
         if model == "embedded":

@@ -190,7 +190,7 @@ BUILTIN_AGENT_POLICIES: Mapping[str, str] = MappingProxyType({
 BUILTIN_BACKENDS: Mapping[str, str] = MappingProxyType({
     "hf": "collab_env.agents.hf:HFPolicy",
     "vllm": "collab_env.agents.vllm:VLLMPolicy",
-    "vllm-async": "collab_env.agents.vllm:AsyncVLLMPolicy",
+    "vllm-async": "collab_env.agents.vllm_async:AsyncVLLMPolicy",
     "litellm": "collab_env.agents.litellm:LiteLLMPolicy",
     "embedded-lora": "collab_env.agents.embedded:EmbeddedLoRAPolicy",
 })

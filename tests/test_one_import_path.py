@@ -31,6 +31,8 @@ PACKAGE_DIRS = {"collab_env": ROOT / "collab_env", "collab_env.agents": ROOT / "
 
 #: Deleted old paths (module -> where its names live now). Nothing may import, name or recreate them.
 DELETED = {
+    "collab_env.rewards.multiturn": "collab_env.rewards.mr",
+    "collab_env.agents.vllm_offline": "collab_env.agents.vllm",
     "collab_env.rollout_ray": "collab_env.rollout.ray_engine",
     "collab_env.tasks.collabllm_build": "collab_env.data.collabllm_build",
     "collab_env.rewards.sandbox": "collab_env.sandbox",
@@ -48,15 +50,10 @@ REMOVED_NAMES = {
     "collab_env.agents.hf": ("TokenGenerator", "sampling_params", "GenerationStats", "FLUSH_MODES"),
 }
 
-#: Modules whose job is to gather a family of names from their siblings (documented in each
-#: module's docstring). Not old paths: still, each is a second path, to be folded away or kept
-#: on purpose.
-FACADES = {
-    "collab_env.rewards.mr",         # the MR reward's documented face (aggregation, wrappers, defaults)
-    "collab_env.tasks.collabllm",    # the CollabLLM env's face (loading, row schema)
-    "collab_env.tasks.dataset_env",  # DatasetEnv's face (task, task functions, streamed rows)
-    "collab_env.agents.vllm",        # the vLLM backends' face (offline, async, shared helpers)
-}
+#: Modules whose job is to gather a family of names from their siblings (a second import path
+#: for each of those names). None: issue 41 folded the last four (rewards.mr, tasks.collabllm,
+#: tasks.dataset_env, agents.vllm) away; a new one would be added here on purpose.
+FACADES: frozenset[str] = frozenset()
 
 #: Packages whose own modules these rules do not check (none: the adapters' modules no longer
 #: re-export the toolkit's names). A package named here is exempt on purpose.

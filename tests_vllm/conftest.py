@@ -70,7 +70,7 @@ def policy(model_dir):
 
 @pytest.fixture(scope="session")
 def async_policy(model_dir):
-    from collab_env.agents.vllm import AsyncVLLMPolicy
+    from collab_env.agents.vllm_async import AsyncVLLMPolicy
 
     kwargs = {k: v for k, v in ENGINE_KWARGS.items() if k not in ("enable_lora", "max_lora_rank")}
     t0 = time.perf_counter()

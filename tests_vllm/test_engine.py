@@ -173,7 +173,7 @@ def test_prefix_caching_is_on_and_used(policy):
 
 
 def test_sampling_mapping():
-    from collab_env.agents.vllm import to_vllm_sampling
+    from collab_env.agents.vllm_base import to_vllm_sampling
 
     sp = to_vllm_sampling(SamplingParams(temperature=0, top_k=None, stop=("END",), max_new_tokens=9), seed=3)
     assert (sp.temperature, sp.top_p, sp.max_tokens, sp.stop, sp.seed, sp.logprobs) == (0, 1.0, 9, ["END"], 3, 0)

@@ -62,7 +62,7 @@ def num_items(env: Any) -> int | None:
 
 def streamed_rows(env: Any) -> Any:
     """The :class:`~collab_env.tasks.dataset_env.StreamedRows` of a dataset-path env, or None."""
-    from collab_env.tasks.dataset_env import StreamedRows
+    from collab_env.tasks.streamed_rows import StreamedRows
 
     rows = getattr(getattr(getattr(env, "unwrapped", None), "task", None), "dataset", None)
     return rows if isinstance(rows, StreamedRows) else None
@@ -204,7 +204,8 @@ class TaskSource:
     @classmethod
     def _dataset_path(cls, args, num_agents, formatters, reward_func, reward_processor, external_transition,
                       train_dataset, eval_dataset) -> TaskSource:
-        from collab_env.tasks.dataset_env import from_dataset, prompt_formatter
+        from collab_env.tasks.dataset_env import from_dataset
+        from collab_env.tasks.task_functions import prompt_formatter
 
         if reward_func is None:
             raise ConfigError(

@@ -38,7 +38,8 @@ class CollabToolEnv:
         self._player = trained_player(env, player)
         self._view = SingleAgentEnv(env, self._player, policies=policies)
         _, scorers = split_scorers(env)
-        missing = sorted({p for sc in scorers for p in getattr(sc, "missing_policies", lambda _: [])(self._view.policies)})
+        missing = sorted({p for sc in scorers if hasattr(sc, "missing_policies")
+                          for p in sc.missing_policies(self._view.policies)})
         if missing:
             # TRL keeps its model to itself on this route: nothing could play the trained player's
             # futures, and the first scored reply would fail inside a tool call.

@@ -1,7 +1,7 @@
 """What the conversation rewards share: the rewarded player, the weights, the reward components
 they record, and the rules for naming the user simulator of the futures.
 
-Used by :class:`~collab_env.rewards.multiturn.MultiturnAwareReward`,
+Used by :class:`~collab_env.rewards.mr.MultiturnAwareReward`,
 :class:`~collab_env.rewards.conversation.ConversationReward` and
 :func:`~collab_env.rewards.defaults.default_reward` (all importable from
 :mod:`collab_env.rewards.mr`).

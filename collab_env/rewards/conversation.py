@@ -20,7 +20,7 @@ class ConversationReward(EnvWrapper):
     """Score the finished conversation with weighted metrics, at the end of the episode.
 
     For evaluation: the same metrics and aggregation rules as
-    :class:`~collab_env.rewards.multiturn.MultiturnAwareReward`,
+    :class:`~collab_env.rewards.mr.MultiturnAwareReward`,
     applied once to the whole conversation when the episode ends (terminated or truncated by
     the env). ``player`` gets the conversation reward at the final step (its other steps keep
     the env's reward); ``infos[player]["conversation_reward"]`` holds the reward and, per metric,

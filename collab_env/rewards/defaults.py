@@ -1,6 +1,6 @@
 """The default rewards of the registered envs: :func:`default_reward`.
 
-It wraps an env in a :class:`~collab_env.rewards.multiturn.MultiturnAwareReward` or a
+It wraps an env in a :class:`~collab_env.rewards.mr.MultiturnAwareReward` or a
 :class:`~collab_env.rewards.conversation.ConversationReward` with the spec's metric weights,
 and builds the judges, the user simulator and the future policy from an API model string,
 ``"embedded"`` or a policy object; ``collab_env.make(id, reward="mr", reward_kwargs={...})``
@@ -23,7 +23,7 @@ from collab_env.rewards.common import (
 )
 from collab_env.rewards.conversation import ConversationReward
 from collab_env.rewards.metrics import get_metric
-from collab_env.rewards.multiturn import MultiturnAwareReward, rolls_futures
+from collab_env.rewards.mr import MultiturnAwareReward, rolls_futures
 
 __all__ = ["default_reward", "judges_for"]
 
@@ -92,8 +92,8 @@ def default_reward(
     """
     if kind not in ("mr", "conversation"):
         raise ConfigError(f"reward kind must be 'mr' or 'conversation', got {kind!r}.")
-    if kind == "mr" and user is None and rolls_futures(**{k: kwargs[k] for k in ("max_user_turns", "max_assistant_turns")
-                                                          if k in kwargs}):
+    window = {k: kwargs[k] for k in ("max_user_turns", "max_assistant_turns") if k in kwargs}
+    if kind == "mr" and user is None and rolls_futures(**window):
         # before the judge check: this mistake is silent otherwise
         check_explicit_user(env, dict(kwargs.get("policies") or {}))
     loaded: dict[str, Any] = {}

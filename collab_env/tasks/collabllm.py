@@ -146,11 +146,8 @@ from collab_env.tasks._common import build_config, build_env, split_env_kwargs
 from collab_env.tasks.cards import docstring_cards
 from collab_env.tasks.collabllm_load import check_data_files, data_file_list, load_collabllm_dataset
 from collab_env.tasks.collabllm_rows import (
-    GENERIC_TASK_DESC,
-    OPTIONAL_COLUMNS,
     REQUIRED_COLUMNS,
     RL_LAYOUT,
-    TASK_DESCRIPTIONS,
     default_task_desc,
     is_rl_layout,
     normalize_messages,
@@ -170,16 +167,8 @@ __all__ = [
     "CollabLLMTask",
     "SessionReplayUser",
     "make_env",
-    "load_collabllm_dataset",
-    "REQUIRED_COLUMNS",
-    "OPTIONAL_COLUMNS",
-    "TASK_DESCRIPTIONS",
     "DEFAULT_TERMINATION_SIGNAL",
     "DEFAULT_SYSTEM_PROMPT",
-    "normalize_messages",
-    "normalize_sessions",
-    "GENERIC_TASK_DESC",
-    "default_task_desc",
 ]
 
 DEFAULT_TERMINATION_SIGNAL = "[[TERMINATE CHAT]]"

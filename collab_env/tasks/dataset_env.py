@@ -34,21 +34,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from collab_env.env import CollabEnv
-from collab_env.errors import TaskFunctionError
 from collab_env.tasks.dataset_task import DatasetTask
-from collab_env.tasks.streamed_rows import StreamedRows, is_streamed
-from collab_env.tasks.task_functions import (
-    REWARD_KEYWORDS,
-    TRANSITION_KEYWORDS,
-    call_reward_func,
-    check_reward_callables,
-    prompt_formatter,
-)
 
-__all__ = [
-    "from_dataset", "DatasetTask", "TaskFunctionError", "TRANSITION_KEYWORDS", "REWARD_KEYWORDS",
-    "prompt_formatter", "StreamedRows", "is_streamed", "call_reward_func", "check_reward_callables",
-]
+__all__ = ["from_dataset"]
 
 
 # ---------------------------------------------------------------------------------------------

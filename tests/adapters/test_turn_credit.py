@@ -105,8 +105,9 @@ def test_trl_turn_credit_advantages_match_each_moves_mr_token_by_token(trl_parts
     class Capturing(ce_trl.TurnCreditGRPOTrainer):
         def _generate_and_score_completions(self, inputs):
             out = super()._generate_and_score_completions(inputs)
-            seen.append((out, [dict(r) for r in inputs], list(self.rollout_func.last_episodes),
-                         [list(e.mr) for e in self.rollout_func.envs[:len(inputs)]]))
+            episodes = list(self.rollout_func.last_episodes)
+            seen.append((out, [dict(r) for r in inputs], episodes,
+                         [ce_trl.scored_moves(e, "assistant") for e in episodes]))
             return out
 
     trainer, fn = make(Capturing)

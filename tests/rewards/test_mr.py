@@ -15,13 +15,11 @@ from pettingzoo.test import parallel_api_test
 import collab_env
 from collab_env.errors import ConfigError, JudgeError, PolicyError, RewardError
 from collab_env.policy import CallablePolicy, FixedTextPolicy
+from collab_env.rewards.aggregation import aggregate
+from collab_env.rewards.conversation import ConversationReward
+from collab_env.rewards.defaults import default_reward
 from collab_env.rewards.metrics import MetricResult, register_metric
-from collab_env.rewards.mr import (
-    ConversationReward,
-    MultiturnAwareReward,
-    aggregate,
-    default_reward,
-)
+from collab_env.rewards.mr import MultiturnAwareReward
 from collab_env.testing.collabllm_fixtures import write_collabllm_fixture
 from collab_env.types import FAULT, Completion
 from tests._judges import JsonJudgeBackend, fenced
@@ -558,7 +556,7 @@ INVALID_REPLIES = [
 
 @pytest.mark.parametrize("reply", INVALID_REPLIES)
 def test_verl_gives_an_invalid_reply_zero_without_futures(math_env, reply):
-    from collab_env.rewards.mr import is_valid_reply
+    from collab_env.rewards.reply_rules import is_valid_reply
 
     assert not is_valid_reply(reply)
     assistant = CountingAssistant()
@@ -574,7 +572,7 @@ def test_verl_gives_an_invalid_reply_zero_without_futures(math_env, reply):
 
 
 def test_valid_replies_by_the_verl_rule():
-    from collab_env.rewards.mr import is_valid_reply
+    from collab_env.rewards.reply_rules import is_valid_reply
 
     for ok in ("answer", "<think>plan</think> answer", "answer<|im_end|>", "<think>\nplan\n</think>\n\nanswer"):
         assert is_valid_reply(ok), ok
@@ -826,7 +824,7 @@ def test_the_drivers_policy_plays_the_futures_with_its_own_sampling(math_env):
 
 
 def test_futures_are_played_by_the_episode_driver(math_env, monkeypatch):
-    from collab_env.rewards import multiturn
+    from collab_env.rewards import mr as mr_module
     from collab_env.rollout import driver
 
     calls = []
@@ -835,7 +833,7 @@ def test_futures_are_played_by_the_episode_driver(math_env, monkeypatch):
         calls.append(sorted(kw))
         return await driver.advance(env, policies, **kw)
 
-    monkeypatch.setattr(multiturn, "advance", counted)
+    monkeypatch.setattr(mr_module, "advance", counted)
     env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(), "user": replay_user()},
                                weights={"test_future_len": 1.0}, num_rollouts=3)
     env.reset(seed=0, options={"index": 0})
@@ -848,9 +846,9 @@ def test_futures_are_played_by_the_episode_driver(math_env, monkeypatch):
 # Progress of a rewarded step
 # ---------------------------------------------------------------------------------------------
 def test_progress_lines_count_futures_rolled_and_scored(math_env, capsys, monkeypatch):
-    from collab_env.rewards import multiturn
+    from collab_env.rewards import mr as mr_module
 
-    monkeypatch.setattr(multiturn, "PROGRESS_DELAY_S", 0.0)
+    monkeypatch.setattr(mr_module, "PROGRESS_DELAY_S", 0.0)
     env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(), "user": replay_user()},
                                weights={"test_future_len": 1.0}, num_rollouts=2, progress=True)
     env.reset(seed=0, options={"index": 0})
@@ -863,9 +861,9 @@ def test_progress_lines_count_futures_rolled_and_scored(math_env, capsys, monkey
 
 
 def test_progress_counts_a_faulted_future_as_faulted_not_scored(math_env, capsys, monkeypatch):
-    from collab_env.rewards import multiturn
+    from collab_env.rewards import mr as mr_module
 
-    monkeypatch.setattr(multiturn, "PROGRESS_DELAY_S", 0.0)
+    monkeypatch.setattr(mr_module, "PROGRESS_DELAY_S", 0.0)
     env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(), "user": FaultOnCalls({2})},
                                weights={"test_future_len": 0.1}, progress=True)
     env.reset(seed=0, options={"index": 0})
@@ -877,10 +875,10 @@ def test_progress_counts_a_faulted_future_as_faulted_not_scored(math_env, capsys
 
 
 def test_progress_is_off_when_stderr_is_not_a_terminal_or_the_step_is_quick(math_env, capsys, monkeypatch):
-    from collab_env.rewards import multiturn
+    from collab_env.rewards import mr as mr_module
 
     for progress, delay in ((None, 0.0), (False, 0.0), (True, 3600.0)):
-        monkeypatch.setattr(multiturn, "PROGRESS_DELAY_S", delay)
+        monkeypatch.setattr(mr_module, "PROGRESS_DELAY_S", delay)
         env = MultiturnAwareReward(math_env, policies={"assistant": numbered_assistant(), "user": replay_user()},
                                    weights={"test_future_len": 1.0}, num_rollouts=2, progress=progress)
         env.reset(seed=0, options={"index": 0})

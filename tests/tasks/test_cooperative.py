@@ -27,7 +27,7 @@ from collab_env.tasks.cooperative import (
     make_length_ratio_env,
     reward_func,
 )
-from collab_env.tasks.dataset_env import TaskFunctionError
+from collab_env.errors import TaskFunctionError
 
 ROWS = [
     {"prompt": "Describe a kite.", "answer": "kite"},
