@@ -29,11 +29,14 @@ endif
 
 # The layers first: lint-imports (import-linter) with the contracts of pyproject.toml, through
 # tools/lint_imports.py, which shows it collab_env.agents and collab_env.adapters (package_dir).
-# Then ruff and mypy on the core (collab_env/ without the test doubles of collab_env/testing;
-# settings in pyproject.toml).
+# Then ruff and mypy on the library: collab_env/ (with the sandbox's guest programs) and agents/,
+# without the test doubles of collab_env/testing (adapters/ joins later; settings and what is left
+# out, and why, in pyproject.toml). mypy checks collab_env as it installs, agents/ as
+# collab_env.agents, through the folder of links tools/typecheck_tree.py builds first.
 test: $(STAMP)
 	$(PY) -m tools.lint_imports --no-logo
-	$(PY) -m ruff check --no-fix collab_env --extend-exclude collab_env/testing
+	$(PY) -m ruff check --no-fix collab_env agents
+	$(PY) -m tools.typecheck_tree
 	$(PY) -m mypy
 	@echo "test order: --randomly-seed=$(SEED) (replay: make test SEED=$(SEED))"
 	COLLAB_ENV_EXTRAS=$(EXTRAS) $(OFFLINE) $(PY) -m pytest -q -p randomly --randomly-seed=$(SEED)

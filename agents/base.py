@@ -78,7 +78,9 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def continuation_token_ids(tokenizer: Any, prompt_text: str, continuations: Sequence[str]) -> tuple[list[list[int]], int]:
+def continuation_token_ids(
+    tokenizer: Any, prompt_text: str, continuations: Sequence[str]
+) -> tuple[list[list[int]], int]:
     """Token ids of ``prompt_text + c`` for every continuation ``c``, and the index of the first
     token to score, the same for all of them.
 
@@ -133,7 +135,7 @@ PREFILL = "prefill"
 
 def is_prefilled(observation: Any) -> bool:
     """Whether the observation ends with an assistant message to be continued (a prefill)."""
-    msgs = getattr(observation, "messages", ())
+    msgs: Sequence[Any] = getattr(observation, "messages", ())
     return bool(msgs) and msgs[-1].role == "assistant" and bool(msgs[-1].meta.get(PREFILL))
 
 

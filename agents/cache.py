@@ -68,7 +68,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from collab_env.agents.base import can_score_continuations, check_continuations, is_prefilled
+from collab_env.agents.base import ContinuationScorer, can_score_continuations, check_continuations, is_prefilled
 from collab_env.errors import CacheMissError, ConfigError, PolicyError
 from collab_env.policy import Policy, SamplingParams, describe, resolve_policy
 from collab_env.types import Completion, Conversation
@@ -437,8 +437,8 @@ class CachedPolicy:
         cache: The cache, or a path (then opened in ``mode``).
         mode: Only with a path: the cache mode.
         name_for_key: The model name in every key (default: the backend's ``model`` attribute
-            when it is a string, as on the litellm backend, else its ``name``). Set it explicitly when the replaying backend differs from the
-            recording one.
+            when it is a string, as on the litellm backend, else its ``name``). Set it explicitly
+            when the replaying backend differs from the recording one.
         name: Name for logs (default ``cached(<name_for_key>)``).
         scoring: Whether :meth:`score_continuations` is usable (what
             :func:`~collab_env.agents.base.can_score_continuations` says of this policy).
@@ -543,12 +543,15 @@ class CachedPolicy:
                 "can_score_continuations(policy) first, as judges do."
             )
         cache = self.cache
+        scorer = self.backend
         if cache.mode == "off":
-            return await self.backend.score_continuations(observations, continuations)
+            assert isinstance(scorer, ContinuationScorer)  # scoring outside replay needs a scorer (__init__)
+            return await scorer.score_continuations(observations, continuations)
         conts = [list(c) for c in continuations]
         payloads = [score_payload(self.name_for_key, o, c) for o, c in zip(observations, conts, strict=True)]
         keys = [score_key(self.name_for_key, o, c) for o, c in zip(observations, conts, strict=True)]
-        results: list[tuple[float, ...] | None] = [cache.get_scores(k, len(c)) for k, c in zip(keys, conts, strict=True)]
+        results: list[tuple[float, ...] | None] = [
+            cache.get_scores(k, len(c)) for k, c in zip(keys, conts, strict=True)]
         misses = [i for i, r in enumerate(results) if r is None]
         if misses and cache.mode == "replay":
             i = misses[0]
@@ -560,9 +563,10 @@ class CachedPolicy:
                 f"the same evaluation with ResponseCache({str(cache.path)!r}, mode='record') on a backend "
                 "that scores continuations, with the same name_for_key and prompts."
             )
-        if misses:
-            outs = await self.backend.score_continuations([observations[i] for i in misses],
-                                                          [conts[i] for i in misses])
+        if misses:  # not in replay mode (raised above): scoring needs a scorer here (__init__)
+            assert isinstance(scorer, ContinuationScorer)
+            outs = await scorer.score_continuations([observations[i] for i in misses],
+                                                    [conts[i] for i in misses])
             if not isinstance(outs, list) or len(outs) != len(misses) or not all(
                     len(row) == len(conts[i]) for i, row in zip(misses, outs, strict=True)):
                 raise PolicyError(f"backend {describe(self.backend)} returned {outs!r:.200} when scoring "

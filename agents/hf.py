@@ -42,10 +42,10 @@ capability): the sum of the raw model log-probs of each candidate's tokens after
 candidates of one prompt in one batched forward pass on the prompt's shared KV cache. Log-prob
 judges use it to compare allowed answers instead of parsing generated JSON.
 
-Sampling is done by the backend (:mod:`~collab_env.agents.hf_sampling`) rather than by ``generate``'s sampler so that each request has
-its own random generator: a request with ``seed`` gives the same tokens whatever else shares
-its batch (up to the floating-point noise that padding can introduce), and many seeded episodes
-can still share one batch.
+Sampling is done by the backend (:mod:`~collab_env.agents.hf_sampling`) rather than by
+``generate``'s sampler so that each request has its own random generator: a request with
+``seed`` gives the same tokens whatever else shares its batch (up to the floating-point noise
+that padding can introduce), and many seeded episodes can still share one batch.
 
 The backend is split by job: :mod:`~collab_env.agents.tokens` (the token-level contract),
 :mod:`~collab_env.agents.hf_loading` (the model), :mod:`~collab_env.agents.hf_generator`

@@ -128,7 +128,7 @@ def load_weights(model: Any, torch_dtype: Any, *, cast_loaded: bool, invalid: st
             ) from exc
         return loaded, source, Path(source).name or source
     if hasattr(model, "generate") and hasattr(model, "config"):
-        source = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "")
+        source = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None) or ""
         if cast_loaded:
             model.to(dtype=torch_dtype)
         return model, source, Path(source).name if source else type(model).__name__

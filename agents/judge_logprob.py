@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from collab_env.agents.base import add_prefill
+from collab_env.agents.base import ContinuationScorer, add_prefill
 from collab_env.agents.judge_scores import JudgeResult, combine_components, spell_answer
 from collab_env.agents.replies import is_config_problem
 from collab_env.errors import JudgeError
@@ -54,12 +54,13 @@ async def score_by_logprobs(judge: LLMJudge, items: Sequence[Mapping[str, Any]])
     if not prompts:
         return []
     answers = judge.allowed_answers
-    assert answers is not None  # uses_logprobs guarantees it
+    scorer = judge.backend
+    assert answers is not None and isinstance(scorer, ContinuationScorer)  # uses_logprobs guarantees both
     spellings = [spell_answer(a) for a in answers]
     conts = [f'{key}": {sp}{end}' for key in judge.score_keys for sp in spellings for end in VALUE_ENDS]
     observations = [add_prefill(p, LOGPROB_PREFILL, "judge-backend") for p in prompts]
     try:
-        scored = await judge.backend.score_continuations(observations, [conts] * len(observations))
+        scored = await scorer.score_continuations(observations, [conts] * len(observations))
     except asyncio.CancelledError:
         raise
     except Exception as exc:

@@ -196,10 +196,12 @@ class LLMJudge:
                 raise ConfigError("score_type='choice' needs choices=[...] (non-empty strings).")
         elif choices is not None:
             raise ConfigError(f"choices only applies to score_type='choice', not {score_type_name(score_type)}.")
+        bounds: tuple[float, float] | None = None
         if score_range is not None:
             lo, hi = score_range
             if not lo <= hi:
                 raise ConfigError(f"score_range must be (low, high) with low <= high, got {score_range!r}.")
+            bounds = (lo, hi)
         keys = (score_keys,) if isinstance(score_keys, str) else tuple(score_keys)
         if not keys:
             raise ConfigError("score_keys must name at least one JSON field.")
@@ -230,7 +232,7 @@ class LLMJudge:
                                          if p not in self.constants))
         self.score_type = score_type
         self.choices = tuple(choices) if choices else None
-        self.score_range = tuple(score_range) if score_range is not None else None
+        self.score_range = bounds
         self.score_keys = keys
         self.reason_key = reason_key
         self.system_prompt = system_prompt

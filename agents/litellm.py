@@ -6,9 +6,10 @@ Transient failures (rate limits, 5xx, timeouts, dropped connections, malformed o
 responses) are retried with exponential backoff and jitter; requests the server rejects
 (a missing or invalid key, 400, 401, 403, 404, 422 and every other 4xx but 408, 409, 425 and
 429) are not retried and raise :class:`~collab_env.errors.FatalPolicyError` on the first
-attempt with the provider's message, whatever ``fault_policy`` says. When the retries run out, the policy either raises or returns a
-:data:`~collab_env.types.FAULT` completion (``fault_policy``), which the rollout turns into a
-counted truncation. It never returns empty text as if it were a reply.
+attempt with the provider's message, whatever ``fault_policy`` says. When the retries run out,
+the policy either raises or returns a :data:`~collab_env.types.FAULT` completion
+(``fault_policy``), which the rollout turns into a counted truncation. It never returns empty
+text as if it were a reply.
 
 The concurrency limit is :mod:`collab_env.agents.limiter` and the retry policy (which failures
 are retried, which are fatal, the backoff) :mod:`collab_env.agents.retries`.

@@ -347,7 +347,8 @@ def _installed_version(package_dir: Path) -> str | None:
     """The version in the dist-info next to the package folder (the copy actually found)."""
     try:
         for dist in importlib.metadata.distributions(path=[str(package_dir.parent)]):
-            if (dist.metadata.get("Name") or "").lower() == COLLABLLM:
+            meta = dist.metadata  # PackageMetadata: no .get() in its protocol (3.10)
+            if (meta["Name"] if "Name" in meta else "").lower() == COLLABLLM:
                 return dist.version
     except Exception:  # broken metadata must not hide the templates
         return None

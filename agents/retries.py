@@ -38,8 +38,8 @@ class Retry(Exception):
 
 class GiveUp(Exception):
     """An attempt failed in a way no retry fixes; ``fatal`` ones raise
-    :class:`~collab_env.errors.FatalPolicyError` whatever the fault policy (``rejected``: the provider refused the request, as opposed to a
-    local misuse)."""
+    :class:`~collab_env.errors.FatalPolicyError` whatever the fault policy (``rejected``: the
+    provider refused the request, as opposed to a local misuse)."""
 
     def __init__(self, reason: str, *, fatal: bool, rejected: bool = True) -> None:
         super().__init__(reason)

@@ -21,8 +21,9 @@ times, then the simulator either returns a :data:`~collab_env.types.FAULT` compl
 ends the episode as a counted truncation, ``end_reason="fault:user"``) or raises
 :class:`~collab_env.errors.PolicyError`. A request the backend's provider rejected (a missing or
 invalid API key, another 4xx: :class:`~collab_env.errors.FatalPolicyError`) is neither retried
-nor truncated: it propagates at once, since every later request would fail the same way. Every completion's ``usage`` carries ``retries`` and
-``simulator_faults`` plus the backend's own counters, so the episode's costs show them.
+nor truncated: it propagates at once, since every later request would fail the same way. Every
+completion's ``usage`` carries ``retries`` and ``simulator_faults`` plus the backend's own
+counters, so the episode's costs show them.
 
 Reading the reply (the *documented rule*)
     1. The first JSON object in the reply is read tolerantly (code fences, text around it,
@@ -91,7 +92,8 @@ from collab_env.types import FAULT, Completion, Conversation, Message
 #: ``response_prefix`` for small local models: go straight to the message (no thought).
 RESPONSE_PREFIX = '{"response": "'
 
-__all__ = ["RESPONSE_PREFIX", "LLMUserSimulator", "UserGoal", "read_goal", "parse_user_reply", "DEFAULT_TERMINATION_SIGNAL"]
+__all__ = ["RESPONSE_PREFIX", "LLMUserSimulator", "UserGoal", "read_goal", "parse_user_reply",
+           "DEFAULT_TERMINATION_SIGNAL"]
 
 DEFAULT_TERMINATION_SIGNAL = "[[TERMINATE CHAT]]"
 

@@ -39,8 +39,9 @@ prompt + candidate is one request with ``max_tokens=1`` and ``prompt_logprobs=0`
 log-probs (the model's raw distribution) give the candidate's tokens' log-probs. With prefix
 caching on, the candidates of one prompt share its KV cache: one candidate per prompt computes
 it, then the others compute only their own tokens (a judge's dozen candidates cost about one
-prompt, not a dozen; see :meth:`VLLMPolicy.score_continuations`). Not on an engine started with LoRA (vLLM 0.32's LoRA logits path fails on
-prompt log-probs): ``scores_continuations`` is then false.
+prompt, not a dozen; see :meth:`VLLMPolicy.score_continuations`). Not on an engine started with
+LoRA (vLLM 0.32's LoRA logits path fails on prompt log-probs): ``scores_continuations`` is then
+false.
 
 Prefix caching is on by default (multi-turn episodes resend the same conversation prefix at
 every turn). LoRA: ``lora_path=`` serves one adapter for every call; ``act(...,

@@ -8,6 +8,7 @@ completions hold is described in :mod:`collab_env.agents.vllm`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import threading
 import time
@@ -162,7 +163,7 @@ class AsyncVLLMPolicy(VLLMBase):
         if task is None:
             task = self._loop.create_task(self._generate(req))
             self._inflight[key] = task
-            task.add_done_callback(lambda t, k=key: self._forget(k, t))
+            task.add_done_callback(functools.partial(self._forget, key))
         # shielded: a caller that is cancelled does not cancel the request the others wait for
         return await asyncio.shield(task), shared
 

@@ -349,7 +349,7 @@ class VLLMBase:
         """
         rows = [row for job_rows, _ in jobs for row in job_rows]
         starts = [start for job_rows, start in jobs for _ in job_rows]
-        firsts = []  # the index of its observation's first row, per row
+        firsts: list[int] = []  # the index of its observation's first row, per row
         for job_rows, _ in jobs:
             firsts.extend([len(firsts)] * len(job_rows))
         cached = [0] * len(rows)
@@ -384,7 +384,8 @@ class VLLMBase:
         for i, row in enumerate(rows):
             own, ref = outs[i].prompt_logprobs, outs[firsts[i]].prompt_logprobs
             # token j is computed by this row when j > cached[i]; before that it is the first row's
-            result.append([float((own if j > cached[i] else ref)[j][row[j]].logprob) for j in range(starts[i], len(row))])
+            result.append([float((own if j > cached[i] else ref)[j][row[j]].logprob)
+                           for j in range(starts[i], len(row))])
         return result
 
     async def _prompt_logprobs(self, rows: list[list[int]], *, read_cache: bool) -> list[Any]:

@@ -115,10 +115,12 @@ frames to the reporter can, which is why scoring goes through the harness, whose
 from the harness process's own records.
 
 The package, one job a module: :mod:`~collab_env.sandbox.config` (limits, result, job),
-:mod:`~collab_env.sandbox.bootstrap` (the child side), :mod:`~collab_env.sandbox.processes`
-(uids and killing on the parent side), :mod:`~collab_env.sandbox.verdict` (the status),
-:mod:`~collab_env.sandbox.run` (one run), :mod:`~collab_env.sandbox.pool` (many) and
-:mod:`~collab_env.sandbox.harness` (scoring code against tests).
+:mod:`~collab_env.sandbox.guest` (the programs that run inside the sandbox, files read as text:
+the child side's bootstrap, the codec, the harness's drivers),
+:mod:`~collab_env.sandbox.processes` (uids and killing on the parent side),
+:mod:`~collab_env.sandbox.verdict` (the status), :mod:`~collab_env.sandbox.run` (one run),
+:mod:`~collab_env.sandbox.pool` (many) and :mod:`~collab_env.sandbox.harness` (scoring code
+against tests).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Running one program in the sandbox: :func:`run_python` and :func:`arun_python`.
 
-The parent side of one run: it allocates the uid and the sandbox directory, starts the
-bootstrap (:mod:`collab_env.sandbox.bootstrap`) in a new session, feeds it its config and
-stdin, pumps its output and status pipes while enforcing the wall-clock and output limits, kills
-the whole tree, cleans up, and turns what it saw into a :class:`SandboxResult`
-(:func:`collab_env.sandbox.verdict.decide`).
+The parent side of one run: it allocates the uid and the sandbox directory, starts the bootstrap
+(the guest program :mod:`collab_env.sandbox.guest.bootstrap`, read as text) in a new session,
+feeds it its config and stdin, pumps its output and status pipes while enforcing the wall-clock
+and output limits, kills the whole tree, cleans up, and turns what it saw into a
+:class:`SandboxResult` (:func:`collab_env.sandbox.verdict.decide`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import tempfile
 import time
 
 from collab_env.errors import ConfigError, SandboxError
-from collab_env.sandbox.bootstrap import BOOTSTRAP
 from collab_env.sandbox.cgroup import MemoryGroup
 from collab_env.sandbox.config import SandboxLimits, SandboxResult
+from collab_env.sandbox.guest import program
 from collab_env.sandbox.processes import allocate_uid, kill_uid, list_processes, release_uid
 from collab_env.sandbox.verdict import decide
 
@@ -104,10 +104,11 @@ def run_driver(
 ) -> tuple[SandboxResult, dict[str, dict]]:
     """One sandboxed run of a :mod:`collab_env.sandbox.harness` driver instead of code then tests.
 
-    ``driver`` is the driver's source (run where the code would run, as the sandbox user, after
-    every limit); ``config`` its extra config keys; ``pass_fds`` the channel fds it talks on
-    (closed here once the child holds them). Returns the result and the run's signed status
-    records by kind (the driver's own records among them).
+    ``driver`` is the driver's source (a guest program, :func:`collab_env.sandbox.guest.program`,
+    run where the code would run, as the sandbox user, after every limit); ``config`` its extra
+    config keys; ``pass_fds`` the channel fds it talks on (closed here once the child holds them).
+    Returns the result and the run's signed status records by kind (the driver's own records among
+    them).
     """
     run = _Run(code, None, "", limits, extra={**config, "driver": driver}, pass_fds=pass_fds)
     return run.execute(), run.records
@@ -166,8 +167,7 @@ class _Run:
         config.update(self.extra)
         cfg_r, cfg_w = os.pipe()
         st_r, st_w = os.pipe()
-        argv = [sys.executable, "-I", "-B", "-c", BOOTSTRAP,
-                str(cfg_r), str(st_w)]
+        argv = [sys.executable, "-I", "-B", "-c", program("bootstrap"), str(cfg_r), str(st_w)]
         # The whole run's memory bound (collab_env.sandbox.cgroup): the bootstrap joins the group
         # before it reads its config, so everything the code starts is inside.
         group = MemoryGroup(limits.memory_mb, "collab_env_sandbox_" + nonce[:16])

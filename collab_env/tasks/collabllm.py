@@ -316,7 +316,9 @@ class CollabLLMTask(Task):
         if config.prompts is not None and config.prompts != "collab_env":
             from collab_env.agents.reference_prompts import describe_prompts, resolve_prompts
 
-            self.prompt_set = prompt_set = resolve_prompts(config.prompts, "collabllm make_env")
+            prompt_set = resolve_prompts(config.prompts, "collabllm make_env")
+            assert prompt_set is not None  # config.prompts names a reference set, not our own wording
+            self.prompt_set = prompt_set
             self.reference_system_prompt = prompt_set.template(
                 "assistant_system", fields=(), who="collabllm make_env").text
             self.prompt_source = describe_prompts(prompt_set)

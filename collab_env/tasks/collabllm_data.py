@@ -295,8 +295,9 @@ def process_collabllm_dataset(
                               "system_prompt= puts another one. Pass one of the two.")
         from collab_env.agents.reference_prompts import resolve_prompts
 
-        options["system_prompt"] = resolve_prompts(prompts, "collab-env data").template(
-            "assistant_system", fields=(), who="collab-env data").text
+        prompt_set = resolve_prompts(prompts, "collab-env data")
+        assert prompt_set is not None  # prompts names a reference set, not our own wording
+        options["system_prompt"] = prompt_set.template("assistant_system", fields=(), who="collab-env data").text
     builder = _BUILDERS[mode]
     if mode != "dpo":
         options["rules"] = rules

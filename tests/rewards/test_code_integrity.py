@@ -12,12 +12,8 @@ import pytest
 from collab_env.errors import DataSchemaError
 from collab_env.rewards.metrics import get_metric
 from collab_env.sandbox import run_python
-from collab_env.sandbox.harness import (
-    decode_value,
-    encode_value,
-    find_unittest_methods,
-    run_tests,
-)
+from collab_env.sandbox.guest.codec import decode_value, encode_value
+from collab_env.sandbox.harness import find_unittest_methods, run_tests
 from collab_env.exploits.hostile_code import (
     FAMILIES,
     HOSTILE_PROGRAMS,

@@ -1,27 +1,25 @@
-"""The child side of a sandboxed run: the bootstrap script the sandbox interpreter executes.
+"""The child side of a sandboxed run: the bootstrap the sandbox interpreter executes.
 
-:data:`BOOTSTRAP` is the source that :mod:`collab_env.sandbox.run` passes to
-``python -I -B -c``. It unshares namespaces, forks the reaper and the process that runs the
-untrusted code, sets up the private filesystem, the resource limits, the user and the audit
-hook, and reports outcomes on the status pipe (see :mod:`collab_env.sandbox`).
+A guest program (see :mod:`collab_env.sandbox.guest`): :mod:`collab_env.sandbox.run` passes this
+file's text to ``python -I -B -c`` with two arguments, the fd of the run's config and the fd of its
+status pipe. It unshares namespaces, forks the reaper and the process that runs the untrusted code,
+sets up the private filesystem, the resource limits, the user and the audit hook, and reports
+outcomes on the status pipe (see :mod:`collab_env.sandbox`). It must be self-contained (standard
+library only) and must not trust anything the untrusted code can touch once that code runs.
 """
 
-from __future__ import annotations
-
-__all__ = ["BOOTSTRAP"]
-
-_NS_WORKDIR = "/tmp/sandbox"
-
-
-# --------------------------------------------------------------------------------------------
-# The bootstrap: runs in the child as `python -I -B -c BOOTSTRAP <config fd> <status fd>`.
-# It must be self-contained (standard library only) and must not trust anything the untrusted
-# code can touch once that code runs.
-# --------------------------------------------------------------------------------------------
-BOOTSTRAP = r'''
 # Everything the bootstrap needs is imported now, while the interpreter's files are surely
 # readable (before privileges are dropped).
-import ctypes, json, linecache, os, resource, signal, socket, sys, traceback
+import ctypes
+import io
+import json
+import linecache
+import os
+import resource
+import signal
+import socket
+import sys
+import traceback
 
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
@@ -30,6 +28,7 @@ MS_PRIVATE, MS_RELATIME = 1 << 18, 1 << 21
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 38, 36
 libc = ctypes.CDLL(None, use_errno=True)
 _RUNNING_CODE = [False]  # set once untrusted code runs: exits from then on are its own
+_WORKDIR = "/tmp/sandbox"  # the sandbox directory inside the mount namespace (a private /tmp)
 
 
 def _check(ret, what):
@@ -39,7 +38,9 @@ def _check(ret, what):
 
 
 def _mount(src, target, fstype, flags, data=None):
-    enc = lambda s: None if s is None else s.encode()
+    def enc(s):
+        return None if s is None else s.encode()
+
     _check(libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
            "mount " + target)
 
@@ -83,7 +84,7 @@ def _setup_filesystem(cfg, modes):
     """In a new mount namespace: private /tmp and /dev/shm, needed trees reachable, rest read-only."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount leaks back to the host
     # Trees the interpreter needs, opened before anything is mounted over their ancestors.
-    keep = {}
+    keep: dict[str, str | None] = {}  # tree -> its blocked ancestor (None: bind it back under /tmp)
     for p in cfg["python_paths"]:
         if not os.path.isdir(p) or any(p.startswith(k + "/") for k in keep):
             continue
@@ -96,7 +97,7 @@ def _setup_filesystem(cfg, modes):
         if anc is not None:
             keep[p] = anc
     fds = {p: os.open(p, os.O_RDONLY | os.O_DIRECTORY) for p in keep}
-    size = "size=%dm" % cfg["disk_mb"]
+    size = f"size={cfg['disk_mb']}m"
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, size + ",mode=1777")
     os.mkdir(_WORKDIR, 0o700)
     if os.path.isdir("/dev/shm"):
@@ -105,7 +106,7 @@ def _setup_filesystem(cfg, modes):
         _mount("tmpfs", anc, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
     for p, fd in fds.items():
         os.makedirs(p, 0o755, exist_ok=True)
-        _mount("/proc/self/fd/%d" % fd, p, None, MS_BIND | MS_REC)
+        _mount(f"/proc/self/fd/{fd}", p, None, MS_BIND | MS_REC)
         os.close(fd)
     _hide(cfg, modes)
     if modes["processes"] == "pid_namespace":
@@ -132,7 +133,7 @@ def _setup_filesystem(cfg, modes):
         except OSError:
             failed.append(target)
     modes["filesystem"] = "read-only + private /tmp" + (
-        " (still writable: %s)" % ", ".join(failed) if failed else "")
+        f" (still writable: {', '.join(failed)})" if failed else "")
 
 
 def _hide(cfg, modes):
@@ -153,7 +154,7 @@ def _hide(cfg, modes):
             _mount("tmpfs", h, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
             for p, fd in fds.items():
                 os.makedirs(p, 0o755, exist_ok=True)
-                _mount("/proc/self/fd/%d" % fd, p, None, MS_BIND | MS_REC)
+                _mount(f"/proc/self/fd/{fd}", p, None, MS_BIND | MS_REC)
         finally:
             for fd in fds.values():
                 os.close(fd)
@@ -196,11 +197,11 @@ def _install_guard(forbidden, spawned, workdir, abstract_ok):
         if event in ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"):
             family = getattr(args[0], "family", None)
             if family in inet:
-                forbidden.append("network: %s %r" % (event, args[1] if len(args) > 1 else ""))
+                forbidden.append(f"network: {event} {(args[1] if len(args) > 1 else '')!r}")
                 raise PermissionError(1, "network access is disabled in the sandbox")
             if (family == unix and event != "socket.bind" and len(args) > 1 and args[1] is not None
                     and _unix_outside(args[1], workdir, abstract_ok)):
-                forbidden.append("unix socket outside the sandbox: %s %r" % (event, args[1]))
+                forbidden.append(f"unix socket outside the sandbox: {event} {args[1]!r}")
                 raise PermissionError(1, "sockets outside the sandbox directory are disabled")
         elif event in spawn_events:
             spawned.append(event)
@@ -211,7 +212,8 @@ def _run_code(cfg, report):
     """Runs in G, as the sandbox user, after every limit is in place."""
     _RUNNING_CODE[0] = True
     me = os.getpid()
-    forbidden, spawned = [], []
+    forbidden: list[str] = []
+    spawned: list[str] = []
     _install_guard(forbidden, spawned, os.path.realpath(cfg["workdir"]),
                    cfg.get("network_namespace", False))
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
@@ -221,12 +223,13 @@ def _run_code(cfg, report):
         # runner; it reads its own config and reports its own records.
         namespace["_DRIVER"] = {"cfg": cfg, "report": report, "forbidden": forbidden}
         stages = [("driver", cfg["driver"])]
-    outcome, exit_code, stage = {"outcome": "completed"}, 0, "solution"
+    outcome: dict[str, object] = {"outcome": "completed"}
+    exit_code, stage = 0, "solution"
     try:
         for stage, source in stages:
             if source is None:
                 continue
-            name = "<%s>" % stage
+            name = f"<{stage}>"
             linecache.cache[name] = (len(source), None, source.splitlines(True), name)
             exec(compile(source, name, "exec"), namespace)
     except SystemExit as exc:
@@ -237,7 +240,8 @@ def _run_code(cfg, report):
         outcome = {"outcome": "exit", "code": exit_code, "stage": stage}
     except BaseException as exc:
         # Drop this frame so the traceback starts at the code.
-        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+        tb = exc.__traceback__
+        traceback.print_exception(type(exc), exc, tb.tb_next if tb is not None else None)
         exit_code = 1
         outcome = {"outcome": "exception", "type": type(exc).__name__, "stage": stage,
                    "message": str(exc)[:300], "errno": getattr(exc, "errno", None)}
@@ -265,8 +269,9 @@ def _child(cfg, report):
         os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it
-    sys.stdout.reconfigure(errors="backslashreplace")
-    sys.stderr.reconfigure(errors="backslashreplace")
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):  # always, for a pipe; typed as a bare TextIO
+            stream.reconfigure(errors="backslashreplace")
     _run_code(cfg, report)
 
 
@@ -284,9 +289,9 @@ def _reaper(cfg, modes, report, newns):
         for p in cfg["python_paths"]:
             if os.path.isdir(p) and _blocked_ancestor(p) is not None:
                 raise PermissionError(
-                    "the interpreter's directory %s is not reachable by other users (%s is not "
-                    "world-traversable), so the sandbox uid could not import anything; install "
-                    "Python in a world-readable place or allow mount namespaces" % (p, _blocked_ancestor(p)))
+                    f"the interpreter's directory {p} is not reachable by other users ({_blocked_ancestor(p)} "
+                    "is not world-traversable), so the sandbox uid could not import anything; install "
+                    "Python in a world-readable place or allow mount namespaces")
     if cfg["uid"] is not None and newns:
         os.chown(_WORKDIR, cfg["uid"], cfg["gid"])
     report("setup", isolation=modes, workdir=cfg["workdir"])
@@ -304,7 +309,7 @@ def _reaper(cfg, modes, report, newns):
 def main():
     cfg = _read_config(int(sys.argv[1]))
     report = _make_reporter(int(sys.argv[2]), cfg.pop("nonce"))
-    modes = {"user": "uid %d" % cfg["uid"] if cfg["uid"] is not None else "same uid as parent",
+    modes = {"user": f"uid {cfg['uid']}" if cfg["uid"] is not None else "same uid as parent",
              "network": "audit hook", "filesystem": "none", "processes": "process group"}
     newns = False
     try:
@@ -321,12 +326,11 @@ def main():
     except BaseException as exc:
         if _RUNNING_CODE[0]:
             raise  # the code's own exit (in G or a process it forked), not a setup failure
-        report("setup_error", error="%s: %s" % (type(exc).__name__, exc))
+        report("setup_error", error=f"{type(exc).__name__}: {exc!s}")
         os._exit(123)
     _, status = os.waitpid(c, 0)
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
-_WORKDIR = "/tmp/sandbox"  # keep in sync with _NS_WORKDIR
-main()
-'''
+if __name__ == "__main__":  # python -c runs it as __main__; importing this module runs nothing
+    main()
