@@ -22,10 +22,13 @@ demo: $(STAMP)
 	$(OFFLINE) $(PY) -m collab_env.demo
 
 # Tests run in a random order (pytest-randomly); the seed is printed first, so a failure can be
-# replayed with `make test SEED=<n>`.
+# replayed with `make test SEED=<n>`. They run in WORKERS parallel processes (pytest-xdist; `auto`:
+# one per core; tests/conftest.py gives each worker one torch/OpenMP thread); `make test
+# WORKERS=0` runs them in this process.
 ifndef SEED
 SEED := $(shell $(PYTHON) -c 'import random; print(random.randrange(1, 2**31))')
 endif
+WORKERS ?= auto
 
 # The layers first: lint-imports (import-linter) with the contracts of pyproject.toml, through
 # tools/lint_imports.py, which shows it collab_env.agents and collab_env.adapters (package_dir).
@@ -39,7 +42,8 @@ test: $(STAMP)
 	$(PY) -m tools.typecheck_tree
 	$(PY) -m mypy
 	@echo "test order: --randomly-seed=$(SEED) (replay: make test SEED=$(SEED))"
-	COLLAB_ENV_EXTRAS=$(EXTRAS) $(OFFLINE) $(PY) -m pytest -q -p randomly --randomly-seed=$(SEED)
+	COLLAB_ENV_EXTRAS=$(EXTRAS) $(OFFLINE) $(PY) -m pytest -q -n $(WORKERS) -p randomly --randomly-seed=$(SEED) \
+		--durations=15
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache
