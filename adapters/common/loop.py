@@ -38,8 +38,7 @@ from collab_env.adapters.common.collapse import DEFAULT_THRESHOLDS, check_collap
 from collab_env.adapters.common.config import eval_due
 from collab_env.errors import ConfigError
 
-__all__ = ["RunState", "TrainerState", "Schedule", "Learner", "run", "run_item_loop", "flush_log",
-           "merge_metrics", "mean"]
+__all__ = ["RunState", "Schedule", "Learner", "run", "flush_log", "merge_metrics", "mean"]
 
 
 def mean(xs: Sequence[float]) -> float:
@@ -94,10 +93,6 @@ class RunState:
     def step_in_epoch(self) -> int:
         """Former name of :attr:`in_epoch` (step learners)."""
         return self.in_epoch
-
-
-class TrainerState(RunState):
-    """Former name of :class:`RunState` (the item learners' state); the same fields."""
 
 
 @dataclass(frozen=True)
@@ -306,7 +301,3 @@ def run(learner: Learner) -> dict[str, Any]:
     learner.logger.summary(s.desc or type(learner).__name__, done)
     return last
 
-
-def run_item_loop(learner: Learner, desc: str = "") -> dict[str, Any]:
-    """Former entry point of :func:`run` (the ``desc`` comes from the schedule now)."""
-    return run(learner)

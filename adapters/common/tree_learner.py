@@ -516,7 +516,7 @@ def sample_collapse_stats(pm: Any, samples: Sequence[Sample]) -> dict[str, float
 
 
 def policy_update(pm: Any, samples: Sequence[Sample], loss: Callable[..., Any], *, iterations: int = 1,
-                  temperature: float = 1.0, micro_batch: int = 8, loss_type: str = "sequence",
+                  temperature: float = 1.0, micro_batch: int = 8, loss_type: str = "grpo",
                   beta: float = 0.0, max_grad_norm: float | None = None, max_new_tokens: int | None = None,
                   is_correction: str | None = None, is_cap: float | None = 3.0,
                   is_floor: float | None = None) -> dict[str, float]:
@@ -540,7 +540,7 @@ def policy_update(pm: Any, samples: Sequence[Sample], loss: Callable[..., Any], 
         temperature: Temperature of the log-probs (the sampling one, for an exact ratio).
         micro_batch: Sequences per forward/backward pass.
         loss_type: The aggregation, one of
-            :data:`~collab_env.adapters.common.losses.LOSS_TYPES` (ours and TRL's names).
+            :data:`~collab_env.adapters.common.losses.LOSS_TYPES` (TRL's names, CoMLRL's ``"sum"``).
         beta: Weight of the KL to the reference; ``> 0`` computes reference log-probs (the hook
             adds ``beta`` times the KL).
         max_grad_norm: Gradient clipping (``None``: none).
