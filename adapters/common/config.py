@@ -310,10 +310,12 @@ class TrainerConfig:
         check_choice("device", self.device, ("auto", "cpu", "cuda"))
         check_choice("dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
         if self.gradient_checkpointing not in (None, True, False):
-            raise ConfigError(f"gradient_checkpointing must be True, False or None, got {self.gradient_checkpointing!r}.")
+            raise ConfigError("gradient_checkpointing must be True, False or None, "
+                              f"got {self.gradient_checkpointing!r}.")
         check_choice("generation_backend", self.generation_backend, ("auto", "hf", "vllm"))
         if self.vllm_engine_kwargs is not None and not isinstance(self.vllm_engine_kwargs, dict):
-            raise ConfigError(f"vllm_engine_kwargs must be a dict of vllm.EngineArgs fields, got {self.vllm_engine_kwargs!r}.")
+            raise ConfigError("vllm_engine_kwargs must be a dict of vllm.EngineArgs fields, "
+                              f"got {self.vllm_engine_kwargs!r}.")
         check_int("lora_r", self.lora_r, 0)
         check_float("lora_alpha", self.lora_alpha, 0.0, low_open=True)
         check_float("lora_dropout", self.lora_dropout, 0.0, 1.0)

@@ -1,4 +1,8 @@
-"""One run state, one schedule and one training loop for every learner.
+"""One run state, one schedule and one training loop for every learner, written as plain step
+functions (:func:`next_batch`, :func:`evaluation_due`, :func:`following_batch`,
+:func:`record_step`, :func:`log_due`, :func:`epoch_over` / :func:`next_epoch`, :func:`save_due`,
+:func:`run_summary`) that a learner owning its loop calls in order (MAGRPO's ``train``), and that
+:func:`run` calls for the learners that hand it their step.
 
 A learner implements the :class:`Learner` protocol: ``args``, ``state`` (a :class:`RunState`),
 ``logger``, and the public methods :meth:`~Learner.schedule`, :meth:`~Learner.train_step`,

@@ -346,7 +346,8 @@ def adamw(params: Any, config: Any, lr: float | None = None):
     except RuntimeError as exc:
         if not fused:
             raise
-        raise ConfigError(f"torch's fused AdamW does not take these parameters ({exc}); set optim='adamw_torch'.") from exc
+        raise ConfigError(f"torch's fused AdamW does not take these parameters ({exc}); "
+                          "set optim='adamw_torch'.") from exc
 
 
 def make_optimizer(pm: PolicyModel, config: Any):

@@ -293,7 +293,8 @@ def _generate(nodes: Sequence[TreeNode], models: Sequence[Any], g: int, params: 
 def _joint_choices(node: TreeNode, g: int, mode: str) -> list[dict[int, int]]:
     if mode == "aligned" or len(node.acting) <= 1:
         return [dict.fromkeys(node.acting, j) for j in range(g)]
-    return [dict(zip(node.acting, combo, strict=True)) for combo in itertools.product(range(g), repeat=len(node.acting))]
+    combos = itertools.product(range(g), repeat=len(node.acting))
+    return [dict(zip(node.acting, combo, strict=True)) for combo in combos]
 
 
 async def _step_joint(node: TreeNode, ja: JointAction, players: Sequence[str], table: Mapping[str, Any],
