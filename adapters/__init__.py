@@ -48,7 +48,6 @@ _EXPORTS: dict[str, str] = {
     "MARLHFTrainer": "marlhf",
     # shared toolkit
     "TrainerConfig": "common.config",
-    "TrainerState": "common.loop",
     "RunState": "common.loop",
     "Schedule": "common.loop",
     "Learner": "common.loop",

@@ -289,6 +289,7 @@ class MADPOTrainer(TreeLearner):
     """
 
     config_class = MADPOConfig
+    overlaps_rollouts = False  # it collects every pair before it trains
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         from dataclasses import replace

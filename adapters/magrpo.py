@@ -14,10 +14,13 @@ It also trains on any registered environment: ``MAGRPOTrainer(env="length-ratio"
 env's trainable players are the agents; the others act through the spec's default policies; the
 rewards are the env's, so a reward wrapper such as the multiturn-aware reward trains unchanged).
 
-This file is the config (:class:`MAGRPOConfig`), the step (:meth:`MAGRPOTrainer.train_step`)
-and the loss (:meth:`MAGRPOTrainer.loss`); the rest is the tree learners' toolkit
-(:mod:`~collab_env.adapters.common.tree_learner`: set-up, the trees, the groups, one policy
-update, evaluation and checkpoints).
+This file is the config (:class:`MAGRPOConfig`), the loop (:meth:`MAGRPOTrainer.train`), the
+step (:meth:`MAGRPOTrainer.train_step`), who updates on what (:meth:`MAGRPOTrainer.learn`) and
+the loss (:meth:`MAGRPOTrainer.loss`), read top to bottom; they call plain functions of the
+tree learners' toolkit (:mod:`~collab_env.adapters.common.tree_learner`: expand the trees,
+group the nodes, one policy update; :mod:`~collab_env.adapters.common.loop`: the schedule's
+position, logging and checkpoints), which never call back. The set-up, evaluation and
+checkpoints are the toolkit's :class:`~collab_env.adapters.common.tree_learner.TreeBase`.
 
 The algorithm, per batch of training items:
 
@@ -53,6 +56,7 @@ reward evaluations so far.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from collab_env.adapters.common.config import (
@@ -68,11 +72,35 @@ from collab_env.adapters.common.config import (
     learner_config,
     learner_sampling,
 )
-from collab_env.adapters.common.loop import mean
+from collab_env.adapters.common.loop import (
+    epoch_over,
+    evaluation_due,
+    flush_log,
+    following_batch,
+    log_due,
+    mean,
+    next_batch,
+    next_epoch,
+    progress,
+    record_step,
+    run_summary,
+    save_due,
+)
 from collab_env.adapters.common.losses import group_advantages, policy_loss
 from collab_env.adapters.common.task import turn_metrics
-from collab_env.adapters.common.tree_learner import TreeLearner
+from collab_env.adapters.common.tree_learner import (
+    Sample,
+    TreeBase,
+    buffer_chunks,
+    expand_trees,
+    mean_by_key,
+    policy_update,
+    reference_kls,
+    samples_by_model,
+    update_settings,
+)
 from collab_env.errors import ConfigError
+from collab_env.policy import SamplingParams
 
 __all__ = ["MAGRPOConfig", "MAGRPOTrainer"]
 
@@ -144,7 +172,7 @@ class MAGRPOConfig(PolicyLossFields, SamplingFields, RolloutFields, TreeFields, 
                                       "nodes); use rollout_shape='tree' for it.")
 
 
-class MAGRPOTrainer(TreeLearner):
+class MAGRPOTrainer(TreeBase):
     """Train LLM agents with MAGRPO on a dataset (CoMLRL style) or on a registered environment.
 
     Args:
@@ -188,6 +216,48 @@ class MAGRPOTrainer(TreeLearner):
 
     config_class = MAGRPOConfig
 
+    def train(self, resume_from_checkpoint: str | Path | None = None) -> dict[str, Any]:
+        """Train for ``num_train_epochs`` (or ``max_steps`` items), evaluating on the guide's
+        schedule; resume from a checkpoint folder when given. Returns the last logged training
+        metrics."""
+        if self.train_env is None:
+            raise ConfigError("train() needs train_dataset= (or env=).")
+        if resume_from_checkpoint is not None:
+            self.resume(resume_from_checkpoint)
+        s, st = self.schedule(), self.state  # batches of training items from the state's position
+        bar = progress(s, st, self.logger)
+        last: dict[str, Any] = {}
+        try:
+            while (batch := next_batch(s, st)) is not None:
+                if evaluation_due(s, st, len(batch)):
+                    self.evaluate()
+                if self._overlap is not None:  # async_rollouts: the next batch rolls out during this update
+                    self._overlap.next_batch = following_batch(s, st, len(batch))
+                updates = st.optimizer_steps
+                record_step(s, st, self.train_step(batch), len(batch))
+                if log_due(s, st):
+                    last = flush_log(self, s.summed, s.log_item)
+                if epoch_over(s, st):
+                    next_epoch(st, self.end_epoch())
+                if save_due(s, st, updates):
+                    self.logger.wrote(self.save_checkpoint())
+                if bar is not None:
+                    bar.update(len(batch))
+            if bar is not None:
+                bar.close()
+            next_end = self.end_epoch()
+            if next_end:
+                st.pending.append(next_end)
+            if st.pending:
+                last = flush_log(self, s.summed, s.log_item)
+            if self.args.plot:
+                self.logger.plot()
+            self.logger.summary(s.desc, run_summary(s, st))
+            return last
+        finally:  # also on an error or an interrupt: no rollout outlives training
+            if self._overlap is not None:
+                self._overlap.close()
+
     def train_step(self, batch: Sequence[int]) -> dict[str, float]:
         """MAGRPO on the training items ``batch``: roll out their trees (``num_generations``
         completions per acting agent and node), take CoMLRL's reference KL off the returns when
@@ -204,7 +274,7 @@ class MAGRPOTrainer(TreeLearner):
         metrics = turn_metrics(levels, "")
         metrics["env_steps"] = float(sum(len(n.joint) for nodes in levels for n in nodes))
         # 2. CoMLRL's reference KL, taken off each completion's value
-        kls = self.reference_kls(levels, metrics) if a.reference_kl_enabled else {}
+        kls = reference_kls(self.models, levels, a.reference_kl_coef, metrics) if a.reference_kl_enabled else {}
 
         # 3. group-relative advantages of each node's completions, per acting agent
         tied: list[bool] = []  # per group, in node_groups' order: do its values all tie?
@@ -226,12 +296,68 @@ class MAGRPOTrainer(TreeLearner):
             metrics.update(self.learn(groups))
         return metrics
 
+    def rollout(self, env: Any, indices: Sequence[int], branching: Any, joint_mode: str, sampling: SamplingParams,
+                seeds: Any) -> tuple[list[Any], list[list[Any]]]:
+        """The training trees of ``indices`` (:func:`~collab_env.adapters.common.tree_learner.expand_trees`
+        with the live models). With ``async_rollouts``, a rollout of the training env with the
+        task's seeds is the one the frozen copy started in the background during the previous
+        step (or starts now), and the next batch's starts before this returns
+        (:mod:`~collab_env.adapters.common.async_rollout`). Returns ``(roots, levels)``."""
+        def grow(batch: Sequence[int], draw: Any, models: Sequence[Any]) -> Any:
+            return expand_trees(self.task, env, batch, models, self.args, branching=branching, joint_mode=joint_mode,
+                                sampling=sampling, seeds=draw)
+
+        if self._overlap is None or env is not self.train_env or seeds != self.task.seeds:
+            return grow(indices, seeds, self.models)
+        frozen = self._overlap.models
+        result, self._rollout_metrics = self._overlap.take(indices, (joint_mode, sampling),
+                                                           lambda b, draw: grow(b, draw, frozen))
+        return result
+
+    def learn(self, groups: Sequence[tuple[int, list[Sample]]]) -> dict[str, float]:
+        """One policy update per model on the batch's groups ``(agent, samples)`` (agents sharing
+        a model update it together); with ``rollout_buffer_size``, CoMLRL's: each agent's groups
+        wait in its buffer, which updates when full."""
+        a = self.args
+        per_model: list[dict[str, float]] = []
+        if a.rollout_buffer_size is None:
+            for pm, samples in samples_by_model(groups, self.models, self._unique):
+                per_model.append(policy_update(pm, samples, self.loss, **update_settings(a)))
+            self.state.optimizer_steps += self.iterations
+        else:
+            for agent, group in groups:
+                self._buffers[agent].append(group)
+                if len(self._buffers[agent]) >= a.rollout_buffer_size:
+                    per_model.extend(self._flush_buffer(agent))
+        out = mean_by_key(per_model)
+        out.update(self._rollout_metrics)  # async_rollouts: how stale the batch was, how long it was awaited
+        self._rollout_metrics = {}
+        return out
+
+    def _flush_buffer(self, agent: int) -> list[dict[str, float]]:
+        """CoMLRL's update of one agent's buffer: its nodes by turn, shuffled, in optimiser steps
+        of ``train_batch_size`` nodes (:func:`~collab_env.adapters.common.tree_learner.buffer_chunks`)."""
+        a = self.args
+        buffer, self._buffers[agent] = self._buffers[agent], []
+        out = []
+        for chunk in buffer_chunks(buffer, a.train_batch_size or a.rollout_buffer_size or 1, self._rng):
+            out.append(policy_update(self.models[agent], chunk, self.loss, **update_settings(a)))
+            self.state.optimizer_steps += self.iterations
+        return out
+
+    def end_epoch(self) -> dict[str, float]:
+        """CoMLRL's update on what is left in the rollout buffers, at every epoch's end."""
+        return mean_by_key([m for agent in range(len(self._buffers)) if self._buffers[agent]
+                            for m in self._flush_buffer(agent)])
+
     def loss(self, logp, old_logp, advantages, mask, *, ref_logp, loss_type, num_sequences, num_tokens,
              loss_tokens, is_weight):
-        """The policy objective (``policy_objective``, ``importance_sampling_level``, ``clip_range``
-        / ``clip_range_high``, ``clip_delta``), weighted by the importance weights against the
-        sampler, plus ``beta`` times the k3 KL to the reference
-        (:func:`~collab_env.adapters.common.losses.policy_loss`)."""
+        """The loss of one micro-batch (what :func:`~collab_env.adapters.common.tree_learner.policy_update`
+        is given): the policy objective (``policy_objective``, ``importance_sampling_level``,
+        ``clip_range`` / ``clip_range_high``, ``clip_delta``), weighted by the importance weights
+        against the sampler, plus ``beta`` times the k3 KL to the reference
+        (:func:`~collab_env.adapters.common.losses.policy_loss`); ``loss_type`` is the reduction
+        :func:`~collab_env.adapters.common.losses.aggregation_plan` chose for the config's."""
         a = self.args
         return policy_loss(logp, old_logp, advantages, mask, ref_logp=ref_logp, beta=a.beta,
                            clip_low=a.clip_range, clip_high=a.clip_range_high, delta=a.clip_delta,

@@ -27,9 +27,10 @@ The algorithm, per batch of training items:
    chain continues greedily to the tree's depth (its rewards are discounted like the tree's).
 3. **Update**, once per batch (on-policy: no ratio, no clipping): the loss
    ``-(advantage * log-prob)`` on completion tokens plus ``beta`` times the k3 KL to the
-   reference, aggregated per ``loss_type``, one AdamW step per model. ``loss_type="token"`` (the
-   default) is the textbook estimator ``-sum_i A_i * sum_t log p(y_it)`` divided by the batch's
-   token count; ``"sequence"`` averages the log-probs of each sequence first.
+   reference, aggregated per ``loss_type``, one AdamW step per model. ``loss_type="dapo"`` (the
+   default: every token weighs the same) is the textbook estimator
+   ``-sum_i A_i * sum_t log p(y_it)`` divided by the batch's token count; ``"grpo"`` averages
+   the log-probs of each sequence first.
 
 Evaluation and logging follow MAGRPO (the guide's schedule: before the first item of every epoch,
 then every ``eval_interval`` training items; the metric names ``turn_k/reward_mean``,
@@ -86,10 +87,10 @@ class MAREINFORCEConfig(SamplingFields, RolloutFields, TreeFields, TrainerConfig
     num_generations: int = 4
     """Completions each agent samples per node; ``"mean"``/``"rloo"`` need >= 2, ``"remax"``
     and ``"none"`` work with 1."""
-    loss_type: Literal["sequence", "token", "sum", "grpo", "bnpo", "dr_grpo", "dapo"] = "token"
-    """``"token"``: ``-sum(A * log-prob)`` over all completion tokens divided by their count
-    (REINFORCE's sum of log-probs, up to a constant); ``"sequence"``: mean per sequence first;
-    ``"sum"``: sum per sequence, mean over sequences (CoMLRL); TRL's names as in
+    loss_type: Literal["grpo", "dapo", "bnpo", "dr_grpo", "sum"] = "dapo"
+    """``"dapo"``: ``-sum(A * log-prob)`` over all completion tokens divided by their count
+    (REINFORCE's sum of log-probs, up to a constant); ``"grpo"``: mean per sequence first;
+    ``"sum"``: sum per sequence, mean over sequences (CoMLRL); the others as in
     :attr:`~collab_env.adapters.common.config.TreeFields.loss_type`."""
 
     def __post_init__(self) -> None:

@@ -2,8 +2,9 @@
 
 A learner samples its own rollouts from token ids (its own tokenisation, so the prompts are
 exactly those its loss reads), one seed per row, and needs the generated ids and their log-probs
-back. :class:`TokenGenerator` is that interface; :func:`sampling_params` reads its sampling
-argument and :func:`row_seed` derives the seed of each observation of a seeded ``act`` call.
+back. :class:`TokenGenerator` is that interface (its sampling argument is read by
+:meth:`SamplingParams.coerce <collab_env.policy.SamplingParams.coerce>`); :func:`row_seed`
+derives the seed of each observation of a seeded ``act`` call.
 :func:`chat_prompt_text` and :func:`rendered_prompt_ids` are how both backends turn an
 observation into the prompt ids they generate from (the tokenizer's chat template).
 
@@ -18,7 +19,7 @@ prompt and the exact ids the model generated, instead of re-tokenising the reply
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from collab_env.agents.base import chat_template_mode
@@ -56,14 +57,10 @@ class TokenGenerator(Protocol):
         ...
 
 
-def sampling_params(params: SamplingParams | Mapping[str, Any]) -> SamplingParams:
-    """``params`` as :class:`~collab_env.policy.SamplingParams` (a mapping of its fields is
-    converted; anything else is a ConfigError)."""
-    if isinstance(params, SamplingParams):
-        return params
-    if isinstance(params, Mapping):
-        return SamplingParams.from_kwargs(**params)
-    raise ConfigError(f"params must be SamplingParams or a mapping of its fields, got {type(params).__name__}.")
+#: The one "object or mapping" conversion, :meth:`SamplingParams.coerce
+#: <collab_env.policy.SamplingParams.coerce>`, under the name ``agents/hf_generator.py`` still
+#: imports (not a second converter; that module's owner moves it to ``SamplingParams.coerce``).
+sampling_params = SamplingParams.coerce
 
 
 def row_seed(seed: int, index: int) -> int:

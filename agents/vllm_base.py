@@ -29,7 +29,6 @@ from collab_env.agents.tokens import (
     chat_prompt_text,
     rendered_prompt_ids,
     row_seed,
-    sampling_params,
 )
 from collab_env.errors import ConfigError, MissingDependencyError, PolicyError
 from collab_env.policy import SamplingParams
@@ -236,7 +235,7 @@ class VLLMBase:
             ConfigError: ``seeds`` does not have one seed per prompt, or a prompt is empty.
             PolicyError: A prompt does not fit ``max_model_len``.
         """
-        params = sampling_params(params)
+        params = SamplingParams.coerce(params)
         if len(prompts) != len(seeds):
             raise ConfigError(f"{len(prompts)} prompts but {len(seeds)} seeds: pass one seed per prompt.")
         lora = self._lora_request(lora_request)

@@ -8,7 +8,7 @@ sampled episodes per item (TRL: ``per_device_train_batch_size = num_generations`
 at most ``--max-new-tokens`` tokens, temperature 1, the same learning rate, constant schedule, no
 KL term (``beta=0``), one optimisation pass per batch, mean-centred advantages without std scaling
 (TRL ``scale_rewards="none"``, MAGRPO ``normalize_advantages=False``) and the per-sequence GRPO
-loss (TRL ``loss_type="grpo"``, MAGRPO ``loss_type="sequence"``).
+loss (TRL ``loss_type="grpo"``, MAGRPO ``loss_type="grpo"``).
 
 Both are scored by the SAME evaluation, written here (not the trainers' own): the trained model,
 wrapped in a fresh :class:`~collab_env.agents.hf.HFPolicy`, plays the 8 items of the
@@ -106,7 +106,7 @@ def run_magrpo(model_dir: str, tokenizer, args, seed: int, out: Path) -> tuple[l
 
     cfg = MAGRPOConfig(num_agents=1, num_generations=args.generations, max_new_tokens=args.max_new_tokens,
                        learning_rate=args.learning_rate, max_steps=args.items, per_device_train_batch_size=1,
-                       eval_interval=0, beta=0.0, num_iterations=1, loss_type="sequence",
+                       eval_interval=0, beta=0.0, num_iterations=1, loss_type="grpo",
                        normalize_advantages=False, lr_scheduler_type="constant", temperature=1.0, top_p=1.0,
                        logging_steps=1, seed=seed, device="cpu", dtype="float32", plot=False,
                        output_dir=str(out / "magrpo"))

@@ -136,6 +136,17 @@ class SamplingParams:
             )
         return cls(**kwargs)
 
+    @classmethod
+    def coerce(cls, params: SamplingParams | Mapping[str, Any]) -> SamplingParams:
+        """``params`` as :class:`SamplingParams`: an instance as it is, a mapping of its fields
+        through :meth:`from_kwargs` (validated); anything else is a :class:`ConfigError`. The one
+        "object or mapping" conversion of sampling settings."""
+        if isinstance(params, SamplingParams):
+            return params
+        if isinstance(params, Mapping):
+            return cls.from_kwargs(**params)
+        raise ConfigError(f"sampling must be SamplingParams or a mapping of its fields, got {type(params).__name__}.")
+
     def to_dict(self) -> dict[str, Any]:
         """The parameters as plain keywords (``stop`` as a list)."""
         d = asdict(self)

@@ -311,3 +311,13 @@ def test_cli_restores_the_warning_display_after_it_returns(capsys):
     before = warnings.showwarning
     cli(["list"], capsys)
     assert warnings.showwarning is before
+
+
+def test_sampling_params_coerce_is_the_one_object_or_mapping_conversion():
+    params = SamplingParams(temperature=0.5)
+    assert SamplingParams.coerce(params) is params
+    assert SamplingParams.coerce({"temperature": 0.5}) == params
+    with pytest.raises(ConfigError, match="unknown sampling parameter"):
+        SamplingParams.coerce({"temprature": 0.5})
+    with pytest.raises(ConfigError, match="SamplingParams or a mapping"):
+        SamplingParams.coerce([("temperature", 0.5)])

@@ -18,14 +18,17 @@ algorithm file reads top to bottom:
 * :mod:`~collab_env.adapters.common.rollout`: rollout trees on any collab_env environment
   (the CoMLRL multi-turn tree: a group of joint actions per node, returns from children).
 * :mod:`~collab_env.adapters.common.task`: the task source (dataset or env path, item counts,
-  seeds, turn metrics, the learner binding into MR futures).
-* :mod:`~collab_env.adapters.common.loop`: one run state, one schedule and the one training loop,
-  over the public :class:`~collab_env.adapters.common.loop.Learner` protocol.
+  seeds, turn metrics, the untrained players' sampling).
+* :mod:`~collab_env.adapters.common.loop`: one run state, one schedule, the steps of a training
+  loop as plain functions (MAGRPO's loop calls them) and :func:`~collab_env.adapters.common.loop.run`,
+  the same loop for the learners that hand it their step (the public
+  :class:`~collab_env.adapters.common.loop.Learner` protocol).
 * :mod:`~collab_env.adapters.common.learner`: set-up every learner shares (models with
   optimisers, views of the task source, the item schedule, the epoch order).
 * :mod:`~collab_env.adapters.common.tree_learner`: the toolkit of MAGRPO, REINFORCE and MADPO
-  (one set-up; expand the trees, group the nodes, one policy update; its docstring lists the
-  extension points).
+  (plain functions: expand the trees, group the nodes, one policy update; the set-up
+  ``TreeBase``, with no loop; ``TreeLearner``, the loop REINFORCE and MADPO still hand their
+  step to).
 * :mod:`~collab_env.adapters.common.critic_learner`: the scaffolding of IAC and MAAC (critics
   built, run and saved; one-path episodes as per-agent transitions).
 * :mod:`~collab_env.adapters.common.chat`: chat-template token spans (SFT, DPO).

@@ -5,9 +5,8 @@ A tree learner's step is a rollout (generation with the trained models, the othe
 policies, the env's rewards and judges) followed by an update. When the rollout waits on
 something other than the learner's own compute (an API user simulator, an API judge), the
 update could run meanwhile. :class:`OverlappedRollouts` does that for
-:class:`~collab_env.adapters.common.tree_learner.TreeLearner` with
-:func:`~collab_env.adapters.common.loop.run` telling it the next batch (the learner's
-``prefetch`` hook):
+a tree learner, whose loop tells it the next batch (MAGRPO's ``train`` sets ``next_batch``;
+:func:`~collab_env.adapters.common.loop.run` calls ``TreeLearner.prefetch``):
 
 1. step ``k`` takes the rollout of its batch: the one started during step ``k - 1``, or one
    started now (the first batch, a resumed run, a batch the loop did not announce);

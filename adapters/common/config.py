@@ -96,6 +96,10 @@ def _keywords(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[
                 f"which mean the same field: pass one of them."
             )
         kwargs[target] = value
+    for klass in cls.__mro__:  # a value's other name (VALUE_ALIASES) becomes the value
+        for name, values in vars(klass).get("VALUE_ALIASES", {}).items():
+            if isinstance(kwargs.get(name), str) and kwargs[name] in values:
+                kwargs[name] = values[kwargs[name]]
     for key in kwargs:
         if key not in names:
             raise ConfigError(
@@ -121,6 +125,8 @@ def learner_config(cls: type) -> type:
 
     * **CoMLRL's field names** (``ALIASES``: e.g. ``agent_learning_rate``) become the field
       they mean here (``learning_rate``); giving both with different values is an error.
+    * **Other names of a value** (``VALUE_ALIASES``: e.g. ``loss_type="sequence"``) become the
+      value they mean (``"grpo"``), so a config reads back under one name per behaviour.
     * **Unknown names** raise :class:`~collab_env.errors.ConfigError` with the closest valid
       names (the dataclass itself would raise a bare ``TypeError``).
     * **Presets**: ``preset="comlrl"`` fills every field the caller did not pass with
@@ -304,10 +310,12 @@ class TrainerConfig:
         check_choice("device", self.device, ("auto", "cpu", "cuda"))
         check_choice("dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
         if self.gradient_checkpointing not in (None, True, False):
-            raise ConfigError(f"gradient_checkpointing must be True, False or None, got {self.gradient_checkpointing!r}.")
+            raise ConfigError("gradient_checkpointing must be True, False or None, "
+                              f"got {self.gradient_checkpointing!r}.")
         check_choice("generation_backend", self.generation_backend, ("auto", "hf", "vllm"))
         if self.vllm_engine_kwargs is not None and not isinstance(self.vllm_engine_kwargs, dict):
-            raise ConfigError(f"vllm_engine_kwargs must be a dict of vllm.EngineArgs fields, got {self.vllm_engine_kwargs!r}.")
+            raise ConfigError("vllm_engine_kwargs must be a dict of vllm.EngineArgs fields, "
+                              f"got {self.vllm_engine_kwargs!r}.")
         check_int("lora_r", self.lora_r, 0)
         check_float("lora_alpha", self.lora_alpha, 0.0, low_open=True)
         check_float("lora_dropout", self.lora_dropout, 0.0, 1.0)
@@ -421,9 +429,11 @@ class RolloutFields:
     ``external_prompts=external`` when the formatter declares it). ``None``: collab_env's rule
     (see :func:`~collab_env.tasks.from_dataset`)."""
     reference_kl_enabled: bool = False
-    """CoMLRL's reference KL: subtract ``reference_kl_coef`` times each completion's KL to the
-    initial policy (k3 estimate summed over its tokens, raw logits, no gradient) from its return
-    (or reward) before advantages. Independent of ``beta`` (a KL term in the loss)."""
+    """CoMLRL's reference KL, a **penalty on the returns**: subtract ``reference_kl_coef`` times
+    each completion's KL to the initial policy (k3 estimate summed over its tokens, raw logits,
+    no gradient) from its value before advantages, so it acts only through the group-relative
+    advantages. A different mechanism from ``beta`` (TRL's KL term in the loss, with gradient);
+    CoMLRL's two field names are kept as CoMLRL spells them."""
     reference_kl_coef: float = 0.1
     """Weight of the reference KL penalty (``reference_kl_enabled``)."""
     rollout_buffer_size: int | None = None
@@ -485,6 +495,13 @@ class TreeFields:
     """The rollout tree's fields (MAGRPO, REINFORCE, MADPO): its branching, how completions
     form joint actions and are valued, the loss's aggregation and KL, pass@k evaluation."""
 
+    VALUE_ALIASES: ClassVar[dict[str, dict[Any, Any]]] = {
+        "loss_type": {"sequence": "grpo", "token": "dapo"},
+    }
+    """Field -> {other name of a value: the value}: ``loss_type="sequence"`` (each sequence's
+    token mean, averaged) is ``"grpo"``; ``"token"`` (every loss token of the batch weighs the
+    same) is ``"dapo"``. The config stores the value, so it reads back under one name."""
+
     num_generations: int = 4
     """Completions each agent samples per node (the group size)."""
     joint_mode: Literal["aligned", "cross"] = "aligned"
@@ -497,18 +514,21 @@ class TreeFields:
     the mean, so larger advantages without ``normalize_advantages`` and a relatively smaller
     ``reference_kl_coef`` penalty). Aligned joint actions: the same either way."""
     beta: float = 0.0
-    """Coefficient of the k3 KL to the reference model (the initial policy) in the loss;
-    0 builds no reference model."""
-    loss_type: Literal["sequence", "token", "sum", "grpo", "bnpo", "dr_grpo", "dapo"] = "sequence"
-    """How the per-token loss of a batch becomes one number (TRL's names accepted beside ours;
-    :func:`~collab_env.adapters.common.losses.aggregation_plan` has the formulas): each
-    sequence's token mean averaged over sequences (``"sequence"``, TRL's ``"grpo"``); the sum
-    over all the batch's loss tokens divided by their count (``"token"``, TRL's ``"dapo"``);
+    """The KL to the reference model (the initial policy) as a **loss term** (TRL's ``beta``):
+    ``beta`` times the per-token k3 KL, aggregated like the policy term, with its gradient; 0
+    builds no reference model (unless ``reference_kl_enabled``). Not CoMLRL's reference KL
+    (``reference_kl_enabled``), which is a penalty on the returns with no gradient of its own."""
+    loss_type: Literal["grpo", "dapo", "bnpo", "dr_grpo", "sum"] = "grpo"
+    """How the per-token loss of a batch becomes one number (TRL's ``GRPOConfig.loss_type`` names
+    and CoMLRL's ``"sum"``; :func:`~collab_env.adapters.common.losses.aggregation_plan` has the
+    formulas): each sequence's token mean averaged over sequences (``"grpo"``); the sum over all
+    the batch's loss tokens divided by their count (``"dapo"``);
     each micro-batch's token mean averaged over micro-batches (``"bnpo"``: depends on
     ``train_micro_batch_size``); the sum divided by ``num_sequences * max_new_tokens``
     (``"dr_grpo"``, Dr. GRPO's constant); or each sequence's token sum averaged over sequences
     (``"sum"``: CoMLRL's ``-A * sum(log p)``). Gradient accumulation over micro-batches is exact
-    for every one."""
+    for every one. The former names ``"sequence"`` and ``"token"`` are read as ``"grpo"`` and
+    ``"dapo"`` (:attr:`VALUE_ALIASES`)."""
     eval_pass_k: int = 1
     """Independent samples per evaluation item; above 1, ``eval/pass@k`` and
     ``eval/best_of_k_return`` are reported."""

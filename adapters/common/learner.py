@@ -84,8 +84,7 @@ class TaskLearner:
         :meth:`TaskSource.build <collab_env.adapters.common.task.TaskSource.build>`); take the
         number of agents from an env's trained players; seed torch; build the models (with a
         reference model when ``need_reference(args)``) scheduled over
-        ``self.planned_optimizer_steps()``; bind the policies being trained into rewards that
-        roll futures (the multiturn-aware reward), sampling as the learner does. Sets
+        ``self.planned_optimizer_steps()``. Sets
         ``self.task``, ``self.args``, ``self.models``; returns the final ``args``.
 
         Raises:

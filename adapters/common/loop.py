@@ -1,4 +1,8 @@
-"""One run state, one schedule and one training loop for every learner.
+"""One run state, one schedule and one training loop for every learner, written as plain step
+functions (:func:`next_batch`, :func:`evaluation_due`, :func:`following_batch`,
+:func:`record_step`, :func:`log_due`, :func:`epoch_over` / :func:`next_epoch`, :func:`save_due`,
+:func:`run_summary`) that a learner owning its loop calls in order (MAGRPO's ``train``), and that
+:func:`run` calls for the learners that hand it their step.
 
 A learner implements the :class:`Learner` protocol: ``args``, ``state`` (a :class:`RunState`),
 ``logger``, and the public methods :meth:`~Learner.schedule`, :meth:`~Learner.train_step`,
@@ -38,8 +42,9 @@ from collab_env.adapters.common.collapse import DEFAULT_THRESHOLDS, check_collap
 from collab_env.adapters.common.config import eval_due
 from collab_env.errors import ConfigError
 
-__all__ = ["RunState", "TrainerState", "Schedule", "Learner", "run", "run_item_loop", "flush_log",
-           "merge_metrics", "mean"]
+__all__ = ["RunState", "Schedule", "Learner", "run", "flush_log", "merge_metrics", "mean", "next_batch",
+           "evaluation_due", "following_batch", "record_step", "log_due", "epoch_over", "next_epoch", "save_due",
+           "run_summary", "progress"]
 
 
 def mean(xs: Sequence[float]) -> float:
@@ -94,10 +99,6 @@ class RunState:
     def step_in_epoch(self) -> int:
         """Former name of :attr:`in_epoch` (step learners)."""
         return self.in_epoch
-
-
-class TrainerState(RunState):
-    """Former name of :class:`RunState` (the item learners' state); the same fields."""
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,23 @@ def _done(s: Schedule, st: RunState) -> int:
     return st.items_done if s.unit == "item" else st.optimizer_steps
 
 
-def _eval_due(s: Schedule, st: RunState, size: int) -> bool:
+# -- the steps of a training loop, as plain functions ------------------------------------------
+# A learner that owns its loop (MAGRPO) calls these in order; :func:`run` is the same loop for
+# the learners that hand it their ``train_step``.
+
+
+def next_batch(s: Schedule, st: RunState) -> list[int] | None:
+    """The schedule units of the step at ``st``'s position (the end of the epoch, or of the run,
+    cuts it short); ``None`` when the run is over."""
+    if st.epoch >= s.epochs or _done(s, st) >= s.limit:
+        return None
+    pos = st.in_epoch
+    return list(range(pos, pos + min(s.batch, s.per_epoch - pos, s.limit - _done(s, st))))
+
+
+def evaluation_due(s: Schedule, st: RunState, size: int) -> bool:
+    """Whether the schedule evaluates before the step of ``size`` units at ``st``'s position
+    (``eval_rule``; ``"update"`` marks the optimiser-step count as evaluated)."""
     if not s.can_evaluate or s.eval_every <= 0:
         return False
     if s.eval_rule == "position":
@@ -222,23 +239,9 @@ def _eval_due(s: Schedule, st: RunState, size: int) -> bool:
     return False
 
 
-def _end_epoch(learner: Learner) -> None:
-    metrics = learner.end_epoch()
-    if metrics:
-        learner.state.pending.append(dict(metrics))
-
-
-def _roll_epoch(learner: Learner, s: Schedule) -> None:
-    st = learner.state
-    if st.in_epoch >= s.per_epoch:
-        _end_epoch(learner)
-        st.epoch += 1
-        st.in_epoch = 0
-
-
-def _next_batch(s: Schedule, st: RunState, size: int) -> list[int] | None:
+def following_batch(s: Schedule, st: RunState, size: int) -> list[int] | None:
     """The batch of the step after the one of ``size`` units starting at ``st``'s position
-    (``None``: that step is the last), as :func:`run` will compute it (item schedules)."""
+    (``None``: that step is the last), as :func:`next_batch` will compute it (item schedules)."""
     pos, epoch, done = st.in_epoch + size, st.epoch, st.items_done + size
     if pos >= s.per_epoch:
         pos, epoch = 0, epoch + 1
@@ -247,9 +250,65 @@ def _next_batch(s: Schedule, st: RunState, size: int) -> list[int] | None:
     return list(range(pos, pos + min(s.batch, s.per_epoch - pos, s.limit - done)))
 
 
+def record_step(s: Schedule, st: RunState, metrics: dict[str, float], size: int) -> None:
+    """Advance the position past a step of ``size`` units and keep its metrics for the log
+    (``metrics["env_steps"]``, popped, advances ``env_step``)."""
+    st.env_step += int(metrics.pop("env_steps", 0))
+    if s.unit == "item":
+        st.items_done += size
+    st.in_epoch += size
+    st.pending.append(metrics)
+
+
+def log_due(s: Schedule, st: RunState) -> bool:
+    """Whether to log now (``log_rule``)."""
+    if s.log_rule == "env_step":
+        return st.env_step - st.last_log_step >= s.log_every
+    return st.optimizer_steps % s.log_every == 0
+
+
+def epoch_over(s: Schedule, st: RunState) -> bool:
+    """Whether the position is at the end of its epoch (then :func:`next_epoch`)."""
+    return st.in_epoch >= s.per_epoch
+
+
+def next_epoch(st: RunState, end_metrics: Mapping[str, float] | None = None) -> None:
+    """Move to the next epoch's start, keeping the epoch's closing metrics (``end_metrics``,
+    e.g. an update on what was left in a rollout buffer) for the log."""
+    if end_metrics:
+        st.pending.append(dict(end_metrics))
+    st.epoch += 1
+    st.in_epoch = 0
+
+
+def save_due(s: Schedule, st: RunState, updates_before: int) -> bool:
+    """Whether to save a checkpoint after a step (``save_rule``; ``updates_before``: the
+    optimiser steps before it)."""
+    return bool(s.save_every) and _done(s, st) % s.save_every == 0 and (
+        s.save_rule == "done" or st.optimizer_steps != updates_before)
+
+
+def run_summary(s: Schedule, st: RunState) -> dict[str, int]:
+    """What a run did, for :meth:`~collab_env.adapters.common.logging.MetricsLogger.summary`."""
+    done = {"items" if s.unit == "item" else "steps": _done(s, st), "optimiser steps": st.optimizer_steps,
+            "epochs": st.epoch + (st.in_epoch > 0)}
+    if s.unit == "step":
+        done.pop("optimiser steps")
+    return done
+
+
+def progress(s: Schedule, st: RunState, logger: Any) -> Any:
+    """The run's progress bar: on a terminal a bar, in a log file plain lines, none when the
+    logger is not verbose (:mod:`collab_env._progress`); ``None`` or an object with ``update``
+    and ``close``."""
+    return progress_bar(s.limit, s.desc, show=None if logger.verbose else False, lines=True,
+                        initial=_done(s, st), unit=s.unit)
+
+
 def run(learner: Learner) -> dict[str, Any]:
     """Train ``learner`` from its ``state`` to the end of its :class:`Schedule` (module
-    docstring); returns the last logged training metrics.
+    docstring); returns the last logged training metrics. The loop of the learners that do not
+    write their own (MAGRPO writes it, from the same functions).
 
     Raises:
         ConfigError: ``args.async_rollouts`` on a learner that cannot overlap its rollouts (no
@@ -261,52 +320,35 @@ def run(learner: Learner) -> dict[str, Any]:
         raise ConfigError(f"async_rollouts=True: {type(learner).__name__} does not overlap its rollouts with its "
                           "updates (only the tree learners' item steps do: MAGRPO/GRPO, REINFORCE); set "
                           "async_rollouts=False.")
-    # A bar on a terminal, plain lines in a log file (collab_env._progress); none when not verbose.
-    bar = progress_bar(s.limit, s.desc, show=None if learner.logger.verbose else False, lines=True,
-                       initial=_done(s, st), unit=s.unit)
+    bar = progress(s, st, learner.logger)
     last: dict[str, Any] = {}
-    while st.epoch < s.epochs and _done(s, st) < s.limit:
-        pos = st.in_epoch
-        size = min(s.batch, s.per_epoch - pos, s.limit - _done(s, st))
-        if _eval_due(s, st, size):
+    while (batch := next_batch(s, st)) is not None:
+        if evaluation_due(s, st, len(batch)):
             learner.evaluate()
         if prefetch is not None:
-            prefetch(_next_batch(s, st, size))
+            prefetch(following_batch(s, st, len(batch)))
         updates = st.optimizer_steps
-        metrics = learner.train_step(list(range(pos, pos + size)))
-        st.env_step += int(metrics.pop("env_steps", 0))
-        if s.unit == "item":
-            st.items_done += size
-        st.in_epoch += size
-        st.pending.append(metrics)
-        if s.log_next_epoch:
-            _roll_epoch(learner, s)
-        if (st.env_step - st.last_log_step >= s.log_every if s.log_rule == "env_step"
-                else st.optimizer_steps % s.log_every == 0):
+        record_step(s, st, learner.train_step(batch), len(batch))
+        if s.log_next_epoch and epoch_over(s, st):
+            next_epoch(st, learner.end_epoch())
+        if log_due(s, st):
             last = flush_log(learner, s.summed, s.log_item)
-        _roll_epoch(learner, s)
-        if s.save_every and _done(s, st) % s.save_every == 0 and (
-                s.save_rule == "done" or st.optimizer_steps != updates):
+        if epoch_over(s, st):
+            next_epoch(st, learner.end_epoch())
+        if save_due(s, st, updates):
             learner.logger.wrote(learner.save_checkpoint())
         if bar is not None:
-            bar.update(size)
+            bar.update(len(batch))
     if bar is not None:
         bar.close()
-    _end_epoch(learner)
+    end = learner.end_epoch()
+    if end:
+        st.pending.append(dict(end))
     if st.pending:
         last = flush_log(learner, s.summed, s.log_item)
     if s.final_eval and s.can_evaluate and s.eval_every > 0:
         learner.evaluate()
     if learner.args.plot:
         learner.logger.plot()
-    done = {"items" if s.unit == "item" else "steps": _done(s, st), "optimiser steps": st.optimizer_steps,
-            "epochs": st.epoch + (st.in_epoch > 0)}
-    if s.unit == "step":
-        done.pop("optimiser steps")
-    learner.logger.summary(s.desc or type(learner).__name__, done)
+    learner.logger.summary(s.desc or type(learner).__name__, run_summary(s, st))
     return last
-
-
-def run_item_loop(learner: Learner, desc: str = "") -> dict[str, Any]:
-    """Former entry point of :func:`run` (the ``desc`` comes from the schedule now)."""
-    return run(learner)

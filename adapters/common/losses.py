@@ -270,9 +270,10 @@ def kl_k3(logp, ref_logp, mask):
 # ---------------------------------------------------------------------------------------------
 # Aggregations
 # ---------------------------------------------------------------------------------------------
-#: The ``loss_type`` names :func:`aggregation_plan` accepts: ours and TRL's (``GRPOConfig.loss_type``)
-#: for the same reductions (``"grpo"`` is ``"sequence"``, ``"dapo"`` is ``"token"``).
-LOSS_TYPES: tuple[str, ...] = ("sequence", "token", "sum", "grpo", "bnpo", "dr_grpo", "dapo")
+#: The ``loss_type`` names :func:`aggregation_plan` accepts, one per aggregation: TRL's
+#: (``GRPOConfig.loss_type``) and CoMLRL's ``"sum"``. (A config also reads the former names
+#: ``"sequence"`` and ``"token"`` as ``"grpo"`` and ``"dapo"``: ``TreeFields.VALUE_ALIASES``.)
+LOSS_TYPES: tuple[str, ...] = ("grpo", "dapo", "bnpo", "dr_grpo", "sum")
 
 
 def aggregation_plan(loss_type: str, tokens: Sequence[int], sequences: Sequence[int],
@@ -285,17 +286,17 @@ def aggregation_plan(loss_type: str, tokens: Sequence[int], sequences: Sequence[
     ``L_i`` the summed per-token loss of sequence ``i``, ``n_i`` its loss tokens, ``N`` the
     sequences and ``T`` the loss tokens of the whole batch, the batch's loss is:
 
-    * ``"sequence"`` / ``"grpo"`` (GRPO's paper): ``sum_i (L_i / n_i) / N``, each sequence's
+    * ``"grpo"`` (GRPO's paper): ``sum_i (L_i / n_i) / N``, each sequence's
       token mean, averaged over sequences. TRL's ``"grpo"`` averages per micro-batch and
       divides by the number of micro-batches: the same when they are equally large.
-    * ``"token"`` / ``"dapo"`` (DAPO): ``sum_i L_i / T``, every token of the batch weighs the
+    * ``"dapo"`` (DAPO): ``sum_i L_i / T``, every token of the batch weighs the
       same whatever its micro-batch (TRL's ``"dapo"``, normalised by the tokens of the whole
       accumulated batch).
     * ``"bnpo"`` (TRL's): each micro-batch's token mean ``sum_{i in k} L_i / T_k``, averaged
       over the ``K`` micro-batches. It differs from ``"dapo"`` when micro-batches hold different
       numbers of tokens (a token of a short micro-batch weighs more) and so depends on
-      ``train_micro_batch_size``; with one sequence per micro-batch it is ``"sequence"``, with
-      one micro-batch it is ``"token"``.
+      ``train_micro_batch_size``; with one sequence per micro-batch it is ``"grpo"``, with one
+      micro-batch it is ``"dapo"``.
     * ``"dr_grpo"`` (Dr. GRPO): ``sum_i L_i / (N * max_new_tokens)``: a constant normaliser, so no
       length bias (TRL's normaliser is its ``max_completion_length``, our ``max_new_tokens``).
     * ``"sum"`` (CoMLRL's ``-A * sum(log p)``): ``sum_i L_i / N``, each sequence's token sum
@@ -311,9 +312,9 @@ def aggregation_plan(loss_type: str, tokens: Sequence[int], sequences: Sequence[
         raise ConfigError(f"aggregation_plan needs one token and one sequence count per micro-batch, got "
                           f"{len(tokens)} and {len(sequences)}.")
     n_seq, n_tok, k = sum(sequences), sum(tokens), len(tokens)
-    if loss_type in ("sequence", "grpo"):
+    if loss_type == "grpo":
         return [("sequence", n_seq, n_tok)] * k
-    if loss_type in ("token", "dapo"):
+    if loss_type == "dapo":
         return [("token", n_seq, n_tok)] * k
     if loss_type == "sum":
         return [("token", n_seq, n_seq)] * k
@@ -329,7 +330,9 @@ def aggregation_plan(loss_type: str, tokens: Sequence[int], sequences: Sequence[
 
 def masked_aggregate(per_token, mask, loss_type: Literal["sequence", "token"],
                      num_sequences: int, num_tokens: int):
-    """Reduce a per-token loss to this micro-batch's share of the whole batch's loss.
+    """Reduce a per-token loss to this micro-batch's share of the whole batch's loss. The two
+    reductions (``loss_type`` here, and in a learner's loss) are not the config's names:
+    :func:`aggregation_plan` turns each of :data:`LOSS_TYPES` into one of them with its divisors.
 
     ``"sequence"``: the mean over tokens of each sequence, averaged over the ``num_sequences``
     sequences of the whole batch (GRPO's paper). ``"token"``: the sum over tokens divided by

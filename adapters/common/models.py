@@ -28,6 +28,7 @@ from typing import Any
 
 from collab_env.adapters.common.vllm_engine import VLLMGenerator, vllm_available
 from collab_env.errors import ConfigError, require
+from collab_env.policy import SamplingParams
 
 __all__ = [
     "resolve_device",
@@ -164,9 +165,7 @@ class PolicyModel:
             params: :class:`~collab_env.policy.SamplingParams` (or a mapping of its fields).
             seeds: One generator seed per row.
         """
-        from collab_env.agents.tokens import sampling_params
-
-        params = sampling_params(params)
+        params = SamplingParams.coerce(params)
         self.model.eval()
         if self.engine is not None:  # vLLM: take the current weights first, then one call
             self.engine.sync(self.model, self.version)
@@ -177,9 +176,7 @@ class PolicyModel:
                  max_batch_size: int | None = None, **sampling: Any) -> list[Any]:
         """:meth:`generate_tokens` with sampling keywords (``temperature``, ``max_new_tokens``...);
         ``max_batch_size`` lowers the rows per call for this request."""
-        from collab_env.agents.tokens import sampling_params
-
-        params = sampling_params(sampling)
+        params = SamplingParams.coerce(sampling)
         step = len(prompts) if self.engine is not None or not max_batch_size else int(max_batch_size)
         out: list[Any] = []
         for start in range(0, len(prompts), max(step, 1)):
@@ -349,7 +346,8 @@ def adamw(params: Any, config: Any, lr: float | None = None):
     except RuntimeError as exc:
         if not fused:
             raise
-        raise ConfigError(f"torch's fused AdamW does not take these parameters ({exc}); set optim='adamw_torch'.") from exc
+        raise ConfigError(f"torch's fused AdamW does not take these parameters ({exc}); "
+                          "set optim='adamw_torch'.") from exc
 
 
 def make_optimizer(pm: PolicyModel, config: Any):

@@ -43,7 +43,7 @@ from collab_env.rollout.driver import advance
 
 __all__ = [
     "TreeNode", "JointAction", "grow_trees", "start_roots", "expand_tree", "compute_returns", "completion_values",
-    "episode_item", "as_sampling", "driver_table",
+    "episode_item", "driver_table",
 ]
 
 
@@ -177,7 +177,7 @@ def driver_table(players: Sequence[str], models: Sequence[Any], others: Mapping[
     players never act through the driver (their moves are given); a reward stage that rolls
     futures (the multiturn-aware reward) plays them with these policies, so the futures'
     assistant is the model that wrote the reply."""
-    keywords = {k: v for k, v in as_sampling(sampling).to_dict().items()
+    keywords = {k: v for k, v in SamplingParams.coerce(sampling).to_dict().items()
                 if k in ("temperature", "top_p", "top_k", "max_new_tokens") and v is not None}
     table = dict(others)
     table_sampling = {p: dict(v) for p, v in (others_sampling or {}).items()}
@@ -187,12 +187,6 @@ def driver_table(players: Sequence[str], models: Sequence[Any], others: Mapping[
             table[p] = policy
             table_sampling[p] = dict(keywords)
     return table, table_sampling
-
-
-def as_sampling(sampling: SamplingParams | Mapping[str, Any]) -> SamplingParams:
-    """``sampling`` as :class:`~collab_env.policy.SamplingParams` (a mapping of its keywords is
-    validated)."""
-    return sampling if isinstance(sampling, SamplingParams) else SamplingParams.from_kwargs(**sampling)
 
 
 def _acting(players: Sequence[str], infos: Mapping[str, Any]) -> list[int]:
@@ -243,7 +237,7 @@ async def expand_tree(
     while frontier and depth < max_depth:
         levels.append(frontier)
         g = branching(depth)
-        _generate(frontier, models, g, as_sampling(sampling), seeds, prompt_format)
+        _generate(frontier, models, g, SamplingParams.coerce(sampling), seeds, prompt_format)
         steps = []
         for node in frontier:
             for choice in _joint_choices(node, g, joint_mode):
@@ -299,7 +293,8 @@ def _generate(nodes: Sequence[TreeNode], models: Sequence[Any], g: int, params: 
 def _joint_choices(node: TreeNode, g: int, mode: str) -> list[dict[int, int]]:
     if mode == "aligned" or len(node.acting) <= 1:
         return [dict.fromkeys(node.acting, j) for j in range(g)]
-    return [dict(zip(node.acting, combo, strict=True)) for combo in itertools.product(range(g), repeat=len(node.acting))]
+    combos = itertools.product(range(g), repeat=len(node.acting))
+    return [dict(zip(node.acting, combo, strict=True)) for combo in combos]
 
 
 async def _step_joint(node: TreeNode, ja: JointAction, players: Sequence[str], table: Mapping[str, Any],

@@ -1,45 +1,25 @@
-"""The toolkit of the learners that train on rollout trees (MAGRPO, REINFORCE, MADPO): one
-set-up and the few functions a training step calls, in the order it calls them.
+"""The toolkit of the learners that train on rollout trees (MAGRPO, REINFORCE, MADPO): plain
+functions for the steps of a training step, and one set-up.
 
-A step (MAGRPO's ``train_step`` in :mod:`collab_env.adapters.magrpo` reads top to bottom):
+A step, in the order MAGRPO's ``train_step`` (:mod:`collab_env.adapters.magrpo`, which reads
+top to bottom) calls them:
 
-1. :meth:`TreeLearner.rollout`: **expand the trees** of a batch of task items
-   (:func:`~collab_env.adapters.common.rollout.grow_trees` with the config's depth, joint mode,
-   one :class:`~collab_env.policy.SamplingParams`, early termination and discount);
-2. :meth:`TreeLearner.reference_kls` (optional): CoMLRL's reference KL of every completion;
-3. :meth:`TreeLearner.node_groups`: **group the nodes**: per node and acting agent, its
-   completions' values turned into advantages by the learner's function, as samples
+1. :func:`expand_trees`: **expand the trees** of a batch of task items
+   (:func:`~collab_env.adapters.common.rollout.grow_trees` with the config's depth, prompt
+   format, early termination and discount);
+2. :func:`reference_kls` (optional): CoMLRL's reference KL of every completion;
+3. :func:`group_nodes` (or :func:`group_chains`): **group the nodes**: per node and acting
+   agent, its completions' values turned into advantages by the learner's function, as samples
    ``(prompt ids, completion ids, advantage, turn, sampler log-probs)`` (:data:`Sample`);
-4. :meth:`TreeLearner.learn`: per model (or through CoMLRL's rollout buffer)
-   :func:`policy_update`, **one policy update**: ``iterations`` optimiser steps on the samples
-   with the learner's loss, accumulated over micro-batches, gradient clipping, AdamW, schedule.
+4. :func:`policy_update`: **one policy update** of one model on its samples (per model:
+   :func:`samples_by_model`; through CoMLRL's rollout buffer: :func:`buffer_chunks`), with the
+   loss the learner passes and the config's settings (:func:`update_settings`).
 
-The set-up (:meth:`TreeLearner.__init__`) builds the task source (dataset or env path), the
-models with their optimisers and schedules, and the logger; :meth:`TreeLearner.train` runs the
-shared loop (:func:`~collab_env.adapters.common.loop.run`), which calls ``train_step`` per batch,
-evaluates (:meth:`TreeLearner.evaluate`), saves checkpoints and ends with the run's summary.
-
-Extension points (the only things an algorithm file writes):
-
-* ``config_class``: the config type the trainer accepts (a
-  :func:`~collab_env.adapters.common.config.learner_config` dataclass with the field groups it
-  uses; it needs :class:`~collab_env.adapters.common.config.SamplingFields`,
-  :class:`~collab_env.adapters.common.config.RolloutFields` and
-  :class:`~collab_env.adapters.common.config.TreeFields`; ``num_iterations`` from
-  :class:`~collab_env.adapters.common.config.PPOFields` when it has them, else 1).
-* ``train_step(batch) -> metrics``: the algorithm on the training items ``batch``.
-* ``loss(logp, old_logp, advantages, mask, *, ref_logp, loss_type, num_sequences, num_tokens,
-  loss_tokens, is_weight) -> (loss, stats)``: the loss of one micro-batch (``old_logp``: the
-  log-probs of the model before the update, ``logp.detach()`` when neither ``num_iterations > 1``
-  nor the importance sampling correction needs them; ``loss_type`` ``"sequence"`` or
-  ``"token"`` with the divisors ``num_sequences`` / ``num_tokens`` that make the micro-batches'
-  shares sum to the configured aggregation,
-  :func:`~collab_env.adapters.common.losses.aggregation_plan`; ``loss_tokens``: the batch's loss
-  tokens, for fractions; ``is_weight``: ``[B, C]`` importance weights of the tokens against
-  the sampler, or ``None``, to multiply the policy term by; ``stats``: detached shares summed
-  over micro-batches, e.g. ``loss``, ``policy_loss``, ``kl``, ``clip_fraction``).
-* Optionally ``evaluate``, ``schedule``, ``planned_optimizer_steps``, ``end_epoch``, ``train``
-  (MADPO replaces them: it learns from preference pairs, not from advantages).
+:class:`TreeBase` is the set-up they share: the task source (dataset or env path), the models
+with their optimisers and schedules, the logger, the background rollouts of ``async_rollouts``,
+the item schedule, evaluation and checkpoints. It has no training loop and no hook: MAGRPO's
+loop is in its file. :class:`TreeLearner` adds the loop that REINFORCE and MADPO still hand
+their ``train_step`` and ``loss`` to (:func:`~collab_env.adapters.common.loop.run`).
 """
 
 from __future__ import annotations
@@ -69,20 +49,217 @@ from collab_env.adapters.common.task import turn_metrics
 from collab_env.errors import ConfigError, TaskFunctionError
 from collab_env.policy import SamplingParams
 
-__all__ = ["TreeLearner", "Sample", "policy_update", "kl_per_turn", "sample_collapse_stats"]
+__all__ = ["TreeBase", "TreeLearner", "Sample", "expand_trees", "group_nodes", "group_chains", "reference_kls",
+           "update_settings", "samples_by_model", "buffer_chunks", "mean_by_key", "policy_update", "kl_per_turn",
+           "sample_collapse_stats"]
 
 #: One training sample: (prompt ids, completion ids, advantage, 0-based turn, the sampler's
 #: log-prob of each completion token or ``None`` when it reported none). :func:`policy_update`
 #: also takes the first four alone (no sampler log-probs).
 Sample = tuple[list[int], tuple[int, ...], float, int, tuple[float, ...] | None]
 
+#: ``advantages(node, agent, values) -> advantages``: a learner's advantage of one group.
+Advantages = Callable[[Any, int, list[float]], list[float]]
 
-class TreeLearner(TaskLearner):
-    """The toolkit's one set-up and the functions of a tree learner's step (module docstring).
-    Arguments are :class:`~collab_env.adapters.magrpo.MAGRPOTrainer`'s; ``config_class`` is the
-    config type the subclass accepts."""
+
+# ---------------------------------------------------------------------------------------------
+# Expand the trees
+# ---------------------------------------------------------------------------------------------
+def expand_trees(task: Any, env: Any, indices: Sequence[int], models: Sequence[Any], args: Any, *,
+                 branching: Callable[[int], int], joint_mode: str, sampling: SamplingParams,
+                 seeds: Callable[[int], list[int]], training: bool = True):
+    """The rollout trees of the task items ``indices`` on ``env`` played by ``models``
+    (:func:`~collab_env.adapters.common.rollout.grow_trees`): ``branching(depth)`` completions
+    per acting agent and node, sampled with ``sampling``, ``args.num_turns`` deep, returns
+    discounted by ``args.discount`` (reward plus ``discount`` times the mean return of the
+    child's joint actions; CoMLRL's is this with discount 1), CoMLRL's early termination on
+    training trees only. Returns ``(roots, levels)``."""
+    return grow_trees(task, env, indices, models, branching=branching, max_depth=args.num_turns,
+                      joint_mode=joint_mode, sampling=sampling, seeds=seeds, prompt_format=args.prompt_format,
+                      stop_above=args.early_termination_threshold if training else None, discount=args.discount)
+
+
+# ---------------------------------------------------------------------------------------------
+# Group the nodes
+# ---------------------------------------------------------------------------------------------
+def _sample(node: Any, agent: int, comp: Any, adv: float) -> Sample:
+    return (node.prompt_ids[agent], tuple(comp.token_ids or ()), adv, node.depth,
+            None if comp.logprobs is None else tuple(comp.logprobs))
+
+
+def group_nodes(levels: Sequence[Sequence[Any]], advantages: Advantages,
+                kls: Mapping[tuple[int, int], list[float]] | None = None, *, coef: float = 0.0,
+                reduce: str = "mean") -> tuple[list[tuple[int, list[Sample]]], list[int]]:
+    """Per node and acting agent, its samples with ``advantages(node, agent, values)`` of the
+    completions' values (:func:`~collab_env.adapters.common.rollout.completion_values` with
+    ``reduce``, the config's ``cross_value``; less ``coef`` times their reference KL when
+    ``kls`` has them). ``advantages`` is called once per group, in the order of the returned
+    groups. Each sample carries its completion's sampler log-probs (``Completion.logprobs``)
+    for the importance sampling correction. Returns ``(groups, completion lengths)``."""
+    groups: list[tuple[int, list[Sample]]] = []
+    lengths: list[int] = []
+    for nodes in levels:
+        for node in nodes:
+            for agent in node.acting:
+                values = completion_values(node, agent, reduce)
+                if kls:  # CoMLRL: the KL penalty comes off each completion's return
+                    values = [v - coef * k for v, k in zip(values, kls[(id(node), agent)], strict=True)]
+                adv = advantages(node, agent, values)
+                group = [_sample(node, agent, comp, a) for comp, a in zip(node.completions[agent], adv, strict=True)]
+                lengths.extend(len(g[1]) for g in group)
+                groups.append((agent, group))
+    return groups, lengths
+
+
+def group_chains(levels: Sequence[Sequence[Any]], advantages: Advantages,
+                 credit: str = "turn") -> tuple[list[tuple[int, list[Sample]]], list[int]]:
+    """The samples of rollouts shaped as chains (``num_generations`` joint actions at each
+    root, one below: independent episodes), with ``advantages(node, agent, values)`` called
+    once per returned group, in order.
+
+    ``credit="turn"``: per root, depth and acting agent, one group of the moves at that depth
+    of the root's chains that reached it, valued by the move's own reward (its joint action's
+    ``rewards``: the env's rewards from the move until a trained agent acts again; under the
+    multiturn-aware reward, that reply's MR); ``node`` is the first such move's.
+    ``credit="episode"``: per root and agent, one group of all its moves, each valued by its
+    chain's return (the root joint action's ``returns``); ``node`` is the root. Returns
+    ``(groups, completion lengths)``."""
+    if credit not in ("turn", "episode"):
+        raise ConfigError(f"credit must be 'turn' or 'episode', got {credit!r}.")
+    groups: list[tuple[int, list[Sample]]] = []
+    lengths: list[int] = []
+
+    def sample(node: Any, ja: Any, agent: int, adv: float) -> Sample:
+        comp = node.completions[agent][ja.choice[agent]]
+        lengths.append(len(comp.token_ids or ()))
+        return _sample(node, agent, comp, adv)
+
+    for root in levels[0] if levels else ():
+        chains = []
+        for ja in root.joint:
+            chain, node, step = [], root, ja
+            while True:
+                chain.append((node, step))
+                node = step.child
+                if node is None or not node.joint:
+                    break
+                step = node.joint[0]
+            chains.append(chain)
+        agents = sorted({ag for chain in chains for node, _ in chain for ag in node.acting})
+        for agent in agents:
+            if credit == "episode":
+                members = [c for c in chains if any(agent in n.acting for n, _ in c)]
+                adv = advantages(root, agent, [float(c[0][1].returns[agent]) for c in members])
+                groups.append((agent, [sample(n, ja, agent, a_c) for c, a_c in zip(members, adv, strict=True)
+                                       for n, ja in c if agent in n.acting]))
+                continue
+            depth = max(len(c) for c in chains)
+            for d in range(depth):
+                moves = [c[d] for c in chains if len(c) > d and agent in c[d][0].acting]
+                if not moves:
+                    continue
+                adv = advantages(moves[0][0], agent, [float(ja.rewards[agent]) for _, ja in moves])
+                groups.append((agent, [sample(n, ja, agent, a_m) for (n, ja), a_m in zip(moves, adv, strict=True)]))
+    return groups, lengths
+
+
+def reference_kls(models: Sequence[Any], levels: Sequence[Sequence[Any]], coef: float,
+                  metrics: dict[str, float]) -> dict[tuple[int, int], list[float]]:
+    """CoMLRL's reference KL of every completion (agent ``i`` played by ``models[i]``): the k3
+    estimate of KL(policy || initial policy) summed over its tokens, from the raw logits,
+    without gradient; ``{(id(node), agent): [KL per completion]}``. Adds
+    ``turn_k/reference_kl_mean`` and ``turn_k/reference_kl_penalty_mean`` (times ``coef``) to
+    ``metrics``."""
+    import torch
+
+    out: dict[tuple[int, int], list[float]] = {}
+    by_turn: dict[int, list[float]] = {}
+    for nodes in levels:
+        for node in nodes:
+            for agent in node.acting:
+                pm = models[agent]
+                comps = node.completions[agent]
+                batch = pack_sequences([node.prompt_ids[agent]] * len(comps),
+                                       [tuple(c.token_ids or ()) for c in comps], pm.pad_id).to(pm.device)
+                pm.model.eval()
+                with torch.no_grad():
+                    logp = token_logprobs(pm.model, batch, 1.0)
+                    with pm.as_reference() as reference:
+                        reference.eval()
+                        ref = token_logprobs(reference, batch, 1.0)
+                kl = kl_k3(logp, ref, batch.completion_mask).sum(-1).tolist()
+                out[(id(node), agent)] = [float(x) for x in kl]
+                by_turn.setdefault(node.depth, []).extend(float(x) for x in kl)
+    for d, kls in by_turn.items():
+        metrics[f"turn_{d + 1}/reference_kl_mean"] = mean(kls)
+        metrics[f"turn_{d + 1}/reference_kl_penalty_mean"] = coef * mean(kls)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Who updates on what
+# ---------------------------------------------------------------------------------------------
+def update_settings(args: Any) -> dict[str, Any]:
+    """The keywords of :func:`policy_update` from a learner's config: iterations
+    (``num_iterations``, else 1), log-prob temperature, micro-batch, loss type (and
+    ``max_new_tokens`` for ``"dr_grpo"``), KL, clipping and the importance sampling correction
+    (:class:`~collab_env.adapters.common.config.PolicyLossFields`, off without them)."""
+    return dict(iterations=getattr(args, "num_iterations", 1),
+                temperature=args.logprob_temperature or args.temperature, micro_batch=args.train_micro_batch_size,
+                loss_type=args.loss_type, beta=args.beta, max_grad_norm=args.max_grad_norm,
+                max_new_tokens=getattr(args, "max_new_tokens", None),
+                is_correction=getattr(args, "is_correction", None), is_cap=getattr(args, "is_cap", 3.0),
+                is_floor=getattr(args, "is_floor", None))
+
+
+def samples_by_model(groups: Sequence[tuple[int, list[Sample]]], models: Sequence[Any],
+                     unique: Sequence[Any]) -> list[tuple[Any, list[Sample]]]:
+    """``(model, samples)`` per distinct model (``unique``, in order) that plays an agent of the
+    groups ``(agent, samples)``: agents sharing a model update it together."""
+    out: dict[int, list[Sample]] = {}
+    for agent, group in groups:
+        owner = next(k for k, u in enumerate(unique) if u is models[agent])
+        out.setdefault(owner, []).extend(group)
+    return [(unique[k], samples) for k, samples in sorted(out.items())]
+
+
+def buffer_chunks(buffer: Sequence[list[Sample]], size: int, rng: Any) -> list[list[Sample]]:
+    """CoMLRL's update of one agent's rollout buffer (its nodes' sample groups): the nodes
+    grouped by turn, each turn's nodes shuffled (``rng.permutation``) and cut into optimiser
+    steps of ``size`` nodes; the samples of each step, in order."""
+    by_turn: dict[int, list[list[Sample]]] = {}
+    for group in buffer:
+        by_turn.setdefault(group[0][3] if group else 0, []).append(group)
+    out = []
+    for turn in sorted(by_turn):
+        nodes = [by_turn[turn][int(i)] for i in rng.permutation(len(by_turn[turn]))]
+        for start in range(0, len(nodes), size):
+            chunk = [s for group in nodes[start:start + size] for s in group]
+            if chunk:
+                out.append(chunk)
+    return out
+
+
+def mean_by_key(per_model: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Per metric, its mean over the updates that report it."""
+    return {k: mean([m[k] for m in per_model if k in m]) for k in sorted({k for m in per_model for k in m})}
+
+
+# ---------------------------------------------------------------------------------------------
+# The set-up
+# ---------------------------------------------------------------------------------------------
+class TreeBase(TaskLearner):
+    """The set-up of a tree learner (module docstring): no loop, no hook. Arguments are
+    :class:`~collab_env.adapters.magrpo.MAGRPOTrainer`'s; ``config_class`` is the config type
+    the subclass accepts (a :func:`~collab_env.adapters.common.config.learner_config` dataclass
+    with :class:`~collab_env.adapters.common.config.SamplingFields`,
+    :class:`~collab_env.adapters.common.config.RolloutFields` and
+    :class:`~collab_env.adapters.common.config.TreeFields`)."""
 
     config_class: type = TrainerConfig
+    overlaps_rollouts: bool = True
+    """Whether a training step's rollout can overlap the previous update (``async_rollouts``);
+    ``False`` for a learner that collects its samples before it trains (MADPO)."""
 
     def __init__(
         self,
@@ -140,7 +317,7 @@ class TreeLearner(TaskLearner):
                 generation.
         """
         name = type(self).__name__
-        if type(self).train is not TreeLearner.train:
+        if not self.overlaps_rollouts:
             raise ConfigError(f"async_rollouts=True overlaps each training step's rollout with the previous update; "
                               f"{name} collects its samples before it trains: set async_rollouts=False.")
         if any(pm.engine is not None for pm in self._unique):
@@ -152,6 +329,11 @@ class TreeLearner(TaskLearner):
         """Policy updates between two version tuples (optimiser steps per model)."""
         steps = max((n - t for t, n in zip(then, now, strict=True)), default=0)
         return -(-steps // self.iterations)
+
+    @property
+    def iterations(self) -> int:
+        """Optimiser steps per update: the config's ``num_iterations`` (PPO's field group), else 1."""
+        return getattr(self.args, "num_iterations", 1)
 
     # -- schedule ---------------------------------------------------------------------------------
     def planned_optimizer_steps(self) -> int:
@@ -170,245 +352,25 @@ class TreeLearner(TaskLearner):
         ``save_steps`` items."""
         return self.item_schedule(self.args.per_device_train_batch_size, type(self).__name__.removesuffix("Trainer"))
 
-    def train(self, resume_from_checkpoint: str | Path | None = None) -> dict[str, Any]:
-        """Train for ``num_train_epochs`` (or ``max_steps`` items), evaluating on the guide's
-        schedule; resume from a checkpoint folder when given. Returns the last logged training
-        metrics."""
-        if self.train_env is None:
-            raise ConfigError("train() needs train_dataset= (or env=).")
-        if resume_from_checkpoint is not None:
-            self.state = RunState.from_dict(load_checkpoint(resume_from_checkpoint, self._unique, self._rng))
-            self.logger.resume()
-        try:
-            return run(self)
-        finally:  # also on an error or an interrupt: no rollout outlives training
-            if self._overlap is not None:
-                self._overlap.close()
+    def resume(self, checkpoint: str | Path) -> None:
+        """Take the models, optimisers, schedules, position and RNG states of a checkpoint
+        folder (:meth:`save_checkpoint`); the log goes on from there."""
+        self.state = RunState.from_dict(load_checkpoint(checkpoint, self._unique, self._rng))
+        self.logger.resume()
 
-    def prefetch(self, next_batch: Sequence[int] | None) -> None:
-        """The loop's hook (:func:`~collab_env.adapters.common.loop.run`): the batch the step
-        after the coming one takes (``None``: none). With ``async_rollouts`` the coming step
-        starts its rollout before it updates; otherwise nothing happens."""
-        if self._overlap is not None:
-            self._overlap.next_batch = list(next_batch) if next_batch else None
-
-    def train_step(self, batch: Sequence[int]) -> dict[str, float]:
-        """The algorithm on the training items ``batch`` (the subclass's)."""
-        raise NotImplementedError
-
-    def end_epoch(self) -> dict[str, float]:
-        """Use what is left in the rollout buffers (CoMLRL updates on it at every epoch's end)."""
-        per_model = [m for agent in range(len(self._buffers)) if self._buffers[agent]
-                     for m in self._flush_buffer(agent)]
-        return {k: mean([m[k] for m in per_model if k in m]) for k in sorted({k for m in per_model for k in m})}
-
-    # -- rollout and the shared update --------------------------------------------------------------
-    def rollout(self, env: Any, indices: Sequence[int], branching: Callable[[int], int], joint_mode: str,
-                sampling: SamplingParams, seeds: Callable[[int], list[int]], training: bool = True,
-                models: Sequence[Any] | None = None):
-        """Expand the rollout trees of ``indices`` on ``env`` with the learner's models (or
-        ``models``): ``branching(depth)`` completions per acting agent and node, sampled with
-        ``sampling``, depth ``num_turns``, returns discounted by ``discount`` (reward plus
-        ``discount`` times the mean return of the child's joint actions; CoMLRL's is this with
-        discount 1); CoMLRL's early termination on training trees only. Returns
-        ``(roots, levels)``.
-
-        With ``async_rollouts`` a training rollout (on the training env, with the task's seeds)
-        is the one started in the background during the previous step (or started now), and
-        the next batch's (:meth:`prefetch`) starts, rolled the same way, before this returns
-        (:mod:`~collab_env.adapters.common.async_rollout`)."""
-        a = self.args
-        overlap = self._overlap
-        if overlap is not None and training and models is None and env is self.train_env and seeds == self.task.seeds:
-            frozen = overlap.models
-
-            def roll(batch: Sequence[int], draw: Callable[[int], list[int]]):
-                return self.rollout(env, batch, branching, joint_mode, sampling, draw, training, frozen)
-
-            result, self._rollout_metrics = overlap.take(indices, (joint_mode, sampling), roll)
-            return result
-        return grow_trees(self.task, env, indices, self.models if models is None else models, branching=branching,
-                          max_depth=a.num_turns, joint_mode=joint_mode, sampling=sampling, seeds=seeds,
-                          prompt_format=a.prompt_format,
-                          stop_above=a.early_termination_threshold if training else None, discount=a.discount)
-
-    def node_groups(self, levels: Sequence[Sequence[Any]], advantages: Callable[[Any, int, list[float]], list[float]],
+    # -- the toolkit's grouping, as the steps call it ----------------------------------------------
+    def node_groups(self, levels: Sequence[Sequence[Any]], advantages: Advantages,
                     kls: Mapping[tuple[int, int], list[float]] | None = None,
                     ) -> tuple[list[tuple[int, list[Sample]]], list[int]]:
-        """Per node and acting agent, its samples with ``advantages(node, agent, values)`` of
-        the completions' values (:func:`~collab_env.adapters.common.rollout.completion_values`
-        with the config's ``cross_value``, ``"mean"`` when it has none; less
-        ``reference_kl_coef`` times their reference KL when ``kls`` has them). ``advantages``
-        is called once per group, in the order of the returned groups. Each sample carries its
-        completion's sampler log-probs (``Completion.logprobs``) for the importance sampling
-        correction. Returns ``(groups, completion lengths)``."""
-        coef = self.args.reference_kl_coef
-        reduce = getattr(self.args, "cross_value", "mean")
-        groups: list[tuple[int, list[Sample]]] = []
-        lengths: list[int] = []
-        for nodes in levels:
-            for node in nodes:
-                for agent in node.acting:
-                    values = completion_values(node, agent, reduce)
-                    if kls:  # CoMLRL: the KL penalty comes off each completion's return
-                        values = [v - coef * k for v, k in zip(values, kls[(id(node), agent)], strict=True)]
-                    adv = advantages(node, agent, values)
-                    group = [(node.prompt_ids[agent], tuple(comp.token_ids or ()), adv_g, node.depth,
-                              None if comp.logprobs is None else tuple(comp.logprobs))
-                             for comp, adv_g in zip(node.completions[agent], adv, strict=True)]
-                    lengths.extend(len(g[1]) for g in group)
-                    groups.append((agent, group))
-        return groups, lengths
+        """:func:`group_nodes` with the config's ``reference_kl_coef`` and ``cross_value``
+        (``"mean"`` when it has none)."""
+        return group_nodes(levels, advantages, kls, coef=self.args.reference_kl_coef,
+                           reduce=getattr(self.args, "cross_value", "mean"))
 
-    def chain_groups(self, levels: Sequence[Sequence[Any]], advantages: Callable[[Any, int, list[float]], list[float]],
+    def chain_groups(self, levels: Sequence[Sequence[Any]], advantages: Advantages,
                      credit: str = "turn") -> tuple[list[tuple[int, list[Sample]]], list[int]]:
-        """The samples of rollouts shaped as chains (``num_generations`` joint actions at each
-        root, one below: independent episodes), with ``advantages(node, agent, values)`` called
-        once per returned group, in order.
-
-        ``credit="turn"``: per root, depth and acting agent, one group of the moves at that
-        depth of the root's chains that reached it, valued by the move's own reward (its joint
-        action's ``rewards``: the env's rewards from the move until a trained agent acts again;
-        under the multiturn-aware reward, that reply's MR); ``node`` is the first such move's.
-        ``credit="episode"``: per root and agent, one group of all its moves, each valued by its
-        chain's return (the root joint action's ``returns``); ``node`` is the root. Returns
-        ``(groups, completion lengths)``."""
-        if credit not in ("turn", "episode"):
-            raise ConfigError(f"credit must be 'turn' or 'episode', got {credit!r}.")
-        groups: list[tuple[int, list[Sample]]] = []
-        lengths: list[int] = []
-
-        def sample(node: Any, ja: Any, agent: int, adv: float) -> Sample:
-            comp = node.completions[agent][ja.choice[agent]]
-            lengths.append(len(comp.token_ids or ()))
-            return (node.prompt_ids[agent], tuple(comp.token_ids or ()), adv, node.depth,
-                    None if comp.logprobs is None else tuple(comp.logprobs))
-
-        for root in levels[0] if levels else ():
-            chains = []
-            for ja in root.joint:
-                chain, node, step = [], root, ja
-                while True:
-                    chain.append((node, step))
-                    node = step.child
-                    if node is None or not node.joint:
-                        break
-                    step = node.joint[0]
-                chains.append(chain)
-            agents = sorted({ag for chain in chains for node, _ in chain for ag in node.acting})
-            for agent in agents:
-                if credit == "episode":
-                    members = [c for c in chains if any(agent in n.acting for n, _ in c)]
-                    adv = advantages(root, agent, [float(c[0][1].returns[agent]) for c in members])
-                    groups.append((agent, [sample(n, ja, agent, a_c) for c, a_c in zip(members, adv, strict=True)
-                                           for n, ja in c if agent in n.acting]))
-                    continue
-                depth = max(len(c) for c in chains)
-                for d in range(depth):
-                    moves = [c[d] for c in chains if len(c) > d and agent in c[d][0].acting]
-                    if not moves:
-                        continue
-                    adv = advantages(moves[0][0], agent, [float(ja.rewards[agent]) for _, ja in moves])
-                    groups.append((agent, [sample(n, ja, agent, a_m) for (n, ja), a_m in zip(moves, adv, strict=True)]))
-        return groups, lengths
-
-    def loss(self, logp, old_logp, advantages, mask, *, ref_logp, loss_type, num_sequences, num_tokens,
-             loss_tokens, is_weight):
-        """The loss of one micro-batch (the subclass's; module docstring)."""
-        raise NotImplementedError
-
-    @property
-    def iterations(self) -> int:
-        """Optimiser steps per update: the config's ``num_iterations`` (PPO's field group), else 1."""
-        return getattr(self.args, "num_iterations", 1)
-
-    def update_model(self, pm: Any, samples: Sequence[Sample]) -> dict[str, float]:
-        """:func:`policy_update` of ``pm`` on its samples with this learner's :meth:`loss` and
-        its config's iterations, log-prob temperature, micro-batch, loss type (and
-        ``max_new_tokens`` for ``"dr_grpo"``), KL, clipping and importance sampling correction
-        (:class:`~collab_env.adapters.common.config.PolicyLossFields`, off without them)."""
-        a = self.args
-        return policy_update(pm, samples, self.loss, iterations=self.iterations,
-                             temperature=a.logprob_temperature or a.temperature,
-                             micro_batch=a.train_micro_batch_size, loss_type=a.loss_type, beta=a.beta,
-                             max_grad_norm=a.max_grad_norm, max_new_tokens=getattr(a, "max_new_tokens", None),
-                             is_correction=getattr(a, "is_correction", None), is_cap=getattr(a, "is_cap", 3.0),
-                             is_floor=getattr(a, "is_floor", None))
-
-    def learn(self, groups: Sequence[tuple[int, list[Sample]]]) -> dict[str, float]:
-        """Update on the node sample groups ``(agent, samples)`` of a batch: all at once per
-        model, or through CoMLRL's per-agent rollout buffer."""
-        a = self.args
-        per_model: list[dict[str, float]] = []
-        if a.rollout_buffer_size is None:
-            samples: dict[int, list[Any]] = {}
-            for agent, group in groups:
-                samples.setdefault(self._owner(agent), []).extend(group)
-            per_model = [self.update_model(self._unique[k], s) for k, s in sorted(samples.items())]
-            self.state.optimizer_steps += self.iterations
-        else:
-            for agent, group in groups:
-                self._buffers[agent].append(group)
-                if len(self._buffers[agent]) >= a.rollout_buffer_size:
-                    per_model.extend(self._flush_buffer(agent))
-        out = {key: mean([m[key] for m in per_model if key in m]) for key in sorted({k for m in per_model for k in m})}
-        out.update(self._rollout_metrics)  # async_rollouts: how stale the batch was, how long it was awaited
-        self._rollout_metrics = {}
-        return out
-
-    def _owner(self, agent: int) -> int:
-        return next(k for k, u in enumerate(self._unique) if u is self.models[agent])
-
-    def _flush_buffer(self, agent: int) -> list[dict[str, float]]:
-        """CoMLRL's buffer update of one agent: its buffered nodes grouped by turn, each turn's
-        nodes shuffled and cut into optimiser steps of ``train_batch_size`` nodes."""
-        a = self.args
-        buffer, self._buffers[agent] = self._buffers[agent], []
-        size = a.train_batch_size or a.rollout_buffer_size or 1
-        by_turn: dict[int, list[Any]] = {}
-        for group in buffer:
-            by_turn.setdefault(group[0][3] if group else 0, []).append(group)
-        out = []
-        for turn in sorted(by_turn):
-            nodes = by_turn[turn]
-            order = self._rng.permutation(len(nodes))
-            nodes = [nodes[int(i)] for i in order]
-            for start in range(0, len(nodes), size):
-                chunk = [s for group in nodes[start:start + size] for s in group]
-                if chunk:
-                    out.append(self.update_model(self.models[agent], chunk))
-                    self.state.optimizer_steps += self.iterations
-        return out
-
-    def reference_kls(self, levels: Sequence[Sequence[Any]], metrics: dict[str, float]) -> dict[tuple[int, int], list[float]]:
-        """CoMLRL's reference KL of every completion: the k3 estimate of KL(policy || initial
-        policy) summed over its tokens, from the raw logits, without gradient. Adds
-        ``turn_k/reference_kl_mean`` and ``turn_k/reference_kl_penalty_mean`` to ``metrics``."""
-        import torch
-
-        a = self.args
-        out: dict[tuple[int, int], list[float]] = {}
-        by_turn: dict[int, list[float]] = {}
-        for nodes in levels:
-            for node in nodes:
-                for agent in node.acting:
-                    pm = self.models[agent]
-                    comps = node.completions[agent]
-                    batch = pack_sequences([node.prompt_ids[agent]] * len(comps),
-                                           [tuple(c.token_ids or ()) for c in comps], pm.pad_id).to(pm.device)
-                    pm.model.eval()
-                    with torch.no_grad():
-                        logp = token_logprobs(pm.model, batch, 1.0)
-                        with pm.as_reference() as reference:
-                            reference.eval()
-                            ref = token_logprobs(reference, batch, 1.0)
-                    kl = kl_k3(logp, ref, batch.completion_mask).sum(-1).tolist()
-                    out[(id(node), agent)] = [float(x) for x in kl]
-                    by_turn.setdefault(node.depth, []).extend(float(x) for x in kl)
-        for d, kls in by_turn.items():
-            metrics[f"turn_{d + 1}/reference_kl_mean"] = mean(kls)
-            metrics[f"turn_{d + 1}/reference_kl_penalty_mean"] = a.reference_kl_coef * mean(kls)
-        return out
+        """:func:`group_chains` (``self`` is not used)."""
+        return group_chains(levels, advantages, credit)
 
     # -- evaluation -------------------------------------------------------------------------------
     def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
@@ -427,8 +389,9 @@ class TreeLearner(TaskLearner):
         passes, best = [], []
         for start in range(0, n, a.eval_batch_size):
             indices = list(range(start, min(n, start + a.eval_batch_size)))
-            roots, levels = self.rollout(self.eval_env, indices, lambda d: k if d == 0 else 1, "aligned",
-                                         learner_sampling(a, True), seeds, training=False)
+            roots, levels = expand_trees(self.task, self.eval_env, indices, self.models, a,
+                                         branching=lambda d: k if d == 0 else 1, joint_mode="aligned",
+                                         sampling=learner_sampling(a, True), seeds=seeds, training=False)
             for d, nodes in enumerate(levels):
                 all_levels[d].extend(nodes)
             by_root = {r.root: r for r in roots}
@@ -477,6 +440,111 @@ class TreeLearner(TaskLearner):
         self.logger.close()
 
 
+
+
+class TreeLearner(TreeBase):
+    """:class:`TreeBase` with the loop of :func:`~collab_env.adapters.common.loop.run`, for the
+    tree learners that hand it their step (REINFORCE; MADPO replaces ``train``). A subclass
+    writes ``train_step(batch) -> metrics`` and ``loss(logp, old_logp, advantages, mask, *,
+    ref_logp, loss_type, num_sequences, num_tokens, loss_tokens, is_weight) -> (loss, stats)``
+    (the loss of one micro-batch: ``loss_type`` is the reduction ``"sequence"`` or ``"token"``
+    with the divisors ``num_sequences`` / ``num_tokens`` that make the micro-batches' shares sum
+    to the configured aggregation, :func:`~collab_env.adapters.common.losses.aggregation_plan`;
+    ``is_weight``: ``[B, C]`` importance weights or ``None``; ``stats``: detached shares summed
+    over micro-batches). MAGRPO writes its loop itself (:mod:`collab_env.adapters.magrpo`)."""
+
+    def train(self, resume_from_checkpoint: str | Path | None = None) -> dict[str, Any]:
+        """Train for ``num_train_epochs`` (or ``max_steps`` items), evaluating on the guide's
+        schedule; resume from a checkpoint folder when given. Returns the last logged training
+        metrics."""
+        if self.train_env is None:
+            raise ConfigError("train() needs train_dataset= (or env=).")
+        if resume_from_checkpoint is not None:
+            self.resume(resume_from_checkpoint)
+        try:
+            return run(self)
+        finally:  # also on an error or an interrupt: no rollout outlives training
+            if self._overlap is not None:
+                self._overlap.close()
+
+    def prefetch(self, next_batch: Sequence[int] | None) -> None:
+        """The loop's hook (:func:`~collab_env.adapters.common.loop.run`): the batch the step
+        after the coming one takes (``None``: none). With ``async_rollouts`` the coming step
+        starts its rollout before it updates; otherwise nothing happens."""
+        if self._overlap is not None:
+            self._overlap.next_batch = list(next_batch) if next_batch else None
+
+    def train_step(self, batch: Sequence[int]) -> dict[str, float]:
+        """The algorithm on the training items ``batch`` (the subclass's)."""
+        raise NotImplementedError
+
+    def loss(self, logp, old_logp, advantages, mask, *, ref_logp, loss_type, num_sequences, num_tokens,
+             loss_tokens, is_weight):
+        """The loss of one micro-batch (the subclass's; class docstring)."""
+        raise NotImplementedError
+
+    def end_epoch(self) -> dict[str, float]:
+        """Use what is left in the rollout buffers (CoMLRL updates on it at every epoch's end)."""
+        return mean_by_key([m for agent in range(len(self._buffers)) if self._buffers[agent]
+                            for m in self._flush_buffer(agent)])
+
+    def rollout(self, env: Any, indices: Sequence[int], branching: Callable[[int], int], joint_mode: str,
+                sampling: SamplingParams, seeds: Callable[[int], list[int]], training: bool = True):
+        """:func:`expand_trees` with the learner's models; with ``async_rollouts`` a training
+        rollout (on the training env, with the task's seeds) is the one started in the
+        background during the previous step (or started now), and the next batch's
+        (:meth:`prefetch`) starts before this returns
+        (:mod:`~collab_env.adapters.common.async_rollout`). Returns ``(roots, levels)``."""
+        def grow(batch: Sequence[int], draw: Callable[[int], list[int]], models: Sequence[Any] = self.models):
+            return expand_trees(self.task, env, batch, models, self.args, branching=branching, joint_mode=joint_mode,
+                                sampling=sampling, seeds=draw, training=training)
+
+        overlap = self._overlap
+        if overlap is None or not training or env is not self.train_env or seeds != self.task.seeds:
+            return grow(indices, seeds)
+        frozen = overlap.models
+        result, self._rollout_metrics = overlap.take(indices, (joint_mode, sampling),
+                                                     lambda batch, draw: grow(batch, draw, frozen))
+        return result
+
+    def reference_kls(self, levels: Sequence[Sequence[Any]], metrics: dict[str, float]):
+        """:func:`reference_kls` of the learner's models with the config's ``reference_kl_coef``."""
+        return reference_kls(self.models, levels, self.args.reference_kl_coef, metrics)
+
+    def update_model(self, pm: Any, samples: Sequence[Sample]) -> dict[str, float]:
+        """:func:`policy_update` of ``pm`` on its samples with this learner's :meth:`loss` and
+        its config's settings (:func:`update_settings`)."""
+        return policy_update(pm, samples, self.loss, **update_settings(self.args))
+
+    def learn(self, groups: Sequence[tuple[int, list[Sample]]]) -> dict[str, float]:
+        """Update on the node sample groups ``(agent, samples)`` of a batch: all at once per
+        model, or through CoMLRL's per-agent rollout buffer."""
+        a = self.args
+        per_model: list[dict[str, float]] = []
+        if a.rollout_buffer_size is None:
+            per_model = [self.update_model(pm, s) for pm, s in samples_by_model(groups, self.models, self._unique)]
+            self.state.optimizer_steps += self.iterations
+        else:
+            for agent, group in groups:
+                self._buffers[agent].append(group)
+                if len(self._buffers[agent]) >= a.rollout_buffer_size:
+                    per_model.extend(self._flush_buffer(agent))
+        out = mean_by_key(per_model)
+        out.update(self._rollout_metrics)  # async_rollouts: how stale the batch was, how long it was awaited
+        self._rollout_metrics = {}
+        return out
+
+    def _flush_buffer(self, agent: int) -> list[dict[str, float]]:
+        """CoMLRL's buffer update of one agent (:func:`buffer_chunks`)."""
+        a = self.args
+        buffer, self._buffers[agent] = self._buffers[agent], []
+        out = []
+        for chunk in buffer_chunks(buffer, a.train_batch_size or a.rollout_buffer_size or 1, self._rng):
+            out.append(self.update_model(self.models[agent], chunk))
+            self.state.optimizer_steps += self.iterations
+        return out
+
+
 def _chain_texts(root: Any, agent: int, num_turns: int) -> list[str]:
     """The first sample's completion texts of ``agent``, one per turn it reached."""
     texts: list[str] = []
@@ -516,7 +584,7 @@ def sample_collapse_stats(pm: Any, samples: Sequence[Sample]) -> dict[str, float
 
 
 def policy_update(pm: Any, samples: Sequence[Sample], loss: Callable[..., Any], *, iterations: int = 1,
-                  temperature: float = 1.0, micro_batch: int = 8, loss_type: str = "sequence",
+                  temperature: float = 1.0, micro_batch: int = 8, loss_type: str = "grpo",
                   beta: float = 0.0, max_grad_norm: float | None = None, max_new_tokens: int | None = None,
                   is_correction: str | None = None, is_cap: float | None = 3.0,
                   is_floor: float | None = None) -> dict[str, float]:
@@ -540,7 +608,7 @@ def policy_update(pm: Any, samples: Sequence[Sample], loss: Callable[..., Any], 
         temperature: Temperature of the log-probs (the sampling one, for an exact ratio).
         micro_batch: Sequences per forward/backward pass.
         loss_type: The aggregation, one of
-            :data:`~collab_env.adapters.common.losses.LOSS_TYPES` (ours and TRL's names).
+            :data:`~collab_env.adapters.common.losses.LOSS_TYPES` (TRL's names, CoMLRL's ``"sum"``).
         beta: Weight of the KL to the reference; ``> 0`` computes reference log-probs (the hook
             adds ``beta`` times the KL).
         max_grad_norm: Gradient clipping (``None``: none).

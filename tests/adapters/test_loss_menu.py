@@ -32,9 +32,7 @@ PER_TOKEN = [[1.0, 2.0, 99.0], [4.0, 99.0, 99.0], [3.0, -1.0, 5.0]]
 MASK = [[1, 1, 0], [1, 0, 0], [1, 1, 1]]
 # Summed loss per sequence L = [3, 4, 7], tokens n = [2, 1, 3], N = 3 sequences, T = 6 tokens.
 BY_HAND = {
-    "sequence": (3 / 2 + 4 / 1 + 7 / 3) / 3,
     "grpo": (3 / 2 + 4 / 1 + 7 / 3) / 3,
-    "token": (3 + 4 + 7) / 6,
     "dapo": (3 + 4 + 7) / 6,
     "sum": (3 + 4 + 7) / 3,
     "dr_grpo": (3 + 4 + 7) / (3 * 5),                # max_new_tokens = 5
@@ -332,8 +330,11 @@ def test_dynamic_sampling_drops_tied_groups_and_skips_an_empty_update(tiny_dir, 
 
 
 def test_config_accepts_trls_names_and_rejects_bad_combinations():
-    for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "sequence", "token", "sum"):
+    for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "sum"):
         assert MAGRPOConfig(loss_type=loss_type).loss_type == loss_type
+    # one name per aggregation: the former names read back as TRL's (the config's VALUE_ALIASES)
+    assert MAGRPOConfig(loss_type="sequence").loss_type == "grpo" == MAGRPOConfig().loss_type
+    assert MAGRPOConfig(loss_type="token").loss_type == "dapo"
     cfg = MAGRPOConfig()
     assert (cfg.policy_objective, cfg.importance_sampling_level, cfg.clip_delta, cfg.is_correction,
             cfg.dynamic_sampling) == ("clip", "token", None, None, False)

@@ -105,7 +105,7 @@ def test_reinforce_loss_by_hand():
 
 
 def test_config_validation():
-    assert MAREINFORCEConfig().baseline == "mean" and MAREINFORCEConfig().loss_type == "token"
+    assert MAREINFORCEConfig().baseline == "mean" and MAREINFORCEConfig().loss_type == "dapo"
     assert MARLOOConfig().baseline == "rloo" and MAReMaxConfig().baseline == "remax"
     assert MAReMaxConfig(num_generations=1).num_generations == 1        # one sample + greedy baseline
     assert MAREINFORCEConfig(baseline="none", num_generations=1).num_generations == 1
