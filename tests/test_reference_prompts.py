@@ -371,17 +371,17 @@ def test_env_prompts_reach_the_reward_user_simulator_and_judges(tmp_path, standi
     assert "STANDIN" in env.unwrapped.task.reference_system_prompt
     user = env.scorer.named["user"]
     assert user.template is not None and "STANDIN USER" in user.template.text
-    judges = env.metric_set.ctx["judge"]
+    judges = env.scorer.metric_set.ctx["judge"]
     assert set(judges) == {"accuracy", "interactivity"}
     assert all(str(verl_checkout) in j.prompt_origin for j in judges.values())
-    assert "extractor" not in env.metric_set.ctx  # no weighted metric reads it
+    assert "extractor" not in env.scorer.metric_set.ctx  # no weighted metric reads it
     with pytest.raises(ConfigError, match="accuracy"):
         collab_env.make("collabllm-math-hard", data_files=str(data), prompts="collabllm", reward="mr",
                         reward_kwargs=kw)
     ours = collab_env.make("collabllm-math-hard", data_files=str(data), reward="mr", reward_kwargs=kw)
     assert ours.scorer.named["user"].template is None
-    assert {j.prompt_origin for j in ours.metric_set.ctx["judge"].values()} == {None}
-    assert {"extractor", "document_extractor"} <= set(ours.metric_set.ctx)
+    assert {j.prompt_origin for j in ours.scorer.metric_set.ctx["judge"].values()} == {None}
+    assert {"extractor", "document_extractor"} <= set(ours.scorer.metric_set.ctx)
 
 
 def test_data_rows_carry_the_reference_system_prompt(tmp_path, verl_checkout, standin_pkg, capsys):

@@ -10,15 +10,15 @@ any backend (a local model, vLLM, an API model through litellm)::
     env = collab_env.make("collabllm-math-hard", data_files="math.parquet", mode="eval",
                           reward="mr", reward_kwargs={"judge": "litellm:openai/gpt-4o-mini",
                                                       "user": "litellm:openai/gpt-4o-mini",
-                                                      "policy": "vllm:Qwen/Qwen2.5-7B-Instruct",
                                                       "return_futures": True})
     rows = build_multiturn_dataset(env, {"assistant": "vllm:Qwen/Qwen2.5-7B-Instruct",
-                                         "user": env.policies["user"]},
+                                         "user": env.scorer.named["user"]},
                                    items=range(100), num_candidates=3)
 
-Each candidate is scored on its own clone of the env (its MR is what stepping that clone with the
-candidate returns), and the conversation continues *from the best candidate's clone*, so no
-reward is computed twice.
+Each candidate is scored on its own clone of the env: the episode driver plays the candidate as
+the rewarded player's move and runs the reward's scorer with ``policies``, so the futures'
+assistant is the policy that sampled the candidates. The conversation continues *from the best
+candidate's clone*, so no reward is computed twice.
 
 Output: one row per candidate in the CollabLLM schema (:mod:`collab_env.tasks.collabllm`), so
 :func:`~collab_env.tasks.collabllm_modes.build_sft_dataset` (the best conversation per
@@ -95,10 +95,12 @@ async def abuild_multiturn_dataset(
     """Simulate one conversation per item and rank every assistant turn's candidates by MR.
 
     Args:
-        env: A :class:`~collab_env.rewards.mr.MultiturnAwareReward` (or a wrapper of one whose
-            ``player`` attribute names the rewarded player).
+        env: An env whose outer reward wrapper is a
+            :class:`~collab_env.rewards.mr.MultiturnAwareReward` (its scorer names the rewarded
+            player).
         policies: Player -> policy for the conversation itself: the rewarded player's policy
-            samples the candidates, the others (the user simulator) answer.
+            samples the candidates and plays their futures, the others (the user simulator)
+            answer.
         items: Item indices (``reset(options={"index": i})``).
         num_candidates: Candidate replies per assistant turn (>= 2 to rank).
         max_assistant_turns: Stop a conversation after this many assistant turns (``None``:
@@ -115,9 +117,11 @@ async def abuild_multiturn_dataset(
     """
     from collab_env.policy import resolve_policy
     from collab_env.rollout import advance
+    from collab_env.rollout.driver import split_scorers
 
-    player = getattr(env, "player", None)
-    if player is None or not hasattr(env, "metric_set"):
+    mr = [s for s in split_scorers(env)[1] if s.name == "mr"]
+    player = mr[0].player if mr else None
+    if player is None:
         raise ConfigError(
             "build_multiturn_dataset ranks candidates by the multiturn-aware reward: pass an env "
             "wrapped in MultiturnAwareReward (e.g. collab_env.make(id, reward='mr', ...))."
@@ -162,10 +166,14 @@ async def abuild_multiturn_dataset(
                 forks = [cur.clone() for _ in texts]
 
                 async def score(fork, text):
+                    # the driver plays the candidate and runs the reward's scorer with ``resolved``
                     try:
-                        return await fork.astep({player: text}), None
+                        run = await advance(fork, resolved, obs=obs, infos=infos, actions={player: text},
+                                            max_steps=1)
                     except (CollabEnvError, PolicyError) as exc:
                         return None, f"{type(exc).__name__}: {exc}"[:500]
+                    done = run.steps[0]
+                    return (run.obs, done.rewards, done.terminations, done.truncations, run.infos), None
 
                 outs = await asyncio.gather(*(score(f, t) for f, t in zip(forks, texts, strict=True)))
                 scores = [None if out is None else float(out[1][player]) for out, _ in outs]

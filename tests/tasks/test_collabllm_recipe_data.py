@@ -250,12 +250,13 @@ def test_verl_example_env_has_the_recipe_settings(tmp_path):
     assert entry["max_player_turns"] == 1 and entry["sampling"]["assistant"]["max_new_tokens"] == 2048
     data = write_collabllm_fixture(tmp_path, "list", "jsonl", n=4)
     env = collab_env.make(entry["env_id"], data_files=str(data), system_prompt=None, **entry["env_kwargs"])
-    assert (env.num_rollouts, env.max_user_turns, env.max_assistant_turns, env.future_token_budget) == (3, 2, 3, 2048)
-    assert (env.metric_set.on_fault, env.metric_set.aggregation) == ("zero", "verl")
-    assert env.metric_set.weights == {"accuracy": 1.0, "interactivity": 1.0, "token_amount": -0.0001}
+    sc = env.scorer
+    assert (sc.num_rollouts, sc.max_user_turns, sc.max_assistant_turns, sc.future_token_budget) == (3, 2, 3, 2048)
+    assert (env.scorer.metric_set.on_fault, env.scorer.metric_set.aggregation) == ("zero", "verl")
+    assert env.scorer.metric_set.weights == {"accuracy": 1.0, "interactivity": 1.0, "token_amount": -0.0001}
     user = env.scorer.named["user"]
     assert user.max_retries == 5 and dict(user.sampling) == {"max_new_tokens": 512, "temperature": 1.0}
-    judges = env.metric_set.ctx["judge"]
+    judges = env.scorer.metric_set.ctx["judge"]
     assert {(j.max_new_tokens, j.max_retries) for j in judges.values()} == {(2048, 6)}
     env.close()
     with pytest.raises(collab_env.errors.ConfigError, match="user_kwargs"):
