@@ -18,6 +18,7 @@ __all__ = [
     "ContinuationScorer",
     "can_score_continuations",
     "common_prefix_length",
+    "distinct_rows",
     "continuation_token_ids",
     "continuation_jobs",
     "EMBEDDED_NAMES",
@@ -78,9 +79,20 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def continuation_token_ids(
-    tokenizer: Any, prompt_text: str, continuations: Sequence[str]
-) -> tuple[list[list[int]], int]:
+def distinct_rows(rows: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
+    """``(distinct, index)``: the first row of each distinct token sequence of ``rows``, in
+    order, and for each row which of them holds its sequence (``rows[distinct[index[i]]] ==
+    rows[i]``). The rows that repeat a prompt (a group's samples, a tree's forks) are read once
+    by a forward pass over ``distinct``, whose cache is then indexed by ``index``."""
+    first: dict[tuple[int, ...], int] = {}
+    owner = [first.setdefault(tuple(r), i) for i, r in enumerate(rows)]
+    distinct = sorted(first.values())
+    slot = {row: k for k, row in enumerate(distinct)}
+    return distinct, [slot[o] for o in owner]
+
+
+def continuation_token_ids(tokenizer: Any, prompt_text: str,
+                           continuations: Sequence[str]) -> tuple[list[list[int]], int]:
     """Token ids of ``prompt_text + c`` for every continuation ``c``, and the index of the first
     token to score, the same for all of them.
 

@@ -10,10 +10,8 @@ the distinct prompts, whose KV cache every copy continues from), and a prefix th
 a call shares (the futures of a multiturn-aware reward share their conversation up to the first
 sampled turn) is read once for all of them. Prefixes read by earlier calls are reused from a
 :class:`~collab_env.agents.hf_prefix.PrefixCache` (:attr:`~HFGenerator.prefix_cache_tokens`).
-Llama-family models (:data:`~collab_env.agents.hf_decode.ARCHITECTURES`) decode with
-:class:`~collab_env.agents.hf_decode.LeanDecoder` (:attr:`~HFGenerator.lean_decode`): the same
-tokens as ``model.generate``, without the whole forward's per-step bookkeeping; other models with
-``model.generate``. It also scores given continuations on token ids
+Decoding is ``model.generate``'s (speed on GPUs is the vLLM backend's job). It also scores given
+continuations on token ids
 (:meth:`~HFGenerator.score_token_continuations`).
 
 :class:`~collab_env.agents.hf.HFPolicy` is this generator plus chat templates and the
@@ -30,16 +28,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from collab_env.agents.hf_decode import LeanDecoder, lean_decoder
+from collab_env.agents.base import common_prefix_length, distinct_rows
 from collab_env.agents.hf_loading import (
     cache_keyword,
     check_device_and_dtype,
     eos_token_ids,
     forward_accepts,
     load_causal_lm,
+    plain_layers,
 )
-from collab_env.agents.hf_prefix import PrefixCache, common_prefix_length, cropped, distinct_rows, plain_layers
-from collab_env.agents.hf_rows_first import rows_first_linears
+from collab_env.agents.hf_prefix import PrefixCache, cropped
 from collab_env.agents.hf_sampling import RowSampler, StopStrings
 from collab_env.agents.hf_scoring import score_rows
 from collab_env.agents.tokens import sampling_params
@@ -55,7 +53,7 @@ class GenerationStats:
     """Counters of one :class:`~collab_env.agents.hf.HFPolicy` (read them as ``policy.stats``).
 
     Args:
-        generate_calls: Decode calls made (``model.generate`` or the lean loop, one per batch).
+        generate_calls: ``model.generate`` calls made (one per batch).
         batched_requests: Observations answered by those calls.
         largest_batch: Most observations in one call.
         failed_calls: Calls that raised (their requests failed with ``PolicyError``).
@@ -120,12 +118,6 @@ class HFGenerator:
     #: :class:`~collab_env.agents.hf_prefix.PrefixCache`; :attr:`prefix_cache_tokens` changes it on
     #: an instance). About 190 MB for SmolLM2-135M in float32; a few judge and simulator prompts.
     default_prefix_cache_tokens = 4096
-    #: Decode Llama-family models (:data:`~collab_env.agents.hf_decode.ARCHITECTURES`) with
-    #: :class:`~collab_env.agents.hf_decode.LeanDecoder` instead of ``model.generate``: the same
-    #: tokens, without the per-step mask, cache growth and attention dispatch of the whole
-    #: forward (about 70 against 58 ms a step at 8 rows of the embedded model on 2 cores). Off:
-    #: ``generate`` decodes every model.
-    lean_decode = True
 
     def __init__(
         self,
@@ -164,17 +156,6 @@ class HFGenerator:
         self._model_lock = threading.Lock()
         self._prefix_cache = PrefixCache(self.default_prefix_cache_tokens)
         self._prefix_version: int | None = None
-        self._lean: tuple[Any, LeanDecoder | None] | None = None
-
-    def _lean_decoder(self) -> LeanDecoder | None:
-        """The :class:`~collab_env.agents.hf_decode.LeanDecoder` of the model when
-        :attr:`lean_decode` is on and the architecture is one it decodes, else ``None``
-        (``model.generate`` decodes)."""
-        if not self.lean_decode:
-            return None
-        if self._lean is None or self._lean[0] is not self.model:
-            self._lean = (self.model, lean_decoder(self.model))
-        return self._lean[1]
 
     def _weights_version(self) -> int | None:
         """A number that changes whenever a weight of the model is written in place (an optimiser
@@ -292,28 +273,17 @@ class HFGenerator:
                     min_length=0,
                     use_cache=True,
                 )
-                with torch.inference_mode(), rows_first_linears(self.model):
+                with torch.inference_mode():
                     shared = self._shared_prefill(prompts, input_ids, attention_mask, device, prefix)
-                    lean = self._lean_decoder()
-                    if lean is not None and lean.fits(width + params.max_new_tokens):
-                        cache = next(iter(shared.values()), None)
-                        shared.clear()  # the decoder copies the cache and lets it go
-                        new = lean.generate(
-                            input_ids.to(device), attention_mask.to(device),
-                            cache=cache, cache_keyword=cache_keyword(self.model),
-                            logits_processor=sampler, stopping_criteria=criteria, eos_token_ids=self._eos_ids,
-                            pad_token_id=self._pad_id, max_new_tokens=params.max_new_tokens,
-                        ).cpu()
-                    else:
-                        out = self.model.generate(
-                            input_ids=input_ids.to(device),
-                            attention_mask=attention_mask.to(device),
-                            generation_config=config,
-                            logits_processor=LogitsProcessorList([sampler]),
-                            stopping_criteria=criteria,
-                            **shared,
-                        )
-                        new = out[:, width:].cpu()
+                    out = self.model.generate(
+                        input_ids=input_ids.to(device),
+                        attention_mask=attention_mask.to(device),
+                        generation_config=config,
+                        logits_processor=LogitsProcessorList([sampler]),
+                        stopping_criteria=criteria,
+                        **shared,
+                    )
+                    new = out[:, width:].cpu()
                 logprobs = (torch.stack(sampler.logprobs, dim=1).cpu() if sampler.logprobs
                             else torch.zeros((len(prompts), 0)))
                 if logprobs.shape[1] != new.shape[1]:

@@ -5,7 +5,8 @@ model, a ``PeftModel``, or ``"embedded"``), the tokenizer, the device, the dtype
 LoRA adapter, and returns the model placed and typed as asked, its tokenizer and a short label
 for names. :func:`eos_token_ids` collects every id that ends a completion;
 :func:`forward_accepts` and :func:`cache_keyword` read which keywords the installed
-transformers' ``forward`` takes.
+transformers' ``forward`` takes; :func:`plain_layers` says whether a KV cache can be cropped,
+repeated and reused as is.
 
 torch and transformers are imported inside the functions: importing this module is cheap.
 """
@@ -19,7 +20,7 @@ from collab_env.agents.base import EMBEDDED_NAMES
 from collab_env.errors import ConfigError, require
 
 __all__ = ["DEVICES", "DTYPES", "load_causal_lm", "load_weights", "load_tokenizer", "eos_token_ids",
-           "check_device_and_dtype", "forward_accepts", "cache_keyword"]
+           "check_device_and_dtype", "forward_accepts", "cache_keyword", "plain_layers"]
 
 #: Accepted ``device`` values.
 DEVICES = ("auto", "cpu", "cuda")
@@ -187,3 +188,10 @@ def cache_keyword(model: Any) -> str:
     """The forward keyword of a KV cache: ``cache`` in recent transformers, where
     ``past_key_values`` is deprecated, ``past_key_values`` before."""
     return "cache" if forward_accepts(model, "cache") else "past_key_values"
+
+
+def plain_layers(cache: Any) -> bool:
+    """Whether ``cache`` is a transformers cache whose layers are all plain full-attention
+    ``DynamicLayer`` (what can be cropped, repeated and reused as is)."""
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)

@@ -25,35 +25,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["PrefixCache", "plain_layers", "common_prefix_length", "cropped", "distinct_rows"]
+from collab_env.agents.base import common_prefix_length
+from collab_env.agents.hf_loading import plain_layers
 
-
-def plain_layers(cache: Any) -> bool:
-    """Whether ``cache`` is a transformers cache whose layers are all plain full-attention
-    ``DynamicLayer`` (what can be cropped, repeated and reused as is)."""
-    layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
-
-
-def distinct_rows(rows: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
-    """``(distinct, index)``: the first row of each distinct token sequence of ``rows``, in
-    order, and for each row which of them holds its sequence (``rows[distinct[index[i]]] ==
-    rows[i]``). The rows that repeat a prompt (a group's samples, a tree's forks) are read once
-    by a forward pass over ``distinct``, whose cache is then indexed by ``index``."""
-    first: dict[tuple[int, ...], int] = {}
-    owner = [first.setdefault(tuple(r), i) for i, r in enumerate(rows)]
-    distinct = sorted(first.values())
-    slot = {row: k for k, row in enumerate(distinct)}
-    return distinct, [slot[o] for o in owner]
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+__all__ = ["PrefixCache", "cropped"]
 
 
 def cropped(cache: Any, length: int) -> Any:

@@ -1,5 +1,4 @@
-"""Watch the batches a transformers model decodes, on either path of ``HFGenerator``:
-``model.generate`` or the lean loop (:class:`~collab_env.agents.hf_decode.LeanDecoder`)."""
+"""Watch the batches a transformers model decodes (``HFGenerator`` decodes with ``model.generate``)."""
 
 from __future__ import annotations
 
@@ -9,25 +8,15 @@ from typing import Any
 
 def on_decode(monkeypatch: Any, model: Any, hook: Callable[[int], None]) -> None:
     """Call ``hook(rows)`` before every batch ``model`` decodes (``rows``: its number of rows);
-    an exception from ``hook`` is the decode call's. The lean path is patched for this test only
-    (``monkeypatch``), and only for ``model``."""
-    from collab_env.agents.hf_decode import LeanDecoder
-
+    an exception from ``hook`` is the decode call's. ``model.generate`` is patched for this test
+    only (``monkeypatch``)."""
     real_generate = model.generate
 
     def generate(*args, **kwargs):
         hook(int(kwargs["input_ids"].shape[0]))
         return real_generate(*args, **kwargs)
 
-    model.generate = generate
-    real_lean = LeanDecoder.generate
-
-    def lean(self, input_ids, *args, **kwargs):
-        if self.model is model:
-            hook(int(input_ids.shape[0]))
-        return real_lean(self, input_ids, *args, **kwargs)
-
-    monkeypatch.setattr(LeanDecoder, "generate", lean)
+    monkeypatch.setattr(model, "generate", generate)
 
 
 def count_decodes(monkeypatch: Any, model: Any) -> list[int]:

@@ -37,6 +37,9 @@ DELETED = {
     "collab_env.tasks.collabllm_build": "collab_env.data.collabllm_build",
     "collab_env.rewards.sandbox": "collab_env.sandbox",
     "collab_env.agents.scripted": "collab_env.policy",
+    # the hand-written CPU decoder, deleted (issue 41; benchmarks/results/decode_table.md)
+    "collab_env.agents.hf_decode": "model.generate (the HF backend) or the vLLM backend",
+    "collab_env.agents.hf_rows_first": "torch's own linear layers",
 }
 
 #: Names removed from their old paths (old module -> names), which must not come back there.
@@ -48,6 +51,7 @@ REMOVED_NAMES = {
                                "as_mapping", "POLICY_ALIASES", "BACKEND_PREFIXES"),
     "collab_env.agents.litellm": ("ConcurrencyLimiter", "shared_limiter"),
     "collab_env.agents.hf": ("TokenGenerator", "sampling_params", "GenerationStats", "FLUSH_MODES"),
+    "collab_env.agents.hf_prefix": ("distinct_rows", "plain_layers", "common_prefix_length"),
 }
 
 #: Modules whose job is to gather a family of names from their siblings (a second import path

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from collab_env.agents.hf_prefix import distinct_rows, plain_layers
+from collab_env.agents.base import distinct_rows
+from collab_env.agents.hf_loading import plain_layers
 from collab_env.errors import ConfigError
 
 __all__ = [
