@@ -40,7 +40,6 @@ from collab_env.agents.hf_loading import (
 from collab_env.agents.hf_prefix import PrefixCache, cropped
 from collab_env.agents.hf_sampling import RowSampler, StopStrings
 from collab_env.agents.hf_scoring import score_rows
-from collab_env.agents.tokens import sampling_params
 from collab_env.errors import ConfigError, require
 from collab_env.policy import SamplingParams
 from collab_env.types import Completion
@@ -219,7 +218,7 @@ class HFGenerator:
             ConfigError: ``seeds`` does not have one seed per prompt, a prompt is empty, or
                 ``params`` is invalid.
         """
-        params = sampling_params(params)
+        params = SamplingParams.coerce(params)
         prompts = [[int(t) for t in p] for p in prompts]
         seeds = [int(s) for s in seeds]
         if len(prompts) != len(seeds):
@@ -447,7 +446,7 @@ class HFGenerator:
         else:  # every row's rest is its last token: the prefix's cache serves them all
             index = [0] * len(prompts)
         self.stats.prefill_tokens += len(prompts)  # each row's last token, read by generate
-        if not plain_layers(cache):
+        if cache is None or not plain_layers(cache):
             self.shared_prefill = False  # sliding windows, linear attention: not repeated this way
             self.stats.prefill_tokens -= len(prompts)
             self.stats.prefill_tokens += sum(len(p) for p in prompts)

@@ -194,4 +194,6 @@ def plain_layers(cache: Any) -> bool:
     """Whether ``cache`` is a transformers cache whose layers are all plain full-attention
     ``DynamicLayer`` (what can be cropped, repeated and reused as is)."""
     layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
+    if not layers:
+        return False
+    return all(type(layer).__name__ == "DynamicLayer" for layer in layers)

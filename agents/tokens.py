@@ -27,7 +27,7 @@ from collab_env.errors import ConfigError
 from collab_env.policy import SamplingParams
 from collab_env.types import Completion, Conversation
 
-__all__ = ["TokenGenerator", "TokenHistory", "sampling_params", "row_seed", "chat_prompt_text", "rendered_prompt_ids"]
+__all__ = ["TokenGenerator", "TokenHistory", "row_seed", "chat_prompt_text", "rendered_prompt_ids"]
 
 
 @runtime_checkable
@@ -55,12 +55,6 @@ class TokenGenerator(Protocol):
         generated ids, EOS included when it stopped on one) and ``logprobs`` (per generated token,
         under the distribution it was sampled from)."""
         ...
-
-
-#: The one "object or mapping" conversion, :meth:`SamplingParams.coerce
-#: <collab_env.policy.SamplingParams.coerce>`, under the name ``agents/hf_generator.py`` still
-#: imports (not a second converter; that module's owner moves it to ``SamplingParams.coerce``).
-sampling_params = SamplingParams.coerce
 
 
 def row_seed(seed: int, index: int) -> int:

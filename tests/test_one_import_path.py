@@ -51,6 +51,7 @@ REMOVED_NAMES = {
                                "as_mapping", "POLICY_ALIASES", "BACKEND_PREFIXES"),
     "collab_env.agents.litellm": ("ConcurrencyLimiter", "shared_limiter"),
     "collab_env.agents.hf": ("TokenGenerator", "sampling_params", "GenerationStats", "FLUSH_MODES"),
+    "collab_env.agents.tokens": ("sampling_params",),
     "collab_env.agents.hf_prefix": ("distinct_rows", "plain_layers", "common_prefix_length"),
 }
 

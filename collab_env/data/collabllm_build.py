@@ -165,7 +165,7 @@ async def abuild_multiturn_dataset(
                 texts = [c[0].text for c in cands]
                 forks = [cur.clone() for _ in texts]
 
-                async def score(fork, text):
+                async def score(fork, text, obs, infos):
                     # the driver plays the candidate and runs the reward's scorer with ``resolved``
                     try:
                         run = await advance(fork, resolved, obs=obs, infos=infos, actions={player: text},
@@ -175,7 +175,7 @@ async def abuild_multiturn_dataset(
                     done = run.steps[0]
                     return (run.obs, done.rewards, done.terminations, done.truncations, run.infos), None
 
-                outs = await asyncio.gather(*(score(f, t) for f, t in zip(forks, texts, strict=True)))
+                outs = await asyncio.gather(*(score(f, t, obs, infos) for f, t in zip(forks, texts, strict=True)))
                 scores = [None if out is None else float(out[1][player]) for out, _ in outs]
                 finite = {j: s for j, s in enumerate(scores) if s is not None and math.isfinite(s)}
                 valid = list(finite)
