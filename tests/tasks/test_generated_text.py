@@ -32,9 +32,9 @@ from functools import cache
 import pytest
 
 import collab_env
-from collab_env.testing.versions import building
 from collab_env.tasks.hidden_facts import HiddenFactsConfig, generate_item
 from collab_env.tasks.math_problems import math_problem
+from collab_env.testing.versions import building
 
 #: entry point -> the make() keywords of the variants to read (splits, problem sets).
 GENERATED: dict[str, tuple[dict, ...]] = {
