@@ -459,13 +459,15 @@ def deprecation_message(env_id: str) -> str:
             "so that results recorded on it reproduce.")
 
 
-#: Packages whose frames a warning skips to point at the line that asked for the env.
-_OWN_PACKAGES = ("collab_env", "gymnasium")
+#: Packages whose frames a warning skips to point at the line that asked for the env: ours,
+#: Gymnasium's ``make``, and the event loop and thread pools that run our coroutines.
+_OWN_PACKAGES = ("collab_env", "gymnasium", "asyncio", "concurrent", "threading")
 
 
 def _callers_stacklevel() -> int:
     """The ``stacklevel`` (for a warning raised in :func:`make_base_env`) of the first frame
-    outside collab_env and Gymnasium: the user's ``make`` call, not the composer's line."""
+    outside :data:`_OWN_PACKAGES`: the user's ``make`` call, not the composer's line (the
+    outermost frame when every frame is ours)."""
     frame = inspect.currentframe()
     frame = frame.f_back.f_back if frame and frame.f_back else None  # make_base_env's caller
     level = 2
