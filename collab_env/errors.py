@@ -37,6 +37,7 @@ __all__ = [
     "TaskFunctionError",
     "SandboxError",
     "RewardError",
+    "DeprecatedEnvWarning",
     "did_you_mean",
     "check_keyword_types",
 ]
@@ -116,6 +117,17 @@ class RewardError(CollabEnvError, RuntimeError):
 class TaskFunctionError(CollabEnvError, RuntimeError):
     """A user-supplied formatter, reward function, reward processor or transition raised or
     returned an invalid value (never turned into an empty prompt or a zero reward)."""
+
+
+class DeprecatedEnvWarning(UserWarning):
+    """A superseded env version was built: a newer version of the same name is registered.
+
+    The message names what the newer versions changed and the id to use instead. The old id
+    stays registered (results recorded on it must reproduce), so this is a warning, not an
+    error. It derives from ``UserWarning``, not ``DeprecationWarning``, because Python hides
+    the latter by default outside ``__main__`` and the person who typed the id would never see
+    it; filter it by this class (``warnings.filterwarnings("ignore", category=
+    DeprecatedEnvWarning)``) where an old id is pinned on purpose."""
 
 
 def did_you_mean(name: str, choices: Iterable[str], n: int = 3) -> str:

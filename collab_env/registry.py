@@ -6,6 +6,12 @@ order, which players a learner trains and which default policies drive the other
 and its limits. Ids are ``name-vN``; an unversioned id means the latest version. Any change of
 behaviour, prompt or reward bumps the version.
 
+A version that a newer one replaces stays registered, so results recorded on it reproduce, but
+it is *superseded*: its spec says what the next version changed (:attr:`EnvSpec.superseded`),
+building it warns with :class:`~collab_env.errors.DeprecatedEnvWarning` (what changed, the id to
+use, as Gymnasium warns about an out-of-date version), and ``collab-env list`` shows it only
+with ``--all``.
+
 Every spec is also registered with Gymnasium as ``collab_env/<name>-vN``: ``gymnasium.make``
 then returns the single-agent view (the first trainable player; ``player=`` picks another)
 with the other players driven by the spec's default policies (``policies=`` overrides them).
@@ -21,16 +27,19 @@ factory (``lambda: collab_env.make(id, reward="mr")``).
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from collab_env.errors import ConfigError, UnknownEnvError, did_you_mean
+from collab_env.errors import ConfigError, DeprecatedEnvWarning, UnknownEnvError, did_you_mean
 from collab_env.policy import load_entry_point
 
-__all__ = ["EnvCard", "EnvSpec", "register", "make_base_env", "spec", "registry", "list_envs"]
+__all__ = ["EnvCard", "EnvSpec", "register", "make_base_env", "spec", "registry", "list_envs",
+           "latest_spec", "deprecation_message"]
 
 _ID_RE = re.compile(r"^(?P<name>[a-z0-9][a-z0-9_.\-]*?)(?:-v(?P<version>\d+))?$")
 GYM_NAMESPACE = "collab_env"
@@ -262,6 +271,12 @@ class EnvSpec:
             "difference"}``; ``collab_env.make(id, reward=option)`` wraps the env in
             :class:`~collab_env.rewards.joint.JointReward` with that function and mode (the
             card's ``joint-*`` ranges are these options).
+        superseded: On a version that a newer one replaces: what the next version changed and
+            why, in one or two sentences (e.g. ``"the user reveals a fact only to a question
+            about it; v0's keyword user gave it to any clause naming the object and a keyword,
+            which a learner games"``). Empty on the latest version. Building a superseded
+            version warns with the notes of every version after it
+            (:func:`deprecation_message`).
     """
 
     id: str
@@ -279,6 +294,7 @@ class EnvSpec:
     needs_data: bool = False
     card: EnvCard | None = None
     reward_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    superseded: str = ""
 
     def __post_init__(self) -> None:
         m = _ID_RE.match(self.id)
@@ -301,6 +317,9 @@ class EnvSpec:
                     "{'joint': 'module:reward_func', 'mode': 'shared' | 'per_agent' | 'difference'}, "
                     f"got {how!r}."
                 )
+        if not isinstance(self.superseded, str):
+            raise ConfigError(f"{self.id}: superseded must be a string (what the next version changed), "
+                              f"got {type(self.superseded).__name__}.")
         if self.card is not None:
             self._check_card(self.card)
 
@@ -354,6 +373,7 @@ class EnvSpec:
             "description": self.description,
             "card": None if self.card is None else self.card.to_dict(),
             "reward_options": {k: dict(v) for k, v in self.reward_options.items()},
+            "superseded": self.superseded,
         }
 
 
@@ -413,6 +433,50 @@ def spec(env_id: str) -> EnvSpec:
     )
 
 
+def latest_spec(env_id: str) -> EnvSpec:
+    """The spec of the latest registered version of ``env_id``'s name (``env_id`` itself when it
+    is the latest; an unknown id raises as :func:`spec` does)."""
+    return _versions(spec(env_id).name)[-1]
+
+
+def deprecation_message(env_id: str) -> str:
+    """Why ``env_id`` is superseded and which id to use, or ``""`` when it is the latest version.
+
+    The message chains the :attr:`EnvSpec.superseded` notes of ``env_id`` and every version
+    after it up to the latest, so a v0 two versions behind reads what v1 and v2 changed.
+    """
+    s = spec(env_id)
+    versions = _versions(s.name)
+    newest = versions[-1]
+    if newest.version == s.version:
+        return ""
+    changes = "; ".join(
+        f"v{later.version}: {old.superseded.strip().rstrip('.') or '(its spec has no note of what changed)'}"
+        for old, later in zip(versions, versions[1:]) if old.version >= s.version
+    )
+    return (f"{s.id} is superseded by {newest.id}. What changed: {changes}. Use {newest.id!r} (the "
+            f"unversioned {s.name!r} also means the latest version); {s.id} stays registered only "
+            "so that results recorded on it reproduce.")
+
+
+#: Packages whose frames a warning skips to point at the line that asked for the env: ours,
+#: Gymnasium's ``make``, and the event loop and thread pools that run our coroutines.
+_OWN_PACKAGES = ("collab_env", "gymnasium", "asyncio", "concurrent", "threading")
+
+
+def _callers_stacklevel() -> int:
+    """The ``stacklevel`` (for a warning raised in :func:`make_base_env`) of the first frame
+    outside :data:`_OWN_PACKAGES`: the user's ``make`` call, not the composer's line (the
+    outermost frame when every frame is ours)."""
+    frame = inspect.currentframe()
+    frame = frame.f_back.f_back if frame and frame.f_back else None  # make_base_env's caller
+    level = 2
+    while frame is not None and frame.f_back is not None \
+            and frame.f_globals.get("__name__", "").split(".")[0] in _OWN_PACKAGES:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def make_base_env(env_id: str, *, render_mode: str | None = None, **overrides: Any):
     """Build the registered env itself: the spec's entry point called with the spec's kwargs and
     ``overrides`` merged over them; ``env.spec`` is the spec with the merged kwargs. No reward
@@ -423,8 +487,14 @@ def make_base_env(env_id: str, *, render_mode: str | None = None, **overrides: A
         render_mode: ``"ansi"`` or ``"human"``.
         **overrides: Merged over the spec's kwargs; unknown keywords are an error that lists the
             valid ones.
+
+    Warns:
+        DeprecatedEnvWarning: ``env_id`` is a superseded version (:func:`deprecation_message`).
     """
     s = spec(env_id)
+    superseded = deprecation_message(s.id)
+    if superseded:
+        warnings.warn(superseded, DeprecatedEnvWarning, stacklevel=_callers_stacklevel())
     fn = load_entry_point(s.entry_point)
     kwargs = {**s.kwargs, **overrides}
     env = fn(render_mode=render_mode, **kwargs)
@@ -432,6 +502,14 @@ def make_base_env(env_id: str, *, render_mode: str | None = None, **overrides: A
     return env
 
 
-def list_envs(suite: str | None = None) -> list[str]:
-    """Registered ids (all versions), optionally of one suite, sorted."""
-    return sorted(s.id for s in registry.values() if suite is None or s.suite == suite)
+def list_envs(suite: str | None = None, *, superseded: bool = True) -> list[str]:
+    """Registered ids, optionally of one suite, sorted.
+
+    Args:
+        suite: Only this suite's ids.
+        superseded: Include the superseded versions (every version, the default; ``False``:
+            the latest version of each name, as ``collab-env list`` shows without ``--all``).
+    """
+    return sorted(s.id for s in registry.values()
+                  if (suite is None or s.suite == suite)
+                  and (superseded or latest_spec(s.id).version == s.version))

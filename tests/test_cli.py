@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import collab_env
 from collab_env.cli import build_parser, main
 from collab_env.registry import spec
 from tests._eval_helpers import registered
@@ -45,12 +46,34 @@ def subprocess_env(**extra):
 def test_list_shows_ids_suites_players_and_descriptions():
     rc, out = run(["list"])
     assert rc == 0
-    row = next(line for line in out.splitlines() if line.startswith("hidden-facts-v0 "))
+    row = next(line for line in out.splitlines() if line.startswith("hidden-facts-v2 "))
     assert "builtin" in row and "assistant,user" in row and "Built-in collaboration" in row
     assert "collabllm-math-hard-v1" in out
 
     rc, out = run(["list", "--suite", "builtin"])
-    assert rc == 0 and "hidden-facts-hard-v0" in out and "collabllm" not in out
+    assert rc == 0 and "hidden-facts-hard-v2" in out and "collabllm" not in out
+
+
+def test_list_hides_superseded_versions_unless_all():
+    rc, out = run(["list"])
+    ids = [line.split()[0] for line in out.splitlines()[1:] if line and not line.startswith("(")]
+    assert rc == 0 and "hidden-facts-v0" not in ids and "hidden-facts-v1" not in ids and "math-chat-v0" not in ids
+    assert len(ids) == len({spec(i).name for i in ids}) == len({spec(i).name for i in collab_env.list_envs()})
+    hidden = len(collab_env.list_envs()) - len(ids)
+    assert out.rstrip().endswith(f"({hidden} superseded versions hidden; --all lists them)")
+
+    rc, out = run(["list", "--all", "--suite", "builtin"])
+    row = next(line for line in out.splitlines() if line.startswith("hidden-facts-v0 "))
+    assert rc == 0 and "Superseded by hidden-facts-v2." in row and "hidden" not in out.splitlines()[-1]
+
+
+def test_info_of_a_superseded_id_says_so_and_names_the_latest():
+    rc, out = run(["info", "hidden-facts-v0"])
+    head = " ".join(out[:out.index("\n\n")].split())
+    assert rc == 0 and "SUPERSEDED: hidden-facts-v0 is superseded by hidden-facts-v2." in head
+    assert "keyword" in head and "Use 'hidden-facts-v2'" in head
+    rc, out = run(["info", "hidden-facts-v2"])
+    assert rc == 0 and "SUPERSEDED" not in out
 
 
 def test_list_unknown_suite_is_an_error(capsys):

@@ -29,6 +29,7 @@ from collab_env.policy import SamplingParams
 from collab_env.registry import list_envs, spec
 from collab_env.tasks.collabllm_load import check_utf8
 from collab_env.testing.collabllm_fixtures import write_collabllm_fixture
+from collab_env.testing.versions import building
 
 REPO = Path(__file__).resolve().parents[1]
 HF = "hidden-facts"
@@ -164,7 +165,7 @@ def test_make_keyword_of_the_wrong_type_is_a_config_error_naming_it(env_id, kwar
 @pytest.mark.parametrize("env_id", [i for i in list_envs() if not spec(i).needs_data])
 def test_every_env_refuses_a_budget_of_the_wrong_type(env_id):
     """The check is generic: every registered env (the base class) names the keyword."""
-    with pytest.raises(ConfigError, match=r"max_steps must be an int or None, got str 'x'"):
+    with building(env_id), pytest.raises(ConfigError, match=r"max_steps must be an int or None, got str 'x'"):
         collab_env.make(env_id, max_steps="x")
 
 

@@ -2,17 +2,18 @@ import gymnasium
 import pytest
 
 import collab_env
-from collab_env.errors import ConfigError, UnknownEnvError
-from collab_env.registry import EnvCard, EnvSpec, register, registry, spec
+from collab_env.errors import ConfigError, DeprecatedEnvWarning, UnknownEnvError
+from collab_env.registry import EnvCard, EnvSpec, deprecation_message, list_envs, register, registry, spec
+from collab_env.testing.versions import building
 
 
 @pytest.fixture
 def toy_versions():
     ids = []
-    for v in (0, 1):
+    for v, note in ((0, "the writers take turns"), (1, "")):
         s = register(EnvSpec(id=f"toy-writers-v{v}", entry_point="tests.toy_tasks:make_two_writers",
                              players=("agent_0", "agent_1", "user"), trainable=("agent_0", "agent_1"),
-                             limits={"max_steps": 6}))
+                             limits={"max_steps": 6}, superseded=note))
         ids.append(s.id)
     yield ids
     for i in ids:
@@ -23,9 +24,39 @@ def toy_versions():
 def test_unversioned_means_latest(toy_versions):
     assert spec("toy-writers").id == "toy-writers-v1"
     assert collab_env.make("toy-writers").spec.id == "toy-writers-v1"
-    assert collab_env.make("toy-writers-v0").spec.id == "toy-writers-v0"
+    with pytest.warns(DeprecatedEnvWarning):
+        assert collab_env.make("toy-writers-v0").spec.id == "toy-writers-v0"
     with pytest.raises(UnknownEnvError, match="toy-writers-v0, toy-writers-v1"):
         collab_env.make("toy-writers-v7")
+
+
+def test_a_superseded_version_warns_what_changed_and_the_id_to_use(toy_versions, recwarn):
+    """As Gymnasium warns about an out-of-date version: the old id still builds (results recorded
+    on it reproduce), with a warning of its own category naming the change and the latest id,
+    pointing at the caller's line; the latest version, named or not, builds silently."""
+    with pytest.warns(DeprecatedEnvWarning) as caught:
+        collab_env.make("toy-writers-v0")
+    (w,) = [w for w in caught if w.category is DeprecatedEnvWarning]
+    assert str(w.message).startswith("toy-writers-v0 is superseded by toy-writers-v1. What changed: "
+                                      "v1: the writers take turns. Use 'toy-writers-v1'")
+    assert w.filename == __file__  # the user's make call, not the composer inside the library
+    recwarn.clear()
+    collab_env.make("toy-writers-v1"), collab_env.make("toy-writers")
+    assert not [w for w in recwarn if issubclass(w.category, DeprecatedEnvWarning)]
+    assert deprecation_message("toy-writers-v1") == "" and "toy-writers-v0" not in list_envs(superseded=False)
+    assert "toy-writers-v1" in list_envs(superseded=False) and "toy-writers-v0" in list_envs()
+
+
+def test_every_superseded_builtin_id_says_what_changed():
+    """Each built-in version that a newer one replaces carries its note (the warning's "what
+    changed"); the latest versions carry none."""
+    for env_id in list_envs():
+        s = spec(env_id)
+        latest = spec(s.name)
+        assert bool(s.superseded) == (latest.id != env_id), env_id
+        if latest.id != env_id:
+            assert "no note" not in deprecation_message(env_id) and latest.id in deprecation_message(env_id)
+    assert "keyword" in deprecation_message("hidden-facts-v0")  # the gameable v0 user is named
 
 
 def test_typo_suggests_closest():
@@ -61,7 +92,8 @@ def test_every_spec_matches_its_env():
         s = spec(env_id)
         if s.needs_data:
             continue  # built from fixture files in test_conformance
-        env = collab_env.make(env_id)
+        with building(env_id):  # every id, superseded ones too (they must stay reproducible)
+            env = collab_env.make(env_id)
         assert env.possible_agents == list(s.players), env_id
         assert env.task.turn_order == s.turn_order, env_id
         if "max_steps" in s.limits:
@@ -71,7 +103,7 @@ def test_every_spec_matches_its_env():
 def test_gymnasium_registration():
     for env_id in collab_env.list_envs():
         assert f"collab_env/{env_id}" in gymnasium.registry
-    env = gymnasium.make("collab_env/hidden-facts-v0")
+    env = gymnasium.make("collab_env/hidden-facts-v2")
     obs, info = env.reset(seed=0)
     assert obs.viewer == "assistant" and "opening" not in info
     builtin = collab_env.list_envs(suite="builtin")  # other builtin suites may join these
@@ -225,8 +257,9 @@ def test_every_registered_id_builds_through_the_composer_and_the_engine():
         s = spec(env_id)
         if s.needs_data:
             continue  # built offline in the tasks' own tests (data_files=)
-        assert collab_env.make(env_id).spec.id == env_id
-        assert make_base_env(env_id).spec.id == env_id
+        with building(env_id):
+            assert collab_env.make(env_id).spec.id == env_id
+            assert make_base_env(env_id).spec.id == env_id
 
 
 def test_the_rollout_engine_builds_an_id_s_base_env_and_asks_for_a_factory_to_compose():

@@ -2,7 +2,7 @@
 
 ::
 
-    collab-env list [--suite S]                 registered environments
+    collab-env list [--suite S] [--all]         registered environments (--all: superseded versions too)
     collab-env info ID [--json]                 one environment's spec
     collab-env check ID [--data-files F]        run the conformance checker on an env
     collab-env play ID [--player P] ...         play one player yourself in the terminal

@@ -20,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, out: Writer) -> int:
-    from collab_env.registry import spec
+    from collab_env.registry import deprecation_message, spec
 
     s = spec(args.id)
     d = s.to_dict()
@@ -46,6 +46,10 @@ def run(args: argparse.Namespace, out: Writer) -> int:
         ("needs data", "yes (pass --data-files to work offline)" if s.needs_data else "no"),
     ]
     print(s.id, file=out)
+    superseded = deprecation_message(s.id)
+    if superseded:
+        print(textwrap.fill("SUPERSEDED: " + superseded, width=88, initial_indent="  ",
+                            subsequent_indent="  "), file=out)
     if s.description:
         print(textwrap.fill(s.description, width=88, initial_indent="  ", subsequent_indent="  "),
               file=out)

@@ -1,4 +1,7 @@
-"""``collab-env list [--suite S]``: the registered environments, one row each."""
+"""``collab-env list [--suite S] [--all]``: the registered environments, one row each.
+
+Superseded versions (a newer version of the same name is registered) are hidden unless
+``--all`` is given; then their rows say which id supersedes them."""
 
 from __future__ import annotations
 
@@ -15,12 +18,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``list`` and its options to the subcommands ``sub``."""
     q = sub.add_parser("list", help="list registered environments")
     q.add_argument("--suite", help="only this suite (builtin, collabllm, comlrl...)")
+    q.add_argument("--all", action="store_true",
+                   help="also list superseded versions (kept so that old results reproduce)")
 
 
 def run(args: argparse.Namespace, out: Writer) -> int:
-    from collab_env.registry import list_envs, registry, spec
+    from collab_env.registry import latest_spec, list_envs, registry, spec
 
-    ids = list_envs(args.suite)
+    ids = list_envs(args.suite, superseded=args.all)
     if not ids:
         suites = sorted({s.suite for s in registry.values()})
         raise ConfigError(f"no environments in suite {args.suite!r}; suites: {suites}."
@@ -28,6 +33,12 @@ def run(args: argparse.Namespace, out: Writer) -> int:
     rows = [["ID", "SUITE", "PLAYERS", "DESCRIPTION"]]
     for env_id in ids:
         s = spec(env_id)
-        rows.append([s.id, s.suite, ",".join(s.players), one_line(s.description)])
+        newest = latest_spec(s.id)
+        note = f"Superseded by {newest.id}. " if newest.id != s.id else ""
+        rows.append([s.id, s.suite, ",".join(s.players), one_line(note + s.description)])
     print(table(rows), file=out)
+    if not args.all and len(ids) < len(list_envs(args.suite)):
+        hidden = len(list_envs(args.suite)) - len(ids)
+        print(f"({hidden} superseded version{'s' if hidden != 1 else ''} hidden; --all lists them)",
+              file=out)
     return 0

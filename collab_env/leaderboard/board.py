@@ -31,8 +31,9 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from collab_env.leaderboard.stats import entry_statistics, noise_statistics, paired_comparison
 from collab_env.leaderboard.submission import (
@@ -186,6 +187,11 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
                progress: Callable[[str], None] | None = None, workers: int | None = None) -> dict[str, Any]:
     """The board of every submission under ``directory`` (see the module docstring).
 
+    The build is four named steps: read every folder (:func:`_read_folders`), re-play the
+    entries whose kept verdict no longer covers their files (:func:`_replay_entries`), build
+    every entry's row (:func:`_entry_row`), compare neighbours within a track
+    (:func:`_comparisons`).
+
     Args:
         directory: Folder of submission folders.
         verify: Verify each submission (re-play offline); ``False`` marks them unverified.
@@ -204,38 +210,124 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
         The board dict (the shape of :func:`~collab_env.leaderboard.schema.validate_board_data`).
     """
     import time
-    from concurrent.futures import ThreadPoolExecutor, as_completed
 
-    from collab_env.leaderboard.schema import BOARD_SHAPE, check_shape
     from collab_env.leaderboard.stats import NUM_BOOT
-    from collab_env.leaderboard.verify import REGENERATE_SAMPLE, verify_submission
+    from collab_env.leaderboard.verify import REGENERATE_SAMPLE
 
     directory = Path(directory)
-    stamps_path = directory / STAMPS_FILE
-    stamps: dict[str, Any] = {}
-    if verify and not reverify and stamps_path.is_file():
-        try:
-            stamps = dict(json.loads(stamps_path.read_text()))
-        except (ValueError, TypeError):
-            stamps = {}  # a damaged stamps file only costs a re-play
-    signed: dict[str, Any] = {}
-    if verify and not reverify:
-        from collab_env.leaderboard.signing import signed_verdicts
-
-        signed, notes = signed_verdicts(directory)
-        for note in notes:
-            (progress or (lambda line: None))(note)
-    fresh: dict[str, Any] = {}
+    say = progress or (lambda line: None)
+    verdicts = _Verdicts.kept_in(directory, say) if verify and not reverify else _Verdicts()
+    t_all = time.perf_counter()
     tracks = dict(builtin_tracks())
+    # 1. Read every folder; find the entries whose kept verdict no longer covers their files.
+    readable, rejected, total = _read_folders(directory, tracks, verdicts if verify else None, say)
+    # 2. Re-play those entries, several at once; each verdict as it finishes.
+    if verify:
+        todo = [f for f in readable if not verdicts.covers(f.rel)]
+        verdicts.replayed = _replay_entries(todo, total, workers, say)
+    # 3. Every entry's row, in folder order.
     entries: list[dict[str, Any]] = []
     records_of: dict[str, list[dict[str, Any]]] = {}
-    rejected: list[dict[str, str]] = []
+    for f in readable:
+        t0 = time.perf_counter()
+        entry, records_of[f.eid], how = _entry_row(f, verdicts if verify else None, seed, num_boot or NUM_BOOT)
+        entries.append(entry)
+        if how:
+            say(f"[{f.position}/{total}] {f.eid}: {how} ({time.perf_counter() - t0:.1f} s)")
+    comparisons = _comparisons(entries, tracks, records_of, verify=verify, seed=seed,
+                               num_boot=num_boot or NUM_BOOT, say=say)
+    if verify and verdicts.fresh != verdicts.stamps:
+        (directory / STAMPS_FILE).write_text(json.dumps(verdicts.fresh, indent=1, sort_keys=True) + "\n")
+    n_ok = sum(e["verified"] for e in entries)
+    n_failed = sum(bool(e.get("failed")) for e in entries)
+    say(f"{len(entries)} entries: {n_ok} verified, {len(entries) - n_ok - n_failed} not verified, "
+        f"{n_failed} failed; {len(rejected)} folder(s) rejected ({time.perf_counter() - t_all:.1f} s)")
+    return {
+        "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "code_version": code_version(),
+        "tracks": [track_row(t, tracks) for t in tracks.values()],
+        "entries": entries,
+        "comparisons": comparisons,
+        "rejected": rejected,
+        "verification": {"regenerate_sample": REGENERATE_SAMPLE},
+    }
+
+
+class _Folder(NamedTuple):
+    """A readable submission folder: its position in the build (1-based), path, path relative to
+    the board's folder, ``submission.json``, track and entry id (``track/folder name``)."""
+
+    position: int
+    folder: Path
+    rel: str
+    sub: dict[str, Any]
+    track: Track
+    eid: str
+
+
+@dataclass
+class _Verdicts:
+    """What a build knows of each entry's verification: the verdicts kept by earlier builds
+    (``stamps``, from :data:`STAMPS_FILE`) and signed by the maintainers (``signed``), the digest
+    each verdict must name to count (``keys``), this build's re-plays (``replayed``: relative
+    path -> the :class:`~collab_env.leaderboard.verify.Verification` or the exception, and
+    seconds) and the stamps it writes back (``fresh``)."""
+
+    stamps: dict[str, Any] = field(default_factory=dict)
+    signed: dict[str, Any] = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict)
+    replayed: dict[str, tuple[Any, float]] = field(default_factory=dict)
+    fresh: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def kept_in(cls, directory: Path, say: Callable[[str], None]) -> _Verdicts:
+        """The kept and signed verdicts of ``directory`` (a damaged stamps file only costs a re-play)."""
+        from collab_env.leaderboard.signing import signed_verdicts
+
+        stamps: dict[str, Any] = {}
+        stamps_path = directory / STAMPS_FILE
+        if stamps_path.is_file():
+            try:
+                stamps = dict(json.loads(stamps_path.read_text()))
+            except (ValueError, TypeError):
+                stamps = {}
+        signed, notes = signed_verdicts(directory)
+        for note in notes:
+            say(note)
+        return cls(stamps=stamps, signed=signed)
+
+    def kept(self, source: Mapping[str, Any], rel: str) -> bool:
+        """``source`` holds a verdict of ``rel`` that names its current digest."""
+        return (isinstance(source.get(rel), Mapping) and bool(self.keys[rel])
+                and source[rel].get("key") == self.keys[rel])
+
+    def covers(self, rel: str) -> bool:
+        """A kept or signed verdict covers ``rel``'s files as they are: no re-play needed."""
+        return self.kept(self.stamps, rel) or self.kept(self.signed, rel)
+
+    def verdict(self, rel: str) -> tuple[dict[str, Any], str]:
+        """The stamp of ``rel`` (this build's re-play first, then a kept, then a signed verdict)
+        and the progress line's verdict (empty for a re-play: reported when it finished). A
+        re-play that raised raises here."""
+        if rel in self.replayed:
+            v, _ = self.replayed[rel]
+            if isinstance(v, Exception):
+                raise v
+            return {"key": self.keys[rel], "ok": v.ok, "episodes": v.episodes, "problems": v.problems[:5]}, ""
+        if self.kept(self.stamps, rel):
+            return self.stamps[rel], "verified (kept verdict)"
+        return dict(self.signed[rel]), "verified (signed verdict)"
+
+
+def _read_folders(directory: Path, tracks: dict[str, Track], verdicts: _Verdicts | None,
+                  say: Callable[[str], None]) -> tuple[list[_Folder], list[dict[str, str]], int]:
+    """Every submission folder under ``directory``, read: the readable ones (their tracks added
+    to ``tracks``; with ``verdicts``, each folder's digest in ``verdicts.keys``), the rejected
+    ones (an unreadable ``submission.json``, an unknown track, a second entry of one id) with
+    the reason, and the number of folders."""
     folders = _entries(directory)
-    say = progress or (lambda line: None)
-    t_all = time.perf_counter()
-    # 1. Read every folder; find the entries whose kept verdict no longer covers their files.
-    readable: list[tuple[int, Path, str, dict[str, Any], Track, str]] = []
-    keys: dict[str, str] = {}
+    readable: list[_Folder] = []
+    rejected: list[dict[str, str]] = []
     seen: set[str] = set()
     for i, folder in enumerate(folders, start=1):
         rel = folder.relative_to(directory).as_posix()
@@ -254,19 +346,24 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
             continue
         seen.add(eid)
         tracks.setdefault(t.id, t)
-        readable.append((i, folder, rel, sub, t, eid))
-        if verify:
+        readable.append(_Folder(i, folder, rel, sub, t, eid))
+        if verdicts is not None:
             try:
-                keys[rel] = verification_key(folder, t)
+                verdicts.keys[rel] = verification_key(folder, t)
             except OSError:
-                keys[rel] = ""  # an unreadable file: re-played, and the replay says what is wrong
-    # 2. Re-play those entries, several at once; each verdict as it finishes.
-    replayed: dict[str, tuple[Any, float]] = {}
-    def kept(source: Mapping[str, Any], rel: str) -> bool:
-        return isinstance(source.get(rel), Mapping) and bool(keys[rel]) and source[rel].get("key") == keys[rel]
+                verdicts.keys[rel] = ""  # an unreadable file: re-played, and the replay says what is wrong
+    return readable, rejected, len(folders)
 
-    todo = [(i, folder, rel, t, eid) for i, folder, rel, _, t, eid in readable
-            if verify and not kept(stamps, rel) and not kept(signed, rel)]
+
+def _replay_entries(todo: Sequence[_Folder], total: int, workers: int | None,
+                    say: Callable[[str], None]) -> dict[str, tuple[Any, float]]:
+    """Verify the entries ``todo``, ``workers`` at once (threads): relative path -> the
+    verification (or the exception it raised, reported on the entry, never fatal) and its
+    seconds; one progress line per entry as it finishes."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    from collab_env.leaderboard.verify import verify_submission
 
     def replay(folder: Path, t: Track) -> tuple[Any, float]:
         t0 = time.perf_counter()
@@ -275,59 +372,61 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
         except Exception as exc:  # noqa: BLE001 - reported on the entry, never fatal
             return exc, time.perf_counter() - t0
 
+    replayed: dict[str, tuple[Any, float]] = {}
     n_workers = max(1, workers if workers is not None else min(4, os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=n_workers) as pool:
-        futures = {pool.submit(replay, folder, t): (i, rel, eid) for i, folder, rel, t, eid in todo}
+        futures = {pool.submit(replay, f.folder, f.track): f for f in todo}
         for fut in as_completed(futures):
-            i, rel, eid = futures[fut]
-            replayed[rel] = fut.result()
-            v, dt = replayed[rel]
+            f = futures[fut]
+            replayed[f.rel] = fut.result()
+            v, dt = replayed[f.rel]
             how = ("could not be verified: " + f"{type(v).__name__}: {v}"[:120] if isinstance(v, Exception)
                    else "verified (re-played)" if v.ok
                    else "NOT verified: " + (v.problems[0] if v.problems else "")[:120])
-            say(f"[{i}/{len(folders)}] {eid}: {how} ({dt:.1f} s)")
-    # 3. Every entry's row, in folder order.
-    for i, folder, rel, sub, t, eid in readable:
-        t0 = time.perf_counter()
-        how = "not verified"
-        problems: list[str] = []
-        try:
-            verified = False
-            if verify:
-                if rel in replayed:
-                    v, _ = replayed[rel]
-                    if isinstance(v, Exception):
-                        raise v
-                    stamp = {"key": keys[rel], "ok": v.ok, "episodes": v.episodes, "problems": v.problems[:5]}
-                    how = ""  # reported when it finished
-                elif kept(stamps, rel):
-                    stamp = stamps[rel]
-                    how = "verified (kept verdict)"
-                else:
-                    stamp = dict(signed[rel])
-                    how = "verified (signed verdict)"
-                fresh[rel] = stamp
-                verified, problems = bool(stamp["ok"]), list(stamp["problems"])
-                if not verified and how:
-                    how = "NOT verified: " + (problems[0] if problems else "no reason given")[:120]
-            entry, records = _entry(folder, sub, t, eid, verified, problems, seed, num_boot or NUM_BOOT)
-            check_shape(entry, BOARD_SHAPE["entries"][0], f"entry {eid}")
-            json.dumps(entry, allow_nan=False)  # plain JSON: a NaN in a submitted field is refused here
-        except Exception as exc:  # noqa: BLE001 - one bad entry never breaks the build
-            reason = f"the entry could not be read or summarised: {type(exc).__name__}: {exc}"[:300]
-            entry, records = _failed_entry(eid, t, folder, sub, [*problems, reason]), []
-            how = "FAILED: " + reason[:120]
-        records_of[eid] = records
-        entries.append(entry)
-        if how:
-            say(f"[{i}/{len(folders)}] {eid}: {how} ({time.perf_counter() - t0:.1f} s)")
+            say(f"[{f.position}/{total}] {f.eid}: {how} ({dt:.1f} s)")
+    return replayed
+
+
+def _entry_row(f: _Folder, verdicts: _Verdicts | None, seed: int,
+               num_boot: int) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
+    """The board row of one readable entry, its scored records and the progress line's verdict
+    (empty when it was reported as its re-play finished). With ``verdicts`` the entry's stamp is
+    recorded in ``verdicts.fresh``. An entry that cannot be read or summarised is listed as
+    failed, with the reason, and no records: one bad entry never breaks the build."""
+    from collab_env.leaderboard.schema import BOARD_SHAPE, check_shape
+
+    how = "not verified"
+    problems: list[str] = []
+    try:
+        verified = False
+        if verdicts is not None:
+            stamp, how = verdicts.verdict(f.rel)
+            verdicts.fresh[f.rel] = stamp
+            verified, problems = bool(stamp["ok"]), list(stamp["problems"])
+            if not verified and how:
+                how = "NOT verified: " + (problems[0] if problems else "no reason given")[:120]
+        entry, records = _entry(f.folder, f.sub, f.track, f.eid, verified, problems, seed, num_boot)
+        check_shape(entry, BOARD_SHAPE["entries"][0], f"entry {f.eid}")
+        json.dumps(entry, allow_nan=False)  # plain JSON: a NaN in a submitted field is refused here
+    except Exception as exc:  # noqa: BLE001 - one bad entry never breaks the build
+        reason = f"the entry could not be read or summarised: {type(exc).__name__}: {exc}"[:300]
+        return _failed_entry(f.eid, f.track, f.folder, f.sub, [*problems, reason]), [], "FAILED: " + reason[:120]
+    return entry, records, how
+
+
+def _comparisons(entries: Sequence[Mapping[str, Any]], tracks: Mapping[str, Track],
+                 records_of: Mapping[str, list[dict[str, Any]]], *, verify: bool, seed: int, num_boot: int,
+                 say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The paired comparison of each entry with the next below it on its track, by mean reward.
+
+    Entries are compared only within their track, whose fixed players and judge are one pinned
+    identity (:func:`simulator_identity`): two simulators are never ranked together. An entry
+    that failed verification is not compared: its records may not pair with the track's
+    episodes, and it is already listed with its problems. A comparison that raises is reported
+    and skipped, never breaking the build."""
     comparisons = []
-    # Entries are compared only within their track, whose fixed players and judge are one
-    # pinned identity (``simulator_identity``): two simulators are never ranked together.
     for tid in dict.fromkeys(e["track"] for e in entries):
         t = tracks[tid]
-        # An entry that failed verification is not compared: its records may not pair with the
-        # track's episodes, and it is already listed with its problems.
         ranked = sorted((e for e in entries if e["track"] == tid and "reward" in e["metrics"]
                          and not e.get("failed") and (e["verified"] or not verify)),
                         key=lambda e: -e["metrics"]["reward"]["mean"])
@@ -335,7 +434,7 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
             try:
                 c = paired_comparison(records_of[a["id"]], records_of[b["id"]], submitted=t.submitted,
                                       threshold=t.success_threshold, metric="reward", seed=seed,
-                                      num_boot=num_boot or NUM_BOOT)
+                                      num_boot=num_boot)
             except Exception as exc:  # noqa: BLE001 - never breaks the build
                 say(f"{tid}: {a['id']} vs {b['id']} not compared ({type(exc).__name__}: {exc})"[:200])
                 continue
@@ -343,21 +442,7 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
                 comparisons.append({"track": tid, "a": a["id"], "b": b["id"], "metric": "reward",
                                     "diff": c["diff"], "lo": c["lo"], "hi": c["hi"], "n": c["n"],
                                     "tasks": c["tasks"], "distinguishable": not c["lo"] <= 0.0 <= c["hi"]})
-    if verify and fresh != stamps:
-        stamps_path.write_text(json.dumps(fresh, indent=1, sort_keys=True) + "\n")
-    n_ok = sum(e["verified"] for e in entries)
-    n_failed = sum(bool(e.get("failed")) for e in entries)
-    say(f"{len(entries)} entries: {n_ok} verified, {len(entries) - n_ok - n_failed} not verified, "
-        f"{n_failed} failed; {len(rejected)} folder(s) rejected ({time.perf_counter() - t_all:.1f} s)")
-    return {
-        "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "code_version": code_version(),
-        "tracks": [track_row(t, tracks) for t in tracks.values()],
-        "entries": entries,
-        "comparisons": comparisons,
-        "rejected": rejected,
-        "verification": {"regenerate_sample": REGENERATE_SAMPLE},
-    }
+    return comparisons
 
 
 def _entry(folder: Path, sub: Mapping[str, Any], t: Track, eid: str, verified: bool, problems: list[str],

@@ -376,40 +376,21 @@ def run_submission(
         ConfigError: A policy for a player the track fixes, a missing submitted player, bad
             sampling, an env whose number of items is not the track's, a folder of another run.
     """
-    from collab_env.compose import make
-    from collab_env.eval import evaluate, failures_path, load_results
+    from collab_env.eval import evaluate
     from collab_env.eval.files import check_result_file
-    from collab_env.registry import spec
 
     t = track if isinstance(track, Track) else get_track(track)
     out = Path(out).resolve()
     sampling = {p: dict(kw) for p, kw in (sampling or {}).items()}
     pols = dict(policies)
-    for p in list(pols) + list(sampling):
-        if p not in t.submitted:
-            fixed = " (the track fixes it)" if p in t.players else ""
-            raise ConfigError(f"track {t.id} takes policies for {list(t.submitted)} only; got {p!r}{fixed}."
-                              + did_you_mean(str(p), t.submitted))
-    missing = [p for p in t.submitted if p not in pols]
-    if missing:
-        raise ConfigError(f"track {t.id} needs a policy for {missing}: --policy {missing[0]}=SPEC.")
-    s = spec(t.env_id)
-    if s.id != t.env_id:
-        raise ConfigError(f"track {t.id} is played on {t.env_id}, but that id resolves to {s.id}.")
+    _check_submitted_players(t, pols, sampling)
+    _check_env_id_pinned(t)
     reasons = [str(r) for r in custom]
     if t.trials < MIN_STANDARD_TRIALS:
         reasons.append(f"{t.id} plays {t.trials} trials per task, under the {MIN_STANDARD_TRIALS} a standard "
                        "entry needs")
-    built: dict[str, Any] = {}
-    for p in t.submitted:
-        built[p], why = build_policy(p, pols[p])
-        if why:
-            reasons.append(f"{p}: {why}")
-    if data_files and not t.data:
-        raise ConfigError(f"track {t.id} reads no data files; drop --data-files.")
-    if t.data and not data_files:
-        raise ConfigError(f"track {t.id} needs its data files: {t.data}. Pass them with --data-files.")
-    data = data_file_digests(data_files)
+    built = _build_submitted(t, pols, reasons)
+    data = _check_data_files(t, data_files)
     # A trajectories file that is not a result file is refused before anything in the folder
     # changes (its submission.json is removed below, while the run is unfinished).
     check_result_file(out / TRAJECTORIES_FILE)
@@ -419,15 +400,7 @@ def run_submission(
     needs_cache = t.judge is not None or any("simulator" in h for h in t.players.values())
     fp = fixed_players(t, cache_path if needs_cache else None)
     env_kwargs = track_env_kwargs(t, fp.env_kwargs, data_files)
-    probe = make(t.env_id, **env_kwargs)
-    try:
-        num_items = getattr(probe, "unwrapped", probe).task.num_items()
-    finally:
-        probe.close()
-    tasks = t.tasks if t.tasks is not None else num_items
-    if not tasks or num_items != tasks:
-        raise ConfigError(f"track {t.id} expects {t.tasks} task items, but {t.env_id} with {dict(t.env_kwargs)} "
-                          f"has {num_items}; the track's env or data files do not match it.")
+    tasks = _check_task_count(t, env_kwargs)
     full = tasks * t.trials
     n = full if episodes is None else int(episodes)
     if not 1 <= n <= full:
@@ -447,34 +420,9 @@ def run_submission(
                           label=name or ", ".join(pols.values()))
     finally:
         fp.close()
-    failed = sorted(f.episode_id for f in result.failures)
-    # Episodes beyond ``n`` (a longer run resumed with a smaller --episodes) are not part of it.
-    records = [r for r in load_results(traj) if r.get("status") == "ok" and r.get("episode_id", n) < n]
-    fail_path = failures_path(traj)
-    fail_records = load_results(fail_path) if fail_path.exists() else []
-    judge_faults = sorted({r["episode_id"] for r in fail_records if str(r.get("error", "")).startswith("JudgeError")
-                           and r["episode_id"] not in result.episodes})
-    if failed:
-        reasons.append(f"{len(failed)} episode(s) failed and are not scored: {failed[:10]}")
-    usage = {"model_calls": 0.0, "prompt_tokens": 0.0, "completion_tokens": 0.0, "cost": 0.0}
-    faults = {"simulator_episodes": 0, "policy_episodes": 0, "judge_episodes": len(judge_faults)}
-    end_reasons: dict[str, int] = {}
-    for r in records:
-        for key, v in submitted_usage(r, t.submitted).items():
-            usage[key] += v
-        f = episode_faults(r, t.submitted)
-        faults["simulator_episodes"] += int(f["simulator"] > 0)
-        faults["policy_episodes"] += int(f["policy"] > 0)
-        reason = str(r.get("end_reason") or "none")
-        end_reasons[reason] = end_reasons.get(reason, 0) + 1
-    cache_info = None
-    if needs_cache:
-        from collab_env.agents.cache import ResponseCache
-
-        with ResponseCache(cache_path, "record") as c:  # "record": creates it if no call was made
-            num = (len(c), c.num_scores())
-        cache_info = {"file": CACHE_FILE, "sha256": file_sha256(cache_path), "responses": num[0],
-                      "scores": num[1], "backends": fp.backends}
+    totals = _run_totals(t, traj, n, result)
+    if totals.failed:
+        reasons.append(f"{len(totals.failed)} episode(s) failed and are not scored: {totals.failed[:10]}")
     from collab_env.policy import describe
 
     sub = {
@@ -491,11 +439,11 @@ def run_submission(
         "custom_reasons": reasons,
         "code_version": code_version(),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "episodes": {"requested": n, "full": full, "recorded": len(records), "failed": failed},
+        "episodes": {"requested": n, "full": full, "recorded": totals.recorded, "failed": totals.failed},
         "tasks": tasks,
-        "cost": usage,
-        "faults": {**faults, "end_reasons": dict(sorted(end_reasons.items()))},
-        "cache": cache_info,
+        "cost": totals.usage,
+        "faults": {**totals.faults, "end_reasons": totals.end_reasons},
+        "cache": _cache_info(cache_path, fp.backends) if needs_cache else None,
         "data_files": data,
         "files": submission_files(out),
     }
@@ -503,3 +451,112 @@ def run_submission(
     tmp.write_text(json.dumps(sub, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     os.replace(tmp, out / SUBMISSION_FILE)
     return out / SUBMISSION_FILE
+
+
+def _check_submitted_players(t: Track, pols: Mapping[str, str], sampling: Mapping[str, Any]) -> None:
+    """Policies and sampling name the track's submitted players only, and every one of them has a
+    policy (a player the track fixes is refused with that reason)."""
+    for p in list(pols) + list(sampling):
+        if p not in t.submitted:
+            fixed = " (the track fixes it)" if p in t.players else ""
+            raise ConfigError(f"track {t.id} takes policies for {list(t.submitted)} only; got {p!r}{fixed}."
+                              + did_you_mean(str(p), t.submitted))
+    missing = [p for p in t.submitted if p not in pols]
+    if missing:
+        raise ConfigError(f"track {t.id} needs a policy for {missing}: --policy {missing[0]}=SPEC.")
+
+
+def _check_env_id_pinned(t: Track) -> None:
+    """The track's env id is a registered version itself (not resolved to another one)."""
+    from collab_env.registry import spec
+
+    s = spec(t.env_id)
+    if s.id != t.env_id:
+        raise ConfigError(f"track {t.id} is played on {t.env_id}, but that id resolves to {s.id}.")
+
+
+def _build_submitted(t: Track, pols: Mapping[str, str], reasons: list[str]) -> dict[str, Any]:
+    """The submitted players' policies, built from their specs; a wrapper that makes the entry
+    custom adds its reason to ``reasons``."""
+    built: dict[str, Any] = {}
+    for p in t.submitted:
+        built[p], why = build_policy(p, pols[p])
+        if why:
+            reasons.append(f"{p}: {why}")
+    return built
+
+
+def _check_data_files(t: Track, data_files: Sequence[str] | None) -> list[dict[str, str]]:
+    """Data files are given exactly for a track that reads them; their names and SHA-256."""
+    if data_files and not t.data:
+        raise ConfigError(f"track {t.id} reads no data files; drop --data-files.")
+    if t.data and not data_files:
+        raise ConfigError(f"track {t.id} needs its data files: {t.data}. Pass them with --data-files.")
+    return data_file_digests(data_files)
+
+
+def _check_task_count(t: Track, env_kwargs: Mapping[str, Any]) -> int:
+    """The number of task items of the track's env as built for the run: the track's own count
+    (when it names one), which a probe env must have."""
+    from collab_env.compose import make
+
+    probe = make(t.env_id, **env_kwargs)
+    try:
+        num_items = getattr(probe, "unwrapped", probe).task.num_items()
+    finally:
+        probe.close()
+    tasks = t.tasks if t.tasks is not None else num_items
+    if not tasks or num_items != tasks:
+        raise ConfigError(f"track {t.id} expects {t.tasks} task items, but {t.env_id} with {dict(t.env_kwargs)} "
+                          f"has {num_items}; the track's env or data files do not match it.")
+    return int(tasks)
+
+
+@dataclass(frozen=True)
+class _RunTotals:
+    """What a finished run recorded: the failed episode ids, the number of scored episodes, the
+    submitted players' usage, the faults and the end reasons (sorted)."""
+
+    failed: list[int]
+    recorded: int
+    usage: dict[str, float]
+    faults: dict[str, int]
+    end_reasons: dict[str, int]
+
+
+def _run_totals(t: Track, traj: Path, n: int, result: Any) -> _RunTotals:
+    """Sum the scored episodes of the run's first ``n`` (a longer run resumed with a smaller
+    ``--episodes`` keeps episodes beyond ``n``, which are not part of it): the submitted players'
+    usage, the episodes with simulator or policy faults, those that failed on a judge error, the
+    end reasons."""
+    from collab_env.eval import failures_path, load_results
+
+    failed = sorted(f.episode_id for f in result.failures)
+    records = [r for r in load_results(traj) if r.get("status") == "ok" and r.get("episode_id", n) < n]
+    fail_path = failures_path(traj)
+    fail_records = load_results(fail_path) if fail_path.exists() else []
+    judge_faults = sorted({r["episode_id"] for r in fail_records if str(r.get("error", "")).startswith("JudgeError")
+                           and r["episode_id"] not in result.episodes})
+    usage = {"model_calls": 0.0, "prompt_tokens": 0.0, "completion_tokens": 0.0, "cost": 0.0}
+    faults = {"simulator_episodes": 0, "policy_episodes": 0, "judge_episodes": len(judge_faults)}
+    end_reasons: dict[str, int] = {}
+    for r in records:
+        for key, v in submitted_usage(r, t.submitted).items():
+            usage[key] += v
+        f = episode_faults(r, t.submitted)
+        faults["simulator_episodes"] += int(f["simulator"] > 0)
+        faults["policy_episodes"] += int(f["policy"] > 0)
+        reason = str(r.get("end_reason") or "none")
+        end_reasons[reason] = end_reasons.get(reason, 0) + 1
+    return _RunTotals(failed, len(records), usage, faults, dict(sorted(end_reasons.items())))
+
+
+def _cache_info(cache_path: Path, backends: Any) -> dict[str, Any]:
+    """The ``"cache"`` block of ``submission.json``: the call cache's digest and counts, and the
+    fixed players' backends (the cache is created if no call was made)."""
+    from collab_env.agents.cache import ResponseCache
+
+    with ResponseCache(cache_path, "record") as c:  # "record": creates it if no call was made
+        num = (len(c), c.num_scores())
+    return {"file": CACHE_FILE, "sha256": file_sha256(cache_path), "responses": num[0],
+            "scores": num[1], "backends": backends}

@@ -81,7 +81,7 @@ class Track:
         title: A short title for tables.
         description: What the track measures, in a sentence or two.
         kind: ``"offline"`` or ``"api"``.
-        env_id: The versioned env id (``hidden-facts-easy-v0``).
+        env_id: The versioned env id (``hidden-facts-easy-v2``).
         env_kwargs: Keyword arguments of :func:`collab_env.make` (JSON values only).
         submitted: The players whose policy the submission provides.
         players: Every other player -> how it is played: ``{"policy": ref}`` (a scripted or
@@ -135,7 +135,7 @@ class Track:
         if self.kind not in _KINDS:
             raise ConfigError(f"{where}: kind must be one of {_KINDS}, got {self.kind!r}.")
         if not re.search(r"-v\d+$", str(self.env_id)):
-            raise ConfigError(f"{where}: env_id must be a versioned id such as 'hidden-facts-v0', got {self.env_id!r}.")
+            raise ConfigError(f"{where}: env_id must be a versioned id such as 'hidden-facts-v2', got {self.env_id!r}.")
         if not self.submitted:
             raise ConfigError(f"{where}: submitted must name at least one player.")
         for p, how in self.players.items():

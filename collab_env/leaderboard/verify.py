@@ -264,6 +264,10 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
                       full: bool = False, sample_seed: int | None = None) -> Verification:
     """Re-score a submission offline and replay its recorded calls (see the module docstring).
 
+    The checks run in the module docstring's order, each a named function below: those that
+    find a problem the later checks cannot read past raise :class:`_Rejected` (the verdict is
+    then the problems found so far), the others return their problems.
+
     Args:
         folder: The submission folder (or its ``submission.json``).
         track: The track to check against (default: the registered track the submission names;
@@ -287,163 +291,268 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
         folder = folder.parent
     sub = load_submission(folder)
     v = Verification(folder, str(sub.get("track")))
-    # 1. The track.
+    try:
+        # 1. The track.
+        t = _check_track(sub, track)
+        # 2. Files and the episode set.
+        _check_plain_files(folder)
+        digests = _check_digests(folder, sub)
+        needs_cache = t.judge is not None or any("simulator" in h for h in t.players.values())
+        v.problems.extend(_check_cache_and_failures(t, sub, folder, digests, needs_cache))
+        _check_data_files(t, sub, data_files)
+        records = _ok_records(folder / TRAJECTORIES_FILE)
+    except _Rejected as stop:
+        v.problems.extend(stop.problems)
+        return v
+    episodes = _check_episode_set(t, sub, records)
+    v.problems.extend(episodes.problems)
+    v.problems.extend(_check_kind(t, sub, episodes))
+    by_id = episodes.by_id
+    # 3-4. Re-play every episode. A program recorded in several trials of a task is scored once
+    # (the verdict is a function of the program and the trusted tests).
+    from collab_env.sandbox.harness import reuse_test_results
+
+    cache_path = folder / CACHE_FILE
+    with reuse_test_results():
+        problems = asyncio.run(_replay_all(t, sub, by_id, cache_path if needs_cache else None, data_files))
+    v.problems.extend(problems)
+    v.episodes = len(by_id)
+    # 5. The track's own players, regenerated: the recorded calls are the submitter's file, so a
+    # reply the track's simulator never wrote could have been edited into both the cache and the
+    # trajectory. Played again from the pinned models, such an episode differs.
+    if needs_cache:
+        regen = _regenerate_sample(t, sub, by_id, data_files, regenerate=regenerate, full=full,
+                                   sample_seed=sample_seed)
+        v.regenerated, v.regeneration = regen.episodes, regen.note
+        v.problems.extend(regen.problems)
+    v.problems.extend(_check_aggregates(t, sub, by_id))
+    if "trajectories" in digests.changed and v.ok:
+        v.problems.append(f"files: {TRAJECTORIES_FILE} is not the file recorded in submission.json (SHA-256 differs)")
+    return v
+
+
+class _Rejected(Exception):
+    """A check found problems that the later checks cannot read past (a changed track, a stray
+    file, a missing digest...): verification stops with the problems found so far and these."""
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__(*problems)
+        self.problems = list(problems)
+
+
+def _check_track(sub: Mapping[str, Any], track: Track | str | None) -> Track:
+    """The registered track (or ``track``) the submission was played on, unchanged since."""
     try:
         t = track if isinstance(track, Track) else get_track(track if track is not None else sub["track"])
     except (UnknownEnvError, ConfigError) as exc:
-        v.problems.append(f"track: {exc}")
-        return v
+        raise _Rejected(f"track: {exc}") from None
     if sub.get("track") != t.id:
-        v.problems.append(f"track: the submission was played on {sub.get('track')!r}, not on the registered "
-                          f"track {t.id}")
-        return v
+        raise _Rejected(f"track: the submission was played on {sub.get('track')!r}, not on the registered "
+                        f"track {t.id}")
     if sub.get("track_version") != t.version or sub.get("track_hash") != t.content_hash():
-        v.problems.append(
+        raise _Rejected(
             f"track: the submission records version {sub.get('track_version')!r} with hash "
             f"{str(sub.get('track_hash'))[:12]}, but {t.id} has version {t.version} with hash "
             f"{t.content_hash()[:12]}: it was played on a changed track")
-        return v
     if sub.get("track_content", {}) and {k: sub["track_content"].get(k) for k in t.fixed()} != t.fixed():
-        v.problems.append(f"track: the track content recorded in submission.json differs from {t.id}'s")
-        return v
-    # 2. Files and the episode set. A link in a submission could point anywhere (another entry's
-    # file, a file of the machine that builds the board): every file must be a plain file.
+        raise _Rejected(f"track: the track content recorded in submission.json differs from {t.id}'s")
+    return t
+
+
+def _check_plain_files(folder: Path) -> None:
+    """The folder holds only the known submission files, each a plain file no larger than
+    :data:`MAX_FILE_BYTES`, and the trajectories. A link could point anywhere (another entry's
+    file, a file of the machine that builds the board)."""
     links = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_symlink())
     if links:
-        v.problems.append(f"files: {', '.join(links[:5])} is a symbolic link; a submission holds plain "
-                          "files only (copy the file into the folder)")
-        return v
+        raise _Rejected(f"files: {', '.join(links[:5])} is a symbolic link; a submission holds plain "
+                        "files only (copy the file into the folder)")
     # The integrity digest covers every file: only the known files, each of them hashed.
-    known = {name: key for key, name in SUBMISSION_FILES.items()}
+    known = set(SUBMISSION_FILES.values())
     stray = sorted(rel for rel in (p.relative_to(folder).as_posix() for p in folder.rglob("*"))
                    if rel != SUBMISSION_FILE and rel not in known)
     if stray:
-        v.problems.append(f"files: {', '.join(stray[:5])} is not a submission file; a submission folder holds "
-                          f"only {SUBMISSION_FILE} and {', '.join(sorted(known))} (remove the others)")
-        return v
+        raise _Rejected(f"files: {', '.join(stray[:5])} is not a submission file; a submission folder holds "
+                        f"only {SUBMISSION_FILE} and {', '.join(sorted(known))} (remove the others)")
     big = [p.name for p in folder.iterdir() if p.is_file() and p.stat().st_size > MAX_FILE_BYTES]
     if big:
-        v.problems.append(f"files: {', '.join(big)} is larger than {MAX_FILE_BYTES >> 20} MiB; refused unread")
-        return v
+        raise _Rejected(f"files: {', '.join(big)} is larger than {MAX_FILE_BYTES >> 20} MiB; refused unread")
     traj = folder / TRAJECTORIES_FILE
     if not traj.is_file():
-        v.problems.append(f"files: {traj} is missing")
-        return v
+        raise _Rejected(f"files: {traj} is missing")
+
+
+@dataclass(frozen=True)
+class _Digests:
+    """The SHA-256 of each submission file present (by key of :data:`SUBMISSION_FILES`), and the
+    keys whose file differs from the digest ``submission.json`` records."""
+
+    actual: Mapping[str, str]
+    changed: frozenset[str]
+
+
+def _check_digests(folder: Path, sub: Mapping[str, Any]) -> _Digests:
+    """Every file present is hashed in ``submission.json`` and every file hashed there is present;
+    which files differ from their digest is returned (the later checks say what that means)."""
+    known = {name: key for key, name in SUBMISSION_FILES.items()}
     recorded = dict(sub.get("files") or {})
     if sub.get("cache") and "cache" not in recorded:  # submissions before the files block hashed every file
         recorded["cache"] = {"file": CACHE_FILE, "sha256": (sub.get("cache") or {}).get("sha256")}
     actual = {key: file_sha256(folder / name) for name, key in known.items() if (folder / name).is_file()}
     changed = set()
+    problems = []
     for name, key in known.items():
         want = (recorded.get(key) or {}).get("sha256") if isinstance(recorded.get(key), Mapping) else None
         if key in actual and want is None:
-            v.problems.append(f"files: {name} is in the folder but not hashed in {SUBMISSION_FILE}")
+            problems.append(f"files: {name} is in the folder but not hashed in {SUBMISSION_FILE}")
         elif key in actual and want != actual[key]:
             changed.add(key)
         elif key not in actual and want is not None:
-            v.problems.append(f"files: {name} is hashed in {SUBMISSION_FILE} but missing")
-    if v.problems:
-        return v
-    traj_changed = "trajectories" in changed
-    cache_path = folder / CACHE_FILE
-    cache_info = sub.get("cache")
-    needs_cache = t.judge is not None or any("simulator" in h for h in t.players.values())
-    if needs_cache:
-        if not cache_info or not cache_path.is_file():
-            v.problems.append(f"files: track {t.id} records model calls, but the submission has no {CACHE_FILE}")
-            return v
-        if "cache" in changed or cache_info.get("sha256") != actual["cache"]:
-            v.problems.append(f"files: {CACHE_FILE} is not the file recorded in submission.json (SHA-256 differs): "
-                              "a recorded call was changed")
-    if "failures" in changed:
-        v.problems.append(f"files: {SUBMISSION_FILES['failures']} is not the file recorded in "
-                          "submission.json (SHA-256 differs)")
-    data = []
-    if t.data:
-        from collab_env.leaderboard.submission import data_file_digests as digest
+            problems.append(f"files: {name} is hashed in {SUBMISSION_FILE} but missing")
+    if problems:
+        raise _Rejected(*problems)
+    return _Digests(actual, frozenset(changed))
 
-        if not data_files:
-            v.problems.append(f"data: track {t.id} reads data files; pass them (--data-files) to verify")
-            return v
-        data = digest(data_files)
-        if [d["sha256"] for d in data] != [d.get("sha256") for d in sub.get("data_files", [])]:
-            v.problems.append("data: the data files given are not the ones the submission was played on "
-                              "(SHA-256 differs)")
-            return v
+
+def _check_cache_and_failures(t: Track, sub: Mapping[str, Any], folder: Path, digests: _Digests,
+                              needs_cache: bool) -> list[str]:
+    """A track whose players make model calls has the call cache, unchanged; the failures file is
+    unchanged. A missing cache stops verification (nothing could be replayed)."""
+    problems = []
+    cache_info = sub.get("cache")
+    if needs_cache:
+        if not cache_info or not (folder / CACHE_FILE).is_file():
+            raise _Rejected(f"files: track {t.id} records model calls, but the submission has no {CACHE_FILE}")
+        if "cache" in digests.changed or cache_info.get("sha256") != digests.actual["cache"]:
+            problems.append(f"files: {CACHE_FILE} is not the file recorded in submission.json (SHA-256 differs): "
+                            "a recorded call was changed")
+    if "failures" in digests.changed:
+        problems.append(f"files: {SUBMISSION_FILES['failures']} is not the file recorded in "
+                        "submission.json (SHA-256 differs)")
+    return problems
+
+
+def _check_data_files(t: Track, sub: Mapping[str, Any], data_files: Sequence[str] | None) -> None:
+    """On a track that reads data files, the files given are the ones the submission was played on."""
+    if not t.data:
+        return
+    from collab_env.leaderboard.submission import data_file_digests as digest
+
+    if not data_files:
+        raise _Rejected(f"data: track {t.id} reads data files; pass them (--data-files) to verify")
+    if [d["sha256"] for d in digest(data_files)] != [d.get("sha256") for d in sub.get("data_files", [])]:
+        raise _Rejected("data: the data files given are not the ones the submission was played on "
+                        "(SHA-256 differs)")
+
+
+def _ok_records(traj: Path) -> list[dict[str, Any]]:
+    """The finished episodes of the trajectories file (a malformed file stops verification)."""
     from collab_env.eval import load_results
 
     try:
-        records = [r for r in load_results(traj) if r.get("status") == "ok"]
+        return [r for r in load_results(traj) if r.get("status") == "ok"]
     except ConfigError as exc:
-        v.problems.append(f"files: {exc}")
-        return v
+        raise _Rejected(f"files: {exc}") from None
+
+
+@dataclass
+class _EpisodeSet:
+    """The submission's episodes by id (those within the requested number), the requested ids
+    without a record, the counts they were checked against, and the problems found."""
+
+    by_id: dict[int, dict[str, Any]]
+    missing: list[int]
+    requested: int
+    tasks: Any
+    problems: list[str]
+
+
+def _check_episode_set(t: Track, sub: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> _EpisodeSet:
+    """Every episode id at most once, with seed ``seed + k``, item ``k % tasks`` and the track's
+    env; the ids without a record are exactly those the submission lists as failed."""
     tasks = sub.get("tasks") if t.tasks is None else t.tasks
     requested = int((sub.get("episodes") or {}).get("requested", 0))
     by_id: dict[int, dict[str, Any]] = {}
+    problems = []
     # Records beyond the requested episodes are not part of the submission (nor of its numbers).
     for r in (r for r in records if not (isinstance(r.get("episode_id"), int) and r["episode_id"] >= requested)):
         k = r.get("episode_id")
         if not isinstance(k, int):
-            v.problems.append(f"episodes: a record without an episode id (seed {r.get('seed')})")
+            problems.append(f"episodes: a record without an episode id (seed {r.get('seed')})")
             continue
         if k in by_id:
-            v.problems.append(f"episode {k}: recorded twice")
+            problems.append(f"episode {k}: recorded twice")
             continue
-        by_id[k] = r
+        by_id[k] = dict(r)
         if r.get("seed") != t.seed + k or not isinstance(tasks, int) or r.get("index") != k % tasks:
-            v.problems.append(f"episode {k}: seed {r.get('seed')} and task {r.get('index')}, but the track plays "
-                              f"seed {t.seed + k} on task {k % tasks if isinstance(tasks, int) else '?'}")
+            problems.append(f"episode {k}: seed {r.get('seed')} and task {r.get('index')}, but the track plays "
+                            f"seed {t.seed + k} on task {k % tasks if isinstance(tasks, int) else '?'}")
         if r.get("env_id") != t.env_id:
-            v.problems.append(f"episode {k}: played on {r.get('env_id')}, the track is on {t.env_id}")
+            problems.append(f"episode {k}: played on {r.get('env_id')}, the track is on {t.env_id}")
     missing = [k for k in range(requested) if k not in by_id]
     claimed_failed = list((sub.get("episodes") or {}).get("failed", []))
     if missing != sorted(claimed_failed):
-        v.problems.append(f"episodes: {missing[:10]} have no record, the submission lists {claimed_failed[:10]} "
-                          "as failed")
-    if (not missing and requested == (sub.get("episodes") or {}).get("full")) and sub.get("kind") == "standard" \
-            and sub.get("custom_reasons"):
-        v.problems.append("kind: marked standard but lists reasons to be custom")
-    if (missing or requested < int((sub.get("episodes") or {}).get("full", requested))) \
-            and sub.get("kind") == "standard":
-        v.problems.append("kind: tasks are omitted or failed, so the entry cannot be standard")
-    if sub.get("kind") == "standard" and t.trials < MIN_STANDARD_TRIALS:
-        v.problems.append(f"kind: {t.id} plays {t.trials} trials per task; a standard entry needs a track with at "
-                          f"least {MIN_STANDARD_TRIALS} (play the track's current version)")
-    # The track, not the submission, says how many episodes a standard entry plays.
+        problems.append(f"episodes: {missing[:10]} have no record, the submission lists {claimed_failed[:10]} "
+                        "as failed")
+    return _EpisodeSet(by_id, missing, requested, tasks, problems)
+
+
+def _check_kind(t: Track, sub: Mapping[str, Any], eps: _EpisodeSet) -> list[str]:
+    """A *standard* entry lists no custom reason, omits or fails no episode, is on a track with
+    enough trials, and plays the number of episodes the track (not the submission) says."""
+    problems = []
+    episodes = sub.get("episodes") or {}
+    standard = sub.get("kind") == "standard"
+    if (not eps.missing and eps.requested == episodes.get("full")) and standard and sub.get("custom_reasons"):
+        problems.append("kind: marked standard but lists reasons to be custom")
+    if (eps.missing or eps.requested < int(episodes.get("full", eps.requested))) and standard:
+        problems.append("kind: tasks are omitted or failed, so the entry cannot be standard")
+    if standard and t.trials < MIN_STANDARD_TRIALS:
+        problems.append(f"kind: {t.id} plays {t.trials} trials per task; a standard entry needs a track with at "
+                        f"least {MIN_STANDARD_TRIALS} (play the track's current version)")
+    tasks = eps.tasks
     track_full = t.episodes if t.episodes is not None else (tasks * t.trials if isinstance(tasks, int) else None)
-    claimed_full = (sub.get("episodes") or {}).get("full")
-    if sub.get("kind") == "standard" and track_full is not None \
-            and (requested != track_full or claimed_full != track_full):
-        v.problems.append(f"kind: a standard entry on {t.id} plays the track's {track_full} episodes "
-                          f"({tasks} tasks x {t.trials} trials); this one records requested {requested}, "
-                          f"full {claimed_full}")
-    # 3-4. Re-play every episode. A program recorded in several trials of a task is scored once
-    # (the verdict is a function of the program and the trusted tests).
-    from collab_env.sandbox.harness import reuse_test_results
+    claimed_full = episodes.get("full")
+    if standard and track_full is not None and (eps.requested != track_full or claimed_full != track_full):
+        problems.append(f"kind: a standard entry on {t.id} plays the track's {track_full} episodes "
+                        f"({tasks} tasks x {t.trials} trials); this one records requested {eps.requested}, "
+                        f"full {claimed_full}")
+    return problems
 
-    with reuse_test_results():
-        problems = asyncio.run(_replay_all(t, sub, by_id, cache_path if needs_cache else None, data_files))
-    v.problems.extend(problems)
-    v.episodes = len(by_id)
-    # The track's own players, regenerated: the recorded calls are the submitter's file, so a
-    # reply the track's simulator never wrote could have been edited into both the cache and the
-    # trajectory. Played again from the pinned models, such an episode differs.
-    if needs_cache:
-        n_regen = len(by_id) if full else min(len(by_id),
-                                              REGENERATE_SAMPLE if regenerate is None else max(0, regenerate))
-        if t.kind == "api":
-            v.regeneration = ("calls replayed, not regenerated: the track's simulator or judge is an API model, "
-                              "whose replies cannot be reproduced bit for bit")
-        elif n_regen:
-            import random
 
-            rng = random.Random(sample_seed) if sample_seed is not None else random.SystemRandom()
-            v.regenerated = sorted(rng.sample(sorted(by_id), n_regen))
-            v.problems.extend(asyncio.run(_replay_all(t, sub, {k: by_id[k] for k in v.regenerated}, None,
-                                                      data_files, regenerate=True)))
-            v.regeneration = (f"{n_regen} of {len(by_id)} episodes regenerated with the track's own "
-                              f"{'models' if t.judge is not None else 'user simulator'}, every call compared")
-    # Aggregates of submission.json against the trajectories.
+@dataclass(frozen=True)
+class _Regeneration:
+    """The episodes regenerated with the track's own models, the report's note, the problems."""
+
+    episodes: list[int]
+    note: str
+    problems: list[str]
+
+
+def _regenerate_sample(t: Track, sub: Mapping[str, Any], by_id: Mapping[int, Mapping[str, Any]],
+                       data_files: Sequence[str] | None, *, regenerate: int | None, full: bool,
+                       sample_seed: int | None) -> _Regeneration:
+    """Play a random sample of episodes (all with ``full``) again with the track's pinned models,
+    every call compared; an API track's calls are replayed only (not reproducible bit for bit)."""
+    n_regen = len(by_id) if full else min(len(by_id), REGENERATE_SAMPLE if regenerate is None else max(0, regenerate))
+    if t.kind == "api":
+        return _Regeneration([], "calls replayed, not regenerated: the track's simulator or judge is an API "
+                                 "model, whose replies cannot be reproduced bit for bit", [])
+    if not n_regen:
+        return _Regeneration([], "", [])
+    import random
+
+    rng = random.Random(sample_seed) if sample_seed is not None else random.SystemRandom()
+    drawn = sorted(rng.sample(sorted(by_id), n_regen))
+    problems = asyncio.run(_replay_all(t, sub, {k: by_id[k] for k in drawn}, None, data_files, regenerate=True))
+    return _Regeneration(drawn, f"{n_regen} of {len(by_id)} episodes regenerated with the track's own "
+                                f"{'models' if t.judge is not None else 'user simulator'}, every call compared",
+                         problems)
+
+
+def _check_aggregates(t: Track, sub: Mapping[str, Any], by_id: Mapping[int, Mapping[str, Any]]) -> list[str]:
+    """``submission.json``'s cost and simulator-fault count equal the sums over the trajectories."""
+    problems = []
     usage = {"model_calls": 0.0, "prompt_tokens": 0.0, "completion_tokens": 0.0, "cost": 0.0}
     sim = 0
     for r in by_id.values():
@@ -451,13 +560,11 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
             usage[key] += x
         sim += int(episode_faults(r, t.submitted)["simulator"] > 0)
     if sub.get("cost") != usage:
-        v.problems.append(f"cost: submission.json says {sub.get('cost')}, the trajectories sum to {usage}")
+        problems.append(f"cost: submission.json says {sub.get('cost')}, the trajectories sum to {usage}")
     if (sub.get("faults") or {}).get("simulator_episodes") != sim:
-        v.problems.append(f"faults: submission.json counts {(sub.get('faults') or {}).get('simulator_episodes')} "
-                          f"episodes with simulator faults, the trajectories {sim}")
-    if traj_changed and v.ok:
-        v.problems.append(f"files: {TRAJECTORIES_FILE} is not the file recorded in submission.json (SHA-256 differs)")
-    return v
+        problems.append(f"faults: submission.json counts {(sub.get('faults') or {}).get('simulator_episodes')} "
+                        f"episodes with simulator faults, the trajectories {sim}")
+    return problems
 
 
 def _cause(exc: BaseException, kind: type[BaseException]) -> BaseException | None:

@@ -88,8 +88,44 @@ _HF_LEGACY = {"user_rule": "keyword", "guess_is_wrong": False}
 #: The make keywords of a hidden-facts v2 id (issue 27): v1's rules, text that reads as sense.
 _HF_V2 = {"sensible_numbers": True}
 
+#: What the next version of a superseded id changed (``EnvSpec.superseded``; ``make`` warns with
+#: it). Keys: the superseded version of each family; the version histories in the task modules
+#: say the same at length.
+_SUPERSEDED = {
+    "hidden-facts": {
+        0: "the user reveals a fact only to a question asking for it, and a guess at a withheld "
+           "value ends the episode as a wrong answer; v0's keyword user revealed a fact to any clause "
+           "naming the object and a keyword, so statements and keyword lists gamed it",
+        1: "the same rules and items in text that reads as sense (a stated 1 in the singular, "
+           "clock hours 2..12 in the distractors)",
+    },
+    "team-facts": {
+        0: "a message counts as a question about a fact only when it asks for it; v0 counted any "
+           "clause naming an object and a keyword, so statements and keyword lists gamed it",
+    },
+    "math-chat": {
+        0: "v0's problems in text that reads as sense (a number 1 takes the singular); numbers, "
+           "answers, users and rewards unchanged",
+    },
+    "collabllm-bigcodebench": {
+        1: "pass_rate runs the rows' unittest suites in the sandbox; v1's pass_rate executed the "
+           "class definition only, so every program scored 1.0 (the v1 id now scores like v2)",
+    },
+}
 
-def _register_hidden_facts(register, EnvSpec, cards, name, d, version, rule) -> None:
+
+def _version_of(env_id: str, ids: Any) -> tuple[int, tuple[int, ...]]:
+    """``env_id``'s version and the versions of its name among ``ids``."""
+    name, version = env_id.rsplit("-v", 1)
+    return int(version), tuple(int(i.rsplit("-v", 1)[1]) for i in ids if i.rsplit("-v", 1)[0] == name)
+
+
+def _superseded(family: str, version: int, versions: tuple[int, ...]) -> str:
+    """The :attr:`EnvSpec.superseded` note of ``family``'s ``version``, or ``""`` for its latest."""
+    return _SUPERSEDED[family][version] if version < max(versions) else ""
+
+
+def _register_hidden_facts(register, EnvSpec, cards, name, d, version, rule, versions) -> None:
     register(
         EnvSpec(
             id=f"{name}-v{version}",
@@ -109,6 +145,7 @@ def _register_hidden_facts(register, EnvSpec, cards, name, d, version, rule) -> 
             }.get(version, ""),
             suite="builtin",
             card=cards[f"{name}-v{version}"],
+            superseded=_superseded("hidden-facts", version, versions),
         )
     )
 
@@ -127,9 +164,10 @@ def register_builtin() -> None:
     # a withheld value counts as a wrong answer; v0 (legacy) keeps the keyword user; v2 (issue 27)
     # is v1 in text that reads as sense. A level without "versions" has all three.
     for name, d in _HIDDEN_FACTS.items():
+        versions = d.get("versions", (0, 1, 2))
         for version, rule in ((0, _HF_LEGACY), (1, {}), (2, _HF_V2)):
-            if version in d.get("versions", (0, 1, 2)):
-                _register_hidden_facts(register, EnvSpec, BUILTIN_CARDS, name, d, version, rule)
+            if version in versions:
+                _register_hidden_facts(register, EnvSpec, BUILTIN_CARDS, name, d, version, rule, versions)
 
     register(
         EnvSpec(
@@ -166,7 +204,8 @@ def register_builtin() -> None:
             # v1: default collaborative system prompt, -large sessions layout, recipe BLEU (see
             # the Version history in collab_env.tasks.collabllm). v0 had no published results.
             # bigcodebench v2: pass_rate runs the unittest suites (v1 legacy: it never did).
-            for version in ((1, 2) if ds == "bigcodebench" else (1,)):
+            versions = (1, 2) if ds == "bigcodebench" else (1,)
+            for version in versions:
                 register(
                     EnvSpec(
                         id=f"{name}-v{version}",
@@ -189,6 +228,7 @@ def register_builtin() -> None:
                         suite="collabllm",
                         needs_data=True,
                         card=BUILTIN_CARDS[f"{name}-v{version}"],
+                        superseded=_superseded("collabllm-bigcodebench", version, versions),
                     )
                 )
 
@@ -217,6 +257,7 @@ def register_builtin() -> None:
                 description=level["description"],
                 suite="builtin",
                 card=team_facts_card(env_id),
+                superseded=_superseded("team-facts", *_version_of(env_id, TEAM_FACTS_LEVELS)),
                 reward_options={
                     "joint-shared": {"joint": "collab_env.tasks.team:team_round_reward", "mode": "shared"},
                     "joint-per_agent": {"joint": "collab_env.tasks.team:team_round_reward_per_agent",
@@ -266,6 +307,7 @@ def register_builtin() -> None:
                 ),
                 suite="builtin",
                 card=CHAT_CARDS[f"{name}-v{version}"],
+                superseded=_superseded(name, *_version_of(f"{name}-v{version}", CHAT_CARDS)),
             )
         )
 

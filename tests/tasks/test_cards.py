@@ -11,6 +11,7 @@ from collab_env.policy import FixedTextPolicy
 from collab_env.rewards.joint import JointReward
 from collab_env.rollout import run_episode
 from collab_env.tasks.cooperative import length_ratio_reward
+from collab_env.testing.versions import building
 from collab_env.types import Completion
 
 #: 99,999 characters, 50,000 whitespace words: the longest word count a message can have
@@ -51,7 +52,7 @@ def card_range(env_id, option):
 
 
 def test_hidden_facts_ranges_are_reached():
-    env_id = "hidden-facts-v0"
+    env_id = "hidden-facts-v2"
     lo, hi = card_range(env_id, "mr")
     # Six asking turns, each judged accurate by its futures; the user never ends the chat.
     best = ret(env_id, {"assistant": ASK, "user": FixedTextPolicy("Go on.")}, reward="mr",
@@ -159,16 +160,18 @@ def test_every_card_reward_option_builds_through_make():
         s = collab_env.spec(env_id)
         if s.needs_data:
             continue
-        for option in s.card.reward_range:
-            if option == "default":
-                continue
-            try:
-                env = collab_env.make(env_id, reward=option)
-            except ConfigError as exc:
-                # mr and conversation need a judge or a future policy here: the error says which to pass
-                assert option in ("mr", "conversation") and "pass " in str(exc), (env_id, option, exc)
-                continue
-            env.reset(seed=0)
+        with building(env_id):  # every id, superseded ones too
+            collab_env.make(env_id).reset(seed=0)
+            for option in s.card.reward_range:
+                if option == "default":
+                    continue
+                try:
+                    env = collab_env.make(env_id, reward=option)
+                except ConfigError as exc:
+                    # mr and conversation need a judge or a future policy here: the error says which to pass
+                    assert option in ("mr", "conversation") and "pass " in str(exc), (env_id, option, exc)
+                    continue
+                env.reset(seed=0)
         assert set(s.reward_options) <= set(s.card.reward_range), env_id
 
 

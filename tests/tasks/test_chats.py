@@ -22,6 +22,7 @@ from collab_env.tasks.chats import (
     problem_units,
 )
 from collab_env.tasks.math_problems import KINDS, math_problem
+from collab_env.testing.versions import building
 from collab_env.types import Conversation, Message
 from tests._judges import JsonJudgeBackend
 
@@ -342,8 +343,10 @@ def test_recorded_embedded_episode_replays_bit_identically(env_id, tmp_path):
     assert recorded["bit_identical_replay"] is True
     cache = tmp_path / "cache.sqlite"
     shutil.copyfile(RESULTS / f"chats_{short}_cache.sqlite", cache)  # replay opens it read/write (WAL)
-    # the id it was recorded on (math-chat-v0: the unversioned name is now v1, issue 27)
-    ep = play(recorded["env_id"], recorded["seed"], cache, "replay")
+    # the id it was recorded on (math-chat-v0: the unversioned name is now v1, issue 27), kept
+    # reproducible on purpose: a superseded id warns (building expects it)
+    with building(recorded["env_id"]):
+        ep = play(recorded["env_id"], recorded["seed"], cache, "replay")
     assert json.dumps(ep.to_dict(), sort_keys=True) == json.dumps(recorded["episode"], sort_keys=True)
     users = [m for m in ep.conversation if m.author == "user" and m.role != "system"]
     assert len(users) >= 2  # the LLM user spoke after the opening

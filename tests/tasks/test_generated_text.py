@@ -34,6 +34,7 @@ import pytest
 import collab_env
 from collab_env.tasks.hidden_facts import HiddenFactsConfig, generate_item
 from collab_env.tasks.math_problems import math_problem
+from collab_env.testing.versions import building
 
 #: entry point -> the make() keywords of the variants to read (splits, problem sets).
 GENERATED: dict[str, tuple[dict, ...]] = {
@@ -112,7 +113,8 @@ def defects(env_id: str) -> dict[str, list[str]]:
     """Defect kind -> excerpts, over ``ITEMS_PER_VARIANT`` items of every variant of ``env_id``."""
     found: dict[str, list[str]] = {}
     for kw in GENERATED[collab_env.spec(env_id).entry_point]:
-        env = collab_env.make(env_id, **kw)
+        with building(env_id):  # every generated id, the superseded (locked) ones too
+            env = collab_env.make(env_id, **kw)
         n = env.task.num_items()
         for index in range(ITEMS_PER_VARIANT if n is None else min(n, ITEMS_PER_VARIANT)):
             obs, _ = env.reset(seed=index, options={"index": index})

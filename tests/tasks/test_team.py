@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import collab_env
-from collab_env.errors import ConfigError
+from collab_env.errors import ConfigError, DeprecatedEnvWarning
 from collab_env.eval import evaluate
 from collab_env.registry import spec
 from collab_env.rewards.joint import JointReward
@@ -115,7 +115,7 @@ def test_silent_round_skips_the_user_and_costs_nothing():
 
 
 def test_lowest_default_return_matches_the_card():
-    for env_id, n in (("team-facts-easy-v0", 2), ("team-facts-hard-v0", 3)):
+    for env_id, n in (("team-facts-easy-v1", 2), ("team-facts-hard-v1", 3)):
         env, _, _ = start(env_id)
         total = 0.0
         while env.agents:
@@ -217,7 +217,7 @@ def test_joint_reward_modes_by_hand(mode, expected):
 # ---------------------------------------------------------------------------------------------
 # Reference teams
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("env_id, naive_return", [("team-facts-easy-v0", -0.3), ("team-facts-hard-v0", -0.6)])
+@pytest.mark.parametrize("env_id, naive_return", [("team-facts-easy-v1", -0.3), ("team-facts-hard-v1", -0.6)])
 def test_reference_teams(env_id, naive_return):
     agents = spec(env_id).trainable
     runs = {name: evaluate(env_id, dict.fromkeys(agents, name), num_episodes=12, progress=False)
@@ -357,7 +357,9 @@ def test_legacy_ids_keep_the_keyword_rule():
     objects = [("bus", "buses"), ("coach", "coaches")]
     text = "You would multiply the number of buses by the seats of each coach."
     assert named_facts(text, "trip", objects, rule="keyword") == [("bus", "unit"), ("coach", "unit")]
-    assert collab_env.make("team-facts-easy-v0").task.config.question_rule == "keyword"
     assert collab_env.make("team-facts-easy").task.config.question_rule == "question"
-    eps = play_team("team-facts-easy-v0", TeamStatement())
+    # Reproducing v0 on purpose: it builds, with the warning that names the change and v1.
+    with pytest.warns(DeprecatedEnvWarning, match="^team-facts-easy-v0 is superseded by team-facts-easy-v1"):
+        assert collab_env.make("team-facts-easy-v0").task.config.question_rule == "keyword"
+        eps = play_team("team-facts-easy-v0", TeamStatement())
     assert sum(facts_told("team-facts-easy-v0", e) for e in eps) > 0  # the old hole, kept
