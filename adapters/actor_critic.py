@@ -62,7 +62,6 @@ from collab_env.adapters.common.config import (
 from collab_env.adapters.common.critic_learner import (
     CriticInput,
     CriticLearner,
-    RolloutSample,
     Transition,
 )
 from collab_env.adapters.common.critics import actor_loss, clipped_value_loss, gae, td_targets
@@ -350,7 +349,8 @@ class _ActorCriticTrainer(CriticLearner):
             critic_loss = vl / n
             clipped_count = float(v_clipped.sum())
             if q_old_t is not None and q_tgt_t is not None:
-                ql, q_clipped = clipped_value_loss(torch.stack(q_new), q_old_t.to(dev), q_tgt_t.to(dev), a.value_clip_range)
+                ql, q_clipped = clipped_value_loss(torch.stack(q_new), q_old_t.to(dev), q_tgt_t.to(dev),
+                                                   a.value_clip_range)
                 critic_loss = critic_loss + ql / n
                 clipped_count += float(q_clipped.sum())
             (a.value_loss_coef * critic_loss).backward()

@@ -53,7 +53,6 @@ from collab_env.adapters.common.logging import MetricsLogger
 from collab_env.adapters.common.loop import RunState, Schedule, mean, merge_metrics, run
 from collab_env.adapters.common.pairs import (
     Pair,
-    encode_pair,
     encode_pair_rows,
     pair_logps,
     split_by_agent,
@@ -130,7 +129,8 @@ def _dpo_step(pm: Any, pairs: Sequence[Pair], args: DPOConfig, micro: int) -> di
         losses, rc, rr = dpo_loss(pi_c, pi_r, ref_c, ref_r, beta=args.beta)
         (losses.sum() / n).backward()
         _accumulate(sums, losses, rc, rr, pi_c, pi_r)
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm if args.max_grad_norm is not None else float("inf"))
+    max_norm = args.max_grad_norm if args.max_grad_norm is not None else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     pm.optimizer.step()
     pm.scheduler.step()
     pm.model.eval()
@@ -170,7 +170,8 @@ class _Base:
         """Save models, optimisers, schedulers, reference weights, position and RNG states
         (default ``<output_dir>/checkpoint-<optimiser steps>``)."""
 
-        path = Path(path) if path is not None else Path(self.args.output_dir) / f"checkpoint-{self.state.optimizer_steps}"
+        if path is None:
+            path = Path(self.args.output_dir) / f"checkpoint-{self.state.optimizer_steps}"
         return save_checkpoint(path, self._unique, asdict(self.state), getattr(self, "_rng", None))
 
     def _resume(self, path: str | Path) -> None:

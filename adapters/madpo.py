@@ -210,8 +210,8 @@ def select_preference_pairs(rewards: Sequence[float], mode: str = "reward_gap", 
     """
     check_choice("pair_selection", mode, ("reward_gap", "all", "random"))
     check_int("limit", limit, 1, allow_none=True)
-    cands = [(float(rw) - float(rl), w, l) for w, rw in enumerate(rewards) for l, rl in enumerate(rewards)
-             if w != l and float(rw) - float(rl) > 0]
+    cands = [(float(rw) - float(rl), w, lo) for w, rw in enumerate(rewards) for lo, rl in enumerate(rewards)
+             if w != lo and float(rw) - float(rl) > 0]
     if mode == "random":
         if rng is None:
             raise ConfigError("pair_selection='random' needs rng= (a numpy Generator).")
@@ -220,7 +220,7 @@ def select_preference_pairs(rewards: Sequence[float], mode: str = "reward_gap", 
         cands.sort(key=lambda c: -c[0])  # stable: equal gaps stay in index order
     if limit is not None:
         cands = cands[:limit]
-    return [(w, l) for _, w, l in cands]
+    return [(w, lo) for _, w, lo in cands]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,8 +345,8 @@ class MADPOTrainer(TreeLearner):
                 evaluations += len(rewards)
                 picked = select_preference_pairs(rewards, a.pair_selection, a.preference_pairs_per_sample,
                                                  rng=pair_rng)
-                for w, l in picked:
-                    pairs.append(self._make_pair(node, w, l, rewards, indices[node.root]))
+                for w, lo in picked:
+                    pairs.append(self._make_pair(node, w, lo, rewards, indices[node.root]))
         self.state.items_done = n_items
         self.pairs = pairs
         metrics = {"preference/num_pairs": float(len(pairs)),
@@ -358,24 +358,24 @@ class MADPOTrainer(TreeLearner):
         self.logger.log(metrics, env_step=self.state.env_step, epoch=self.state.epoch, item=self.state.items_done)
         return pairs
 
-    def _make_pair(self, node: Any, w: int, l: int, rewards: Sequence[float], item: int) -> JointPreferencePair:
+    def _make_pair(self, node: Any, w: int, lo: int, rewards: Sequence[float], item: int) -> JointPreferencePair:
         if self.centralized:
             c = node.meta_joint
             return JointPreferencePair(
                 prompt_ids=[list(node.central_prompt_ids)], chosen_ids=[list(c[w].token_ids or ())],
-                rejected_ids=[list(c[l].token_ids or ())], prompts=list(node.agent_prompts),
-                chosen=list(node.parts[w]), rejected=list(node.parts[l]), chosen_reward=float(rewards[w]),
-                rejected_reward=float(rewards[l]), candidate_reward_mean=mean(rewards), item=item,
-                meta={"chosen_text": c[w].text, "rejected_text": c[l].text})
+                rejected_ids=[list(c[lo].token_ids or ())], prompts=list(node.agent_prompts),
+                chosen=list(node.parts[w]), rejected=list(node.parts[lo]), chosen_reward=float(rewards[w]),
+                rejected_reward=float(rewards[lo]), candidate_reward_mean=mean(rewards), item=item,
+                meta={"chosen_text": c[w].text, "rejected_text": c[lo].text})
         agents = range(len(self.players))
         comps = node.completions
         return JointPreferencePair(
             prompt_ids=[list(node.prompt_ids[i]) for i in agents],
             chosen_ids=[list(comps[i][w].token_ids or ()) for i in agents],
-            rejected_ids=[list(comps[i][l].token_ids or ()) for i in agents],
+            rejected_ids=[list(comps[i][lo].token_ids or ()) for i in agents],
             prompts=[node.prompts[i] for i in agents], chosen=[comps[i][w].text for i in agents],
-            rejected=[comps[i][l].text for i in agents], chosen_reward=float(rewards[w]),
-            rejected_reward=float(rewards[l]), candidate_reward_mean=mean(rewards), item=item)
+            rejected=[comps[i][lo].text for i in agents], chosen_reward=float(rewards[w]),
+            rejected_reward=float(rewards[lo]), candidate_reward_mean=mean(rewards), item=item)
 
     # -- centralised rollouts -------------------------------------------------------------------
     def _centralized_nodes(self, env: Any, indices: Sequence[int], k: int, sampling: Mapping[str, Any],

@@ -49,10 +49,10 @@ from typing import Any, ClassVar, Literal
 
 from collab_env.adapters.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from collab_env.adapters.common.config import PPOFields, check_choice, check_float, check_int, learner_config
+from collab_env.adapters.common.joint_reward import JointRewardModel
 from collab_env.adapters.madpo import MADPOConfig, MADPOTrainer
 from collab_env.adapters.magrpo import MAGRPOConfig, MAGRPOTrainer
 from collab_env.adapters.reinforce import MAREINFORCEConfig, MAREINFORCETrainer
-from collab_env.adapters.common.joint_reward import JointRewardModel
 from collab_env.adapters.reward_model import RewardModelConfig, RewardModelTrainer
 from collab_env.errors import ConfigError
 
@@ -109,7 +109,8 @@ class MARLHFConfig(PPOFields, MADPOConfig):
         check_choice("rl_algorithm", self.rl_algorithm, RL_ALGORITHMS)
         if self.reward_model_name is not None and (not isinstance(self.reward_model_name, str)
                                                    or not self.reward_model_name):
-            raise ConfigError(f"reward_model_name must be None or a model folder / hub id, got {self.reward_model_name!r}.")
+            raise ConfigError(f"reward_model_name must be None or a model folder / hub id, "
+                              f"got {self.reward_model_name!r}.")
         check_float("reward_learning_rate", self.reward_learning_rate, 0.0, low_open=True)
         check_int("reward_num_train_epochs", self.reward_num_train_epochs, 1)
         check_int("reward_train_batch_size", self.reward_train_batch_size, 1)
@@ -234,8 +235,9 @@ class MARLHFTrainer(MADPOTrainer):
                              agents=list(self.players), name="reward_model")
         models = [pm.model for pm in self.models]  # the same modules: the backend trains them in place
         toks = [pm.tokenizer for pm in self.models]
-        backend = trainer_cls(agent_model=models, tokenizer=toks, env=rm_env, eval_env=self.eval_env, policies=self.others,
-                              trained_players=list(self.players), args=self._backend_config(config_cls, fixed))
+        backend = trainer_cls(agent_model=models, tokenizer=toks, env=rm_env, eval_env=self.eval_env,
+                              policies=self.others, trained_players=list(self.players),
+                              args=self._backend_config(config_cls, fixed))
         backend.logger.close()
         backend.logger = self.logger  # one metrics.jsonl for the whole run
         backend.state.env_step = self.state.env_step

@@ -45,6 +45,7 @@ from typing import Any, ClassVar, Literal
 
 import collab_env.adapters as adapters_package
 from collab_env._async import run_sync
+from collab_env.adapters import magrpo
 from collab_env.adapters.common.baselines import BASELINES, baseline_advantages
 from collab_env.adapters.common.config import (
     RolloutFields,
@@ -61,7 +62,6 @@ from collab_env.adapters.common.losses import kl_k3, masked_aggregate
 from collab_env.adapters.common.rollout import TreeNode, compute_returns, expand_tree
 from collab_env.adapters.common.task import turn_metrics
 from collab_env.adapters.common.tree_learner import TreeLearner
-from collab_env.adapters import magrpo
 from collab_env.errors import ConfigError
 from collab_env.policy import SamplingParams
 
@@ -175,7 +175,8 @@ class MAREINFORCETrainer(TreeLearner):
         args = self.config_class() if args is None else args
         name = self.config_class.__name__
         if not isinstance(args, MAREINFORCEConfig):
-            raise ConfigError(f"args must be a {name}, got {type(args).__name__} (MAGRPOConfig belongs to MAGRPOTrainer).")
+            raise ConfigError(f"args must be a {name}, got {type(args).__name__} "
+                              "(MAGRPOConfig belongs to MAGRPOTrainer).")
         if self.config_class is not MAREINFORCEConfig and args.baseline != self.config_class.baseline:
             raise ConfigError(f"{type(self).__name__} trains with baseline={self.config_class.baseline!r}, got "
                               f"args.baseline={args.baseline!r}: pass a {name}, or use MAREINFORCETrainer.")

@@ -29,7 +29,7 @@ TREE = ROOT / "build" / "typecheck"
 #: Subpackage of collab_env -> its source folder (setup.py's package_dir). collab_env.adapters is
 #: not linked yet (issue 41: it joins after its refactor): until then mypy sees it as a missing
 #: module (Any), as it did before.
-MAPPED = {"agents": "agents"}
+MAPPED = {"agents": "agents", "adapters": "adapters"}
 
 
 def build_tree() -> Path:

@@ -343,7 +343,8 @@ def _decode(obj: Any, tensors: Mapping[str, Any], file: Path, where: str = "data
         out = {}
         for i, pair in enumerate(value):
             if not isinstance(pair, list) or len(pair) != 2:
-                raise damaged(file, f"item {i} of the __items__ at {where} is {str(pair)[:60]}, not a [key, value] pair")
+                raise damaged(file, f"item {i} of the __items__ at {where} is {str(pair)[:60]}, "
+                                    "not a [key, value] pair")
             key = _decode(pair[0], tensors, file, f"{where} key {i}")
             try:
                 hash(key)
@@ -616,7 +617,8 @@ def check_rng(state: Any, generator: Any = None, *, source: str = "the RNG state
                                   "many GPUs as the run that saved it")
             for i, c in enumerate(cuda):
                 if c.numel() != torch.cuda.get_rng_state(i).numel():
-                    raise bad("CUDA", f"GPU {i}'s state is {c.numel()} bytes, not {torch.cuda.get_rng_state(i).numel()}")
+                    want = torch.cuda.get_rng_state(i).numel()
+                    raise bad("CUDA", f"GPU {i}'s state is {c.numel()} bytes, not {want}")
     gen_state = state.get("generator")
     if generator is not None and "generator" in state:
         problem = _check_bit_generator(gen_state, type(generator.bit_generator).__name__)
@@ -682,7 +684,8 @@ def load_checkpoint(path: str | Path, models: Sequence[Any], generator: Any = No
         raise ConfigError(f"{path} is not a folder; pass the checkpoint folder save_checkpoint() wrote.")
     if stat_regular(file) is None:
         refuse_legacy(path / LEGACY_STATE_FILE)
-        raise ConfigError(f"{path} is not a checkpoint folder (no {STATE_FILE}); pass the folder save_checkpoint() wrote.")
+        raise ConfigError(f"{path} is not a checkpoint folder (no {STATE_FILE}); "
+                          "pass the folder save_checkpoint() wrote.")
     blob = load_safe(path, STATE_NAME)
     if not isinstance(blob, dict) or not {"models", "state", "rng"} <= set(blob):
         raise ConfigError(f"{file} is not a trainer checkpoint (it needs models, state and rng); pass the folder "
@@ -699,7 +702,8 @@ def load_checkpoint(path: str | Path, models: Sequence[Any], generator: Any = No
             raise damaged(file, f"model {k}'s entry is not a dict of params, optimizer, scheduler and reference")
         params = dict(pm.trainable_parameters())
         if not isinstance(saved["params"], dict) or set(params) != set(saved["params"]):
-            raise ConfigError("the checkpoint's trainable parameters do not match this model (other model or LoRA setting?).")
+            raise ConfigError("the checkpoint's trainable parameters do not match this model "
+                              "(other model or LoRA setting?).")
         check_tensors(file, f"model {k}'s parameter", saved["params"], {n: p.shape for n, p in params.items()})
         if saved["reference"] is not None and pm.reference is not None:
             want = {n: t.shape for n, t in pm.reference.state_dict().items()}

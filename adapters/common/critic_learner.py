@@ -225,7 +225,8 @@ class CriticLearner(TaskLearner):
                                            metadata={"turn": node.depth + 1, "reward": 0.0,
                                                      "player": self.players[agent],
                                                      "item_index": int(indices[root.root]), "item": item})
-                    tr = Transition(root=root.root, turn=node.depth, agent=agent, prompt_ids=list(node.prompt_ids[agent]),
+                    tr = Transition(root=root.root, turn=node.depth, agent=agent,
+                                    prompt_ids=list(node.prompt_ids[agent]),
                                     completion_ids=tuple(comp.token_ids or ()), reward=0.0, critic_key=key,
                                     critic_prefix=prefix, critic_suffix=suffix, sample=sample)
                     out.append(tr)

@@ -253,7 +253,8 @@ class TaskSource:
                 return collab_env.make(e, **dict(env_kwargs or {}))
             for attr in env_methods:
                 if not hasattr(e, attr):
-                    raise ConfigError(f"env must be a registered id or an environment object; {type(e).__name__} has no {attr!r}.")
+                    raise ConfigError(f"env must be a registered id or an environment object; "
+                                      f"{type(e).__name__} has no {attr!r}.")
             return e
 
         train, evaluation = build(env), build(eval_env)

@@ -9,8 +9,8 @@ weight update the engine's prefix cache is reset: cached keys and values of the 
 not be reused.
 
 The weights are loaded by each engine worker through ``LLM.collective_rpc`` and the worker's
-``reload_weights`` (Hugging Face parameter names; vLLM redoes its kernel-format processing). A LoRA model is merged on the fly
-(``merge_and_unload`` on a copy) before its weights are sent. Tested on the CPU build of vLLM
+``reload_weights`` (Hugging Face parameter names; vLLM redoes its kernel-format processing). A LoRA
+model is merged on the fly (``merge_and_unload`` on a copy) before its weights are sent. Tested on the CPU build of vLLM
 (``make test-vllm``); on GPUs the same calls apply (use ``gpu_memory_utilization`` in
 ``vllm_engine_kwargs`` to leave room for training).
 """

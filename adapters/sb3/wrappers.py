@@ -246,7 +246,8 @@ class MacroActionWrapper(DialogueEnv):
         except Exception as exc:
             raise PolicyError(f"realiser {describe(self.realiser_policy)} failed on act {act.name!r}: {exc!r}") from exc
         if not isinstance(out, list) or len(out) != 1 or not isinstance(out[0], Completion):
-            raise PolicyError(f"realiser {describe(self.realiser_policy)} must return one Completion, got {out!r:.200}.")
+            raise PolicyError(f"realiser {describe(self.realiser_policy)} must return one Completion, "
+                              f"got {out!r:.200}.")
         return out[0] if out[0].is_fault else out[0].text
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
