@@ -404,7 +404,7 @@ class CriticLearner(TaskLearner):
         """Restore what :meth:`save_checkpoint` wrote (actors, critics, optimisers, schedulers,
         RNG states, position) into this trainer, built with the same models and config;
         :meth:`train` then continues the run. Only safetensors and JSON are read: an old pickle
-        (``critic_<k>.pt``) is refused with how to convert it.
+        (``critic_<k>.pt``) is refused unread.
 
         Raises:
             ConfigError: Not a checkpoint of this trainer's shape (critics, parameters).
