@@ -139,9 +139,9 @@ class ComlrlExport:
             indices = range(int(n))
         self.num_turns = max(1, self._proto.unwrapped.max_steps // len(task.turn_order))
         self._openings: dict[tuple[int, int], _Node] = {}
-        self.rows = []
+        self.rows: list[dict[str, Any]] = []
         for k, i in enumerate(indices):
-            row = {"env_seed": int(seed) + k, "env_index": int(i)}
+            row: dict[str, Any] = {"env_seed": int(seed) + k, "env_index": int(i)}
             item_prompt = task.get_item(int(i)).get("prompt")
             opening = self._opening(row)
             row["prompt"] = item_prompt if isinstance(item_prompt, str) else opening.prompts[0]

@@ -152,6 +152,24 @@ def _accumulate(sums: dict[str, float], losses, rc, rr, pi_c, pi_r) -> None:
 class _Base:
     """Model loading, optimisers, logging and checkpoints shared by both trainers."""
 
+    args: DPOConfig
+
+    def _check_trainable(self) -> None:
+        """Raise :class:`ConfigError` when there is nothing to train on (each trainer checks its own)."""
+        raise NotImplementedError
+
+    def schedule(self) -> Schedule:
+        """The run's schedule (each trainer computes its own)."""
+        raise NotImplementedError
+
+    def train_step(self, batch: Sequence[int]) -> dict[str, float]:
+        """One update (each trainer writes its own)."""
+        raise NotImplementedError
+
+    def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
+        """Evaluation (each trainer writes its own)."""
+        raise NotImplementedError
+
     def _setup(self, agent_model: Any, tokenizer: Any, args: DPOConfig, wandb_config: Any, steps: int) -> None:
         import torch
 
@@ -497,7 +515,9 @@ class OnlineDPOTrainer(TaskLearner, _Base):
                                               self.state)
         if n == 0:
             return {}
-        rewards, returns, lengths = [], [], []
+        rewards: list[float] = []
+        returns: list[float] = []
+        lengths: list[int] = []
         for start in range(0, n, a.eval_batch_size):
             levels = self._rollout(self.eval_env, list(range(start, min(n, start + a.eval_batch_size))), 1,
                                    a.eval_num_turns, learner_sampling(self.args, True), seeds)

@@ -55,8 +55,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
 from collab_env.adapters.common.config import (
@@ -74,11 +74,12 @@ from collab_env.adapters.common.loop import Schedule, mean, run
 from collab_env.adapters.common.losses import pack_sequences, token_logprobs
 from collab_env.adapters.common.models import make_scheduler
 from collab_env.adapters.common.preference import sequence_logprobs
-from collab_env.adapters.common.rollout import JointAction, start_roots
+from collab_env.adapters.common.rollout import JointAction, TreeNode, start_roots
 from collab_env.adapters.common.task import sampling_keywords
 from collab_env.adapters.common.tree_learner import TreeLearner
 from collab_env.adapters.magrpo import MAGRPOConfig
 from collab_env.errors import ConfigError
+from collab_env.policy import SamplingParams
 
 __all__ = [
     "MADPOConfig",
@@ -251,6 +252,26 @@ def parse_tagged_joint(text: str, num_agents: int) -> list[str]:
 # The trainer
 # ---------------------------------------------------------------------------------------------
 @dataclass
+class CentralNode(TreeNode):
+    """A first-turn node of ``collaboration_mode="centralized"``: one model writes every agent's
+    part from one tagged prompt."""
+
+    agent_prompts: list[str] = field(default_factory=list)
+    """Per agent, the text of the latest message addressed to it."""
+    central_prompt_ids: list[int] = field(default_factory=list)
+    """The token ids of the one tagged prompt the model completes."""
+    meta_joint: list[Any] = field(default_factory=list)
+    """The model's ``k`` tagged :class:`~collab_env.types.Completion` objects."""
+    parts: list[list[str]] = field(default_factory=list)
+    """Per completion, the agents' parts parsed from it (:func:`parse_tagged_joint`)."""
+
+    @classmethod
+    def of(cls, node: TreeNode) -> CentralNode:
+        """``node``'s fields (shared, not copied) in a central node."""
+        return cls(**{f.name: getattr(node, f.name) for f in fields(TreeNode)})
+
+
+@dataclass
 class JointPreferencePair:
     """One preference pair of joint responses, with each actor's token ids."""
 
@@ -378,8 +399,8 @@ class MADPOTrainer(TreeLearner):
             rejected_reward=float(rewards[lo]), candidate_reward_mean=mean(rewards), item=item)
 
     # -- centralised rollouts -------------------------------------------------------------------
-    def _centralized_nodes(self, env: Any, indices: Sequence[int], k: int, sampling: Mapping[str, Any],
-                           seeds) -> list[Any]:
+    def _centralized_nodes(self, env: Any, indices: Sequence[int], k: int, sampling: SamplingParams,
+                           seeds) -> list[CentralNode]:
         """Like a one-turn rollout tree, with one policy writing all agents' parts: per item,
         ``k`` tagged completions, parsed and stepped on clones of the env."""
         import asyncio
@@ -391,7 +412,7 @@ class MADPOTrainer(TreeLearner):
         players = self.players
 
         async def go():
-            roots = await start_roots(env, indices, players, self.others, seeds)
+            roots = [CentralNode.of(node) for node in await start_roots(env, indices, players, self.others, seeds)]
             for node in roots:
                 if sorted(node.acting) != list(range(len(players))):
                     raise ConfigError("collaboration_mode='centralized' needs every trained agent on turn together "

@@ -188,9 +188,9 @@ def _reward_line(records: list[dict[str, Any]]) -> str:
                    and not isinstance(v, bool)})
     preferred = [k for k in keys if k == "turn_1/reward_mean"] + [
         k for k in keys if k.endswith("reward_mean") and not k.startswith(("preference/", "reward_model/"))]
-    key = (preferred or keys or [None])[0]
-    if key is None:
+    if not (preferred or keys):
         return ""
+    key = (preferred or keys)[0]
     values = [float(r[key]) for r in train if key in r and not math.isnan(float(r[key]))]
     if not values:
         return ""

@@ -259,11 +259,12 @@ class TaskSource:
 
         train, evaluation = build(env), build(eval_env)
         spec = getattr(train, "spec", None)
+        trainable = getattr(spec, "trainable", None) if spec is not None else None
         possible = list(train.possible_agents)
         if trained_players is not None:
             players = list(trained_players)
-        elif spec is not None and getattr(spec, "trainable", ()):
-            players = list(spec.trainable)
+        elif trainable:
+            players = list(trainable)
         else:
             players = possible
         unknown = [p for p in players if p not in possible]

@@ -28,7 +28,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from collab_env.adapters.common.async_rollout import OverlappedRollouts
 from collab_env.adapters.common.checkpoint import load_checkpoint, save_checkpoint
@@ -66,7 +66,7 @@ Advantages = Callable[[Any, int, list[float]], list[float]]
 # Expand the trees
 # ---------------------------------------------------------------------------------------------
 def expand_trees(task: Any, env: Any, indices: Sequence[int], models: Sequence[Any], args: Any, *,
-                 branching: Callable[[int], int], joint_mode: str, sampling: SamplingParams,
+                 branching: Callable[[int], int], joint_mode: Literal["aligned", "cross"], sampling: SamplingParams,
                  seeds: Callable[[int], list[int]], training: bool = True):
     """The rollout trees of the task items ``indices`` on ``env`` played by ``models``
     (:func:`~collab_env.adapters.common.rollout.grow_trees`): ``branching(depth)`` completions
@@ -89,7 +89,7 @@ def _sample(node: Any, agent: int, comp: Any, adv: float) -> Sample:
 
 def group_nodes(levels: Sequence[Sequence[Any]], advantages: Advantages,
                 kls: Mapping[tuple[int, int], list[float]] | None = None, *, coef: float = 0.0,
-                reduce: str = "mean") -> tuple[list[tuple[int, list[Sample]]], list[int]]:
+                reduce: Literal["mean", "sum"] = "mean") -> tuple[list[tuple[int, list[Sample]]], list[int]]:
     """Per node and acting agent, its samples with ``advantages(node, agent, values)`` of the
     completions' values (:func:`~collab_env.adapters.common.rollout.completion_values` with
     ``reduce``, the config's ``cross_value``; less ``coef`` times their reference KL when
@@ -488,7 +488,8 @@ class TreeLearner(TreeBase):
         return mean_by_key([m for agent in range(len(self._buffers)) if self._buffers[agent]
                             for m in self._flush_buffer(agent)])
 
-    def rollout(self, env: Any, indices: Sequence[int], branching: Callable[[int], int], joint_mode: str,
+    def rollout(self, env: Any, indices: Sequence[int], branching: Callable[[int], int],
+                joint_mode: Literal["aligned", "cross"],
                 sampling: SamplingParams, seeds: Callable[[int], list[int]], training: bool = True):
         """:func:`expand_trees` with the learner's models; with ``async_rollouts`` a training
         rollout (on the training env, with the task's seeds) is the one started in the

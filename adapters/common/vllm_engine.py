@@ -123,7 +123,7 @@ class VLLMGenerator:
         from dataclasses import replace
 
         outs = self.policy.generate_tokens(prompts, params, seeds)
-        return [replace(c, text=self.tokenizer.decode(list(c.token_ids), skip_special_tokens=True))
+        return [replace(c, text=self.tokenizer.decode(list(c.token_ids or ()), skip_special_tokens=True))
                 for c in outs]
 
     def generate_batch(self, prompts: Sequence[Sequence[int]], params: Any, seeds: Sequence[int]) -> list[Any]:
