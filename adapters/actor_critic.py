@@ -95,7 +95,7 @@ class ActorCriticConfig(SamplingFields, RolloutFields, TrainerConfig):
     critic_type: Literal["v", "q"] = "v"
     """CoMLRL's: ``"v"``, the critic estimates ``V(h)``, the value before the completion (last
     prompt token); ``"q"``, also ``Q(h, a)``, the value after it (last completion token), and
-    the advantage is ``Q - V``. (Its former name ``critic_estimate`` is still accepted.)"""
+    the advantage is ``Q - V``."""
     critic_placement: Literal["separate", "head"] = "separate"
     """``"separate"``: the critic is its own model (a copy of the agent's initial model, or
     ``critic_model``) with a value head; ``"head"`` (IAC only): a value head on the actor,
@@ -124,7 +124,6 @@ class ActorCriticConfig(SamplingFields, RolloutFields, TrainerConfig):
     ALIASES: ClassVar[dict[str, tuple[str, Any]]] = {
         "use_separate_critic": ("critic_placement",
                                 lambda v: "separate" if as_bool("use_separate_critic")(v) else "head"),
-        "critic_estimate": ("critic_type", lambda v: v),
     }
 
     @property

@@ -63,7 +63,7 @@ from collab_env.adapters.common.task import TaskSource
 from collab_env.errors import ConfigError, DataSchemaError
 from collab_env.policy import SamplingParams
 
-__all__ = ["DPOConfig", "DPOTrainer", "OnlineDPOConfig", "OnlineDPOTrainer", "DPOState"]
+__all__ = ["DPOConfig", "DPOTrainer", "OnlineDPOConfig", "OnlineDPOTrainer"]
 
 
 @learner_config
@@ -99,9 +99,6 @@ class DPOConfig(TrainerConfig):
         if self.shuffle not in (True, False):
             raise ConfigError(f"shuffle must be True or False, got {self.shuffle!r}.")
 
-
-#: Former name of the run state (:class:`~collab_env.adapters.common.loop.RunState`).
-DPOState = RunState
 
 
 # ---------------------------------------------------------------------------------------------

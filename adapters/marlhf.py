@@ -214,11 +214,8 @@ class MARLHFTrainer(MADPOTrainer):
         shared.update(fixed)
         shared.update(num_agents=len(self.players), lora_r=0, share_model=False,
                       output_dir=f"{a.output_dir}/rl", plot=False)
-        if "critic_estimate" in names:  # IAC/MAAC
-            shared.update(critic_estimate=a.critic_type, critic_learning_rate=a.critic_learning_rate,
-                          value_loss_coef=a.value_loss_coef, value_clip_range=a.value_clip_range)
-            if "critic_type" in names:
-                shared["critic_type"] = "separate" if (a.use_separate_critic or a.rl_algorithm == "maac") else "head"
+        if "critic_placement" in names:  # IAC/MAAC (critic_type and the critic's settings: same names)
+            shared["critic_placement"] = "separate" if (a.use_separate_critic or a.rl_algorithm == "maac") else "head"
         return config_cls(**shared)
 
     def run_rl(self) -> dict[str, Any]:

@@ -59,7 +59,7 @@ from collab_env.adapters.common.models import adamw, apply_lora, make_scheduler
 from collab_env.adapters.common.pairs import JointPair, read_joint_pairs
 from collab_env.errors import ConfigError, DataSchemaError
 
-__all__ = ["RewardModelConfig", "RewardModelTrainer", "RewardModelState", "bradley_terry_loss"]
+__all__ = ["RewardModelConfig", "RewardModelTrainer", "bradley_terry_loss"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,9 +124,6 @@ class RewardModelConfig(TrainerConfig):
         if self.share_model:
             raise ConfigError("share_model does not apply to a reward model (there is one model); leave it False.")
 
-
-#: Former name of the run state (:class:`~collab_env.adapters.common.loop.RunState`).
-RewardModelState = RunState
 
 
 def _pair_sums(losses, rc, rr) -> dict[str, float]:

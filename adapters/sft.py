@@ -49,7 +49,7 @@ from collab_env.adapters.common.loop import RunState, Schedule, run
 from collab_env.adapters.common.models import load_policy_models, make_optimizer, make_scheduler
 from collab_env.errors import ConfigError, DataSchemaError
 
-__all__ = ["SFTConfig", "SFTTrainer", "SFTState", "encode_conversation"]
+__all__ = ["SFTConfig", "SFTTrainer", "encode_conversation"]
 
 
 @learner_config
@@ -80,9 +80,6 @@ class SFTConfig(TrainerConfig):
         if self.shuffle not in (True, False):
             raise ConfigError(f"shuffle must be True or False, got {self.shuffle!r}.")
 
-
-#: Former name of the run state (:class:`~collab_env.adapters.common.loop.RunState`).
-SFTState = RunState
 
 
 # ---------------------------------------------------------------------------------------------

@@ -106,10 +106,6 @@ def _keywords(cls: type[TrainerConfig], args: tuple[Any, ...], kwargs: dict[str,
                 f"which mean the same field: pass one of them."
             )
         kwargs[target] = value
-    for klass in cls.__mro__:  # a value's other name (VALUE_ALIASES) becomes the value
-        for name, values in vars(klass).get("VALUE_ALIASES", {}).items():
-            if isinstance(kwargs.get(name), str) and kwargs[name] in values:
-                kwargs[name] = values[kwargs[name]]
     for key in kwargs:
         if key not in names:
             raise ConfigError(
@@ -136,8 +132,6 @@ def learner_config(cls: type[_T]) -> type[_T]:
 
     * **CoMLRL's field names** (``ALIASES``: e.g. ``agent_learning_rate``) become the field
       they mean here (``learning_rate``); giving both with different values is an error.
-    * **Other names of a value** (``VALUE_ALIASES``: e.g. ``loss_type="sequence"``) become the
-      value they mean (``"grpo"``), so a config reads back under one name per behaviour.
     * **Unknown names** raise :class:`~collab_env.errors.ConfigError` with the closest valid
       names (the dataclass itself would raise a bare ``TypeError``).
     * **Presets**: ``preset="comlrl"`` fills every field the caller did not pass with
@@ -506,12 +500,6 @@ class TreeFields:
     """The rollout tree's fields (MAGRPO, REINFORCE, MADPO): its branching, how completions
     form joint actions and are valued, the loss's aggregation and KL, pass@k evaluation."""
 
-    VALUE_ALIASES: ClassVar[dict[str, dict[Any, Any]]] = {
-        "loss_type": {"sequence": "grpo", "token": "dapo"},
-    }
-    """Field -> {other name of a value: the value}: ``loss_type="sequence"`` (each sequence's
-    token mean, averaged) is ``"grpo"``; ``"token"`` (every loss token of the batch weighs the
-    same) is ``"dapo"``. The config stores the value, so it reads back under one name."""
 
     num_generations: int = 4
     """Completions each agent samples per node (the group size)."""
@@ -538,8 +526,7 @@ class TreeFields:
     ``train_micro_batch_size``); the sum divided by ``num_sequences * max_new_tokens``
     (``"dr_grpo"``, Dr. GRPO's constant); or each sequence's token sum averaged over sequences
     (``"sum"``: CoMLRL's ``-A * sum(log p)``). Gradient accumulation over micro-batches is exact
-    for every one. The former names ``"sequence"`` and ``"token"`` are read as ``"grpo"`` and
-    ``"dapo"`` (:attr:`VALUE_ALIASES`)."""
+    for every one."""
     eval_pass_k: int = 1
     """Independent samples per evaluation item; above 1, ``eval/pass@k`` and
     ``eval/best_of_k_return`` are reported."""

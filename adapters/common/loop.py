@@ -78,27 +78,9 @@ class RunState:
 
     @classmethod
     def from_dict(cls, saved: Mapping[str, Any]) -> RunState:
-        """A state from a checkpoint's saved dict (older checkpoints' ``item_in_epoch`` /
-        ``step_in_epoch`` are read as ``in_epoch``; unknown keys are ignored)."""
-        data = dict(saved)
-        if "env_step" not in data:  # SFT's and the reward model's former states: x axis = steps
-            data["env_step"] = data.get("optimizer_steps", 0)
-        data.setdefault("last_log_step", data["env_step"])
-        for legacy in ("item_in_epoch", "step_in_epoch"):
-            if legacy in data:
-                data.setdefault("in_epoch", data.pop(legacy))
+        """A state from a checkpoint's saved dict (unknown keys are ignored)."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
-
-    @property
-    def item_in_epoch(self) -> int:
-        """Former name of :attr:`in_epoch` (item learners)."""
-        return self.in_epoch
-
-    @property
-    def step_in_epoch(self) -> int:
-        """Former name of :attr:`in_epoch` (step learners)."""
-        return self.in_epoch
+        return cls(**{k: v for k, v in saved.items() if k in names})
 
 
 @dataclass(frozen=True)

@@ -126,10 +126,6 @@ class VLLMGenerator:
         return [replace(c, text=self.tokenizer.decode(list(c.token_ids or ()), skip_special_tokens=True))
                 for c in outs]
 
-    def generate_batch(self, prompts: Sequence[Sequence[int]], params: Any, seeds: Sequence[int]) -> list[Any]:
-        """Same as :meth:`generate_tokens` (the older name)."""
-        return self.generate_tokens(prompts, params, seeds)
-
     def close(self) -> None:
         """Stop the engine and remove the weight copy. With in-process engines
         (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) shutting one down tears down vLLM's process-wide
