@@ -70,13 +70,25 @@ from collab_env.adapters.common.config import (
     learner_config,
     learner_sampling,
 )
-from collab_env.adapters.common.loop import Schedule, mean, run
+from collab_env.adapters.common.loop import (
+    Schedule,
+    epoch_over,
+    evaluation_due,
+    flush_log,
+    log_due,
+    mean,
+    next_batch,
+    next_epoch,
+    progress,
+    record_step,
+    run_summary,
+)
 from collab_env.adapters.common.losses import pack_sequences, token_logprobs
 from collab_env.adapters.common.models import make_scheduler
 from collab_env.adapters.common.preference import sequence_logprobs
 from collab_env.adapters.common.rollout import JointAction, TreeNode, start_roots
 from collab_env.adapters.common.task import sampling_keywords
-from collab_env.adapters.common.tree_learner import TreeLearner
+from collab_env.adapters.common.tree_learner import TreeBase, expand_trees
 from collab_env.adapters.magrpo import MAGRPOConfig
 from collab_env.errors import ConfigError
 from collab_env.policy import SamplingParams
@@ -299,7 +311,7 @@ class JointPreferencePair:
     """Anything else (unused by the loss)."""
 
 
-class MADPOTrainer(TreeLearner):
+class MADPOTrainer(TreeBase):
     """Train agents with MADPO on a dataset (CoMLRL style) or on a registered environment.
 
     Takes MAGRPO's arguments (``agent_model``, ``num_agents``, ``formatters``, ``reward_func``,
@@ -343,7 +355,8 @@ class MADPOTrainer(TreeLearner):
         in ``joint[j].returns``)."""
         if self.centralized:
             return self._centralized_nodes(self.train_env, indices, k, sampling, seeds)
-        _, levels = self.rollout(self.train_env, indices, lambda d: k, "aligned", sampling, seeds)
+        _, levels = expand_trees(self.task, self.train_env, indices, self.models, self.args, branching=lambda d: k,
+                                 joint_mode="aligned", sampling=sampling, seeds=seeds)
         return list(levels[0]) if levels else []
 
     def collect_pairs(self) -> list[JointPreferencePair]:
@@ -454,19 +467,37 @@ class MADPOTrainer(TreeLearner):
             ja.rewards[i] += run.reward(p)
 
     # -- training ---------------------------------------------------------------------------------
-    def train(self) -> dict[str, Any]:  # type: ignore[override]
+    def train(self) -> dict[str, Any]:
         """Collect the preference pairs, then ``num_train_epochs`` passes of updates (module
         docstring); evaluates on CoMLRL's schedule. Returns the last logged training metrics
         (``{}`` when the rewards gave no pair)."""
-
         if self.train_env is None:
             raise ConfigError("train() needs train_dataset= (or env=).")
         if not self.collect_pairs():
             return {}
-        steps = self.schedule().limit
+        s, st = self.schedule(), self.state  # one optimiser step per unit, over the pairs
         for pm in self._unique:  # the number of updates is known only now
-            pm.scheduler = make_scheduler(pm.optimizer, self.args, steps)
-        return run(self)
+            pm.scheduler = make_scheduler(pm.optimizer, self.args, s.limit)
+        bar = progress(s, st, self.logger)
+        last: dict[str, Any] = {}
+        while (batch := next_batch(s, st)) is not None:
+            if evaluation_due(s, st, len(batch)):
+                self.evaluate()
+            record_step(s, st, self.train_step(batch), len(batch))
+            if log_due(s, st):
+                last = flush_log(self, s.summed, s.log_item)
+            if epoch_over(s, st):
+                next_epoch(st)
+            if bar is not None:
+                bar.update(len(batch))
+        if bar is not None:
+            bar.close()
+        if st.pending:
+            last = flush_log(self, s.summed, s.log_item)
+        if self.args.plot:
+            self.logger.plot()
+        self.logger.summary(s.desc, run_summary(s, st))
+        return last
 
     def schedule(self) -> Schedule:
         """Updates of ``pairs_per_update`` pairs, ``num_train_epochs`` passes over the pairs;

@@ -248,7 +248,7 @@ class MARLHFTrainer(MADPOTrainer):
             pm.version += 1  # a vLLM engine of ours must resync the weights the backend changed
         return last
 
-    def train(self) -> dict[str, Any]:  # type: ignore[override]
+    def train(self) -> dict[str, Any]:
         """Collect preferences with the task reward, train and freeze the reward model, run the
         RL backend on it. Returns the RL stage's last training metrics (``{}`` when the task
         reward gave no preference pair)."""
