@@ -487,7 +487,7 @@ class MADPOTrainer(TreeBase):
             if log_due(s, st):
                 last = flush_log(self, s.summed, s.log_item)
             if epoch_over(s, st):
-                next_epoch(st)
+                next_epoch(st, self.end_epoch())
             if bar is not None:
                 bar.update(len(batch))
         if bar is not None:
@@ -509,6 +509,10 @@ class MADPOTrainer(TreeBase):
                         epochs=a.num_train_epochs, eval_every=a.eval_interval, eval_rule="done",
                         can_evaluate=self.eval_env is not None, log_every=a.logging_steps, log_rule="env_step",
                         desc="MADPO")
+
+    def end_epoch(self) -> dict[str, float]:
+        """Nothing is buffered across updates: ``{}``."""
+        return {}
 
     def train_step(self, batch: Sequence[int]) -> dict[str, float]:
         """One update on the ``batch[0]``-th slice of this epoch's shuffled pairs; ``env_step``
