@@ -32,13 +32,13 @@ WORKERS ?= auto
 
 # The layers first: lint-imports (import-linter) with the contracts of pyproject.toml, through
 # tools/lint_imports.py, which shows it collab_env.agents and collab_env.adapters (package_dir).
-# Then ruff and mypy on the library: collab_env/ (with the sandbox's guest programs) and agents/,
-# without the test doubles of collab_env/testing (adapters/ joins later; settings and what is left
-# out, and why, in pyproject.toml). mypy checks collab_env as it installs, agents/ as
-# collab_env.agents, through the folder of links tools/typecheck_tree.py builds first.
+# Then ruff and mypy on the library: collab_env/ (with the sandbox's guest programs), agents/ and
+# adapters/, without the test doubles of collab_env/testing (settings and what is left out, and why,
+# in pyproject.toml). mypy checks collab_env as it installs, agents/ as collab_env.agents and
+# adapters/ as collab_env.adapters, through the folder of links tools/typecheck_tree.py builds first.
 test: $(STAMP)
 	$(PY) -m tools.lint_imports --no-logo
-	$(PY) -m ruff check --no-fix collab_env agents
+	$(PY) -m ruff check --no-fix collab_env agents adapters
 	$(PY) -m tools.typecheck_tree
 	$(PY) -m mypy
 	@echo "test order: --randomly-seed=$(SEED) (replay: make test SEED=$(SEED))"

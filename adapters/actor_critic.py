@@ -62,7 +62,6 @@ from collab_env.adapters.common.config import (
 from collab_env.adapters.common.critic_learner import (
     CriticInput,
     CriticLearner,
-    RolloutSample,
     Transition,
 )
 from collab_env.adapters.common.critics import actor_loss, clipped_value_loss, gae, td_targets
@@ -96,7 +95,7 @@ class ActorCriticConfig(SamplingFields, RolloutFields, TrainerConfig):
     critic_type: Literal["v", "q"] = "v"
     """CoMLRL's: ``"v"``, the critic estimates ``V(h)``, the value before the completion (last
     prompt token); ``"q"``, also ``Q(h, a)``, the value after it (last completion token), and
-    the advantage is ``Q - V``. (Its former name ``critic_estimate`` is still accepted.)"""
+    the advantage is ``Q - V``."""
     critic_placement: Literal["separate", "head"] = "separate"
     """``"separate"``: the critic is its own model (a copy of the agent's initial model, or
     ``critic_model``) with a value head; ``"head"`` (IAC only): a value head on the actor,
@@ -125,7 +124,6 @@ class ActorCriticConfig(SamplingFields, RolloutFields, TrainerConfig):
     ALIASES: ClassVar[dict[str, tuple[str, Any]]] = {
         "use_separate_critic": ("critic_placement",
                                 lambda v: "separate" if as_bool("use_separate_critic")(v) else "head"),
-        "critic_estimate": ("critic_type", lambda v: v),
     }
 
     @property
@@ -350,7 +348,8 @@ class _ActorCriticTrainer(CriticLearner):
             critic_loss = vl / n
             clipped_count = float(v_clipped.sum())
             if q_old_t is not None and q_tgt_t is not None:
-                ql, q_clipped = clipped_value_loss(torch.stack(q_new), q_old_t.to(dev), q_tgt_t.to(dev), a.value_clip_range)
+                ql, q_clipped = clipped_value_loss(torch.stack(q_new), q_old_t.to(dev), q_tgt_t.to(dev),
+                                                   a.value_clip_range)
                 critic_loss = critic_loss + ql / n
                 clipped_count += float(q_clipped.sum())
             (a.value_loss_coef * critic_loss).backward()

@@ -123,7 +123,8 @@ class ComlrlExport:
         if unknown or not agents:
             raise ConfigError(f"players={list(agents)} must be players of {spec.id}: {self._proto.possible_agents}.")
         if policies and any(p in agents for p in policies):
-            raise ConfigError(f"{[p for p in policies if p in agents]} are trained by CoMLRL; give policies only to the others.")
+            raise ConfigError(f"{[p for p in policies if p in agents]} are trained by CoMLRL; "
+                              "give policies only to the others.")
         self.agents = agents
         self.num_agents = len(agents)
         others = [p for p in self._proto.possible_agents if p not in agents]
@@ -138,9 +139,9 @@ class ComlrlExport:
             indices = range(int(n))
         self.num_turns = max(1, self._proto.unwrapped.max_steps // len(task.turn_order))
         self._openings: dict[tuple[int, int], _Node] = {}
-        self.rows = []
+        self.rows: list[dict[str, Any]] = []
         for k, i in enumerate(indices):
-            row = {"env_seed": int(seed) + k, "env_index": int(i)}
+            row: dict[str, Any] = {"env_seed": int(seed) + k, "env_index": int(i)}
             item_prompt = task.get_item(int(i)).get("prompt")
             opening = self._opening(row)
             row["prompt"] = item_prompt if isinstance(item_prompt, str) else opening.prompts[0]
@@ -254,7 +255,8 @@ class ComlrlExport:
         self._row_key, self._stepped, self._by_prompt, self._latest = key, {}, {}, None
         return self._opening({"env_seed": key[0], "env_index": key[1]})
 
-    def external_transition(self, prompt: str = "", agent_completions: Sequence[str] = (), num_agents: int | None = None,
+    def external_transition(self, prompt: str = "", agent_completions: Sequence[str] = (),
+                            num_agents: int | None = None,
                             prompt_history_per_agent: Sequence[Sequence[str]] | None = None,
                             response_history_per_agent: Sequence[Sequence[str]] | None = None,
                             **_: Any) -> list[str]:

@@ -53,7 +53,6 @@ from collab_env.adapters.common.logging import MetricsLogger
 from collab_env.adapters.common.loop import RunState, Schedule, mean, merge_metrics, run
 from collab_env.adapters.common.pairs import (
     Pair,
-    encode_pair,
     encode_pair_rows,
     pair_logps,
     split_by_agent,
@@ -64,7 +63,7 @@ from collab_env.adapters.common.task import TaskSource
 from collab_env.errors import ConfigError, DataSchemaError
 from collab_env.policy import SamplingParams
 
-__all__ = ["DPOConfig", "DPOTrainer", "OnlineDPOConfig", "OnlineDPOTrainer", "DPOState"]
+__all__ = ["DPOConfig", "DPOTrainer", "OnlineDPOConfig", "OnlineDPOTrainer"]
 
 
 @learner_config
@@ -101,9 +100,6 @@ class DPOConfig(TrainerConfig):
             raise ConfigError(f"shuffle must be True or False, got {self.shuffle!r}.")
 
 
-#: Former name of the run state (:class:`~collab_env.adapters.common.loop.RunState`).
-DPOState = RunState
-
 
 # ---------------------------------------------------------------------------------------------
 # The shared update
@@ -130,7 +126,8 @@ def _dpo_step(pm: Any, pairs: Sequence[Pair], args: DPOConfig, micro: int) -> di
         losses, rc, rr = dpo_loss(pi_c, pi_r, ref_c, ref_r, beta=args.beta)
         (losses.sum() / n).backward()
         _accumulate(sums, losses, rc, rr, pi_c, pi_r)
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm if args.max_grad_norm is not None else float("inf"))
+    max_norm = args.max_grad_norm if args.max_grad_norm is not None else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     pm.optimizer.step()
     pm.scheduler.step()
     pm.model.eval()
@@ -152,6 +149,24 @@ def _accumulate(sums: dict[str, float], losses, rc, rr, pi_c, pi_r) -> None:
 class _Base:
     """Model loading, optimisers, logging and checkpoints shared by both trainers."""
 
+    args: DPOConfig
+
+    def _check_trainable(self) -> None:
+        """Raise :class:`ConfigError` when there is nothing to train on (each trainer checks its own)."""
+        raise NotImplementedError
+
+    def schedule(self) -> Schedule:
+        """The run's schedule (each trainer computes its own)."""
+        raise NotImplementedError
+
+    def train_step(self, batch: Sequence[int]) -> dict[str, float]:
+        """One update (each trainer writes its own)."""
+        raise NotImplementedError
+
+    def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
+        """Evaluation (each trainer writes its own)."""
+        raise NotImplementedError
+
     def _setup(self, agent_model: Any, tokenizer: Any, args: DPOConfig, wandb_config: Any, steps: int) -> None:
         import torch
 
@@ -170,7 +185,8 @@ class _Base:
         """Save models, optimisers, schedulers, reference weights, position and RNG states
         (default ``<output_dir>/checkpoint-<optimiser steps>``)."""
 
-        path = Path(path) if path is not None else Path(self.args.output_dir) / f"checkpoint-{self.state.optimizer_steps}"
+        if path is None:
+            path = Path(self.args.output_dir) / f"checkpoint-{self.state.optimizer_steps}"
         return save_checkpoint(path, self._unique, asdict(self.state), getattr(self, "_rng", None))
 
     def _resume(self, path: str | Path) -> None:
@@ -496,7 +512,9 @@ class OnlineDPOTrainer(TaskLearner, _Base):
                                               self.state)
         if n == 0:
             return {}
-        rewards, returns, lengths = [], [], []
+        rewards: list[float] = []
+        returns: list[float] = []
+        lengths: list[int] = []
         for start in range(0, n, a.eval_batch_size):
             levels = self._rollout(self.eval_env, list(range(start, min(n, start + a.eval_batch_size))), 1,
                                    a.eval_num_turns, learner_sampling(self.args, True), seeds)

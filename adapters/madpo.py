@@ -55,8 +55,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
 from collab_env.adapters.common.config import (
@@ -70,15 +70,28 @@ from collab_env.adapters.common.config import (
     learner_config,
     learner_sampling,
 )
-from collab_env.adapters.common.loop import Schedule, mean, run
+from collab_env.adapters.common.loop import (
+    Schedule,
+    epoch_over,
+    evaluation_due,
+    flush_log,
+    log_due,
+    mean,
+    next_batch,
+    next_epoch,
+    progress,
+    record_step,
+    run_summary,
+)
 from collab_env.adapters.common.losses import pack_sequences, token_logprobs
 from collab_env.adapters.common.models import make_scheduler
 from collab_env.adapters.common.preference import sequence_logprobs
-from collab_env.adapters.common.rollout import JointAction, start_roots
+from collab_env.adapters.common.rollout import JointAction, TreeNode, start_roots
 from collab_env.adapters.common.task import sampling_keywords
-from collab_env.adapters.common.tree_learner import TreeLearner
+from collab_env.adapters.common.tree_learner import TreeBase, expand_trees
 from collab_env.adapters.magrpo import MAGRPOConfig
 from collab_env.errors import ConfigError
+from collab_env.policy import SamplingParams
 
 __all__ = [
     "MADPOConfig",
@@ -210,8 +223,8 @@ def select_preference_pairs(rewards: Sequence[float], mode: str = "reward_gap", 
     """
     check_choice("pair_selection", mode, ("reward_gap", "all", "random"))
     check_int("limit", limit, 1, allow_none=True)
-    cands = [(float(rw) - float(rl), w, l) for w, rw in enumerate(rewards) for l, rl in enumerate(rewards)
-             if w != l and float(rw) - float(rl) > 0]
+    cands = [(float(rw) - float(rl), w, lo) for w, rw in enumerate(rewards) for lo, rl in enumerate(rewards)
+             if w != lo and float(rw) - float(rl) > 0]
     if mode == "random":
         if rng is None:
             raise ConfigError("pair_selection='random' needs rng= (a numpy Generator).")
@@ -220,7 +233,7 @@ def select_preference_pairs(rewards: Sequence[float], mode: str = "reward_gap", 
         cands.sort(key=lambda c: -c[0])  # stable: equal gaps stay in index order
     if limit is not None:
         cands = cands[:limit]
-    return [(w, l) for _, w, l in cands]
+    return [(w, lo) for _, w, lo in cands]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,6 +264,26 @@ def parse_tagged_joint(text: str, num_agents: int) -> list[str]:
 # The trainer
 # ---------------------------------------------------------------------------------------------
 @dataclass
+class CentralNode(TreeNode):
+    """A first-turn node of ``collaboration_mode="centralized"``: one model writes every agent's
+    part from one tagged prompt."""
+
+    agent_prompts: list[str] = field(default_factory=list)
+    """Per agent, the text of the latest message addressed to it."""
+    central_prompt_ids: list[int] = field(default_factory=list)
+    """The token ids of the one tagged prompt the model completes."""
+    meta_joint: list[Any] = field(default_factory=list)
+    """The model's ``k`` tagged :class:`~collab_env.types.Completion` objects."""
+    parts: list[list[str]] = field(default_factory=list)
+    """Per completion, the agents' parts parsed from it (:func:`parse_tagged_joint`)."""
+
+    @classmethod
+    def of(cls, node: TreeNode) -> CentralNode:
+        """``node``'s fields (shared, not copied) in a central node."""
+        return cls(**{f.name: getattr(node, f.name) for f in fields(TreeNode)})
+
+
+@dataclass
 class JointPreferencePair:
     """One preference pair of joint responses, with each actor's token ids."""
 
@@ -278,7 +311,7 @@ class JointPreferencePair:
     """Anything else (unused by the loss)."""
 
 
-class MADPOTrainer(TreeLearner):
+class MADPOTrainer(TreeBase):
     """Train agents with MADPO on a dataset (CoMLRL style) or on a registered environment.
 
     Takes MAGRPO's arguments (``agent_model``, ``num_agents``, ``formatters``, ``reward_func``,
@@ -322,7 +355,8 @@ class MADPOTrainer(TreeLearner):
         in ``joint[j].returns``)."""
         if self.centralized:
             return self._centralized_nodes(self.train_env, indices, k, sampling, seeds)
-        _, levels = self.rollout(self.train_env, indices, lambda d: k, "aligned", sampling, seeds)
+        _, levels = expand_trees(self.task, self.train_env, indices, self.models, self.args, branching=lambda d: k,
+                                 joint_mode="aligned", sampling=sampling, seeds=seeds)
         return list(levels[0]) if levels else []
 
     def collect_pairs(self) -> list[JointPreferencePair]:
@@ -345,8 +379,8 @@ class MADPOTrainer(TreeLearner):
                 evaluations += len(rewards)
                 picked = select_preference_pairs(rewards, a.pair_selection, a.preference_pairs_per_sample,
                                                  rng=pair_rng)
-                for w, l in picked:
-                    pairs.append(self._make_pair(node, w, l, rewards, indices[node.root]))
+                for w, lo in picked:
+                    pairs.append(self._make_pair(node, w, lo, rewards, indices[node.root]))
         self.state.items_done = n_items
         self.pairs = pairs
         metrics = {"preference/num_pairs": float(len(pairs)),
@@ -358,28 +392,28 @@ class MADPOTrainer(TreeLearner):
         self.logger.log(metrics, env_step=self.state.env_step, epoch=self.state.epoch, item=self.state.items_done)
         return pairs
 
-    def _make_pair(self, node: Any, w: int, l: int, rewards: Sequence[float], item: int) -> JointPreferencePair:
+    def _make_pair(self, node: Any, w: int, lo: int, rewards: Sequence[float], item: int) -> JointPreferencePair:
         if self.centralized:
             c = node.meta_joint
             return JointPreferencePair(
                 prompt_ids=[list(node.central_prompt_ids)], chosen_ids=[list(c[w].token_ids or ())],
-                rejected_ids=[list(c[l].token_ids or ())], prompts=list(node.agent_prompts),
-                chosen=list(node.parts[w]), rejected=list(node.parts[l]), chosen_reward=float(rewards[w]),
-                rejected_reward=float(rewards[l]), candidate_reward_mean=mean(rewards), item=item,
-                meta={"chosen_text": c[w].text, "rejected_text": c[l].text})
+                rejected_ids=[list(c[lo].token_ids or ())], prompts=list(node.agent_prompts),
+                chosen=list(node.parts[w]), rejected=list(node.parts[lo]), chosen_reward=float(rewards[w]),
+                rejected_reward=float(rewards[lo]), candidate_reward_mean=mean(rewards), item=item,
+                meta={"chosen_text": c[w].text, "rejected_text": c[lo].text})
         agents = range(len(self.players))
         comps = node.completions
         return JointPreferencePair(
             prompt_ids=[list(node.prompt_ids[i]) for i in agents],
             chosen_ids=[list(comps[i][w].token_ids or ()) for i in agents],
-            rejected_ids=[list(comps[i][l].token_ids or ()) for i in agents],
+            rejected_ids=[list(comps[i][lo].token_ids or ()) for i in agents],
             prompts=[node.prompts[i] for i in agents], chosen=[comps[i][w].text for i in agents],
-            rejected=[comps[i][l].text for i in agents], chosen_reward=float(rewards[w]),
-            rejected_reward=float(rewards[l]), candidate_reward_mean=mean(rewards), item=item)
+            rejected=[comps[i][lo].text for i in agents], chosen_reward=float(rewards[w]),
+            rejected_reward=float(rewards[lo]), candidate_reward_mean=mean(rewards), item=item)
 
     # -- centralised rollouts -------------------------------------------------------------------
-    def _centralized_nodes(self, env: Any, indices: Sequence[int], k: int, sampling: Mapping[str, Any],
-                           seeds) -> list[Any]:
+    def _centralized_nodes(self, env: Any, indices: Sequence[int], k: int, sampling: SamplingParams,
+                           seeds) -> list[CentralNode]:
         """Like a one-turn rollout tree, with one policy writing all agents' parts: per item,
         ``k`` tagged completions, parsed and stepped on clones of the env."""
         import asyncio
@@ -391,7 +425,7 @@ class MADPOTrainer(TreeLearner):
         players = self.players
 
         async def go():
-            roots = await start_roots(env, indices, players, self.others, seeds)
+            roots = [CentralNode.of(node) for node in await start_roots(env, indices, players, self.others, seeds)]
             for node in roots:
                 if sorted(node.acting) != list(range(len(players))):
                     raise ConfigError("collaboration_mode='centralized' needs every trained agent on turn together "
@@ -433,19 +467,37 @@ class MADPOTrainer(TreeLearner):
             ja.rewards[i] += run.reward(p)
 
     # -- training ---------------------------------------------------------------------------------
-    def train(self) -> dict[str, Any]:  # type: ignore[override]
+    def train(self) -> dict[str, Any]:
         """Collect the preference pairs, then ``num_train_epochs`` passes of updates (module
         docstring); evaluates on CoMLRL's schedule. Returns the last logged training metrics
         (``{}`` when the rewards gave no pair)."""
-
         if self.train_env is None:
             raise ConfigError("train() needs train_dataset= (or env=).")
         if not self.collect_pairs():
             return {}
-        steps = self.schedule().limit
+        s, st = self.schedule(), self.state  # one optimiser step per unit, over the pairs
         for pm in self._unique:  # the number of updates is known only now
-            pm.scheduler = make_scheduler(pm.optimizer, self.args, steps)
-        return run(self)
+            pm.scheduler = make_scheduler(pm.optimizer, self.args, s.limit)
+        bar = progress(s, st, self.logger)
+        last: dict[str, Any] = {}
+        while (batch := next_batch(s, st)) is not None:
+            if evaluation_due(s, st, len(batch)):
+                self.evaluate()
+            record_step(s, st, self.train_step(batch), len(batch))
+            if log_due(s, st):
+                last = flush_log(self, s.summed, s.log_item)
+            if epoch_over(s, st):
+                next_epoch(st, self.end_epoch())
+            if bar is not None:
+                bar.update(len(batch))
+        if bar is not None:
+            bar.close()
+        if st.pending:
+            last = flush_log(self, s.summed, s.log_item)
+        if self.args.plot:
+            self.logger.plot()
+        self.logger.summary(s.desc, run_summary(s, st))
+        return last
 
     def schedule(self) -> Schedule:
         """Updates of ``pairs_per_update`` pairs, ``num_train_epochs`` passes over the pairs;
@@ -457,6 +509,10 @@ class MADPOTrainer(TreeLearner):
                         epochs=a.num_train_epochs, eval_every=a.eval_interval, eval_rule="done",
                         can_evaluate=self.eval_env is not None, log_every=a.logging_steps, log_rule="env_step",
                         desc="MADPO")
+
+    def end_epoch(self) -> dict[str, float]:
+        """Nothing is buffered across updates: ``{}``."""
+        return {}
 
     def train_step(self, batch: Sequence[int]) -> dict[str, float]:
         """One update on the ``batch[0]``-th slice of this epoch's shuffled pairs; ``env_step``

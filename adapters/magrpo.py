@@ -296,8 +296,8 @@ class MAGRPOTrainer(TreeBase):
             metrics.update(self.learn(groups))
         return metrics
 
-    def rollout(self, env: Any, indices: Sequence[int], branching: Any, joint_mode: str, sampling: SamplingParams,
-                seeds: Any) -> tuple[list[Any], list[list[Any]]]:
+    def rollout(self, env: Any, indices: Sequence[int], branching: Any, joint_mode: Literal["aligned", "cross"],
+                sampling: SamplingParams, seeds: Any) -> tuple[list[Any], list[list[Any]]]:
         """The training trees of ``indices`` (:func:`~collab_env.adapters.common.tree_learner.expand_trees`
         with the live models). With ``async_rollouts``, a rollout of the training env with the
         task's seeds is the one the frozen copy started in the background during the previous

@@ -49,10 +49,10 @@ from typing import Any, ClassVar, Literal
 
 from collab_env.adapters.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from collab_env.adapters.common.config import PPOFields, check_choice, check_float, check_int, learner_config
+from collab_env.adapters.common.joint_reward import JointRewardModel
 from collab_env.adapters.madpo import MADPOConfig, MADPOTrainer
 from collab_env.adapters.magrpo import MAGRPOConfig, MAGRPOTrainer
 from collab_env.adapters.reinforce import MAREINFORCEConfig, MAREINFORCETrainer
-from collab_env.adapters.common.joint_reward import JointRewardModel
 from collab_env.adapters.reward_model import RewardModelConfig, RewardModelTrainer
 from collab_env.errors import ConfigError
 
@@ -109,7 +109,8 @@ class MARLHFConfig(PPOFields, MADPOConfig):
         check_choice("rl_algorithm", self.rl_algorithm, RL_ALGORITHMS)
         if self.reward_model_name is not None and (not isinstance(self.reward_model_name, str)
                                                    or not self.reward_model_name):
-            raise ConfigError(f"reward_model_name must be None or a model folder / hub id, got {self.reward_model_name!r}.")
+            raise ConfigError(f"reward_model_name must be None or a model folder / hub id, "
+                              f"got {self.reward_model_name!r}.")
         check_float("reward_learning_rate", self.reward_learning_rate, 0.0, low_open=True)
         check_int("reward_num_train_epochs", self.reward_num_train_epochs, 1)
         check_int("reward_train_batch_size", self.reward_train_batch_size, 1)
@@ -213,11 +214,8 @@ class MARLHFTrainer(MADPOTrainer):
         shared.update(fixed)
         shared.update(num_agents=len(self.players), lora_r=0, share_model=False,
                       output_dir=f"{a.output_dir}/rl", plot=False)
-        if "critic_estimate" in names:  # IAC/MAAC
-            shared.update(critic_estimate=a.critic_type, critic_learning_rate=a.critic_learning_rate,
-                          value_loss_coef=a.value_loss_coef, value_clip_range=a.value_clip_range)
-            if "critic_type" in names:
-                shared["critic_type"] = "separate" if (a.use_separate_critic or a.rl_algorithm == "maac") else "head"
+        if "critic_placement" in names:  # IAC/MAAC (critic_type and the critic's settings: same names)
+            shared["critic_placement"] = "separate" if (a.use_separate_critic or a.rl_algorithm == "maac") else "head"
         return config_cls(**shared)
 
     def run_rl(self) -> dict[str, Any]:
@@ -234,8 +232,9 @@ class MARLHFTrainer(MADPOTrainer):
                              agents=list(self.players), name="reward_model")
         models = [pm.model for pm in self.models]  # the same modules: the backend trains them in place
         toks = [pm.tokenizer for pm in self.models]
-        backend = trainer_cls(agent_model=models, tokenizer=toks, env=rm_env, eval_env=self.eval_env, policies=self.others,
-                              trained_players=list(self.players), args=self._backend_config(config_cls, fixed))
+        backend = trainer_cls(agent_model=models, tokenizer=toks, env=rm_env, eval_env=self.eval_env,
+                              policies=self.others, trained_players=list(self.players),
+                              args=self._backend_config(config_cls, fixed))
         backend.logger.close()
         backend.logger = self.logger  # one metrics.jsonl for the whole run
         backend.state.env_step = self.state.env_step
@@ -249,7 +248,7 @@ class MARLHFTrainer(MADPOTrainer):
             pm.version += 1  # a vLLM engine of ours must resync the weights the backend changed
         return last
 
-    def train(self) -> dict[str, Any]:  # type: ignore[override]
+    def train(self) -> dict[str, Any]:
         """Collect preferences with the task reward, train and freeze the reward model, run the
         RL backend on it. Returns the RL stage's last training metrics (``{}`` when the task
         reward gave no preference pair)."""

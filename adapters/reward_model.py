@@ -48,8 +48,6 @@ from typing import Any
 
 from collab_env.adapters.common.config import TrainerConfig, check_float, check_int, learner_config
 from collab_env.adapters.common.joint_reward import (
-    HEAD_FILE,
-    META_FILE,
     JointRewardModel,
     JointTemplate,
     pair_rewards,
@@ -61,7 +59,7 @@ from collab_env.adapters.common.models import adamw, apply_lora, make_scheduler
 from collab_env.adapters.common.pairs import JointPair, read_joint_pairs
 from collab_env.errors import ConfigError, DataSchemaError
 
-__all__ = ["RewardModelConfig", "RewardModelTrainer", "RewardModelState", "bradley_terry_loss"]
+__all__ = ["RewardModelConfig", "RewardModelTrainer", "bradley_terry_loss"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,15 +117,13 @@ class RewardModelConfig(TrainerConfig):
         if isinstance(self.template, Mapping):
             self.template = JointTemplate(**self.template)
         if not isinstance(self.template, JointTemplate):
-            raise ConfigError(f"template must be a JointTemplate or a dict of its fields, got {type(self.template).__name__}.")
+            raise ConfigError(f"template must be a JointTemplate or a dict of its fields, "
+                              f"got {type(self.template).__name__}.")
         check_int("gradient_accumulation_steps", self.gradient_accumulation_steps, 1)
         check_float("center_rewards_coefficient", self.center_rewards_coefficient, 0.0)
         if self.share_model:
             raise ConfigError("share_model does not apply to a reward model (there is one model); leave it False.")
 
-
-#: Former name of the run state (:class:`~collab_env.adapters.common.loop.RunState`).
-RewardModelState = RunState
 
 
 def _pair_sums(losses, rc, rr) -> dict[str, float]:
@@ -287,7 +283,8 @@ class RewardModelTrainer:
 
     def save_checkpoint(self, path: str | Path | None = None) -> Path:
         """:meth:`save_model` into ``path`` (default ``<output_dir>/checkpoint-<step>``)."""
-        path = Path(path) if path is not None else Path(self.args.output_dir) / f"checkpoint-{self.state.optimizer_steps}"
+        if path is None:
+            path = Path(self.args.output_dir) / f"checkpoint-{self.state.optimizer_steps}"
         return self.save_model(path)
 
     def evaluate(self, num_eval_samples: int | None = None, eval_dataset: Any = None) -> dict[str, float]:

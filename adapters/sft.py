@@ -49,7 +49,7 @@ from collab_env.adapters.common.loop import RunState, Schedule, run
 from collab_env.adapters.common.models import load_policy_models, make_optimizer, make_scheduler
 from collab_env.errors import ConfigError, DataSchemaError
 
-__all__ = ["SFTConfig", "SFTTrainer", "SFTState", "encode_conversation"]
+__all__ = ["SFTConfig", "SFTTrainer", "encode_conversation"]
 
 
 @learner_config
@@ -81,16 +81,14 @@ class SFTConfig(TrainerConfig):
             raise ConfigError(f"shuffle must be True or False, got {self.shuffle!r}.")
 
 
-#: Former name of the run state (:class:`~collab_env.adapters.common.loop.RunState`).
-SFTState = RunState
-
 
 # ---------------------------------------------------------------------------------------------
 # Tokenisation with exact masks
 # ---------------------------------------------------------------------------------------------
 def _normalise_messages(messages: Any, where: str) -> list[dict[str, str]]:
     if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)) or not messages:
-        raise DataSchemaError(f"{where}: messages must be a non-empty list of {{'role', 'content'}} dicts, got {type(messages).__name__}.")
+        raise DataSchemaError(f"{where}: messages must be a non-empty list of {{'role', 'content'}} dicts, "
+                              f"got {type(messages).__name__}.")
     out = []
     for k, m in enumerate(messages):
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
@@ -123,7 +121,8 @@ def encode_conversation(tokenizer: Any, messages: Sequence[Mapping[str, str]],
     else:
         flags = [bool(f) for f in trainable]
         if len(flags) != len(msgs):
-            raise DataSchemaError(f"{where}: {len(flags)} trainable flags for {len(msgs)} messages; pass one per message.")
+            raise DataSchemaError(f"{where}: {len(flags)} trainable flags for {len(msgs)} messages; "
+                                  "pass one per message.")
         bad = [k for k, (m, f) in enumerate(zip(msgs, flags, strict=True)) if f and m["role"] != "assistant"]
         if bad:
             raise DataSchemaError(
@@ -153,7 +152,8 @@ def _rows(data: Any, what: str, key: str = "messages") -> list[tuple[list[dict[s
     if data is None:
         return []
     if isinstance(data, (str, bytes, Mapping)):
-        raise ConfigError(f"{what} must be a datasets.Dataset, a list of rows or a list of message lists, got {type(data).__name__}.")
+        raise ConfigError(f"{what} must be a datasets.Dataset, a list of rows or a list of message lists, "
+                          f"got {type(data).__name__}.")
     out = []
     for i, row in enumerate(data):
         if isinstance(row, Mapping):
@@ -342,7 +342,8 @@ class SFTTrainer:
         """Save the model, optimiser, scheduler, position and RNG states (default folder
         ``<output_dir>/checkpoint-<step>``); resume with ``train(resume_from_checkpoint=...)``."""
 
-        path = Path(path) if path is not None else Path(self.args.output_dir) / f"checkpoint-{self.state.optimizer_steps}"
+        if path is None:
+            path = Path(self.args.output_dir) / f"checkpoint-{self.state.optimizer_steps}"
         return save_checkpoint(path, [self.pm], asdict(self.state))
 
     def close(self) -> None:

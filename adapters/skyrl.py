@@ -29,7 +29,7 @@ import functools
 import math
 import numbers
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, SupportsInt
 
 from collab_env.errors import ConfigError, EnvStateError, require
 
@@ -65,7 +65,8 @@ def _episode_keys(extras: Mapping[str, Any]) -> tuple[int | None, int | None]:
     for key in ("seed", "index"):
         v = info.get(key, extras.get(key))
         if v is not None:
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or int(v) != v:  # numpy ints from parquet too
+            # numpy ints from parquet too (SupportsInt: what int() needs, which every Real here has)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not isinstance(v, SupportsInt) or int(v) != v:
                 raise ConfigError(f"extra_info[{key!r}] must be an int, got {v!r}.")
             v = int(v)
         out.append(v)

@@ -3,8 +3,8 @@
 Run ``python -m tools.typecheck_tree`` before ``python -m mypy`` (``make test`` does); the mypy
 settings are in ``pyproject.toml`` (``[tool.mypy]``, whose ``files`` is this folder).
 
-Why a folder of links: ``collab_env.agents`` lives in ``agents/`` (setuptools ``package_dir``, see
-setup.py), outside ``collab_env/``. mypy names a module by its file's place below a package root
+Why a folder of links: ``collab_env.agents`` lives in ``agents/`` and ``collab_env.adapters`` in
+``adapters/`` (setuptools ``package_dir``, see setup.py), outside ``collab_env/``. mypy names a module by its file's place below a package root
 and has no ``package_dir``: checked as ``agents/``, the backends would be a second package
 ``agents`` whose imports of ``collab_env.agents`` go unresolved, and every call from the core into
 them would be unchecked. In this folder ``collab_env/`` holds a link to each entry of the source
@@ -26,10 +26,8 @@ __all__ = ["ROOT", "TREE", "MAPPED", "build_tree", "main"]
 ROOT = Path(__file__).resolve().parents[1]
 #: Where the tree goes: ``TREE / "collab_env"`` is the package mypy checks.
 TREE = ROOT / "build" / "typecheck"
-#: Subpackage of collab_env -> its source folder (setup.py's package_dir). collab_env.adapters is
-#: not linked yet (issue 41: it joins after its refactor): until then mypy sees it as a missing
-#: module (Any), as it did before.
-MAPPED = {"agents": "agents"}
+#: Subpackage of collab_env -> its source folder (setup.py's package_dir).
+MAPPED = {"agents": "agents", "adapters": "adapters"}
 
 
 def build_tree() -> Path:

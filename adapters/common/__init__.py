@@ -20,15 +20,14 @@ algorithm file reads top to bottom:
 * :mod:`~collab_env.adapters.common.task`: the task source (dataset or env path, item counts,
   seeds, turn metrics, the untrained players' sampling).
 * :mod:`~collab_env.adapters.common.loop`: one run state, one schedule, the steps of a training
-  loop as plain functions (MAGRPO's loop calls them) and :func:`~collab_env.adapters.common.loop.run`,
+  loop as plain functions (the tree learners' loops call them) and :func:`~collab_env.adapters.common.loop.run`,
   the same loop for the learners that hand it their step (the public
   :class:`~collab_env.adapters.common.loop.Learner` protocol).
 * :mod:`~collab_env.adapters.common.learner`: set-up every learner shares (models with
   optimisers, views of the task source, the item schedule, the epoch order).
 * :mod:`~collab_env.adapters.common.tree_learner`: the toolkit of MAGRPO, REINFORCE and MADPO
   (plain functions: expand the trees, group the nodes, one policy update; the set-up
-  ``TreeBase``, with no loop; ``TreeLearner``, the loop REINFORCE and MADPO still hand their
-  step to).
+  ``TreeBase``, with no loop: each of them writes its own).
 * :mod:`~collab_env.adapters.common.critic_learner`: the scaffolding of IAC and MAAC (critics
   built, run and saved; one-path episodes as per-agent transitions).
 * :mod:`~collab_env.adapters.common.chat`: chat-template token spans (SFT, DPO).

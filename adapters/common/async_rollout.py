@@ -6,7 +6,7 @@ policies, the env's rewards and judges) followed by an update. When the rollout 
 something other than the learner's own compute (an API user simulator, an API judge), the
 update could run meanwhile. :class:`OverlappedRollouts` does that for
 a tree learner, whose loop tells it the next batch (MAGRPO's ``train`` sets ``next_batch``;
-:func:`~collab_env.adapters.common.loop.run` calls ``TreeLearner.prefetch``):
+REINFORCE's calls its ``prefetch``):
 
 1. step ``k`` takes the rollout of its batch: the one started during step ``k - 1``, or one
    started now (the first batch, a resumed run, a batch the loop did not announce);

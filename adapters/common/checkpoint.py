@@ -26,11 +26,8 @@ Safe formats
 
 Older checkpoints
     Checkpoints written before this format (``trainer_state.pt``, ``critic_<k>.pt``,
-    ``reward_head.pt``: pickles) are refused, never read silently. :func:`convert_legacy`
-    (``python -m collab_env.adapters.common.checkpoint FOLDER``) rewrites such a folder in the
-    safe format; it reads the old files with torch's restricted unpickler
-    (``weights_only=True``) allowing only NumPy's array constructor besides tensors, so even a
-    doctored file runs no code: it is refused.
+    ``reward_head.pt``: pickles) are not supported: :func:`refuse_legacy` refuses them with a
+    one-line :class:`~collab_env.errors.ConfigError` without reading a byte of them.
 
 Hostile files
     A checkpoint may come from someone else, so every reader checks a file before it acts on
@@ -53,7 +50,6 @@ import os
 import random
 import re
 import stat
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -71,7 +67,6 @@ __all__ = [
     "save_tensors",
     "load_tensors",
     "refuse_legacy",
-    "convert_legacy",
     "STATE_NAME",
     "STATE_FILE",
     "LEGACY_STATE_FILE",
@@ -90,7 +85,7 @@ __all__ = [
 STATE_NAME = "trainer_state"
 #: The file that marks a checkpoint folder (written last, so its presence means complete).
 STATE_FILE = f"{STATE_NAME}.json"
-#: The pickle that older versions wrote; refused (see :func:`convert_legacy`).
+#: The pickle that older versions wrote; refused unread (see :func:`refuse_legacy`).
 LEGACY_STATE_FILE = f"{STATE_NAME}.pt"
 #: ``format`` field of every JSON file :func:`save_safe` writes.
 FORMAT = "collab_env.safe_state/1"
@@ -115,7 +110,6 @@ _ST_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2,
 #: Largest safetensors header (the safetensors library's own limit).
 _ST_MAX_HEADER = 100_000_000
 _MAX_NDIM = 64
-_CONVERT = "python -m collab_env.adapters.common.checkpoint {folder}"
 _FIX = ("it was not written by collab_env, or it was damaged or tampered with; nothing was loaded. Do not "
         "use it: save the run again, or restore the checkpoint from a good copy.")
 
@@ -343,7 +337,8 @@ def _decode(obj: Any, tensors: Mapping[str, Any], file: Path, where: str = "data
         out = {}
         for i, pair in enumerate(value):
             if not isinstance(pair, list) or len(pair) != 2:
-                raise damaged(file, f"item {i} of the __items__ at {where} is {str(pair)[:60]}, not a [key, value] pair")
+                raise damaged(file, f"item {i} of the __items__ at {where} is {str(pair)[:60]}, "
+                                    "not a [key, value] pair")
             key = _decode(pair[0], tensors, file, f"{where} key {i}")
             try:
                 hash(key)
@@ -452,7 +447,7 @@ def load_safe(folder: str | Path, name: str) -> Any:
 
     Raises:
         ConfigError: The files are missing (an old ``<name>.pt`` pickle in their place is
-            refused, with how to convert it), not regular files, not JSON/safetensors, too
+            refused unread), not regular files, not JSON/safetensors, too
             large or too deeply nested, malformed (see the module docstring), or do not match.
     """
     folder = Path(folder)
@@ -471,15 +466,13 @@ def load_safe(folder: str | Path, name: str) -> Any:
 
 
 def refuse_legacy(file: str | Path) -> None:
-    """Raise a :class:`ConfigError` when ``file`` (an old pickle: ``*.pt``) exists: it is never
-    unpickled; the message says how to convert the folder. Returns when there is no such file."""
+    """Raise a one-line :class:`ConfigError` when ``file`` (an old pickle: ``*.pt``) exists; the
+    file is never opened. Returns when there is no such file."""
     file = Path(file)
     if file.exists():
         raise ConfigError(
-            f"{file} is in the old pickle format (torch.save), which can run code when it is read, so "
-            f"collab_env no longer loads it. If the folder is yours, convert it once with "
-            f"`{_CONVERT.format(folder=file.parent)}` (it reads tensors and plain data only, and refuses "
-            "anything else), or save the run again."
+            f"{file} is in the old pickle format (torch.save), which is not supported: a pickle can run code "
+            "when it is read, so it was not read; save the run again with this version."
         )
 
 
@@ -616,7 +609,8 @@ def check_rng(state: Any, generator: Any = None, *, source: str = "the RNG state
                                   "many GPUs as the run that saved it")
             for i, c in enumerate(cuda):
                 if c.numel() != torch.cuda.get_rng_state(i).numel():
-                    raise bad("CUDA", f"GPU {i}'s state is {c.numel()} bytes, not {torch.cuda.get_rng_state(i).numel()}")
+                    want = torch.cuda.get_rng_state(i).numel()
+                    raise bad("CUDA", f"GPU {i}'s state is {c.numel()} bytes, not {want}")
     gen_state = state.get("generator")
     if generator is not None and "generator" in state:
         problem = _check_bit_generator(gen_state, type(generator.bit_generator).__name__)
@@ -671,7 +665,7 @@ def load_checkpoint(path: str | Path, models: Sequence[Any], generator: Any = No
 
     Raises:
         ConfigError: ``path`` is not a checkpoint folder, holds an old pickle checkpoint
-            (refused; see :func:`convert_legacy`), a damaged or forged file, or does not fit
+            (refused unread; see :func:`refuse_legacy`), a damaged or forged file, or does not fit
             ``models``.
     """
     import torch
@@ -682,7 +676,8 @@ def load_checkpoint(path: str | Path, models: Sequence[Any], generator: Any = No
         raise ConfigError(f"{path} is not a folder; pass the checkpoint folder save_checkpoint() wrote.")
     if stat_regular(file) is None:
         refuse_legacy(path / LEGACY_STATE_FILE)
-        raise ConfigError(f"{path} is not a checkpoint folder (no {STATE_FILE}); pass the folder save_checkpoint() wrote.")
+        raise ConfigError(f"{path} is not a checkpoint folder (no {STATE_FILE}); "
+                          "pass the folder save_checkpoint() wrote.")
     blob = load_safe(path, STATE_NAME)
     if not isinstance(blob, dict) or not {"models", "state", "rng"} <= set(blob):
         raise ConfigError(f"{file} is not a trainer checkpoint (it needs models, state and rng); pass the folder "
@@ -699,7 +694,8 @@ def load_checkpoint(path: str | Path, models: Sequence[Any], generator: Any = No
             raise damaged(file, f"model {k}'s entry is not a dict of params, optimizer, scheduler and reference")
         params = dict(pm.trainable_parameters())
         if not isinstance(saved["params"], dict) or set(params) != set(saved["params"]):
-            raise ConfigError("the checkpoint's trainable parameters do not match this model (other model or LoRA setting?).")
+            raise ConfigError("the checkpoint's trainable parameters do not match this model "
+                              "(other model or LoRA setting?).")
         check_tensors(file, f"model {k}'s parameter", saved["params"], {n: p.shape for n, p in params.items()})
         if saved["reference"] is not None and pm.reference is not None:
             want = {n: t.shape for n, t in pm.reference.state_dict().items()}
@@ -744,81 +740,3 @@ def check_tensors(file: Path, what: str, got: Mapping[str, Any], shapes: Mapping
         if t.shape != shape:
             raise ConfigError(f"{file}: {what} {n} has shape {list(t.shape)}, this model's has {list(shape)} (other "
                               "model or config?); build the trainer as the saving run did.")
-
-
-# ---------------------------------------------------------------------------------------------
-# Converting old pickle checkpoints
-# ---------------------------------------------------------------------------------------------
-def _restricted_load(file: Path) -> Any:
-    """Read an old ``.pt`` file with torch's restricted unpickler: tensors, plain containers and
-    NumPy numeric arrays only; any other global (what a doctored file needs to run code) is
-    refused."""
-    import numpy as np
-    import torch
-
-    try:
-        reconstruct = np._core.multiarray._reconstruct  # NumPy 2
-    except AttributeError:  # pragma: no cover - NumPy 1
-        reconstruct = np.core.multiarray._reconstruct
-    allowed = [reconstruct, np.ndarray, np.dtype]
-    allowed += [type(np.dtype(t)) for t in ("u1", "u4", "i4", "i8", "f4", "f8")]
-    try:
-        with torch.serialization.safe_globals(allowed):
-            return torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any refusal of the unpickler is reported the same way
-        raise ConfigError(
-            f"{file} holds something besides tensors and plain data, so it is not converted ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}). Do not load it; save the run again."
-        ) from exc
-
-
-def convert_legacy(folder: str | Path) -> list[Path]:
-    """Rewrite the old pickle files in ``folder`` (``trainer_state.pt``, ``critic_<k>.pt``,
-    ``reward_head.pt``) in the safe format and delete them; return the files written.
-
-    The old files are read with the restricted unpickler (see the module docstring), so a file
-    that would run code is refused (:class:`ConfigError`) and nothing is written for it.
-    """
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ConfigError(f"{folder} is not a folder; pass the checkpoint or reward-model folder to convert.")
-    written: list[Path] = []
-    old = folder / LEGACY_STATE_FILE
-    if old.is_file():
-        blob = _restricted_load(old)
-        rng = dict(blob["rng"])
-        numpy_state = rng.get("numpy")
-        if isinstance(numpy_state, tuple):  # the legacy tuple: ("MT19937", key, pos, has_gauss, gauss)
-            rng["numpy"] = {"bit_generator": numpy_state[0], "state": {"key": numpy_state[1], "pos": int(numpy_state[2])},
-                            "has_gauss": int(numpy_state[3]), "gauss": float(numpy_state[4])}
-        written.append(save_safe(folder, STATE_NAME, {"models": blob["models"], "state": blob["state"], "rng": rng}))
-        old.unlink()
-    for old in sorted(folder.glob("critic_*.pt")):
-        written.append(save_safe(folder, old.stem, _restricted_load(old)))
-        old.unlink()
-    old = folder / "reward_head.pt"
-    if old.is_file():
-        written.append(save_tensors(folder / "reward_head.safetensors", _restricted_load(old)))
-        old.unlink()
-    if not written:
-        raise ConfigError(f"{folder} holds no old checkpoint file ({LEGACY_STATE_FILE}, critic_<k>.pt, reward_head.pt).")
-    return written
-
-
-def _main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) != 1 or argv[0].startswith("-"):
-        print("usage: python -m collab_env.adapters.common.checkpoint FOLDER\n"
-              "Rewrites an old (pickle) checkpoint or reward-model folder in the safe format.", file=sys.stderr)
-        return 2
-    try:
-        for f in convert_legacy(argv[0]):
-            print(f"wrote {f}")
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())

@@ -33,7 +33,7 @@ import math
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from collab_env.adapters.common.losses import IS_MODES, LOSS_TYPES
 from collab_env.errors import ConfigError, did_you_mean
@@ -43,6 +43,15 @@ __all__ = ["TrainerConfig", "SamplingFields", "RolloutFields", "TreeFields", "PP
            "learner_config",
            "learner_sampling", "check_tree_buffer", "PRESETS", "as_bool", "eval_due", "check_int", "check_float",
            "check_choice"]
+
+if TYPE_CHECKING:  # typing.dataclass_transform is 3.11+; the type checker's own copy serves 3.10
+    from typing_extensions import dataclass_transform
+else:
+    def dataclass_transform(**_: Any) -> Callable[[Any], Any]:
+        """Only the type checker reads it (PEP 681): at run time the decorator is returned as is."""
+        return lambda decorator: decorator
+
+_T = TypeVar("_T")
 
 #: Names ``preset=`` accepts.
 PRESETS: tuple[str, ...] = ("comlrl",)
@@ -65,9 +74,10 @@ def check_float(name: str, value: Any, low: float | None = None, high: float | N
         return
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ConfigError(f"{name} must be a finite number, got {value!r}.")
-    if low is not None and (value <= low if low_open else value < low):
+    x = float(value)
+    if low is not None and (x <= low if low_open else x < low):
         raise ConfigError(f"{name} must be {'>' if low_open else '>='} {low}, got {value}.")
-    if high is not None and value > high:
+    if high is not None and x > high:
         raise ConfigError(f"{name} must be <= {high}, got {value}.")
 
 
@@ -77,7 +87,7 @@ def check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
         raise ConfigError(f"{name} must be one of {list(choices)}, got {value!r}.")
 
 
-def _keywords(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def _keywords(cls: type[TrainerConfig], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The keywords of ``cls(*args, **kwargs)`` as the dataclass takes them (:func:`learner_config`)."""
     names = [f.name for f in fields(cls) if f.init]
     if len(args) > len(names):
@@ -96,10 +106,6 @@ def _keywords(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[
                 f"which mean the same field: pass one of them."
             )
         kwargs[target] = value
-    for klass in cls.__mro__:  # a value's other name (VALUE_ALIASES) becomes the value
-        for name, values in vars(klass).get("VALUE_ALIASES", {}).items():
-            if isinstance(kwargs.get(name), str) and kwargs[name] in values:
-                kwargs[name] = values[kwargs[name]]
     for key in kwargs:
         if key not in names:
             raise ConfigError(
@@ -120,13 +126,12 @@ def _keywords(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[
     return kwargs
 
 
-def learner_config(cls: type) -> type:
+@dataclass_transform()
+def learner_config(cls: type[_T]) -> type[_T]:
     """Make ``cls`` a learner config: a dataclass whose constructor first reads the keywords.
 
     * **CoMLRL's field names** (``ALIASES``: e.g. ``agent_learning_rate``) become the field
       they mean here (``learning_rate``); giving both with different values is an error.
-    * **Other names of a value** (``VALUE_ALIASES``: e.g. ``loss_type="sequence"``) become the
-      value they mean (``"grpo"``), so a config reads back under one name per behaviour.
     * **Unknown names** raise :class:`~collab_env.errors.ConfigError` with the closest valid
       names (the dataclass itself would raise a bare ``TypeError``).
     * **Presets**: ``preset="comlrl"`` fills every field the caller did not pass with
@@ -134,15 +139,17 @@ def learner_config(cls: type) -> type:
 
     Every learner config is decorated with it (a subclass too: the decorator wraps the
     constructor the dataclass writes for that class)."""
-    cls = dataclass(cls)
-    init = cls.__init__
+    klass = dataclass(cls)
+    init = klass.__init__
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, **_keywords(type(self), args, kwargs))
 
-    cls.__init__ = __init__
-    return cls
+    # Replacing the constructor is the point; written `klass.__init__ = ...`, mypy reads it as
+    # monkey-patching a method (method-assign).
+    type.__setattr__(klass, "__init__", __init__)
+    return klass
 
 
 def as_bool(name: str) -> Callable[[Any], bool]:
@@ -486,8 +493,6 @@ class RolloutFields:
                        "generation_backend='hf'")
             if why is not None:
                 raise ConfigError(f"async_rollouts=True is not available here: {why}, or async_rollouts=False.")
-            if getattr(self, "is_correction", "") is None:  # PolicyLossFields: weigh the stale samples back
-                self.is_correction = "token_truncate"
 
 
 @dataclass
@@ -495,12 +500,6 @@ class TreeFields:
     """The rollout tree's fields (MAGRPO, REINFORCE, MADPO): its branching, how completions
     form joint actions and are valued, the loss's aggregation and KL, pass@k evaluation."""
 
-    VALUE_ALIASES: ClassVar[dict[str, dict[Any, Any]]] = {
-        "loss_type": {"sequence": "grpo", "token": "dapo"},
-    }
-    """Field -> {other name of a value: the value}: ``loss_type="sequence"`` (each sequence's
-    token mean, averaged) is ``"grpo"``; ``"token"`` (every loss token of the batch weighs the
-    same) is ``"dapo"``. The config stores the value, so it reads back under one name."""
 
     num_generations: int = 4
     """Completions each agent samples per node (the group size)."""
@@ -527,8 +526,7 @@ class TreeFields:
     ``train_micro_batch_size``); the sum divided by ``num_sequences * max_new_tokens``
     (``"dr_grpo"``, Dr. GRPO's constant); or each sequence's token sum averaged over sequences
     (``"sum"``: CoMLRL's ``-A * sum(log p)``). Gradient accumulation over micro-batches is exact
-    for every one. The former names ``"sequence"`` and ``"token"`` are read as ``"grpo"`` and
-    ``"dapo"`` (:attr:`VALUE_ALIASES`)."""
+    for every one."""
     eval_pass_k: int = 1
     """Independent samples per evaluation item; above 1, ``eval/pass@k`` and
     ``eval/best_of_k_return`` are reported."""
@@ -629,6 +627,8 @@ class PolicyLossFields:
     over-samples until it is full): the update is on the groups left."""
 
     def check_group(self) -> None:
+        if isinstance(self, RolloutFields) and self.async_rollouts and self.is_correction is None:
+            self.is_correction = "token_truncate"  # async rollouts: weigh the stale samples back
         check_choice("policy_objective", self.policy_objective, ("clip", "cispo"))
         check_choice("importance_sampling_level", self.importance_sampling_level, ("token", "sequence"))
         check_float("clip_delta", self.clip_delta, 1.0, low_open=True, allow_none=True)
@@ -636,7 +636,8 @@ class PolicyLossFields:
             if self.policy_objective != "clip":
                 raise ConfigError("clip_delta caps the unclipped ratio of PPO's surrogate; CISPO has no such term: "
                                   "remove clip_delta or set policy_objective='clip'.")
-            high = getattr(self, "clip_range_high", None) or getattr(self, "clip_range", 0.2)
+            high_field: float | None = getattr(self, "clip_range_high", None)
+            high = high_field if high_field else float(getattr(self, "clip_range", 0.2))
             if self.clip_delta <= 1.0 + high:
                 raise ConfigError(f"clip_delta must be above 1 + clip_range_high = {1.0 + high} (INTELLECT-2 uses 4), "
                                   f"got {self.clip_delta}: below it the clip range's upper bound is never reached.")

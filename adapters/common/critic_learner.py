@@ -43,7 +43,7 @@ from collab_env.adapters.common.logging import MetricsLogger
 from collab_env.adapters.common.loop import RunState, Schedule, mean, run
 from collab_env.adapters.common.losses import kl_k3, pack_sequences, token_logprobs
 from collab_env.adapters.common.models import adamw, load_model_and_tokenizer, make_scheduler
-from collab_env.adapters.common.rollout import episode_item, grow_trees
+from collab_env.adapters.common.rollout import TreeNode, episode_item, grow_trees
 from collab_env.adapters.common.task import ENV_METHODS, turn_metrics
 from collab_env.errors import ConfigError, TaskFunctionError
 
@@ -109,7 +109,7 @@ class CriticLearner(TaskLearner):
 
     centralised: bool = False
     """One critic with an output per agent (``True``) or one critic per agent (``False``)."""
-    config_class: type = TrainerConfig
+    config_class: type[Any] = TrainerConfig
     name: str = "AC"
 
     def __init__(
@@ -214,7 +214,7 @@ class CriticLearner(TaskLearner):
         for root in roots:
             item = dict(episode_item(root.env))
             latest: dict[int, Transition] = {}  # the agent's last turn: where its later rewards go
-            node = root
+            node: TreeNode | None = root
             while node is not None and node.joint:
                 ja = node.joint[0]
                 inputs = self.critic_inputs(node, ja)
@@ -225,7 +225,8 @@ class CriticLearner(TaskLearner):
                                            metadata={"turn": node.depth + 1, "reward": 0.0,
                                                      "player": self.players[agent],
                                                      "item_index": int(indices[root.root]), "item": item})
-                    tr = Transition(root=root.root, turn=node.depth, agent=agent, prompt_ids=list(node.prompt_ids[agent]),
+                    tr = Transition(root=root.root, turn=node.depth, agent=agent,
+                                    prompt_ids=list(node.prompt_ids[agent]),
                                     completion_ids=tuple(comp.token_ids or ()), reward=0.0, critic_key=key,
                                     critic_prefix=prefix, critic_suffix=suffix, sample=sample)
                     out.append(tr)
@@ -321,6 +322,10 @@ class CriticLearner(TaskLearner):
         return owners, packed
 
     # -- the run ----------------------------------------------------------------------------------
+    def train_step(self, indices: Sequence[int]) -> dict[str, float]:
+        """One update on the items ``indices`` (each actor-critic learner writes its own)."""
+        raise NotImplementedError
+
     def train(self) -> dict[str, Any]:
         """Train for ``num_train_epochs`` (or ``max_steps`` items), evaluating on the guide's
         schedule. Returns the last logged training metrics."""
@@ -403,7 +408,7 @@ class CriticLearner(TaskLearner):
         """Restore what :meth:`save_checkpoint` wrote (actors, critics, optimisers, schedulers,
         RNG states, position) into this trainer, built with the same models and config;
         :meth:`train` then continues the run. Only safetensors and JSON are read: an old pickle
-        (``critic_<k>.pt``) is refused with how to convert it.
+        (``critic_<k>.pt``) is refused unread.
 
         Raises:
             ConfigError: Not a checkpoint of this trainer's shape (critics, parameters).

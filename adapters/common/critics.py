@@ -135,7 +135,8 @@ class ValueCritic:
         self.num_outputs = int(num_outputs)
         self.shares_actor = shares_actor
         config = getattr(backbone, "config", None)
-        hidden = getattr(config, "hidden_size", None) or getattr(getattr(config, "text_config", None), "hidden_size", None)
+        hidden = (getattr(config, "hidden_size", None)
+                  or getattr(getattr(config, "text_config", None), "hidden_size", None))
         if hidden is None:
             raise ConfigError("the critic's model has no config.hidden_size; pass a transformers causal LM.")
         device = next(backbone.parameters()).device

@@ -49,8 +49,8 @@ from collab_env.errors import ConfigError, DataSchemaError
 __all__ = ["JointTemplate", "JointRewardModel", "pair_rewards", "read_meta", "HEAD_FILE", "META_FILE", "MAX_META_BYTES"]
 
 #: The linear head's weights inside a saved reward-model folder (safetensors: loading runs no
-#: code; an older folder's ``reward_head.pt`` pickle is refused, see
-#: :func:`collab_env.adapters.common.checkpoint.convert_legacy`).
+#: code; an older folder's ``reward_head.pt`` pickle is refused unread, see
+#: :func:`collab_env.adapters.common.checkpoint.refuse_legacy`).
 HEAD_FILE = "reward_head.safetensors"
 #: Template, length settings and tokenizer class of a saved reward-model folder.
 META_FILE = "reward_model.json"

@@ -77,6 +77,11 @@ class TaskLearner:
     def _rng(self) -> Any:
         return self.task.rng
 
+    def planned_optimizer_steps(self) -> int:
+        """Optimiser steps the run plans (the length of the learning-rate schedule); each
+        learner counts its own."""
+        raise NotImplementedError
+
     def setup_task(self, args: Any, *, agent_model: Any, tokenizer: Any, num_agents: int | None,
                    need_reference: Callable[[Any], bool], **task: Any) -> Any:
         """The set-up every environment-playing learner shares, in order: check ``agent_model``

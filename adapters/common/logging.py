@@ -83,7 +83,8 @@ class MetricsLogger:
         cfg = self.wandb_config or {}
         for name, section in (cfg.get("config_sections") or {}).items():
             config[name] = dict(section) if isinstance(section, Mapping) else section
-        kwargs = {k: cfg[k] for k in ("project", "entity", "tags", "dir", "mode", "group", "notes") if cfg.get(k) is not None}
+        kwargs = {k: cfg[k] for k in ("project", "entity", "tags", "dir", "mode", "group", "notes")
+                  if cfg.get(k) is not None}
         name = cfg.get("name") or cfg.get("run_name")
         if name:
             kwargs["name"] = name
@@ -187,9 +188,9 @@ def _reward_line(records: list[dict[str, Any]]) -> str:
                    and not isinstance(v, bool)})
     preferred = [k for k in keys if k == "turn_1/reward_mean"] + [
         k for k in keys if k.endswith("reward_mean") and not k.startswith(("preference/", "reward_model/"))]
-    key = (preferred or keys or [None])[0]
-    if key is None:
+    if not (preferred or keys):
         return ""
+    key = (preferred or keys)[0]
     values = [float(r[key]) for r in train if key in r and not math.isnan(float(r[key]))]
     if not values:
         return ""
@@ -197,7 +198,8 @@ def _reward_line(records: list[dict[str, Any]]) -> str:
 
 
 def _plotted(key: str) -> bool:
-    return any(s in key for s in ("reward", "return", "loss", "kl", "pass@", "clip_fraction")) or key.startswith("eval/")
+    return (any(s in key for s in ("reward", "return", "loss", "kl", "pass@", "clip_fraction"))
+            or key.startswith("eval/"))
 
 
 def _panel(key: str) -> str:

@@ -1,18 +1,15 @@
 """One run state, one schedule and one training loop for every learner, written as plain step
 functions (:func:`next_batch`, :func:`evaluation_due`, :func:`following_batch`,
 :func:`record_step`, :func:`log_due`, :func:`epoch_over` / :func:`next_epoch`, :func:`save_due`,
-:func:`run_summary`) that a learner owning its loop calls in order (MAGRPO's ``train``), and that
-:func:`run` calls for the learners that hand it their step.
+:func:`run_summary`) that a learner owning its loop calls in order (the ``train`` of MAGRPO,
+REINFORCE and MADPO), and that :func:`run` calls for the learners that hand it their step.
 
 A learner implements the :class:`Learner` protocol: ``args``, ``state`` (a :class:`RunState`),
 ``logger``, and the public methods :meth:`~Learner.schedule`, :meth:`~Learner.train_step`,
 :meth:`~Learner.evaluate`, :meth:`~Learner.save_checkpoint` and :meth:`~Learner.end_epoch`.
 :func:`run` drives it:
 
-1. before each step, evaluate when the schedule says so (``eval_rule``); tell a learner that
-   has the optional hook ``prefetch(next_batch)`` the batch of the step after this one
-   (``None``: none follows), so that it can start that batch's rollout during this step
-   (``async_rollouts``, :mod:`~collab_env.adapters.common.async_rollout`; item schedules only);
+1. before each step, evaluate when the schedule says so (``eval_rule``);
 2. ``metrics = learner.train_step(batch)``: the learner's algorithm on the batch of schedule
    units (training items, or one optimiser step) ``batch``; ``metrics["env_steps"]`` (popped)
    advances ``state.env_step``;
@@ -78,27 +75,9 @@ class RunState:
 
     @classmethod
     def from_dict(cls, saved: Mapping[str, Any]) -> RunState:
-        """A state from a checkpoint's saved dict (older checkpoints' ``item_in_epoch`` /
-        ``step_in_epoch`` are read as ``in_epoch``; unknown keys are ignored)."""
-        data = dict(saved)
-        if "env_step" not in data:  # SFT's and the reward model's former states: x axis = steps
-            data["env_step"] = data.get("optimizer_steps", 0)
-        data.setdefault("last_log_step", data["env_step"])
-        for legacy in ("item_in_epoch", "step_in_epoch"):
-            if legacy in data:
-                data.setdefault("in_epoch", data.pop(legacy))
+        """A state from a checkpoint's saved dict (unknown keys are ignored)."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
-
-    @property
-    def item_in_epoch(self) -> int:
-        """Former name of :attr:`in_epoch` (item learners)."""
-        return self.in_epoch
-
-    @property
-    def step_in_epoch(self) -> int:
-        """Former name of :attr:`in_epoch` (step learners)."""
-        return self.in_epoch
+        return cls(**{k: v for k, v in saved.items() if k in names})
 
 
 @dataclass(frozen=True)
@@ -150,10 +129,8 @@ class Schedule:
 
 @runtime_checkable
 class Learner(Protocol):
-    """What :func:`run` needs from a learner (every trainer of :mod:`collab_env.adapters`).
-
-    Optional: ``prefetch(next_batch: list[int] | None) -> None``, called before each item step
-    with the batch of the step after it (module docstring)."""
+    """What :func:`run` needs from a learner (every trainer of :mod:`collab_env.adapters` that
+    does not write its own loop)."""
 
     args: Any
     state: RunState
@@ -308,15 +285,14 @@ def progress(s: Schedule, st: RunState, logger: Any) -> Any:
 def run(learner: Learner) -> dict[str, Any]:
     """Train ``learner`` from its ``state`` to the end of its :class:`Schedule` (module
     docstring); returns the last logged training metrics. The loop of the learners that do not
-    write their own (MAGRPO writes it, from the same functions).
+    write their own (MAGRPO, REINFORCE and MADPO write theirs, from the same functions).
 
     Raises:
-        ConfigError: ``args.async_rollouts`` on a learner that cannot overlap its rollouts (no
-            ``prefetch`` hook, or a schedule of optimiser steps).
+        ConfigError: ``args.async_rollouts``: only the tree learners' own loops overlap their
+            rollouts with their updates.
     """
     s, st = learner.schedule(), learner.state
-    prefetch = getattr(learner, "prefetch", None) if s.unit == "item" else None
-    if getattr(learner.args, "async_rollouts", False) and prefetch is None:
+    if getattr(learner.args, "async_rollouts", False):
         raise ConfigError(f"async_rollouts=True: {type(learner).__name__} does not overlap its rollouts with its "
                           "updates (only the tree learners' item steps do: MAGRPO/GRPO, REINFORCE); set "
                           "async_rollouts=False.")
@@ -325,8 +301,6 @@ def run(learner: Learner) -> dict[str, Any]:
     while (batch := next_batch(s, st)) is not None:
         if evaluation_due(s, st, len(batch)):
             learner.evaluate()
-        if prefetch is not None:
-            prefetch(following_batch(s, st, len(batch)))
         updates = st.optimizer_steps
         record_step(s, st, learner.train_step(batch), len(batch))
         if s.log_next_epoch and epoch_over(s, st):

@@ -272,8 +272,7 @@ def kl_k3(logp, ref_logp, mask):
 # Aggregations
 # ---------------------------------------------------------------------------------------------
 #: The ``loss_type`` names :func:`aggregation_plan` accepts, one per aggregation: TRL's
-#: (``GRPOConfig.loss_type``) and CoMLRL's ``"sum"``. (A config also reads the former names
-#: ``"sequence"`` and ``"token"`` as ``"grpo"`` and ``"dapo"``: ``TreeFields.VALUE_ALIASES``.)
+#: (``GRPOConfig.loss_type``) and CoMLRL's ``"sum"``.
 LOSS_TYPES: tuple[str, ...] = ("grpo", "dapo", "bnpo", "dr_grpo", "sum")
 
 

@@ -112,7 +112,8 @@ def as_messages(value: Any, role: str, where: str) -> list[dict[str, str]]:
             isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in value):
         return [{"role": m["role"], "content": m["content"]} for m in value]
-    raise DataSchemaError(f"{where} must be a string or a non-empty list of {{'role', 'content'}} dicts, got {value!r}.")
+    raise DataSchemaError(f"{where} must be a string or a non-empty list of {{'role', 'content'}} dicts, "
+                          f"got {value!r}.")
 
 
 def encode_pair(tokenizer: Any, prompt: Any, chosen: Any, rejected: Any, *, max_length: int | None = None,

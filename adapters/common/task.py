@@ -253,16 +253,18 @@ class TaskSource:
                 return collab_env.make(e, **dict(env_kwargs or {}))
             for attr in env_methods:
                 if not hasattr(e, attr):
-                    raise ConfigError(f"env must be a registered id or an environment object; {type(e).__name__} has no {attr!r}.")
+                    raise ConfigError(f"env must be a registered id or an environment object; "
+                                      f"{type(e).__name__} has no {attr!r}.")
             return e
 
         train, evaluation = build(env), build(eval_env)
         spec = getattr(train, "spec", None)
+        trainable = getattr(spec, "trainable", None) if spec is not None else None
         possible = list(train.possible_agents)
         if trained_players is not None:
             players = list(trained_players)
-        elif spec is not None and getattr(spec, "trainable", ()):
-            players = list(spec.trainable)
+        elif trainable:
+            players = list(trainable)
         else:
             players = possible
         unknown = [p for p in players if p not in possible]

@@ -17,9 +17,9 @@ top to bottom) calls them:
 
 :class:`TreeBase` is the set-up they share: the task source (dataset or env path), the models
 with their optimisers and schedules, the logger, the background rollouts of ``async_rollouts``,
-the item schedule, evaluation and checkpoints. It has no training loop and no hook: MAGRPO's
-loop is in its file. :class:`TreeLearner` adds the loop that REINFORCE and MADPO still hand
-their ``train_step`` and ``loss`` to (:func:`~collab_env.adapters.common.loop.run`).
+the item schedule, evaluation and checkpoints. It has no training loop and no hook: each tree
+learner's loop is in its own file (:mod:`~collab_env.adapters.magrpo`,
+:mod:`~collab_env.adapters.reinforce`, :mod:`~collab_env.adapters.madpo`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from collab_env.adapters.common.async_rollout import OverlappedRollouts
 from collab_env.adapters.common.checkpoint import load_checkpoint, save_checkpoint
@@ -36,7 +36,7 @@ from collab_env.adapters.common.collapse import completion_stats
 from collab_env.adapters.common.config import TrainerConfig, learner_sampling
 from collab_env.adapters.common.learner import TaskLearner
 from collab_env.adapters.common.logging import MetricsLogger
-from collab_env.adapters.common.loop import RunState, Schedule, mean, run
+from collab_env.adapters.common.loop import RunState, Schedule, mean
 from collab_env.adapters.common.losses import (
     aggregation_plan,
     importance_weights,
@@ -49,7 +49,7 @@ from collab_env.adapters.common.task import turn_metrics
 from collab_env.errors import ConfigError, TaskFunctionError
 from collab_env.policy import SamplingParams
 
-__all__ = ["TreeBase", "TreeLearner", "Sample", "expand_trees", "group_nodes", "group_chains", "reference_kls",
+__all__ = ["TreeBase", "Sample", "expand_trees", "group_nodes", "group_chains", "reference_kls",
            "update_settings", "samples_by_model", "buffer_chunks", "mean_by_key", "policy_update", "kl_per_turn",
            "sample_collapse_stats"]
 
@@ -66,7 +66,7 @@ Advantages = Callable[[Any, int, list[float]], list[float]]
 # Expand the trees
 # ---------------------------------------------------------------------------------------------
 def expand_trees(task: Any, env: Any, indices: Sequence[int], models: Sequence[Any], args: Any, *,
-                 branching: Callable[[int], int], joint_mode: str, sampling: SamplingParams,
+                 branching: Callable[[int], int], joint_mode: Literal["aligned", "cross"], sampling: SamplingParams,
                  seeds: Callable[[int], list[int]], training: bool = True):
     """The rollout trees of the task items ``indices`` on ``env`` played by ``models``
     (:func:`~collab_env.adapters.common.rollout.grow_trees`): ``branching(depth)`` completions
@@ -89,7 +89,7 @@ def _sample(node: Any, agent: int, comp: Any, adv: float) -> Sample:
 
 def group_nodes(levels: Sequence[Sequence[Any]], advantages: Advantages,
                 kls: Mapping[tuple[int, int], list[float]] | None = None, *, coef: float = 0.0,
-                reduce: str = "mean") -> tuple[list[tuple[int, list[Sample]]], list[int]]:
+                reduce: Literal["mean", "sum"] = "mean") -> tuple[list[tuple[int, list[Sample]]], list[int]]:
     """Per node and acting agent, its samples with ``advantages(node, agent, values)`` of the
     completions' values (:func:`~collab_env.adapters.common.rollout.completion_values` with
     ``reduce``, the config's ``cross_value``; less ``coef`` times their reference KL when
@@ -440,109 +440,6 @@ class TreeBase(TaskLearner):
         self.logger.close()
 
 
-
-
-class TreeLearner(TreeBase):
-    """:class:`TreeBase` with the loop of :func:`~collab_env.adapters.common.loop.run`, for the
-    tree learners that hand it their step (REINFORCE; MADPO replaces ``train``). A subclass
-    writes ``train_step(batch) -> metrics`` and ``loss(logp, old_logp, advantages, mask, *,
-    ref_logp, loss_type, num_sequences, num_tokens, loss_tokens, is_weight) -> (loss, stats)``
-    (the loss of one micro-batch: ``loss_type`` is the reduction ``"sequence"`` or ``"token"``
-    with the divisors ``num_sequences`` / ``num_tokens`` that make the micro-batches' shares sum
-    to the configured aggregation, :func:`~collab_env.adapters.common.losses.aggregation_plan`;
-    ``is_weight``: ``[B, C]`` importance weights or ``None``; ``stats``: detached shares summed
-    over micro-batches). MAGRPO writes its loop itself (:mod:`collab_env.adapters.magrpo`)."""
-
-    def train(self, resume_from_checkpoint: str | Path | None = None) -> dict[str, Any]:
-        """Train for ``num_train_epochs`` (or ``max_steps`` items), evaluating on the guide's
-        schedule; resume from a checkpoint folder when given. Returns the last logged training
-        metrics."""
-        if self.train_env is None:
-            raise ConfigError("train() needs train_dataset= (or env=).")
-        if resume_from_checkpoint is not None:
-            self.resume(resume_from_checkpoint)
-        try:
-            return run(self)
-        finally:  # also on an error or an interrupt: no rollout outlives training
-            if self._overlap is not None:
-                self._overlap.close()
-
-    def prefetch(self, next_batch: Sequence[int] | None) -> None:
-        """The loop's hook (:func:`~collab_env.adapters.common.loop.run`): the batch the step
-        after the coming one takes (``None``: none). With ``async_rollouts`` the coming step
-        starts its rollout before it updates; otherwise nothing happens."""
-        if self._overlap is not None:
-            self._overlap.next_batch = list(next_batch) if next_batch else None
-
-    def train_step(self, batch: Sequence[int]) -> dict[str, float]:
-        """The algorithm on the training items ``batch`` (the subclass's)."""
-        raise NotImplementedError
-
-    def loss(self, logp, old_logp, advantages, mask, *, ref_logp, loss_type, num_sequences, num_tokens,
-             loss_tokens, is_weight):
-        """The loss of one micro-batch (the subclass's; class docstring)."""
-        raise NotImplementedError
-
-    def end_epoch(self) -> dict[str, float]:
-        """Use what is left in the rollout buffers (CoMLRL updates on it at every epoch's end)."""
-        return mean_by_key([m for agent in range(len(self._buffers)) if self._buffers[agent]
-                            for m in self._flush_buffer(agent)])
-
-    def rollout(self, env: Any, indices: Sequence[int], branching: Callable[[int], int], joint_mode: str,
-                sampling: SamplingParams, seeds: Callable[[int], list[int]], training: bool = True):
-        """:func:`expand_trees` with the learner's models; with ``async_rollouts`` a training
-        rollout (on the training env, with the task's seeds) is the one started in the
-        background during the previous step (or started now), and the next batch's
-        (:meth:`prefetch`) starts before this returns
-        (:mod:`~collab_env.adapters.common.async_rollout`). Returns ``(roots, levels)``."""
-        def grow(batch: Sequence[int], draw: Callable[[int], list[int]], models: Sequence[Any] = self.models):
-            return expand_trees(self.task, env, batch, models, self.args, branching=branching, joint_mode=joint_mode,
-                                sampling=sampling, seeds=draw, training=training)
-
-        overlap = self._overlap
-        if overlap is None or not training or env is not self.train_env or seeds != self.task.seeds:
-            return grow(indices, seeds)
-        frozen = overlap.models
-        result, self._rollout_metrics = overlap.take(indices, (joint_mode, sampling),
-                                                     lambda batch, draw: grow(batch, draw, frozen))
-        return result
-
-    def reference_kls(self, levels: Sequence[Sequence[Any]], metrics: dict[str, float]):
-        """:func:`reference_kls` of the learner's models with the config's ``reference_kl_coef``."""
-        return reference_kls(self.models, levels, self.args.reference_kl_coef, metrics)
-
-    def update_model(self, pm: Any, samples: Sequence[Sample]) -> dict[str, float]:
-        """:func:`policy_update` of ``pm`` on its samples with this learner's :meth:`loss` and
-        its config's settings (:func:`update_settings`)."""
-        return policy_update(pm, samples, self.loss, **update_settings(self.args))
-
-    def learn(self, groups: Sequence[tuple[int, list[Sample]]]) -> dict[str, float]:
-        """Update on the node sample groups ``(agent, samples)`` of a batch: all at once per
-        model, or through CoMLRL's per-agent rollout buffer."""
-        a = self.args
-        per_model: list[dict[str, float]] = []
-        if a.rollout_buffer_size is None:
-            per_model = [self.update_model(pm, s) for pm, s in samples_by_model(groups, self.models, self._unique)]
-            self.state.optimizer_steps += self.iterations
-        else:
-            for agent, group in groups:
-                self._buffers[agent].append(group)
-                if len(self._buffers[agent]) >= a.rollout_buffer_size:
-                    per_model.extend(self._flush_buffer(agent))
-        out = mean_by_key(per_model)
-        out.update(self._rollout_metrics)  # async_rollouts: how stale the batch was, how long it was awaited
-        self._rollout_metrics = {}
-        return out
-
-    def _flush_buffer(self, agent: int) -> list[dict[str, float]]:
-        """CoMLRL's buffer update of one agent (:func:`buffer_chunks`)."""
-        a = self.args
-        buffer, self._buffers[agent] = self._buffers[agent], []
-        out = []
-        for chunk in buffer_chunks(buffer, a.train_batch_size or a.rollout_buffer_size or 1, self._rng):
-            out.append(self.update_model(self.models[agent], chunk))
-            self.state.optimizer_steps += self.iterations
-        return out
 
 
 def _chain_texts(root: Any, agent: int, num_turns: int) -> list[str]:

@@ -23,7 +23,7 @@ from typing import Literal
 from collab_env.adapters.common.losses import group_advantages
 from collab_env.errors import ConfigError
 
-__all__ = ["turn_advantages", "token_advantages"]
+__all__ = ["turn_advantages", "token_advantages", "Scale"]
 
 Scale = Literal["none", "population", "sample"]
 

@@ -9,8 +9,8 @@ weight update the engine's prefix cache is reset: cached keys and values of the 
 not be reused.
 
 The weights are loaded by each engine worker through ``LLM.collective_rpc`` and the worker's
-``reload_weights`` (Hugging Face parameter names; vLLM redoes its kernel-format processing). A LoRA model is merged on the fly
-(``merge_and_unload`` on a copy) before its weights are sent. Tested on the CPU build of vLLM
+``reload_weights`` (Hugging Face parameter names; vLLM redoes its kernel-format processing). A LoRA
+model is merged on the fly (``merge_and_unload`` on a copy) before its weights are sent. Tested on the CPU build of vLLM
 (``make test-vllm``); on GPUs the same calls apply (use ``gpu_memory_utilization`` in
 ``vllm_engine_kwargs`` to leave room for training).
 """
@@ -123,12 +123,8 @@ class VLLMGenerator:
         from dataclasses import replace
 
         outs = self.policy.generate_tokens(prompts, params, seeds)
-        return [replace(c, text=self.tokenizer.decode(list(c.token_ids), skip_special_tokens=True))
+        return [replace(c, text=self.tokenizer.decode(list(c.token_ids or ()), skip_special_tokens=True))
                 for c in outs]
-
-    def generate_batch(self, prompts: Sequence[Sequence[int]], params: Any, seeds: Sequence[int]) -> list[Any]:
-        """Same as :meth:`generate_tokens` (the older name)."""
-        return self.generate_tokens(prompts, params, seeds)
 
     def close(self) -> None:
         """Stop the engine and remove the weight copy. With in-process engines

@@ -43,8 +43,8 @@ class Features:
         """The observation space these features fill."""
         return gymnasium.spaces.Box(self.low, self.high, shape=(self.size,), dtype=np.float32)
 
-    def compute(self, observation: Conversation, player: str) -> Sequence[float]:
-        """The raw features of ``observation`` as ``player`` sees it."""
+    def compute(self, observation: Conversation, player: str) -> Sequence[float] | np.ndarray:
+        """The raw features of ``observation`` as ``player`` sees it (a list or an array)."""
         raise NotImplementedError
 
     def __call__(self, observation: Conversation, player: str) -> np.ndarray:
@@ -153,7 +153,7 @@ class EmbeddingFeatures(Features):
         high = np.concatenate([np.full(self.base.size, self.base.high), np.full(self.dim, self.bound)])
         return gymnasium.spaces.Box(low.astype(np.float32), high.astype(np.float32), dtype=np.float32)
 
-    def compute(self, observation: Conversation, player: str) -> Sequence[float]:
+    def compute(self, observation: Conversation, player: str) -> np.ndarray:
         text = "\n".join(f"{m.role}: {m.content}" for m in observation)
         emb = np.asarray(self.encoder(text), dtype=np.float32).reshape(-1)
         if emb.shape != (self.dim,):

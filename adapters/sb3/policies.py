@@ -41,4 +41,5 @@ class RandomActPolicy(ScriptedPolicy):
 
     def respond(self, observation: Conversation, rng: np.random.Generator) -> str:
         act = self.acts[int(rng.choice(len(self.acts), p=self.weights))]
-        return act.template(observation)  # type: ignore[misc]
+        assert act.template is not None  # __init__ refuses acts without a template
+        return act.template(observation)

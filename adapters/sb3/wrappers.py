@@ -61,9 +61,9 @@ def view_of(env_or_id: Any, player: str | None, policies: Mapping[str, Any] | No
             f"expected an env id, a SingleAgentEnv or a CollabEnv (or a wrapper of one), got "
             f"{type(env_or_id).__name__}."
         )
-    s = base.spec
+    base_spec: Any = base.spec  # set by collab_env.make; None for an env built by hand
     if player is None:
-        player = s.trainable[0] if s is not None and s.trainable else base.possible_agents[0]
+        player = base_spec.trainable[0] if base_spec is not None and base_spec.trainable else base.possible_agents[0]
     return SingleAgentEnv(env_or_id, player=player, policies=policies, sampling=sampling)
 
 
@@ -96,6 +96,15 @@ class DialogueEnv(gymnasium.Env):
 
     def _observe(self, conv: Conversation) -> np.ndarray:
         return self.features(conv, self.player)
+
+    async def areset(self, *, seed: int | None = None,
+                     options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        """Async :meth:`reset` (each wrapper implements it; :class:`CollabVecEnv` calls it)."""
+        raise NotImplementedError
+
+    async def astep(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Async :meth:`step` (each wrapper implements it; :class:`CollabVecEnv` calls it)."""
+        raise NotImplementedError
 
     def _draw_seed(self) -> int:
         return int(self.np_random.integers(_SEED_RANGE))
@@ -228,13 +237,14 @@ class MacroActionWrapper(DialogueEnv):
     async def _realise(self, act: DialogueAct) -> str | Completion:
         conv = self._conv
         assert conv is not None
-        if self.realiser_policy is None and self.realiser_fn is None:
-            return act.template(conv)  # type: ignore[misc]
         if self.realiser_fn is not None:
             text = self.realiser_fn(act, conv)
             if not isinstance(text, str):
                 raise ConfigError(f"realiser returned {type(text).__name__} for act {act.name!r}; it must return str.")
             return text
+        if self.realiser_policy is None:
+            assert act.template is not None  # __init__ refuses an act without a template when there is no realiser
+            return act.template(conv)
         shown = conv.append(Message(role="system", content=act.instruction, author=ENV_AUTHOR,
                                     audience=(self.player,)))
         kw = {**self.realiser_sampling}
@@ -246,7 +256,8 @@ class MacroActionWrapper(DialogueEnv):
         except Exception as exc:
             raise PolicyError(f"realiser {describe(self.realiser_policy)} failed on act {act.name!r}: {exc!r}") from exc
         if not isinstance(out, list) or len(out) != 1 or not isinstance(out[0], Completion):
-            raise PolicyError(f"realiser {describe(self.realiser_policy)} must return one Completion, got {out!r:.200}.")
+            raise PolicyError(f"realiser {describe(self.realiser_policy)} must return one Completion, "
+                              f"got {out!r:.200}.")
         return out[0] if out[0].is_fault else out[0].text
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -320,6 +331,7 @@ class RerankWrapper(DialogueEnv):
 
     async def _sample(self) -> list[Completion]:
         conv = self._conv
+        assert conv is not None
         s = self._draw_seed()
         pol = self.candidates_policy
 

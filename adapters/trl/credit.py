@@ -38,7 +38,7 @@ from typing import Any
 
 from trl import GRPOTrainer
 
-from collab_env.adapters.common.turn_credit import token_advantages, turn_advantages
+from collab_env.adapters.common.turn_credit import Scale, token_advantages, turn_advantages
 from collab_env.adapters.trl.rollout import RolloutFunc
 from collab_env.errors import ConfigError
 
@@ -58,7 +58,8 @@ class TurnCreditGRPOTrainer(GRPOTrainer):
         if not isinstance(rollout_func, RolloutFunc):
             raise ConfigError("TurnCreditGRPOTrainer credits the moves of collab_env episodes: pass "
                               "rollout_func=collab_env.adapters.trl.rollout_func(...).")
-        super().__init__(*args, rollout_func=rollout_func, **kwargs)
+        kwargs["rollout_func"] = rollout_func
+        super().__init__(*args, **kwargs)
         if self.scale_rewards not in ("group", "none"):
             raise ConfigError(f"TurnCreditGRPOTrainer compares each move with the same move of its group: "
                               f"scale_rewards must be 'group' or 'none', got {self.scale_rewards!r}.")
@@ -80,9 +81,10 @@ class TurnCreditGRPOTrainer(GRPOTrainer):
                               "collab_env's (collab_env.adapters.trl.rollout_func).")
         width = out["completion_ids"].shape[1]
         group = self.num_generations if self.model.training else self.num_generations_eval
+        assert group is not None  # TRL's config types allow None; the trainer resolves both to ints
         if len(inputs) % group:
             raise ConfigError(f"{len(inputs)} rows do not split into groups of {group}.")
-        scale = "sample" if self.scale_rewards == "group" else "none"
+        scale: Scale = "sample" if self.scale_rewards == "group" else "none"
         rows: list[list[float]] = []
         for start in range(0, len(inputs), group):
             members = inputs[start:start + group]

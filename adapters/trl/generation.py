@@ -39,11 +39,11 @@ class VLLMGenerationGenerator:
             raise PolicyError(f"vLLM returned {len(ids)} completions for {len(prompts)} prompts.")
         out = []
         for p, c, lp in zip(prompts, ids, logprobs, strict=True):
-            c = [int(t) for t in c]
-            lps = [float("nan") if x is None else float(x[0] if isinstance(x, (list, tuple)) else x) for x in lp]
+            c = tuple(int(t) for t in c)
+            lps = tuple(float("nan") if x is None else float(x[0] if isinstance(x, (list, tuple)) else x) for x in lp)
             done = bool(c) and c[-1] in self.eos_token_ids
             out.append(Completion(text=self.tokenizer.decode(c, skip_special_tokens=True), token_ids=c, logprobs=lps,
-                                  prompt_token_ids=list(p), finish_reason="stop" if done else "length",
+                                  prompt_token_ids=tuple(p), finish_reason="stop" if done else "length",
                                   usage={"model_calls": 1, "prompt_tokens": len(p), "completion_tokens": len(c)}))
         return out
 

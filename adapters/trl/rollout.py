@@ -87,12 +87,12 @@ class RolloutFunc:
         items = [item_of(p) for p in prompts]
         while len(self.envs) < len(prompts):
             self.envs.append(self._new_env())
-        player = self.player
+        player = self.player or ""  # set by _new_env once an env exists; unused when there is no prompt
         model = trainer.model
         was_training = bool(getattr(model, "training", False))
         try:
             with self._generator(trainer) as generator:
-                episodes = run_sync(self._play(items, generator))
+                episodes = run_sync(self._play(items, generator, player))
         finally:
             if was_training:
                 model.train()
@@ -132,11 +132,12 @@ class RolloutFunc:
             self._hf.reset_prefix_cache()  # TRL stepped the weights since the last call: no stale KV
             yield TrainerGenerator(self._hf, tokenizer, params)
 
-    async def _play(self, items: Sequence[tuple[int, int]], generator: TrainerGenerator) -> list[Episode]:
+    async def _play(self, items: Sequence[tuple[int, int]], generator: TrainerGenerator,
+                    player: str) -> list[Episode]:
         async def one(env: Any, index: int, seed: int) -> Episode:
             # The trained model plays the episode; a multiturn-aware reward's futures play it too
             # (TranscriptPolicy.fork: the same generator without this episode's token history).
-            policies = {**other_policies(env, self.player, self.policies), self.player: TranscriptPolicy(generator)}
+            policies = {**other_policies(env, player, self.policies), player: TranscriptPolicy(generator)}
             # policy_seeds=False: the copies of one prompt must differ (the model's rows draw their
             # seeds from torch's generator); the env seed still fixes the item and its randomness.
             return await arun_episode(env, policies, seed=seed, index=index, policy_seeds=False)

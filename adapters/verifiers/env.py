@@ -21,11 +21,12 @@ import re
 from collections.abc import Iterable, Mapping
 from contextlib import AsyncExitStack
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from collab_env.errors import ConfigError, require
 
-vf = require("verifiers.v1", "verifiers", "The verifiers (prime-rl) adapter")
+require("verifiers.v1", "verifiers", "The verifiers (prime-rl) adapter")  # names the extra when missing
+import verifiers.v1 as vf  # noqa: E402
 
 __all__ = [
     "CollabTaskData",
@@ -157,6 +158,8 @@ class CollabEnvBase:
     """The players verifiers plays (one agent each)."""
     CONFIG: type = CollabEnvConfig
     """The config class (with one ``AgentConfig`` field per role)."""
+    if TYPE_CHECKING:  # vf.Env's, set when verifiers builds the env (not a field of this mixin)
+        config: Any
 
     async def setup(self, agents: Any) -> None:
         """Every role is trainable; the untrained players are collab_env policies, not agents."""
@@ -192,8 +195,11 @@ class CollabEnvBase:
             given: dict[str, str] | None = None
             while True:
                 start = rounds
-                run = await advance(env, policies, obs=obs, infos=infos, until=roles, actions=given,
-                                    seed=lambda k, s=start: data.seed + s + k)
+
+                def seed(k: int, s: int = start) -> int:  # round k of this call is round start + k
+                    return data.seed + s + k
+
+                run = await advance(env, policies, obs=obs, infos=infos, until=roles, actions=given, seed=seed)
                 rounds += len(run.steps)
                 for p in env.possible_agents:
                     returns[p] += run.reward(p)
@@ -285,7 +291,7 @@ def taskset_class(env_id: str, module: str | None = None) -> type[CollabTaskset]
 
 
 @cache
-def env_class(env_id: str, roles: tuple[str, ...] | None = None, module: str | None = None) -> type:
+def env_class(env_id: str, roles: tuple[str, ...] | None = None, module: str | None = None) -> type[CollabEnvBase]:
     """The ``vf.Env`` subclass of a registered env: one ``AgentConfig`` role per trained player.
 
     Args:
@@ -313,12 +319,14 @@ def env_class(env_id: str, roles: tuple[str, ...] | None = None, module: str | N
         if not r.isidentifier() or r in vf.EnvConfig.model_fields or r == "policies":
             raise ConfigError(f"player {r!r} of {s.id} cannot be a verifiers role name (a config field).")
     camel, mod = class_prefix(s.id), module or __name__
-    fields = {r: (vf.AgentConfig, vf.AgentConfig(harness={"id": "null"})) for r in roles}
+    fields: dict[str, Any] = {r: (vf.AgentConfig, vf.AgentConfig(harness={"id": "null"})) for r in roles}
     config = create_model(f"{camel}EnvConfig", __base__=CollabEnvConfig, __module__=mod, **fields)
     config.__qualname__ = f"{camel}EnvConfig"
     ns = {"ENV_ID": s.id, "ROLES": roles, "CONFIG": config, "__module__": mod,
           "__doc__": f"collab_env's {s.id} as a verifiers env: roles {list(roles)}."}
-    cls = types.new_class(f"{camel}Env", (CollabEnvBase, vf.Env[config]), {}, lambda d: d.update(ns))
+    # new_class is typed as returning a bare type; this one subclasses CollabEnvBase
+    cls = cast("type[CollabEnvBase]",
+               types.new_class(f"{camel}Env", (CollabEnvBase, vf.Env[config]), {}, lambda d: d.update(ns)))
     cls.__qualname__ = f"{camel}Env"
     return cls
 

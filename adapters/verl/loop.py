@@ -68,11 +68,9 @@ from collab_env.adapters.verl.policy import ServerPolicy
 from collab_env.errors import ConfigError, require
 from collab_env.types import Episode
 
-_agent_loop = require("verl.experimental.agent_loop", "verl", "The verl agent loop")
-_agent_loop_module = require("verl.experimental.agent_loop.agent_loop", "verl", "The verl agent loop")
-AgentLoopBase = _agent_loop.AgentLoopBase
-AgentLoopOutput = _agent_loop.AgentLoopOutput
-register = _agent_loop_module.register
+require("verl.experimental.agent_loop", "verl", "The verl agent loop")  # names the extra when missing
+from verl.experimental.agent_loop import AgentLoopBase, AgentLoopOutput  # noqa: E402
+from verl.experimental.agent_loop.agent_loop import register  # noqa: E402
 
 __all__ = ["AGENT_NAME", "AGENT_NAMES", "CONFIG_KEYS", "RECIPE_AGENT_NAME", "CollabEnvAgentLoop", "EnvPool",
            "episode_output", "play_episode", "recipe_overrides"]
@@ -317,7 +315,7 @@ class CollabEnvAgentLoop(AgentLoopBase):
     def __init__(self, *args: Any, name: str | None = None, **kwargs: Any):
         self.loop_config = {k: _plain(kwargs.pop(k)) for k in list(kwargs) if k in CONFIG_KEYS}
         super().__init__(*args, **kwargs)
-        trainer_config = kwargs.get("trainer_config", args[0] if args else None)
+        trainer_config: Any = kwargs.get("trainer_config", args[0] if args else None)  # verl's
         config = trainer_config.config
         rollout = config.actor_rollout_ref.rollout
         self.response_length = int(rollout.response_length)

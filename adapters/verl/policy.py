@@ -1,10 +1,11 @@
 """A collab_env policy whose completions come from verl's rollout server.
 
 :class:`ServerPolicy` renders each observation with the tokenizer's chat template (our own
-rendering, :class:`~collab_env.agents.tokens.TokenHistory`), sends the prompt ids to ``await server_manager.generate(request_id=...,
-prompt_ids=..., sampling_params=...)`` and returns a :class:`~collab_env.types.Completion` holding
-the exact ids and log-probs the server returned. It needs nothing from verl itself: any object
-with that ``generate`` coroutine returning ``token_ids``, ``log_probs`` and ``stop_reason`` (verl's
+rendering, :class:`~collab_env.agents.tokens.TokenHistory`), sends the prompt ids to
+``await server_manager.generate(request_id=..., prompt_ids=..., sampling_params=...)`` and
+returns a :class:`~collab_env.types.Completion` holding the exact ids and log-probs the server
+returned. It needs nothing from verl itself: any object with that ``generate`` coroutine
+returning ``token_ids``, ``log_probs`` and ``stop_reason`` (verl's
 ``TokenOutput``) serves it.
 
 Multi-turn prompts extend the earlier ones token for token: the prompt of a later turn is the

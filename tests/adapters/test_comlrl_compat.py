@@ -79,7 +79,8 @@ def test_comlrl_field_names_mean_what_they_mean_in_comlrl():
     assert cfg.train_batch_size == 3  # CoMLRL: None becomes the buffer size
     iac = IACConfig(use_separate_critic=False, critic_type="q")
     assert iac.critic_placement == "head" and iac.use_separate_critic is False and iac.critic_type == "q"
-    assert IACConfig(critic_estimate="q").critic_type == "q"  # our former name still works
+    with pytest.raises(ConfigError, match="no field 'critic_estimate'"):  # our former name: gone
+        IACConfig(critic_estimate="q")
     with pytest.raises(ConfigError, match="critic_placement='head'"):
         IACConfig(critic_type="head")  # our former meaning of critic_type: the message says where it went
     with pytest.raises(ConfigError, match="same field"):

@@ -332,9 +332,10 @@ def test_dynamic_sampling_drops_tied_groups_and_skips_an_empty_update(tiny_dir, 
 def test_config_accepts_trls_names_and_rejects_bad_combinations():
     for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "sum"):
         assert MAGRPOConfig(loss_type=loss_type).loss_type == loss_type
-    # one name per aggregation: the former names read back as TRL's (the config's VALUE_ALIASES)
-    assert MAGRPOConfig(loss_type="sequence").loss_type == "grpo" == MAGRPOConfig().loss_type
-    assert MAGRPOConfig(loss_type="token").loss_type == "dapo"
+    assert MAGRPOConfig().loss_type == "grpo"
+    for former in ("sequence", "token"):  # one name per aggregation: the former names are gone
+        with pytest.raises(ConfigError, match="loss_type must be one of"):
+            MAGRPOConfig(loss_type=former)
     cfg = MAGRPOConfig()
     assert (cfg.policy_objective, cfg.importance_sampling_level, cfg.clip_delta, cfg.is_correction,
             cfg.dynamic_sampling) == ("clip", "token", None, None, False)

@@ -94,8 +94,28 @@ def test_other_backends_train_on_the_reward_model(tiny_dir, tmp_path, algorithm)
     before = [next(pm.model.parameters()).detach().clone() for pm in tr._unique]
     tr.train()
     assert type(tr.rl_trainer).__name__ == {"marloo": "MAREINFORCETrainer", "iac": "IACTrainer"}[algorithm]
+    if algorithm == "iac":  # the critic settings reach the backend under their own names
+        rl = tr.rl_trainer.args
+        assert (rl.critic_type, rl.critic_placement, rl.critic_learning_rate) == ("v", "separate", 1e-3)
     for b, pm in zip(before, tr._unique):
         assert not torch.equal(b, next(pm.model.parameters()))
     records = tr.logger.records
     assert records[0]["preference/num_pairs"] == len(tr.pairs)
     assert any("reward_model/train_accuracy" in r for r in records)
+
+
+@pytest.mark.parametrize("algorithm,separate,placement",
+                         [("iac", True, "separate"), ("iac", False, "head"), ("maac", False, "separate")])
+def test_the_critic_settings_reach_an_actor_critic_backend(algorithm, separate, placement):
+    """IAC/MAAC take MARLHF's critic fields under their own names; ``use_separate_critic`` sets
+    IAC's ``critic_placement`` (MAAC's critic is always separate)."""
+    from types import SimpleNamespace
+
+    from collab_env.adapters.actor_critic import IACConfig, MAACConfig
+
+    a = MARLHFConfig(rl_algorithm=algorithm, use_separate_critic=separate, critic_type="q", critic_learning_rate=1e-3,
+                     value_loss_coef=0.5, value_clip_range=None, num_agents=2)
+    config_cls = IACConfig if algorithm == "iac" else MAACConfig
+    cfg = MARLHFTrainer._backend_config(SimpleNamespace(args=a, players=("a", "b")), config_cls, {})
+    assert (cfg.critic_type, cfg.critic_placement, cfg.critic_learning_rate, cfg.value_loss_coef,
+            cfg.value_clip_range) == ("q", placement, 1e-3, 0.5, None)

@@ -116,10 +116,10 @@ def test_config_and_data_errors(tiny_dir, tmp_path):
         RewardModelTrainer(None, keyword_pairs(2, 0), args=_cfg(tmp_path))
 
 
-def test_joint_pairs_are_read_by_the_toolkit_and_the_old_names_stay():
+def test_joint_pairs_are_read_by_the_toolkit_and_the_model_files_have_one_home():
     """common.pairs.read_joint_pairs: a string is one agent's completion, num_agents=None takes the
-    first row's count per row, a list prompt stays per agent; the model's names still import
-    from collab_env.adapters.reward_model (the same objects as common.joint_reward's)."""
+    first row's count per row, a list prompt stays per agent; the model's file names are
+    common.joint_reward's only (their former re-export from collab_env.adapters.reward_model is gone)."""
     import collab_env.adapters.reward_model as rm_mod
     from collab_env.adapters.common import joint_reward
     from collab_env.adapters.common.pairs import read_joint_pairs
@@ -134,8 +134,10 @@ def test_joint_pairs_are_read_by_the_toolkit_and_the_old_names_stay():
         read_joint_pairs({"prompt": "p"}, "rows", None)
     with pytest.raises(DataSchemaError, match="rows row 0: prompt"):
         read_joint_pairs([{"prompt": 3, "chosen": "a", "rejected": "b"}], "rows", None)
-    for name in ("JointTemplate", "JointRewardModel", "HEAD_FILE", "META_FILE"):
+    for name in ("JointTemplate", "JointRewardModel"):  # what the trainer uses
         assert getattr(rm_mod, name) is getattr(joint_reward, name)
+    for name in ("HEAD_FILE", "META_FILE"):
+        assert hasattr(joint_reward, name) and not hasattr(rm_mod, name)
 
 
 # -- training ------------------------------------------------------------------------------------

@@ -264,7 +264,7 @@ def _chain_tree():
 
 def test_chain_groups_compare_each_move_with_the_same_move_of_the_other_chains():
     from collab_env.adapters.common.losses import group_advantages
-    from collab_env.adapters.common.tree_learner import TreeLearner
+    from collab_env.adapters.common.tree_learner import group_chains
 
     seen = []
 
@@ -272,7 +272,7 @@ def test_chain_groups_compare_each_move_with_the_same_move_of_the_other_chains()
         seen.append(values)
         return group_advantages(values)
 
-    groups, lengths = TreeLearner.chain_groups(None, _chain_tree(), adv, "turn")
+    groups, lengths = group_chains(_chain_tree(), adv, "turn")
     # depth 0: rewards 1, 0, 0 (mean 1/3); depth 1: 0, 3 (mean 1.5)
     assert seen == [[1.0, 0.0, 0.0], [0.0, 3.0]]
     assert [[(s[1], round(s[2], 9), s[3]) for s in g] for _, g in groups] == [
@@ -282,7 +282,7 @@ def test_chain_groups_compare_each_move_with_the_same_move_of_the_other_chains()
     assert sorted(lengths) == [1, 1, 1, 1, 2]
 
     seen.clear()
-    groups, _ = TreeLearner.chain_groups(None, _chain_tree(), adv, "episode")
+    groups, _ = group_chains(_chain_tree(), adv, "episode")
     # one group per root and agent: every move of a chain gets its chain's return advantage (1, 3, 0; mean 4/3)
     assert seen == [[1.0, 3.0, 0.0]]
     [(agent, g)] = groups
@@ -290,7 +290,7 @@ def test_chain_groups_compare_each_move_with_the_same_move_of_the_other_chains()
                                                    ((2,), round(5 / 3, 9)), ((20,), round(5 / 3, 9)),
                                                    ((3,), round(-4 / 3, 9))]
     with pytest.raises(ConfigError, match="credit"):
-        TreeLearner.chain_groups(None, _chain_tree(), adv, "step")
+        group_chains(_chain_tree(), adv, "step")
 
 
 def test_magrpo_on_chains_trains_on_independent_episodes(tiny_dir, tmp_path):

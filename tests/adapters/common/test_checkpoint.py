@@ -1,7 +1,7 @@
 """Nothing collab_env loads runs code: checkpoints, critics, reward-model heads and response
 caches are JSON, safetensors or SQLite; a booby-trapped pickle in any of their places is refused
-and never executed; the safe format resumes exactly; old pickle folders convert only through
-the restricted unpickler."""
+and never executed; the safe format resumes exactly; an old pickle checkpoint is refused unread
+(the format is not supported: no converter)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ np = pytest.importorskip("numpy")
 from collab_env.adapters.common.checkpoint import (  # noqa: E402
     LEGACY_STATE_FILE,
     capture_rng,
-    convert_legacy,
     load_checkpoint,
     load_safe,
     load_tensors,
@@ -66,19 +65,31 @@ def test_the_trap_is_live(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["raw", "torch"])
-def test_an_old_pickle_checkpoint_is_refused_with_how_to_convert(tmp_path, kind):
+def test_an_old_pickle_checkpoint_is_refused_unread(tmp_path, kind, monkeypatch):
     marker, raw, zipped = trap_files(tmp_path)
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / LEGACY_STATE_FILE).write_bytes(raw if kind == "raw" else zipped)
-    with pytest.raises(ConfigError, match="old pickle format") as err:
+    opened = []
+    real_open = open
+
+    def spy_open(file, *args, **kwargs):
+        opened.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", spy_open)
+    with pytest.raises(ConfigError, match="old pickle format.*not supported") as err:
         load_checkpoint(ckpt, [])
-    assert f"python -m collab_env.adapters.common.checkpoint {ckpt}" in str(err.value)
-    # The converter reads it with the restricted unpickler: refused, nothing written, no code run.
-    with pytest.raises(ConfigError, match="not converted"):
-        convert_legacy(ckpt)
+    monkeypatch.undo()
+    message = str(err.value)
+    assert "\n" not in message and str(ckpt / LEGACY_STATE_FILE) in message
+    assert "python -m" not in message and "convert" not in message  # no converter is offered
+    assert str(ckpt / LEGACY_STATE_FILE) not in opened  # nothing is read
     assert not marker.exists()
     assert sorted(p.name for p in ckpt.iterdir()) == [LEGACY_STATE_FILE]
+    from collab_env.adapters.common import checkpoint
+
+    assert not hasattr(checkpoint, "convert_legacy")
 
 
 def test_a_trap_under_the_new_names_is_refused(tmp_path):
@@ -176,46 +187,6 @@ def test_rng_states_round_trip_through_files(tmp_path):
     assert (random.random(), np.random.rand(), np.random.randn(), torch.rand(1).item(), gen.random()) == first
 
 
-def test_convert_legacy_checkpoint_written_the_old_way(tmp_path):
-    """A folder saved by the old code (torch.save of tuples, NumPy's legacy state tuple, tensors)
-    converts through the restricted unpickler and then loads, RNG included."""
-    class PM:
-        def __init__(self):
-            torch.manual_seed(1)
-            self.model = torch.nn.Linear(2, 2)
-            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.5, momentum=0.9)
-            self.scheduler = None
-            self.reference = None
-
-        def trainable_parameters(self):
-            return list(self.model.named_parameters())
-
-    pm = PM()
-    pm.model(torch.ones(2)).sum().backward()
-    pm.optimizer.step()
-    gen = np.random.default_rng(5)
-    old_rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-               "cuda": None, "generator": gen.bit_generator.state}
-    blob = {"models": [{"params": {n: p.detach().clone() for n, p in pm.trainable_parameters()},
-                        "optimizer": pm.optimizer.state_dict(), "scheduler": None, "reference": None}],
-            "state": {"epoch": 1, "items_done": 3}, "rng": old_rng}
-    ckpt = tmp_path / "old"
-    ckpt.mkdir()
-    torch.save(blob, ckpt / LEGACY_STATE_FILE)
-    draws = (random.random(), np.random.rand(), torch.rand(1).item(), gen.random())
-
-    written = convert_legacy(ckpt)
-    assert [p.name for p in written] == ["trainer_state.json"] and not (ckpt / LEGACY_STATE_FILE).exists()
-    fresh = PM()
-    state = load_checkpoint(ckpt, [fresh], gen)
-    assert state == {"epoch": 1, "items_done": 3}
-    assert (random.random(), np.random.rand(), torch.rand(1).item(), gen.random()) == draws
-    for a, b in zip(pm.model.parameters(), fresh.model.parameters(), strict=True):
-        assert torch.equal(a, b)
-    mom = fresh.optimizer.state_dict()["state"][0]["momentum_buffer"]
-    assert torch.equal(mom, pm.optimizer.state_dict()["state"][0]["momentum_buffer"])
-
-
 # -- reward-model heads ------------------------------------------------------------------------------
 
 
@@ -228,20 +199,17 @@ def test_reward_head_trap_is_refused(tmp_path):
     folder.mkdir()
     (folder / META_FILE).write_text(json.dumps({"format": 1}))
     (folder / "reward_head.pt").write_bytes(zipped)
-    with pytest.raises(ConfigError, match="old pickle format"):
+    with pytest.raises(ConfigError, match="old pickle format.*not supported"):
         JointRewardModel.from_pretrained(folder, device="cpu")
-    with pytest.raises(ConfigError, match="not converted"):
-        convert_legacy(folder)
     (folder / HEAD_FILE).write_bytes(raw)
     with pytest.raises(ConfigError, match="not a safetensors file"):
         JointRewardModel.from_pretrained(folder, device="cpu")
     assert not marker.exists()
 
 
-def test_reward_head_legacy_file_converts(tmp_path):
+def test_tensor_files_round_trip(tmp_path):
     head = {"weight": torch.randn(1, 8), "bias": torch.zeros(1)}
-    torch.save(head, tmp_path / "reward_head.pt")
-    assert [p.name for p in convert_legacy(tmp_path)] == ["reward_head.safetensors"]
+    save_tensors(tmp_path / "reward_head.safetensors", head)
     back = load_tensors(tmp_path / "reward_head.safetensors")
     assert set(back) == {"weight", "bias"} and all(torch.equal(back[k], head[k]) for k in head)
     save_tensors(tmp_path / "again.safetensors", back)
@@ -297,7 +265,7 @@ def test_critic_trap_is_refused(tiny_dir, tmp_path):
     (ckpt / "critic_0.safetensors").unlink()
     (ckpt / "critic_0.pt").write_bytes(zipped)
     fresh = _iac(tiny_dir, tmp_path / "b")
-    with pytest.raises(ConfigError, match="old pickle format"):
+    with pytest.raises(ConfigError, match="old pickle format.*not supported"):
         fresh.load_checkpoint(ckpt)
     (ckpt / "critic_0.pt").unlink()
     save_safe(ckpt, "critic_0", {"x": 1})

@@ -455,13 +455,17 @@ def test_run_loop_update_rules_evaluate_and_save_once_per_update_count():
     assert learner.state.optimizer_steps == 2
 
 
-def test_run_state_reads_former_checkpoints():
+def test_run_state_round_trips_through_its_saved_dict():
+    from dataclasses import asdict
+
     from collab_env.adapters.common.loop import RunState
 
-    item = RunState.from_dict({"epoch": 1, "item_in_epoch": 3, "items_done": 7, "env_step": 21, "last_log_step": 20})
-    assert (item.epoch, item.in_epoch, item.item_in_epoch, item.items_done, item.last_log_step) == (1, 3, 3, 7, 20)
-    sft = RunState.from_dict({"epoch": 0, "step_in_epoch": 2, "optimizer_steps": 2, "evaluations": 1})
-    assert (sft.in_epoch, sft.env_step, sft.last_log_step, sft.evaluations) == (2, 2, 2, 1)
+    state = RunState(epoch=1, in_epoch=3, items_done=7, env_step=21, optimizer_steps=4, last_log_step=20)
+    assert RunState.from_dict(asdict(state)) == state
+    assert RunState.from_dict({**asdict(state), "unknown": 1}) == state
+    # the former names are gone: in_epoch is the one name, read and written
+    assert not hasattr(state, "item_in_epoch") and not hasattr(state, "step_in_epoch")
+    assert RunState.from_dict({"epoch": 1, "item_in_epoch": 3}).in_epoch == 0
 
 
 def test_learner_sampling_from_a_config():
