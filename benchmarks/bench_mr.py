@@ -6,7 +6,7 @@ plain-text replies) and the interactivity judge (prefilled replies), the verl re
 (2 user turns, 3 assistant turns); math accuracy by rule.
 
 **3 futures vs 1** (the headline): the MR of the same reply is scored with ``num_rollouts=1`` and
-with ``num_rollouts=3`` (``MultiturnAwareReward.score_reply``: the futures are played
+with ``num_rollouts=3`` (``MRScorer.score_reply``: the futures are played
 concurrently, each model call of each future goes to the backend as soon as its turn comes, so
 the backend batches what is in flight, and each future's judge calls start when it ends). Each of the ``--repeats``
 pairs resets both envs with the same seed, so the single future is the first of the three (same
@@ -196,7 +196,7 @@ async def timed_score(env, model, seed: int, cold: bool = False) -> dict:
     if cold and reset is not None and not await _maybe_await(reset()):
         raise RuntimeError("vLLM did not reset its prefix cache (requests still running?)")
     s0, t0 = _stats(model), time.perf_counter()
-    result, extra = await env.score_reply(start=start, step=step)
+    result, extra = await env.scorer.score_reply(env.env, start=start, step=step)
     seconds = time.perf_counter() - t0
     return {"seconds": seconds, "calls": _diff(_stats(model), s0), "reward": result.reward,
             "faults": len(result.faults), "futures": extra["futures"], "result": result}
@@ -210,10 +210,12 @@ async def sequential_check(env, model, seed: int, rollouts: int) -> dict:
     s0, t0 = _stats(model), time.perf_counter()
     convs, values = [], []
     for r in range(rollouts):
-        out = await env.roll_future(env.env.clone(), r, step)
+        policies, _ = env.scorer.future_policies({})  # the reward's own (fixed) policies
+        out = await env.scorer.roll_future(env.env.clone(), r, step, policies=policies,
+                                           sampling=env.scorer.future_sampling({}, set()))
         if out["fault"] is not None:
             raise RuntimeError(f"future {r} faulted: {out['fault']}")
-        one = await env.metric_set.score([out["conversation"]], state.item, start=start, player="assistant")
+        one = await env.scorer.metric_set.score([out["conversation"]], state.item, start=start, player="assistant")
         convs.append(out["conversation"])
         values.append(one.values)
     t_seq, c_seq = time.perf_counter() - t0, _diff(_stats(model), s0)

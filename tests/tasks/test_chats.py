@@ -302,7 +302,7 @@ def test_default_user_is_the_lazy_embedded_simulator():
     assert isinstance(resolve_policy("chat-llm-user"), EmbeddedChatUser)
     # reward="mr" with no user= rolls its futures with this default (reactive, so allowed).
     env = collab_env.make("math-chat", reward="mr", reward_kwargs={"policy": FixedTextPolicy(ASK)})
-    assert isinstance(env.policies["user"], EmbeddedChatUser) and env.policies["user"]._simulator is None
+    assert isinstance(env.scorer.defaults["user"], EmbeddedChatUser) and env.scorer.defaults["user"]._simulator is None
 
 
 def test_embedded_chat_user_runs_the_llm_simulator_on_its_backend():
