@@ -301,8 +301,11 @@ def test_a_collabllm_track_runs_and_verifies_from_the_cli_on_a_local_file(tmp_pa
     assert "data_files" not in track_env_kwargs(t, {}, None)
     data = write_collabllm_fixture(tmp_path / "math-hard.jsonl")
     out = tmp_path / "entry"
+    # short assistant replies: the path is what is tested, and each of the episode's up to 10
+    # turns is generated twice (run, then verify's regeneration of the user's and judge's calls)
     assert main(["leaderboard", "run", "collabllm-math-hard", "--data-files", str(data), "--policy",
-                 "assistant=embedded", "--episodes", "1", "--out", str(out)]) == 0
+                 "assistant=embedded", "--sampling", "assistant.max_new_tokens=16", "--episodes", "1",
+                 "--out", str(out)]) == 0
     assert "row: collabllm-math-hard@v2/entry (custom, 1 episodes" in capsys.readouterr().out
     assert main(["leaderboard", "verify", str(out), "--data-files", str(data)]) == 0
     assert "verified (1 episodes of collabllm-math-hard@v2 re-played" in capsys.readouterr().out
