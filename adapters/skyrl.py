@@ -11,7 +11,7 @@ user, a fixed partner) is played by its policy through the one episode driver
 the view's own for the same seed and replies::
 
     from collab_env.adapters.skyrl import register, dataset
-    register("hidden-facts")                       # SkyRL env class "collab_env/hidden-facts-v0"
+    register("hidden-facts")                       # SkyRL env class "collab_env/hidden-facts-v2"
     rows = dataset("hidden-facts", num_items=64)   # prompt, env_class, extra_info{seed, index}
     # write rows to parquet and point SkyRL's data.train_data at it
 

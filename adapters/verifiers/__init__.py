@@ -5,7 +5,7 @@ Needs ``verifiers==0.4.0`` (its own venv: it pins ``openai<3``; ``make test-veri
     from collab_env.adapters.verifiers import taskset, env_class, write_package
     ts = taskset("hidden-facts", num_tasks=8)           # a vf.Taskset: one task per seed/item
     Env = env_class("length-ratio")                     # roles agent_0 and agent_1
-    write_package("hidden-facts", "envs/")              # envs/collab-hidden-facts-v0/, pip-installable
+    write_package("hidden-facts", "envs/")              # envs/collab-hidden-facts-v2/, pip-installable
 
 The env plays each episode with :func:`collab_env.rollout.advance`: the roles' replies come from
 verifiers agents, the simulated user and other untrained players act through collab_env's

@@ -53,7 +53,7 @@ class CollabTaskData(vf.TaskData):
     """One collab_env episode: which env, how it is built, its reset seed and task item."""
 
     env_id: str
-    """Registered collab_env id (``"hidden-facts-v0"``)."""
+    """Registered collab_env id (``"hidden-facts-v2"``)."""
     env_kwargs: dict[str, Any] = {}
     """Keywords of :func:`collab_env.make` (task knobs, budgets, ``reward=``...); JSON values."""
     seed: int
@@ -261,7 +261,7 @@ def _reply(segment: Any) -> str:
 
 
 def class_prefix(env_id: str) -> str:
-    """The CamelCase prefix of an env's class names (``hidden-facts-v0`` -> ``HiddenFactsV0``)."""
+    """The CamelCase prefix of an env's class names (``hidden-facts-v2`` -> ``HiddenFactsV2``)."""
     return "".join(part.capitalize() for part in re.split(r"[^0-9A-Za-z]+", env_id) if part)
 
 

@@ -50,7 +50,7 @@ __all__ = ["{camel}Taskset", "{camel}Env"]
 
 def package_name(env_id: str) -> str:
     """The taskset id (distribution name) of an env's package: ``collab-<id>``, e.g.
-    ``collab-hidden-facts-v0`` (module ``collab_hidden_facts_v0``)."""
+    ``collab-hidden-facts-v2`` (module ``collab_hidden_facts_v2``)."""
     from collab_env.registry import spec
 
     return "collab-" + re.sub(r"[^0-9a-z]+", "-", spec(env_id).id.lower()).strip("-")
