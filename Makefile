@@ -23,8 +23,10 @@ demo: $(STAMP)
 
 # Tests run in a random order (pytest-randomly); the seed is printed first, so a failure can be
 # replayed with `make test SEED=<n>`. They run in WORKERS parallel processes (pytest-xdist; `auto`:
-# one per core; tests/conftest.py gives each worker one torch/OpenMP thread); `make test
-# WORKERS=0` runs them in this process.
+# one per core; tests/conftest.py gives each worker one torch/OpenMP thread and starts the tests
+# marked slow first); an idle worker takes tests queued for a busy one (--dist worksteal: xdist's
+# default hands each worker a fixed block at the start, so one worker could hold every long test
+# while the other idled). `make test WORKERS=0` runs them in this process.
 ifndef SEED
 SEED := $(shell $(PYTHON) -c 'import random; print(random.randrange(1, 2**31))')
 endif
@@ -42,8 +44,8 @@ test: $(STAMP)
 	$(PY) -m tools.typecheck_tree
 	$(PY) -m mypy
 	@echo "test order: --randomly-seed=$(SEED) (replay: make test SEED=$(SEED))"
-	COLLAB_ENV_EXTRAS=$(EXTRAS) $(OFFLINE) $(PY) -m pytest -q -n $(WORKERS) -p randomly --randomly-seed=$(SEED) \
-		--durations=15
+	COLLAB_ENV_EXTRAS=$(EXTRAS) $(OFFLINE) $(PY) -m pytest -q -n $(WORKERS) --dist worksteal -p randomly \
+		--randomly-seed=$(SEED) --durations=15
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache

@@ -194,10 +194,6 @@ def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _fixed(value: float | None, digits: int = 3) -> str:
-    return _DASH if value is None else f"{value:.{digits}f}"
-
-
 def _interval(ci: Mapping[str, float]) -> str:
     return f"{ci['mean']:.3f} [{ci['lo']:.3f}, {ci['hi']:.3f}]"
 
