@@ -27,7 +27,7 @@ from collab_env.rollout import arun_episode, token_transcript
 MAX_NEW = 12
 #: What verl's AgentLoopWorker passes to run() for validation-style greedy sampling.
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": False}
-MR = {"reward": "mr", "reward_kwargs": {"policy": "learner", "weights": {"accuracy_rule": 1.0, "token_amount": -1e-3},
+MR = {"reward": "mr", "reward_kwargs": {"weights": {"accuracy_rule": 1.0, "token_amount": -1e-3},
                                         "num_rollouts": 2, "max_user_turns": 2, "max_assistant_turns": 3,
                                         # the tiny model writes blank replies, which the verl rule
                                         # scores 0 without futures; the collabllm rule rolls them

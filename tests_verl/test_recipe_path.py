@@ -148,7 +148,7 @@ def test_loop_plays_the_rows_as_written_one_env_per_worker(rl_config, server, ti
     """Two samples of rl_train.parquet: each plays its own row (its system prompt and its last user
     turn are what the server is sent; its hidden goal is not), on one env made once."""
     config, data = rl_config
-    offline = {"reward_kwargs": {"policy": "learner", "user": "replay", "aggregation": "collabllm",
+    offline = {"reward_kwargs": {"user": "replay", "aggregation": "collabllm",
                                  "weights": {"accuracy_rule": 1.0, "token_amount": -1e-3}, "num_rollouts": 1}}
     plain = OmegaConf.create(OmegaConf.to_container(config))
     plain.reward_model.reward_kwargs = {}  # the API judge's knobs: not offline
@@ -169,8 +169,8 @@ def test_loop_plays_the_rows_as_written_one_env_per_worker(rl_config, server, ti
 
 
 def test_a_reused_env_plays_each_samples_own_policy(server, tiny):
-    """The pool unbinds the learner slot after a sample: the next sample's futures run on its own
-    rollout policy (its own sampling), not the first sample's."""
+    """An env reused by the pool: the next sample's futures run on its own rollout policy (its own
+    sampling), not the first sample's (the driver hands the reward each sample's policy table)."""
     from collab_env.adapters.verl import dataset_rows
 
     from .test_agent_loop import MR, MAX_NEW, make_loop, run_row
