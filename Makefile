@@ -23,10 +23,8 @@ demo: $(STAMP)
 
 # Tests run in a random order (pytest-randomly); the seed is printed first, so a failure can be
 # replayed with `make test SEED=<n>`. They run in WORKERS parallel processes (pytest-xdist; `auto`:
-# one per core; tests/conftest.py gives each worker one torch/OpenMP thread and starts the tests
-# marked slow first); an idle worker takes tests queued for a busy one (--dist worksteal: xdist's
-# default hands each worker a fixed block at the start, so one worker could hold every long test
-# while the other idled). `make test WORKERS=0` runs them in this process.
+# one per core; tests/conftest.py gives each worker one torch/OpenMP thread); an idle worker takes
+# tests queued for a busy one (--dist worksteal). `make test WORKERS=0` runs them in this process.
 ifndef SEED
 SEED := $(shell $(PYTHON) -c 'import random; print(random.randrange(1, 2**31))')
 endif

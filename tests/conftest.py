@@ -6,16 +6,6 @@ for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(_var, "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-import pytest  # noqa: E402
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items):
-    """The tests marked ``slow`` run first (each group keeps pytest-randomly's order): with parallel
-    workers, a long test that started last would leave one worker running it alone at the end."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One process per core (make test's `-n auto`): each worker computes on one thread, or every
     # worker's torch/OpenMP pool would take every core and they would fight over them.
