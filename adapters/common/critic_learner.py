@@ -41,7 +41,7 @@ from collab_env.adapters.common.critics import ValueCritic
 from collab_env.adapters.common.learner import TaskLearner
 from collab_env.adapters.common.logging import MetricsLogger
 from collab_env.adapters.common.loop import RunState, Schedule, mean, run
-from collab_env.adapters.common.losses import kl_k3, pack_sequences, token_logprobs
+from collab_env.adapters.common.losses import pack_sequences, reference_kl_sums
 from collab_env.adapters.common.models import adamw, load_model_and_tokenizer, make_scheduler
 from collab_env.adapters.common.rollout import TreeNode, episode_item, grow_trees
 from collab_env.adapters.common.task import ENV_METHODS, turn_metrics
@@ -245,20 +245,13 @@ class CriticLearner(TaskLearner):
     def shape_with_reference_kl(self, transitions: Sequence[Transition], metrics: dict[str, float]) -> None:
         """CoMLRL's reference KL: each transition's reward minus ``reference_kl_coef`` times its
         completion's k3 KL to the initial policy, summed over tokens (raw logits, no gradient)."""
-        import torch
 
         a = self.args
         by_turn: dict[int, list[float]] = {}
         for tr in transitions:
             pm = self.models[tr.agent]
             batch = pack_sequences([tr.prompt_ids], [tr.completion_ids], pm.pad_id).to(pm.device)
-            pm.model.eval()
-            with torch.no_grad():
-                logp = token_logprobs(pm.model, batch, 1.0)
-                with pm.as_reference() as reference:
-                    reference.eval()
-                    ref = token_logprobs(reference, batch, 1.0)
-            kl = float(kl_k3(logp, ref, batch.completion_mask).sum())
+            kl = float(reference_kl_sums(pm, batch).sum())
             tr.reward -= a.reference_kl_coef * kl
             tr.sample.metadata.update(reward=tr.reward, reference_kl=kl, reference_kl_penalty=a.reference_kl_coef * kl)
             by_turn.setdefault(tr.turn, []).append(kl)

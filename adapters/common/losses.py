@@ -29,6 +29,7 @@ __all__ = [
     "shared_prompt_logits",
     "clipped_surrogate",
     "kl_k3",
+    "reference_kl_sums",
     "LOSS_TYPES",
     "aggregation_plan",
     "masked_aggregate",
@@ -266,6 +267,23 @@ def kl_k3(logp, ref_logp, mask):
     d = torch.where(m, ref_logp - logp, torch.zeros_like(logp))
     kl = torch.exp(d) - d - 1.0
     return torch.where(m, kl, torch.zeros_like(kl))
+
+
+def reference_kl_sums(pm: Any, batch: TokenBatch):
+    """CoMLRL's reference KL of each row of ``batch``: the :func:`kl_k3` estimate of
+    KL(policy || initial policy) summed over the completion's tokens, from the raw logits
+    (temperature 1), without gradient. ``pm``: a
+    :class:`~collab_env.adapters.common.models.PolicyModel` (its model, and its reference through
+    ``as_reference()``); its model is left in eval mode. Returns a 1-D tensor, one sum per row."""
+    import torch
+
+    pm.model.eval()
+    with torch.no_grad():
+        logp = token_logprobs(pm.model, batch, 1.0)
+        with pm.as_reference() as reference:
+            reference.eval()
+            ref = token_logprobs(reference, batch, 1.0)
+    return kl_k3(logp, ref, batch.completion_mask).sum(-1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from collab_env.adapters.common.losses import (
     importance_weights,
     kl_k3,
     pack_sequences,
+    reference_kl_sums,
     token_logprobs,
 )
 from collab_env.adapters.common.rollout import completion_values, episode_item, grow_trees
@@ -170,7 +171,6 @@ def reference_kls(models: Sequence[Any], levels: Sequence[Sequence[Any]], coef: 
     without gradient; ``{(id(node), agent): [KL per completion]}``. Adds
     ``turn_k/reference_kl_mean`` and ``turn_k/reference_kl_penalty_mean`` (times ``coef``) to
     ``metrics``."""
-    import torch
 
     out: dict[tuple[int, int], list[float]] = {}
     by_turn: dict[int, list[float]] = {}
@@ -181,13 +181,7 @@ def reference_kls(models: Sequence[Any], levels: Sequence[Sequence[Any]], coef: 
                 comps = node.completions[agent]
                 batch = pack_sequences([node.prompt_ids[agent]] * len(comps),
                                        [tuple(c.token_ids or ()) for c in comps], pm.pad_id).to(pm.device)
-                pm.model.eval()
-                with torch.no_grad():
-                    logp = token_logprobs(pm.model, batch, 1.0)
-                    with pm.as_reference() as reference:
-                        reference.eval()
-                        ref = token_logprobs(reference, batch, 1.0)
-                kl = kl_k3(logp, ref, batch.completion_mask).sum(-1).tolist()
+                kl = reference_kl_sums(pm, batch).tolist()
                 out[(id(node), agent)] = [float(x) for x in kl]
                 by_turn.setdefault(node.depth, []).extend(float(x) for x in kl)
     for d, kls in by_turn.items():
