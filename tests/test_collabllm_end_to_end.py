@@ -37,7 +37,9 @@ def test_the_tiny_form_runs_every_stage_and_the_entry_verifies(tmp_path):
     assert submitted["track"].startswith("collabllm-math-hard@") and submitted["episodes"]["recorded"] == 1
     assert submitted["policies"]["assistant"].endswith(str(work / "grpo" / "checkpoint" / "model_0"))
     assert "rl_validation.parquet" in json.dumps(submitted["data_files"])
-    assert "verified (1 episodes" in run.stdout
+    # run and verify from the command line on one local file (taken as the track's split)
+    assert f"row: {submitted['track']}/entry (custom, 1 episodes" in run.stdout
+    assert f"verified (1 episodes of {submitted['track']} re-played" in run.stdout
     # the SFT stage trained on the recipe's rows (column prompt) and GRPO started from its model
     assert (work / "sft" / "checkpoint" / "model_0" / "config.json").is_file()
     assert (work / "grpo" / "checkpoint" / "model_0" / "config.json").is_file()

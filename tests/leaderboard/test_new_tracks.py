@@ -284,28 +284,15 @@ def test_humaneval_chat_v2_scores_without_a_judge_and_v1_is_legacy(tmp_path):
         assert comp["conversation"] == pytest.approx(-1e-4 * words, abs=1e-12)
 
 
-@pytest.mark.slow
-def test_a_collabllm_track_runs_and_verifies_from_the_cli_on_a_local_file(tmp_path, capsys):
+def test_local_files_are_taken_as_the_collabllm_tracks_split():
     """Issue 25: ``collab-env leaderboard run collabllm-math-hard --data-files F`` on one local
     file. The track asks for split ``test``; a single file loads as ``train``, so the files passed
-    are taken as the track's split (one rule, ``track_env_kwargs``, for run and verify). The
-    embedded model plays the assistant, the user and the judge; then ``verify`` re-plays it and
-    regenerates its calls."""
-    from collab_env.cli import main
+    are taken as the track's split (one rule, ``track_env_kwargs``, for run and verify). The run
+    and verify of such an entry from the command line, with the embedded user and judge, is
+    tests/test_collabllm_end_to_end.py (its board and verify stages)."""
     from collab_env.leaderboard.submission import track_env_kwargs
-    from collab_env.testing.collabllm_fixtures import write_collabllm_fixture
 
     t = builtin_tracks()["collabllm-math-hard@v2"]
     assert track_env_kwargs(t, {}, ["a.jsonl"])["data_files"] == {"test": "a.jsonl"}
     assert track_env_kwargs(t, {}, ["a.jsonl", "b.jsonl"])["data_files"] == {"test": ["a.jsonl", "b.jsonl"]}
     assert "data_files" not in track_env_kwargs(t, {}, None)
-    data = write_collabllm_fixture(tmp_path / "math-hard.jsonl")
-    out = tmp_path / "entry"
-    # short assistant replies: the path is what is tested, and each of the episode's up to 10
-    # turns is generated twice (run, then verify's regeneration of the user's and judge's calls)
-    assert main(["leaderboard", "run", "collabllm-math-hard", "--data-files", str(data), "--policy",
-                 "assistant=embedded", "--sampling", "assistant.max_new_tokens=16", "--episodes", "1",
-                 "--out", str(out)]) == 0
-    assert "row: collabllm-math-hard@v2/entry (custom, 1 episodes" in capsys.readouterr().out
-    assert main(["leaderboard", "verify", str(out), "--data-files", str(data)]) == 0
-    assert "verified (1 episodes of collabllm-math-hard@v2 re-played" in capsys.readouterr().out
