@@ -505,25 +505,17 @@ def policy_update(pm: Any, samples: Sequence[Sample], loss: Callable[..., Any], 
         max_grad_norm: Gradient clipping (``None``: none).
         max_new_tokens: The completion budget, Dr. GRPO's constant (``loss_type="dr_grpo"``).
         is_correction: Importance sampling against the sampler (TRL's
-            ``vllm_importance_sampling_mode``; ``None``: off): ``"token_truncate"``,
-            ``"token_mask"``, ``"sequence_truncate"`` or ``"sequence_mask"``
-            (:func:`~collab_env.adapters.common.losses.importance_weights`). The ratio is
-            ``exp(old_logp - sampler_logp)``: ``old_logp`` the model's before this update
-            (computed with the model, never ``logp.detach()``), ``sampler_logp`` the samples' 5th
-            element. An asynchronous (off-policy) rollout passes the log-probs of the stale
-            policy that sampled; a vLLM engine's corrects its numerical mismatch. The policy
-            term of each token is multiplied by the truncated / masked weight (the hook's
-            ``is_weight``); the KL term is not.
-        is_cap: ``C_max`` of the importance ratio (TRL's ``vllm_importance_sampling_clip_max``).
-        is_floor: ``C_min`` (TRL's ``vllm_importance_sampling_clip_min``).
+            ``vllm_importance_sampling_mode``; ``None``: off), with the bounds ``is_cap`` and
+            ``is_floor``: :func:`importance_correction`. The samples' 5th element is then the
+            sampler's log-probs; the policy term of each token is multiplied by its weight, the
+            KL term is not.
 
     Returns:
         The first step's summed stats, ``grad_norm``, per-turn and overall reference-KL metrics
         (with a reference), ``loss_last_iteration`` / ``clip_fraction_last_iteration`` (more
         than one iteration), ``learning_rate``, the collapse statistics of the samples
-        (:func:`sample_collapse_stats`) and, with ``is_correction``, ``is_ratio_mean`` /
-        ``is_ratio_max`` (the raw ratio over loss tokens, or over sequences in the sequence
-        modes) and ``is_clipped_fraction`` (the share of them truncated or masked).
+        (:func:`sample_collapse_stats`) and, with ``is_correction``, the importance ratio's
+        metrics (:func:`importance_correction`).
 
     Raises:
         ConfigError: ``is_correction`` with a sample without sampler log-probs (or with as many
@@ -538,27 +530,19 @@ def policy_update(pm: Any, samples: Sequence[Sample], loss: Callable[..., Any], 
     tokens = [int(b.completion_mask.sum()) for b in batches]
     plan = aggregation_plan(loss_type, tokens, [len(mb) for mb in micro], max_new_tokens)
     params = [p for _, p in pm.trainable_parameters()]
-    sampler = [_sampler_logprobs(mb, b.completion_mask) for mb, b in zip(micro, batches, strict=True)] \
-        if is_correction is not None else None
 
     old: list[Any] | None = None
     ref: list[Any] | None = None
     pm.model.eval()
     with torch.no_grad():
-        if iterations > 1 or sampler is not None:
+        if iterations > 1 or is_correction is not None:
             old = [token_logprobs(pm.model, b, temperature) for b in batches]
         if beta > 0:
             with pm.as_reference() as reference:
                 reference.eval()
                 ref = [token_logprobs(reference, b, temperature) for b in batches]
-    weights: list[Any] = [None] * len(batches)
-    is_stats: dict[str, float] = {}
-    if sampler is not None and old is not None and is_correction is not None:
-        for k, b in enumerate(batches):
-            weights[k], st = importance_weights(old[k], sampler[k], b.completion_mask, is_correction, is_cap, is_floor)
-            for name, v in st.items():  # sums over micro-batches, the max of the maxima
-                prev = is_stats.get(name, 0.0)
-                is_stats[name] = max(prev, v) if name == "is_ratio_max" else prev + v
+    weights, is_metrics = ([None] * len(batches), {}) if old is None or is_correction is None else \
+        importance_correction(micro, batches, old, is_correction, is_cap, is_floor)
 
     out: dict[str, float] = {}
     for it in range(iterations):
@@ -594,15 +578,45 @@ def policy_update(pm: Any, samples: Sequence[Sample], loss: Callable[..., Any], 
             out["loss_last_iteration"] = totals.get("loss", 0.0)
             out["clip_fraction_last_iteration"] = totals.get("clip_fraction", 0.0)
     out.pop("kl", None)
-    if is_stats:
-        units = max(is_stats["is_units"], 1.0)
-        out["is_ratio_mean"] = is_stats["is_ratio_sum"] / units
-        out["is_ratio_max"] = is_stats["is_ratio_max"]
-        out["is_clipped_fraction"] = is_stats["is_clipped"] / units
+    out.update(is_metrics)
     out["learning_rate"] = float(pm.scheduler.get_last_lr()[0])
     out.update(sample_collapse_stats(pm, samples))
     pm.model.eval()
     return out
+
+
+def importance_correction(micro: Sequence[Sequence[Sample]], batches: Sequence[Any], old: Sequence[Any], mode: str,
+                          cap: float | None, floor: float | None) -> tuple[list[Any], dict[str, float]]:
+    """:func:`policy_update`'s importance sampling against the sampler, per micro-batch: the
+    truncated or masked weights of :func:`~collab_env.adapters.common.losses.importance_weights`
+    (``mode``: ``"token_truncate"``, ``"token_mask"``, ``"sequence_truncate"`` or
+    ``"sequence_mask"``, TRL's ``vllm_importance_sampling_mode``; ``cap`` / ``floor``: its
+    ``vllm_importance_sampling_clip_max`` / ``_min``). The ratio is ``exp(old_logp -
+    sampler_logp)``: ``old`` the model's log-probs before this update (computed with the model,
+    never ``logp.detach()``), ``sampler_logp`` each sample's 5th element. An asynchronous
+    (off-policy) rollout passes the log-probs of the stale policy that sampled; a vLLM engine's
+    corrects its numerical mismatch.
+
+    Returns ``(weights, metrics)``: one ``[B, C]`` weight tensor per micro-batch, and
+    ``is_ratio_mean`` / ``is_ratio_max`` (the raw ratio over loss tokens, or over sequences in the
+    sequence modes) and ``is_clipped_fraction`` (the share of them truncated or masked).
+
+    Raises:
+        ConfigError: a sample without sampler log-probs (or with as many as its tokens), or an
+            unknown mode.
+    """
+    weights: list[Any] = []
+    sums: dict[str, float] = {}
+    for mb, b, old_k in zip(micro, batches, old, strict=True):
+        w, stats = importance_weights(old_k, _sampler_logprobs(mb, b.completion_mask), b.completion_mask,
+                                      mode, cap, floor)
+        weights.append(w)
+        for name, v in stats.items():  # sums over micro-batches, the max of the maxima
+            prev = sums.get(name, 0.0)
+            sums[name] = max(prev, v) if name == "is_ratio_max" else prev + v
+    units = max(sums["is_units"], 1.0)
+    return weights, {"is_ratio_mean": sums["is_ratio_sum"] / units, "is_ratio_max": sums["is_ratio_max"],
+                     "is_clipped_fraction": sums["is_clipped"] / units}
 
 
 def _sampler_logprobs(samples: Sequence[Any], completion_mask: Any):
