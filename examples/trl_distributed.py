@@ -113,7 +113,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ray-workers", type=int, default=0, help="train on Ray Train with this many CPU workers")
     a = p.parse_args(argv)
-    cfg = {"model": a.model, "out": a.out, "env": a.env, "player": a.player or ("agent_0" if a.env.startswith("length-ratio") else None), "items": a.items, "steps": a.steps, "batch": a.batch,
+    player = a.player or ("agent_0" if a.env.startswith("length-ratio") else None)
+    cfg = {"model": a.model, "out": a.out, "env": a.env, "player": player, "items": a.items, "steps": a.steps,
+           "batch": a.batch,
            "generations": a.generations, "max_new_tokens": a.max_new_tokens, "learning_rate": a.learning_rate,
            "seed": a.seed}
     if a.ray_workers:

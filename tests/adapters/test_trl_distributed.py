@@ -59,8 +59,8 @@ def test_trl_trains_on_two_ranks_under_torchrun(tiny_dir, tmp_path):
 def test_trl_trains_on_two_ray_train_workers(tiny_dir, tmp_path):
     pytest.importorskip("ray.train.torch")
     out = tmp_path / "out"
-    run = subprocess.run([sys.executable, str(SCRIPT), "--model", str(tiny_dir), "--out", str(out), "--ray-workers", "2"],
-                         capture_output=True, text=True, timeout=600, env=ENV)
+    run = subprocess.run([sys.executable, str(SCRIPT), "--model", str(tiny_dir), "--out", str(out),
+                          "--ray-workers", "2"], capture_output=True, text=True, timeout=600, env=ENV)
     _check(out, _initial_hash(tiny_dir), run)
     assert "Ray's checkpoint Checkpoint(" in run.stdout
     ray_ckpts = list((out / "ray").rglob("checkpoint_*/model.safetensors"))
