@@ -72,6 +72,7 @@ from collab_env.adapters.common.config import (
     learner_config,
     learner_sampling,
 )
+from collab_env.adapters.common.distributed import merge_ranks, rank_world, shard
 from collab_env.adapters.common.loop import (
     epoch_over,
     evaluation_due,
@@ -264,10 +265,11 @@ class MAGRPOTrainer(TreeBase):
         enabled, turn each node's returns into group-relative advantages and update every model
         (or, with ``rollout_buffer_size``, every agent whose buffer is full)."""
         a = self.args
+        world = rank_world()[1]  # data parallel: each rank rolls out its share of the items
         # 1. the rollout trees, returns filled (reward + discount * mean child return); chains
         # branch at the root only
         chains = a.rollout_shape == "chains"
-        _, levels = self.rollout(self.train_env, batch,
+        _, levels = self.rollout(self.train_env, shard(batch) if world > 1 else batch,
                                  (lambda depth: a.num_generations if depth == 0 else 1) if chains
                                  else (lambda depth: a.num_generations), a.joint_mode,
                                  learner_sampling(a), self.task.seeds)
@@ -291,10 +293,10 @@ class MAGRPOTrainer(TreeBase):
         if a.dynamic_sampling:  # DAPO: a group of tied values has zero advantages, no signal
             metrics["groups_filtered"] = float(sum(tied))
             groups = [g for g, t in zip(groups, tied, strict=True) if not t]
-        # 4. one policy update per model with MAGRPOTrainer.loss
-        if groups:
+        # 4. one policy update per model with MAGRPOTrainer.loss (data parallel: on every rank)
+        if groups or world > 1:
             metrics.update(self.learn(groups))
-        return metrics
+        return merge_ranks(metrics) if world > 1 else metrics
 
     def rollout(self, env: Any, indices: Sequence[int], branching: Any, joint_mode: Literal["aligned", "cross"],
                 sampling: SamplingParams, seeds: Any) -> tuple[list[Any], list[list[Any]]]:

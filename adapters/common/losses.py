@@ -295,7 +295,8 @@ LOSS_TYPES: tuple[str, ...] = ("grpo", "dapo", "bnpo", "dr_grpo", "sum")
 
 
 def aggregation_plan(loss_type: str, tokens: Sequence[int], sequences: Sequence[int],
-                     max_new_tokens: int | None = None) -> list[tuple[Literal["sequence", "token"], int, int]]:
+                     max_new_tokens: int | None = None, totals: tuple[int, int, int] | None = None,
+                     ) -> list[tuple[Literal["sequence", "token"], int, int]]:
     """How each micro-batch reduces its per-token loss so that the micro-batches' shares sum to
     the whole batch's loss: per micro-batch, ``(mode, num_sequences, num_tokens)`` for
     :func:`masked_aggregate` (the keywords a learner's ``loss`` hook receives).
@@ -321,6 +322,8 @@ def aggregation_plan(loss_type: str, tokens: Sequence[int], sequences: Sequence[
       averaged over sequences; with GSPO's sequence-level ratio it is TRL's ``"luspo"``.
 
     Every share is exact: summing the micro-batches' shares gives the batch's loss above.
+    ``totals`` (data parallelism): the whole batch's ``(N, T, K)`` over every rank, when
+    ``tokens`` / ``sequences`` are this rank's micro-batches only.
 
     Raises:
         ConfigError: an unknown ``loss_type``, ``"dr_grpo"`` without ``max_new_tokens``, or
@@ -329,18 +332,19 @@ def aggregation_plan(loss_type: str, tokens: Sequence[int], sequences: Sequence[
     if len(tokens) != len(sequences):
         raise ConfigError(f"aggregation_plan needs one token and one sequence count per micro-batch, got "
                           f"{len(tokens)} and {len(sequences)}.")
-    n_seq, n_tok, k = sum(sequences), sum(tokens), len(tokens)
+    n_seq, n_tok, k = totals if totals is not None else (sum(sequences), sum(tokens), len(tokens))
+    here = len(tokens)  # this rank's micro-batches (all of them without data parallelism)
     if loss_type == "grpo":
-        return [("sequence", n_seq, n_tok)] * k
+        return [("sequence", n_seq, n_tok)] * here
     if loss_type == "dapo":
-        return [("token", n_seq, n_tok)] * k
+        return [("token", n_seq, n_tok)] * here
     if loss_type == "sum":
-        return [("token", n_seq, n_seq)] * k
+        return [("token", n_seq, n_seq)] * here
     if loss_type == "dr_grpo":
         if not max_new_tokens or max_new_tokens < 1:
             raise ConfigError("loss_type='dr_grpo' divides by num_sequences * max_new_tokens: pass max_new_tokens "
                               f"(the config's), got {max_new_tokens!r}.")
-        return [("token", n_seq, n_seq * int(max_new_tokens))] * k
+        return [("token", n_seq, n_seq * int(max_new_tokens))] * here
     if loss_type == "bnpo":
         return [("token", n_seq, max(t, 1) * k) for t in tokens]
     raise ConfigError(f"loss_type must be one of {list(LOSS_TYPES)}, got {loss_type!r}.")

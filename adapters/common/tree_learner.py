@@ -34,6 +34,14 @@ from collab_env.adapters.common.async_rollout import OverlappedRollouts
 from collab_env.adapters.common.checkpoint import load_checkpoint, save_checkpoint
 from collab_env.adapters.common.collapse import completion_stats
 from collab_env.adapters.common.config import TrainerConfig, learner_sampling
+from collab_env.adapters.common.distributed import (
+    broadcast_parameters,
+    global_totals,
+    init_from_launcher,
+    rank_world,
+    sum_gradients,
+    sum_stats,
+)
 from collab_env.adapters.common.learner import TaskLearner
 from collab_env.adapters.common.logging import MetricsLogger
 from collab_env.adapters.common.loop import RunState, Schedule, mean
@@ -214,6 +222,8 @@ def samples_by_model(groups: Sequence[tuple[int, list[Sample]]], models: Sequenc
     for agent, group in groups:
         owner = next(k for k, u in enumerate(unique) if u is models[agent])
         out.setdefault(owner, []).extend(group)
+    if rank_world()[1] > 1:  # data parallel: every rank updates every model, in one order, samples or not
+        return [(u, out.get(k, [])) for k, u in enumerate(unique)]
     return [(unique[k], samples) for k, samples in sorted(out.items())]
 
 
@@ -298,7 +308,18 @@ class TreeBase(TaskLearner):
         self._rollout_metrics: dict[str, float] = {}
         if getattr(args, "async_rollouts", False):
             self._overlap = self._overlapped_rollouts()
-        self.logger = MetricsLogger(args.output_dir, {**args.to_dict(), **self.task.config_record()}, wandb_config)
+        # data parallel (torchrun etc.): every rank starts from rank 0's parameters; ranks > 0 log
+        # and checkpoint under output_dir/rank<N>
+        rank, world = init_from_launcher()
+        if world > 1:
+            if args.rollout_buffer_size is not None or getattr(args, "async_rollouts", False):
+                raise ConfigError(f"data parallelism ({world} ranks) updates every rank in lockstep: "
+                                  "rollout_buffer_size and async_rollouts are refused; leave them unset.")
+            for pm in self._unique:
+                broadcast_parameters(pm.model)
+        self.rank = rank
+        log_dir = Path(args.output_dir) / f"rank{rank}" if rank else Path(args.output_dir)
+        self.logger = MetricsLogger(log_dir, {**args.to_dict(), **self.task.config_record()}, wandb_config)
 
     def _overlapped_rollouts(self) -> OverlappedRollouts:
         """``async_rollouts``: the frozen copy of the models that the background rollouts
@@ -423,7 +444,7 @@ class TreeBase(TaskLearner):
     def save_checkpoint(self, path: str | Path | None = None) -> Path:
         """Save models, optimisers, schedulers, position and RNG states (default folder
         ``<output_dir>/checkpoint-<items done>``); resume with ``train(resume_from_checkpoint=...)``."""
-        path = Path(path) if path is not None else Path(self.args.output_dir) / f"checkpoint-{self.state.items_done}"
+        path = Path(path) if path is not None else self.logger.output_dir / f"checkpoint-{self.state.items_done}"
         return save_checkpoint(path, self._unique, asdict(self.state), self._rng)
 
     def close(self) -> None:
@@ -528,7 +549,10 @@ def policy_update(pm: Any, samples: Sequence[Sample], loss: Callable[..., Any], 
     batches = [pack_sequences([s[0] for s in mb], [s[1] for s in mb], pm.pad_id).to(device) for mb in micro]
     advantages = [torch.tensor([s[2] for s in mb], dtype=torch.float32, device=device) for mb in micro]
     tokens = [int(b.completion_mask.sum()) for b in batches]
-    plan = aggregation_plan(loss_type, tokens, [len(mb) for mb in micro], max_new_tokens)
+    _, world = rank_world()  # data parallel: the divisors are the whole batch's, the gradients summed
+    whole = global_totals(tokens, [len(mb) for mb in micro]) if world > 1 else None
+    plan = aggregation_plan(loss_type, tokens, [len(mb) for mb in micro], max_new_tokens, whole)
+    loss_tokens = whole[1] if whole is not None else sum(tokens)
     params = [p for _, p in pm.trainable_parameters()]
 
     old: list[Any] | None = None
@@ -555,13 +579,16 @@ def policy_update(pm: Any, samples: Sequence[Sample], loss: Callable[..., Any], 
             old_k = old[k] if old is not None else logp.detach()
             mode, n_seq, n_tok = plan[k]
             value, stats = loss(logp, old_k, adv, b.completion_mask, ref_logp=ref[k] if ref is not None else None,
-                                loss_type=mode, num_sequences=n_seq, num_tokens=n_tok, loss_tokens=sum(tokens),
+                                loss_type=mode, num_sequences=n_seq, num_tokens=n_tok, loss_tokens=loss_tokens,
                                 is_weight=weights[k])
             value.backward()
             for name, v in stats.items():
                 totals[name] = totals.get(name, 0.0) + float(v)
             if it == 0 and ref is not None:
                 kl_per_turn(logp.detach(), ref[k], b.completion_mask, micro[k], kl_by_turn)
+        if world > 1:
+            sum_gradients(params)
+            totals = sum_stats(totals)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm is not None else float("inf"))
         pm.optimizer.step()
         pm.scheduler.step()
