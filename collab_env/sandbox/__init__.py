@@ -58,6 +58,10 @@ How a run is contained (best effort, each layer reported in ``SandboxResult.isol
   network namespace; sockets inside the sandbox directory work. Not covered: a ``ctypes``
   connect to a world-writable socket the host keeps under a system root (``/dev/log``, say):
   no seccomp filter denies AF_UNIX.
+* **IPC.** As root, the run has its own IPC namespace: SysV shared memory, semaphores and
+  message queues (and POSIX message queues) the code creates die with the run instead of
+  outliving it in the host's kernel (leaked memory, and a channel from one run to the next).
+  ``SandboxResult.isolation["ipc"]`` says ``"namespace"``, or that IPC is shared with the host.
 * **Filesystem.** As root, in a new mount namespace: ``/tmp`` is a private, size-limited tmpfs
   holding the sandbox directory ``/tmp/sandbox`` (cwd, ``HOME`` and ``TMPDIR``), ``/dev/shm`` is
   another private tmpfs, and every other mount is remounted read-only. Directories the sandbox
