@@ -64,6 +64,7 @@ import contextvars
 import dataclasses
 import hashlib
 import os
+import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -73,6 +74,7 @@ from collab_env.errors import ConfigError, SandboxError
 from collab_env.sandbox.config import SandboxLimits, SandboxResult
 from collab_env.sandbox.guest import program
 from collab_env.sandbox.pyparse import parse_python
+from collab_env.sandbox.suites import UNSUPPORTED, UnittestSuite, parse_suite
 
 __all__ = [
     "TestOutcome",
@@ -86,7 +88,7 @@ __all__ = [
 ]
 
 Style = Literal["auto", "calls", "unittest"]
-TestStatus = Literal["passed", "failed", "timeout", "not_run"]
+TestStatus = Literal["passed", "failed", "timeout", "not_run", "tampered"]
 
 # ---------------------------------------------------------------------------------------------
 # The trusted side: parsing the tests, starting the processes, counting the results
@@ -98,8 +100,9 @@ class TestOutcome:
     Attributes:
         index: Position of the test (in ``tests``, or the method's order in the suite).
         name: ``"test <index>"`` for function-call tests, ``"Class.method"`` for unittest.
-        status: ``"passed"``, ``"failed"``, ``"timeout"`` or ``"not_run"`` (after too many
-            timeouts, or when the run ended before the test).
+        status: ``"passed"``, ``"failed"``, ``"timeout"``, ``"not_run"`` (after too many
+            timeouts, or when the run ended before the test) or ``"tampered"`` (its same-process
+            run misreported the sentinel tests).
         detail: The error (``"AssertionError: ..."``), or ``""`` when passed.
         line: For a failed function-call test, the line of the test text that raised.
     """
@@ -120,7 +123,9 @@ class TestRunResult:
     """What :func:`run_tests` found.
 
     Attributes:
-        status: ``"passed"`` (every test passed), ``"error"`` (no test found: never a pass),
+        status: ``"passed"`` (every test passed), ``"error"`` (no test found, or an
+            ``"unsupported test form: ..."``: never a pass), ``"tampered"`` (a same-process
+            run misreported its sentinel tests: the suite scores 0),
             or the reason the first test did not pass: ``"failed"``, ``"timeout"``, or the
             candidate process's own limit status (``"out_of_memory"``, ``"forbidden"``,
             ``"output_limit"``) when that ended it.
@@ -152,7 +157,13 @@ class TestRunResult:
 
     @property
     def num_passed(self) -> int:
-        return sum(t.passed for t in self.tests)
+        """Passed tests (``0`` when a run was tampered with: its passes are not believed)."""
+        return 0 if self.status == "tampered" else sum(t.passed for t in self.tests)
+
+    @property
+    def tampered(self) -> int:
+        """Test methods whose run misreported its sentinels (same-process unittest suites)."""
+        return sum(t.status == "tampered" for t in self.tests)
 
     @property
     def pass_rate(self) -> float:
@@ -164,52 +175,19 @@ class TestRunResult:
         return self.status == "passed"
 
 
-def _is_testcase_base(node: ast.expr) -> bool:
-    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
-    return name.endswith("TestCase")
-
-
 def find_unittest_methods(tests: str) -> list[tuple[str, str]]:
-    """``(class, method)`` of every test method of the ``unittest.TestCase`` classes in ``tests``.
-
-    Found from the syntax tree (nothing is executed): top-level classes whose base is a
-    ``...TestCase`` or another such class of the text, methods named ``test*`` including
-    inherited ones, in source order. ``[]`` for text that does not parse or has none.
-    """
-    try:
-        tree = parse_python(tests)
-    except SyntaxError:
-        return []
-    classes: dict[str, list[str]] = {}
-    for node in tree.body:
-        if not isinstance(node, ast.ClassDef):
-            continue
-        inherited: list[str] = []
-        is_case = False
-        for base in node.bases:
-            if isinstance(base, ast.Name) and base.id in classes:
-                is_case = True
-                inherited += classes[base.id]
-            elif _is_testcase_base(base):
-                is_case = True
-        if not is_case:
-            continue
-        own = [n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-               and n.name.startswith("test")]
-        classes[node.name] = list(dict.fromkeys(inherited + own))
-    return [(c, m) for c, ms in classes.items() for m in ms]
+    """``(class, method)`` of every test method of the ``unittest.TestCase`` classes in ``tests``,
+    in the order unittest's loader runs them (:func:`collab_env.sandbox.suites.parse_suite`: found
+    from the syntax tree, nothing is executed). ``[]`` for text that does not parse or has none."""
+    suite = parse_suite(tests)
+    return list(suite.methods) if suite is not None else []
 
 
 def test_style(tests: str | Sequence[str]) -> Literal["calls", "unittest"]:
-    """``"unittest"`` when the text defines a ``unittest.TestCase`` class, else ``"calls"``."""
-    if isinstance(tests, str):
-        try:
-            tree = parse_python(tests)
-        except SyntaxError:
-            return "calls"
-        for node in tree.body:
-            if isinstance(node, ast.ClassDef) and any(_is_testcase_base(b) for b in node.bases):
-                return "unittest"
+    """``"unittest"`` when the text defines a ``unittest.TestCase`` class (however it is spelled,
+    :func:`~collab_env.sandbox.suites.parse_suite`), else ``"calls"``."""
+    if isinstance(tests, str) and parse_suite(tests) is not None:
+        return "unittest"
     return "calls"
 
 
@@ -259,6 +237,40 @@ def _proxy_names(tests: Sequence[str], prelude: str, entry_point: str | None) ->
     if entry_point:
         free.add(entry_point)
     return sorted(free)
+
+
+def _unsupported_call_form(tests: Sequence[str], prelude: str, entry_point: str | None) -> str | None:
+    """``"unsupported test form: ..."`` when function-call tests use an *object* of the candidate's
+    (``Solution().twice(2)``, ``s = Stack(); s.push(1)``, ``isinstance(x, Point)``): such an object
+    would have to cross to the trusted side, and only plain data does. Found from the tests'
+    syntax: a class-like (capitalised) candidate name whose call result is used as an object."""
+    proxied = {n for n in _proxy_names(tests, prelude, entry_point) if n[:1].isupper()}
+    if not proxied:
+        return None
+    for src in tests:
+        try:
+            tree = parse_python(src)
+        except SyntaxError:
+            continue
+        objects = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+                   and isinstance(n.value.func, ast.Name) and n.value.func.id in proxied
+                   for t in n.targets if isinstance(t, ast.Name)}
+        for n in ast.walk(tree):
+            used = None
+            if isinstance(n, ast.Attribute):
+                v = n.value
+                if isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id in proxied:
+                    used = f"{v.func.id}().{n.attr}"
+                elif isinstance(v, ast.Name) and v.id in objects:
+                    used = f"{v.id}.{n.attr}"
+            elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("isinstance", "issubclass")
+                  and len(n.args) == 2 and isinstance(n.args[1], ast.Name) and n.args[1].id in proxied):
+                used = f"{n.func.id}(..., {n.args[1].id})"
+            if used is not None:
+                return (UNSUPPORTED + f"the tests use an object of the candidate's class ({used}); only plain "
+                        "data crosses from the candidate to function-call tests (write the tests as calls "
+                        "that return plain data, or as a unittest suite)")
+    return None
 
 
 def _harness_wall(limits: SandboxLimits, n: int, max_timeouts: int) -> float:
@@ -322,7 +334,7 @@ def run_tests(
     if style == "unittest":
         if len(seq) != 1:
             raise ConfigError("unittest tests are one module text, not a sequence.")
-        result = _run_unittest(code, seq[0], limits, start)
+        result = _run_unittest(code, seq[0], limits, max_timeouts, start)
     else:
         result = _run_calls(code, seq, entry_point, prelude, limits, max_timeouts, start)
     if memo is not None and key is not None:
@@ -364,7 +376,8 @@ def _result(status: str, style: str, outcomes: list[TestOutcome], detail: str,
                          load_error=load_error)
 
 
-def _run_calls(code, tests, entry_point, prelude, limits, max_timeouts, start) -> TestRunResult:
+def _run_calls(code, tests, entry_point, prelude, limits, max_timeouts, start, suite=None) -> TestRunResult:
+    """Function-call tests, or (``suite``) a unittest suite run in the trusted harness."""
     from collab_env.sandbox.run import run_driver
 
     if not tests:
@@ -373,7 +386,12 @@ def _run_calls(code, tests, entry_point, prelude, limits, max_timeouts, start) -
         parse_python(prelude)
     except SyntaxError as exc:
         raise ConfigError(f"the prelude does not parse: {exc}") from exc
+    if suite is None:
+        form = _unsupported_call_form(tests, prelude, entry_point)
+        if form is not None:
+            return _result("error", "calls", [], form, None, None, start)
     names = _proxy_names(tests, prelude, entry_point)
+    labels = [f"test {i}" for i in range(len(tests))] if suite is None else [f"{c}.{m}" for c, m in suite.methods]
     call_timeout = _call_timeout(limits)
     wall = _harness_wall(limits, len(tests), max_timeouts)
     req_r, req_w = os.pipe()
@@ -394,25 +412,29 @@ def _run_calls(code, tests, entry_point, prelude, limits, max_timeouts, start) -
     try:
         h, h_records = run_driver("", harness_limits, driver=program("call_harness"), pass_fds=(req_w, rep_r), config={
             "harness": {"req_fd": req_w, "rep_fd": rep_r, "tests": list(tests), "prelude": prelude,
-                        "names": names, "max_timeouts": max_timeouts, "call_timeout_s": call_timeout}})
+                        "names": names, "max_timeouts": max_timeouts, "call_timeout_s": call_timeout,
+                        "suite": None if suite is None else {"text": suite.text, "methods": suite.methods}}})
     finally:
         thread.join()
     if "error" in box:
         raise box["error"]
     cand, c_records = box["result"]
     outcomes = []
-    for i in range(len(tests)):
+    for i, label in enumerate(labels):
         rec = h_records.get(f"test:{i}")
         if rec is None:
-            outcomes.append(TestOutcome(i, f"test {i}", "not_run", f"the harness ended first ({h.status}: {h.detail})"))
+            outcomes.append(TestOutcome(i, label, "not_run", f"the harness ended first ({h.status}: {h.detail})"))
         else:
-            outcomes.append(TestOutcome(i, f"test {i}", rec.get("status", "failed"), str(rec.get("detail", "")),
+            outcomes.append(TestOutcome(i, label, rec.get("status", "failed"), str(rec.get("detail", "")),
                                         rec.get("line")))
     if not any(k.startswith("test:") for k in h_records) and \
             h.status not in ("timeout", "out_of_memory", "output_limit"):
         raise SandboxError(f"the test harness did not run ({h.status}: {h.detail}); stderr: {h.stderr[-1000:]!r}")
     load = c_records.get("load", {}).get("error")
-    return _summarise("calls", outcomes, cand, h, start, load if isinstance(load, str) else None)
+    if suite is not None and "unplain" in h_records:
+        return None  # a result that cannot cross: the suite runs beside the candidate instead
+    return _summarise("unittest" if suite is not None else "calls", outcomes, cand, h, start,
+                      load if isinstance(load, str) else None)
 
 
 def _summarise(style, outcomes, cand, harness, start, load_error=None) -> TestRunResult:
@@ -420,6 +442,10 @@ def _summarise(style, outcomes, cand, harness, start, load_error=None) -> TestRu
     if first is None:
         return _result("passed", style, outcomes, "every test passed", cand, harness, start, load_error)
     status = {"not_run": "failed"}.get(first.status, first.status)
+    tampered = next((o for o in outcomes if o.status == "tampered"), None)
+    if tampered is not None:  # the candidate tampered with the runner: the whole suite scores 0
+        detail = f"{tampered.name}: tampered: {tampered.detail}"
+        return _result("tampered", style, outcomes, detail, cand, harness, start, load_error)
     if cand is not None and cand.status in ("out_of_memory", "forbidden", "output_limit", "timeout"):
         status = cand.status
     elif harness is not None and harness.status == "timeout":
@@ -430,28 +456,67 @@ def _summarise(style, outcomes, cand, harness, start, load_error=None) -> TestRu
     return _result(status, style, outcomes, detail, cand, harness, start, load_error)
 
 
-def _run_unittest(code: str, tests: str, limits: SandboxLimits, start: float) -> TestRunResult:
-    from collab_env.sandbox.run import run_driver
+def _imported_modules(*texts: str) -> list[str]:
+    """Top-level modules the texts import (absolute imports), to be loaded before the program."""
+    found: list[str] = []
+    for text in texts:
+        try:
+            tree = parse_python(text)
+        except SyntaxError:
+            continue
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Import):
+                found += [a.name for a in n.names]
+            elif isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+                found.append(n.module)
+    return [m for m in dict.fromkeys(found) if m != "__main__"][:64]
 
-    methods = find_unittest_methods(tests)
-    if not methods:
+
+def _run_unittest(code: str, tests: str, limits: SandboxLimits, max_timeouts: int, start: float) -> TestRunResult:
+    suite = parse_suite(tests)
+    if suite is None:
+        return _result("error", "unittest", [], "no unittest TestCase class found in the tests "
+                       "(a suite with no test is an error, never a pass)", None, None, start)
+    if suite.unsupported is not None:
+        return _result("error", "unittest", [], suite.unsupported, None, None, start)
+    if not suite.methods:
         return _result("error", "unittest", [], "no unittest test method found in the tests "
                        "(a suite with no test is an error, never a pass)", None, None, start)
+    if suite.same_process is None:
+        trusted = _run_calls(code, [suite.text], None, "", limits, max_timeouts, start, suite=suite)
+        if trusted is not None:
+            return trusted
+    return _run_beside(code, suite, limits, start)
+
+
+def _run_beside(code: str, suite: UnittestSuite, limits: SandboxLimits, start: float) -> TestRunResult:
+    """Each method in a fresh sandboxed process beside the candidate, its verdict checked by the
+    runner (:mod:`collab_env.sandbox.guest.unittest_runner`)."""
+    from collab_env.sandbox.run import run_driver
+
+    names = _proxy_names([suite.text], "", None)
+    preimport = _imported_modules(suite.text, code)
     outcomes, first_bad, any_run = [], None, None
-    for i, (cls, method) in enumerate(methods):
+    for i, (cls, method) in enumerate(suite.methods):
+        token = secrets.token_hex(8)
+        sentinels = {"class": f"Sentinel_{token}", "fail_a": f"test_{secrets.token_hex(6)}",
+                     "pass": f"test_{secrets.token_hex(6)}", "fail_b": f"test_{secrets.token_hex(6)}"}
         res, records = run_driver("", limits, driver=program("unittest_runner"), config={
-            "unittest": {"code": code, "tests": tests, "class": cls, "method": method}})
+            "unittest": {"code": code, "text": suite.text, "class": cls, "method": method, "names": names,
+                         "sentinels": sentinels, "preimport": preimport}})
         any_run = any_run or res
         rec = records.get("unittest")
+        name = f"{cls}.{method}"
         if rec is not None and rec.get("status") == "passed":
-            outcomes.append(TestOutcome(i, f"{cls}.{method}", "passed"))
+            outcomes.append(TestOutcome(i, name, "passed"))
             continue
         status: TestStatus
         if rec is not None:
-            status, detail = "failed", str(rec.get("detail", ""))
+            status = "tampered" if rec.get("status") == "tampered" else "failed"
+            detail = str(rec.get("detail", ""))
         else:
             status = "timeout" if res.status == "timeout" else "failed"
             detail = f"the process ended before the method was scored ({res.status}: {res.detail})"
-        outcomes.append(TestOutcome(i, f"{cls}.{method}", status, detail))
+        outcomes.append(TestOutcome(i, name, status, detail))
         first_bad = first_bad or res
     return _summarise("unittest", outcomes, first_bad or any_run, None, start)
