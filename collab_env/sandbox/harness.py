@@ -74,7 +74,7 @@ from collab_env.errors import ConfigError, SandboxError
 from collab_env.sandbox.config import SandboxLimits, SandboxResult
 from collab_env.sandbox.guest import program
 from collab_env.sandbox.pyparse import parse_python
-from collab_env.sandbox.suites import UNSUPPORTED, UnittestSuite, parse_suite
+from collab_env.sandbox.suites import UNSUPPORTED, UnittestSuite, checked_comparisons, parse_suite
 
 __all__ = [
     "TestOutcome",
@@ -496,13 +496,14 @@ def _run_beside(code: str, suite: UnittestSuite, limits: SandboxLimits, start: f
 
     names = _proxy_names([suite.text], "", None)
     preimport = _imported_modules(suite.text, code)
+    text = checked_comparisons(suite.text)
     outcomes, first_bad, any_run = [], None, None
     for i, (cls, method) in enumerate(suite.methods):
         token = secrets.token_hex(8)
         sentinels = {"class": f"Sentinel_{token}", "fail_a": f"test_{secrets.token_hex(6)}",
                      "pass": f"test_{secrets.token_hex(6)}", "fail_b": f"test_{secrets.token_hex(6)}"}
         res, records = run_driver("", limits, driver=program("unittest_runner"), config={
-            "unittest": {"code": code, "text": suite.text, "class": cls, "method": method, "names": names,
+            "unittest": {"code": code, "text": text, "class": cls, "method": method, "names": names,
                          "sentinels": sentinels, "preimport": preimport}})
         any_run = any_run or res
         rec = records.get("unittest")

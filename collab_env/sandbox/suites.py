@@ -23,7 +23,7 @@ import dataclasses
 
 from collab_env.sandbox.pyparse import parse_python
 
-__all__ = ["UnittestSuite", "parse_suite", "UNSUPPORTED"]
+__all__ = ["UnittestSuite", "parse_suite", "checked_comparisons", "UNSUPPORTED"]
 
 #: The prefix of every error about a suite form the scorer cannot judge.
 UNSUPPORTED = "unsupported test form: "
@@ -220,3 +220,37 @@ def parse_suite(tests: str) -> UnittestSuite | None:
         same = "it reaches sys.modules"
     unsupported = (UNSUPPORTED + "; ".join(dict.fromkeys(problems))) if problems else None
     return UnittestSuite(methods=methods, text="".join(lines), same_process=same, unsupported=unsupported)
+
+
+class _Comparisons(ast.NodeTransformer):
+    """Every comparison of the tests as a call of the runner's checked comparison."""
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> ast.ClassDef:
+        # statements right in a class body stay as they are (a call there could not see the
+        # class's own names the way a comparison does); the methods are rewritten
+        for i, item in enumerate(node.body):
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                node.body[i] = self.visit(item)
+        return node
+
+    def visit_Compare(self, node: ast.Compare) -> ast.expr:
+        self.generic_visit(node)
+        if any(isinstance(n, (ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)) for n in ast.walk(node)):
+            return node  # a lambda would change what these mean
+        ops = [ast.Constant(type(op).__name__) for op in node.ops]
+        if len(node.ops) == 1:
+            call = ast.Call(ast.Name("__collab_compare__", ast.Load()), [node.left, ops[0], node.comparators[0]], [])
+        else:
+            args: list[ast.expr] = [node.left]
+            for op, right in zip(ops, node.comparators):
+                args += [op, ast.Lambda(ast.arguments([], [], None, [], [], None, []), right)]
+            call = ast.Call(ast.Name("__collab_chain__", ast.Load()), args, [])
+        return ast.copy_location(call, node)
+
+
+def checked_comparisons(text: str) -> str:
+    """``text`` with each comparison (``a == b``, ``x in y``, chains) turned into a call of
+    ``__collab_compare__(a, "Eq", b)`` (``__collab_chain__`` for a chain), which the same-process
+    runner binds to a comparison that refuses values whose comparison the program wrote."""
+    tree = _Comparisons().visit(parse_python(text))
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"

@@ -25,6 +25,7 @@ import ctypes as _ctypes
 import importlib as _importlib
 import json as _json
 import linecache as _lc
+import operator as _operator
 import os as _os
 import secrets as _secrets
 import signal as _signal
@@ -77,6 +78,18 @@ class _Guard:
         self.flags = type.__dict__["__flags__"].__get__
         self.issub, self.isfn = issubclass, _types.FunctionType
         self.known: dict[tuple[int, str], object] = {}
+        self.mdict = _types.ModuleType.__dict__["__dict__"].__get__
+        self.files = {}  # library file -> its module, as loaded before the program
+        for m in list(_sys.modules.values()):
+            f = getattr(m, "__file__", None)
+            if isinstance(f, str) and f.endswith(".py") and f.startswith(roots) and isinstance(m, _types.ModuleType):
+                self.files[f] = m
+        self.codes: dict[str, dict] = {}
+        self.program_mocks: dict[int, type] = {}  # classes of the mocks made while program code ran
+        self.in_program = [0]
+        self.ops = {"Eq": _operator.eq, "NotEq": _operator.ne, "Lt": _operator.lt, "LtE": _operator.le,
+                    "Gt": _operator.gt, "GtE": _operator.ge, "In": lambda a, b: a in b,
+                    "NotIn": lambda a, b: a not in b}
         self.pinned = []
         stack, seen = [object], set()
         while stack:  # every class that exists now, with the comparison methods it has now
@@ -98,8 +111,9 @@ class _Guard:
                         if fn is not None:
                             self.known[(id(s), name)] = fn
 
-    def suspect(self, x, depth=0, budget=None):
-        """Why x's comparison is not to be trusted, or ``""``."""
+    def suspect(self, x, mocks_ok=False, depth=0, budget=None):
+        """Why x's comparison is not to be trusted, or ``""``. With ``mocks_ok`` (a result the
+        program hands to the tests), the tests' own mocks pass; a mock the program made never does."""
         budget = budget if budget is not None else [10000]
         budget[0] -= 1
         if budget[0] < 0 or depth > 6:
@@ -113,13 +127,15 @@ class _Guard:
                                                      set.__iter__(x) if t is set else frozenset.__iter__(x))
             for v in items:
                 for w in (v if t is dict else (v,)):
-                    why = self.suspect(w, depth + 1, budget)
+                    why = self.suspect(w, mocks_ok, depth + 1, budget)
                     if why:
                         return why
             if t in _CONTAINERS or t in self.calls:
                 return ""
         if self.issub(t, self.mocks):
-            return f"a {t.__name__} (unittest.mock objects compare by identity only here)"
+            if id(t) in self.program_mocks:
+                return f"a {t.__name__} the program made"
+            return "" if mocks_ok else f"a {t.__name__} (unittest.mock objects compare by identity only here)"
         for klass in self.mro(t):
             if not self.flags(klass) & _HEAPTYPE:
                 continue  # a class written in C: its comparison slots are fixed
@@ -128,16 +144,61 @@ class _Guard:
                 fn = d.get(name)
                 if fn is None or self.known.get((id(klass), name)) is fn:
                     continue
-                if type(fn).__name__ in ("wrapper_descriptor", "method_descriptor"):
-                    continue
-                code = getattr(fn, "__code__", None) if type(fn) is self.isfn else None
-                where = code.co_filename if code is not None else ""
-                if code is None or where == self.mock_file or not where.startswith(self.roots):
+                if type(fn).__name__ in ("wrapper_descriptor", "method_descriptor") and \
+                        getattr(fn, "__name__", None) == name:
+                    continue  # a C slot under its own name (int.__eq__ as __ne__ would not be)
+                code = fn.__code__ if type(fn) is self.isfn else None
+                if code is None or not self.library_code(code):
                     return f"a {klass.__name__} whose {name} the program wrote"
         return ""
 
+    def library_code(self, code):
+        """Whether ``code`` is the very code object of a function of a library module loaded before
+        the program (found from that module's functions and classes, nested code included): a
+        code object compiled by the program under a library's file name is not."""
+        if code.co_filename == self.mock_file:
+            return False  # mock.ANY's and the mocks' comparisons hold for anything
+        module = self.files.get(code.co_filename)
+        if module is None:
+            return False
+        codes = self.codes.get(code.co_filename)
+        if codes is None:
+            codes = self.codes[code.co_filename] = self._module_codes(module)
+        return id(code) in codes
+
+    def _module_codes(self, module):
+        found, seen = {}, set()
+        todo = list(dict.values(self.mdict(module)))
+        while todo and len(found) < 200000:
+            x = todo.pop()
+            if id(x) in seen:
+                continue
+            seen.add(id(x))
+            t = type(x)
+            if t is _types.CodeType:
+                found[id(x)] = x
+                todo.extend(c for c in x.co_consts if type(c) is _types.CodeType)
+            elif t is self.isfn:
+                todo.append(x.__code__)
+            elif t in (staticmethod, classmethod):
+                todo.append(x.__func__)
+            elif t is property:
+                todo.extend(f for f in (x.fget, x.fset, x.fdel) if f is not None)
+            elif isinstance(x, type) and getattr(x, "__module__", None) == module.__name__:
+                todo.extend(list(self.tdict(x).values()))
+        return found
+
     def install(self, failure):
         guard = self
+        new = _um.NonCallableMock.__dict__["__new__"]
+
+        def mock_new(cls, /, *args, **kw):
+            instance = new(cls, *args, **kw)
+            if guard.in_program[0]:
+                guard.program_mocks[id(type(instance))] = type(instance)
+            return instance
+        type.__setattr__(_um.NonCallableMock, "__new__", staticmethod(mock_new))
+        self.failure = failure
 
         def wrap(orig, name):
             def checked(self, *args, **kwargs):
@@ -161,6 +222,52 @@ class _Guard:
             if (name.startswith("assert") or name.startswith("fail")) and callable(fn) and name not in _IDENTITY \
                     and not name.startswith("assert_") and name != "failureException":
                 type.__setattr__(_uc.TestCase, name, wrap(fn, name))
+
+
+    def compare(self, a, op, b):
+        """``a <op> b`` for the tests' comparisons (the host rewrote each into a call of this):
+        refused when a side's comparison is the program's; mocks compare by identity."""
+        if op == "Is":
+            return a is b
+        if op == "IsNot":
+            return a is not b
+        for v in (a, b):
+            why = self.suspect(v)
+            if why:
+                if op in ("Eq", "NotEq") and "identity" in why:
+                    return (a is b) == (op == "Eq")
+                raise self.failure(f"a comparison ({op}) refused {why}")
+        return self.ops[op](a, b)
+
+    def chain(self, left, *rest):
+        for i in range(0, len(rest), 2):
+            right = rest[i + 1]()
+            if not self.compare(left, rest[i], right):
+                return False
+            left = right
+        return True
+
+    def wrap_program_function(self, fn, name):
+        """The program's function as the tests call it: program code runs flagged (mocks made then
+        are the program's), and a result whose comparison the program wrote fails the test."""
+        guard = self
+
+        def call(*args, **kwargs):
+            guard.in_program[0] += 1
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                guard.in_program[0] -= 1
+            why = guard.suspect(result, mocks_ok=True)
+            if why:
+                raise guard.failure(f"{name}(...) returned {why}")
+            return result
+        for attr in ("__name__", "__qualname__", "__doc__", "__module__", "__wrapped__"):
+            try:
+                setattr(call, attr, getattr(fn, attr) if attr != "__wrapped__" else fn)
+            except (AttributeError, TypeError):
+                pass
+        return call
 
 
 class _Report(_ur.TestResult):
@@ -310,12 +417,20 @@ def _test_process(cfg, spec, fd, status_fd):
                 tests.__dict__["__builtins__"] = _b
                 for name in spec["names"]:  # the program's names the tests use, from its module
                     if name in program.__dict__:
-                        tests.__dict__[name] = program.__dict__[name]
+                        value = program.__dict__[name]
+                        if type(value) is _types.FunctionType:
+                            value = guard.wrap_program_function(value, name)
+                        tests.__dict__[name] = value
+                tests.__dict__["__collab_compare__"] = guard.compare
+                tests.__dict__["__collab_chain__"] = guard.chain
+            else:
+                guard.in_program[0] += 1
             try:
                 exec(compile(src, f"<{stage}>", "exec"), module.__dict__)
             except BaseException as exc:
                 send({"fatal": f"the {stage} raised {type(exc).__name__!s}: {str(exc)[:300]!s}"})
                 exit_(0)
+            guard.in_program[0] = 0
         cls = tests.__dict__.get(spec["class"])
         if not isinstance(cls, type) or not issubclass(cls, _uc.TestCase):
             send({"fatal": f"the tests define no TestCase class {spec['class']!r}"})
