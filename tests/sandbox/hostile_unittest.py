@@ -4,7 +4,7 @@ the task and try to be scored as if they did. Each is a complete program definin
 The task: ``task_func(n)`` returns the list of the squares of ``range(n)``. :data:`MOCK_SUITE`
 must run beside the program (it patches with ``unittest.mock``); :data:`PLAIN_SUITE` only calls it
 (it runs in the trusted harness, and falls back to running beside the program when a result
-cannot cross); :data:`ALIAS_SUITE` and :data:`IF_SUITE` are forms today's main did not recognise.
+cannot cross); :data:`FORMS_SUITE` holds two forms today's main did not recognise.
 """
 
 from __future__ import annotations
@@ -33,23 +33,23 @@ class TestSquares(unittest.TestCase):
 PLAIN_SUITE = MOCK_SUITE.replace("from unittest.mock import patch\n", "").replace(
     '        with patch("os.getcwd", return_value="/x"):\n            r = task_func(3)\n', "        r = task_func(3)\n")
 
-ALIAS_SUITE = '''
+#: Two forms today's main did not recognise (so any program passed them): a base imported under
+#: another name, and a class defined under an ``if``.
+FORMS_SUITE = '''
+import sys
+import unittest
 from unittest import TestCase as TC
 
 
 class Squares(TC):
     def test_three(self):
         self.assertEqual(task_func(3), [0, 1, 4])
-'''
 
-IF_SUITE = '''
-import sys
-import unittest
 
 if sys.version_info >= (3,):
-    class Squares(unittest.TestCase):
-        def test_three(self):
-            self.assertEqual(task_func(3), [0, 1, 4])
+    class MoreSquares(unittest.TestCase):
+        def test_four(self):
+            self.assertEqual(task_func(4)[-1], 9)
 '''
 
 _ALWAYS_SRC = (
@@ -145,4 +145,4 @@ HOSTILE: dict[str, str] = {
 }
 
 #: The suites each program is scored against (name -> text).
-SUITES = {"mock": MOCK_SUITE, "plain": PLAIN_SUITE, "alias": ALIAS_SUITE, "if": IF_SUITE}
+SUITES = {"mock": MOCK_SUITE, "plain": PLAIN_SUITE, "forms": FORMS_SUITE}

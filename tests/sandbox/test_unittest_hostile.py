@@ -1,10 +1,10 @@
 """Issue 43 finding 1: wrong code must not score on unittest suites, however the suite is run.
 
-Our own hostile set (:mod:`tests.sandbox.hostile_unittest`, 21 programs) against four suites: one
+Our own hostile set (:mod:`tests.sandbox.hostile_unittest`, 21 programs) against three suites: one
 that patches with mocks (run beside the program, in a checked runner), one that only calls the
 program (run in the trusted harness; a result that cannot cross sends it beside the program), and
-two forms today's main never ran (``from unittest import TestCase as TC``, a class under ``if``).
-On main before issue 43 every program scored above 0 on at least one suite (most on all four).
+one in two forms today's main never ran (``from unittest import TestCase as TC``, a class under
+``if``). On main before issue 43 every program scored above 0 on at least one suite (most on all).
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ def _bcb_chat(code: str) -> Conversation:
 @pytest.mark.parametrize("name", ["mock_any", "builtins_build_class", "case_add_error_in_call", "nothing_at_all"])
 def test_the_pass_rate_metric_of_a_bigcodebench_row_gives_hostile_programs_0(name):
     metric = get_metric("pass_rate")
-    for suite in ("mock", "alias"):
+    for suite in ("mock", "forms"):
         row = {"single_turn_metadata": {"entry_point": "task_func", "test": SUITES[suite]}}
         res = asyncio.run(metric(_bcb_chat(HOSTILE[name]), row))
         assert res.value == 0.0, (name, suite, res.detail)
-    right = asyncio.run(metric(_bcb_chat(RIGHT), {"single_turn_metadata": {"test": SUITES["alias"]}}))
+    right = asyncio.run(metric(_bcb_chat(RIGHT), {"single_turn_metadata": {"test": SUITES["forms"]}}))
     assert right.value == 1.0

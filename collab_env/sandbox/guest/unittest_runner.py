@@ -194,7 +194,11 @@ class _Guard:
 
         def mock_new(cls, /, *args, **kw):
             instance = new(cls, *args, **kw)
-            if guard.in_program[0]:
+            parent = kw.get("_new_parent", kw.get("parent"))
+            # A child of a mock (its return_value, an attribute) is made when first used, often
+            # inside the program's call: it belongs to whoever made its parent.
+            made_by_program = id(type(parent)) in guard.program_mocks if parent is not None else guard.in_program[0]
+            if made_by_program:
                 guard.program_mocks[id(type(instance))] = type(instance)
             return instance
         type.__setattr__(_um.NonCallableMock, "__new__", staticmethod(mock_new))
