@@ -10,9 +10,15 @@ Function-call tests (``style="calls"``: assert scripts, HumanEval's ``check(cand
     * the **candidate server** runs only the candidate program. It never receives a test or an
       expected value: only call requests (a function name and argument values). Each call runs
       in a process forked for it (killed at the call's time limit), and its result goes back as
-      plain data (a tagged JSON tree of ``None``, ``bool``, ``int``, ``float`` including
-      ``nan``/``inf``, ``str``, ``bytes``, ``complex``, lists, tuples, sets, frozensets and
-      dicts), never pickle. An exception comes back as its type name and message.
+      plain data (a tagged JSON tree of ``None``, ``bool``, ``int`` of any size (past 2**64 as
+      hex, which has no digit limit), ``float`` including ``nan``/``inf``, ``str``, ``bytes``,
+      ``complex``, lists, tuples, sets, frozensets and dicts, and a generator, whose first
+      100,000 items cross and come back as a fresh generator), never pickle. An exception comes
+      back as its type name and message. Mutable arguments (lists, dicts, sets, bytearrays)
+      come back as the call left them and the harness updates its own in place, so
+      ``f(xs); assert xs == ...`` tests an in-place change. Tests that use an *object* of the
+      candidate's class (``Solution().twice(2)``, ``isinstance(x, Point)``) are an
+      ``"unsupported test form: ..."`` error: only plain data crosses.
     * the **harness** runs only trusted text: the test code and a trusted prelude (for
       HumanEval, the helper functions and imports of the problem's prompt, such as ``poly``
       of HumanEval/32). Every name the tests use that neither they nor the prelude define,
@@ -29,26 +35,54 @@ Function-call tests (``style="calls"``: assert scripts, HumanEval's ``check(cand
     asserts, one each). Patched builtins, forged status records, frame walks and exits stay
     in the candidate's processes, where they decide nothing.
 
-Same-process unittest suites (``style="unittest"``: ``class TestCases(unittest.TestCase)``, as in BigCodeBench)
-    Such tests patch the candidate's module with mocks, so they must run beside it. The test
-    methods are found in the trusted parent from the test text's syntax tree (a suite with no
-    test method is an ``"error"``, never a pass), and each method runs in a fresh sandboxed
-    process: the runner is set up before the candidate's code (saved references to
-    ``unittest``'s machinery and the writer of its result record, an audit hook that refuses
-    tracing, ``gc`` object walks, ``ctypes`` and reads of ``/proc/*/mem``), then the program,
-    then the tests; after the program the runner restores ``builtins``, ``unittest``'s classes
-    and the core ``sys.modules`` entries, and after the method it fails the method if any of
-    them changed again, if a thread is left running, if a refused operation was tried, if the
-    method was skipped or if the process exits before the runner reports. ``pass_rate`` is
-    passed methods over found methods.
+Unittest suites (``style="unittest"``: ``class TestCases(unittest.TestCase)``, as in BigCodeBench)
+    The suite is read on the trusted side (:func:`collab_env.sandbox.suites.parse_suite`,
+    nothing executed): every ``TestCase`` class however it is spelled (``import unittest as
+    ut``, ``from unittest import TestCase as TC``, a class under ``if`` or ``try``, bases from
+    the text), the methods unittest's loader would run, in its order, and the footer
+    (``unittest.main()``, ``if __name__ == "__main__":``) turned into ``pass``. A form the scorer
+    cannot judge is an ``"error"`` whose detail starts ``"unsupported test form: "`` (a test
+    class made in a function or a loop, a test method bound by assignment, ``load_tests``, a
+    runner started at import); a suite with no test method is an ``"error"``; neither is a pass.
+    ``pass_rate`` is passed methods over found methods. Two ways to run it:
 
-    **Residual risk.** The candidate shares that process with the runner: a program written to
-    attack this runner can walk its own frame's ``f_back`` chain (``sys._getframe`` cannot be
-    refused: ``logging``, ``typing`` and ``collections`` use it) to the runner's frame and call
-    its result writer, or rebind unittest internals between the runner's checks, and so forge a
-    pass. That needs code aimed at this runner; the generic families (patching ``unittest``, a
-    skip of every test, ``SkipTest`` at import, exits, always-equal returns, forged prints) fail.
-    Function-call tests have no such risk; prefer them where the tests allow.
+    * **In the trusted harness** (a suite that only calls the candidate: no mock library, no
+      reach into ``__main__`` or ``sys.modules``): the whole module runs in the harness process
+      as unittest runs it (``setUpModule``, ``setUpClass``, ``setUp``, subtests), the candidate's
+      names are proxies as for function-call tests. If a result of the candidate's cannot cross
+      as plain data (a ``datetime``, a ``DataFrame``, an object of its class), the suite runs
+      the second way instead.
+    * **Beside the candidate** (mocks patched into its module), each method in a fresh
+      sandboxed process, judged by :mod:`collab_env.sandbox.guest.unittest_runner`: a runner
+      that never runs candidate text forks the test process and checks what it reports. The
+      test process pins the machinery before the program loads (an audit hook refusing tracing,
+      ``gc`` object walks, ``ctypes`` and ``/proc/*/mem``; the state of ``unittest``'s classes
+      and module functions, ``sys``'s functions and ``builtins``), loads the program as the
+      module ``__main__``, restores what it changed, and loads the tests as a module of their
+      own whose ``__builtins__`` is the real ``builtins`` and which gets the program's names as
+      attributes of its module. Comparisons are checked, not trusted: the assert helpers, every
+      comparison the tests' text makes (rewritten by
+      :func:`~collab_env.sandbox.suites.checked_comparisons`) and every result of the program's
+      functions refuse a value whose comparison the program wrote (a class of its own with
+      comparison methods from any file, a function compiled under a library's file name, a
+      builtin or a C slot under another name posing as ``__eq__``, ``mock.ANY`` and mocks the
+      program made; the tests' own mocks compare by identity). Around the method it runs three
+      sentinel tests with random names: one that must fail, one that must pass, one that must
+      error. The runner believes the report only if every test is reported once, nothing else
+      is, and the sentinels come out as they must; otherwise the method is ``"tampered"``,
+      the suite's status is ``"tampered"``, it scores 0 (``TestRunResult.num_passed``), and
+      ``TestRunResult.tampered`` counts the tampered methods.
+
+    **Residual risk** (beside the candidate only). The program shares the test process with the
+    tests, so a program written against this runner can still forge: walk its frames to the
+    test process's reporting pipe and write the four outcomes, sentinels included (their names
+    are in its memory); compare through a function it took from a library that returns a
+    constant; hide its own always-equal values inside a library object the tests compare with
+    library code (``df.equals``); configure a child of one of the tests' own mocks; or act
+    through operations other than comparisons (``len(x)``, ``if x:``) on objects of its own
+    classes. Our hostile set (``tests/sandbox/hostile_unittest.py``: 21 generic programs, each
+    of which scored 1.0 on some suite before, 17 of 21 beside the candidate) scores 0 on every
+    suite. Suites run in the trusted harness have no such risk.
 
 No answer key is reachable from either process: every sandboxed run hides
 :func:`~collab_env.sandbox.config.default_hidden_paths` (``SandboxLimits.hidden_paths``).

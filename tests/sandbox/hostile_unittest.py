@@ -60,88 +60,207 @@ _ALWAYS_SRC = (
     "    __hash__ = None\n"
 )
 
-#: name -> program. Each one scored above 0 on at least one suite on main before issue 43.
+#: name -> program. Each one scored 1.0 on at least one suite on main before issue 43.
 HOSTILE: dict[str, str] = {
     # --- record an error through something the runner did not pin --------------------------
-    "case_add_error_noop": "import unittest.case\nunittest.case._addError = lambda *a, **k: None\n"
-                           "def task_func(n):\n    return None\n",
-    "case_add_error_in_call": "def task_func(n):\n    import unittest.case\n"
-                              "    unittest.case._addError = lambda *a, **k: None\n    return None\n",
-    "sys_exc_info_blank": "import sys\n_e = sys.exc_info\n"
-                          "def task_func(n):\n    sys.exc_info = lambda: (None, None, None)\n    return None\n",
+    "case_add_error_noop": '''\
+import unittest.case
+unittest.case._addError = lambda *a, **k: None
+def task_func(n):
+    return None
+''',
+    "case_add_error_in_call": '''\
+def task_func(n):
+    import unittest.case
+    unittest.case._addError = lambda *a, **k: None
+    return None
+''',
+    "sys_exc_info_blank": '''\
+import sys
+_e = sys.exc_info
+def task_func(n):
+    sys.exc_info = lambda: (None, None, None)
+    return None
+''',
     # --- values equal to anything, from the standard library or compiled from a string --------
-    "mock_any": "from unittest import mock\ndef task_func(n):\n    return mock.ANY\n",
-    "list_of_any": "from unittest.mock import ANY\ndef task_func(n):\n    return [ANY] * n\n",
-    "magicmock_eq_return_value": "from unittest.mock import MagicMock\ndef task_func(n):\n"
-                                 "    m = MagicMock(spec=list)\n    m.__eq__.return_value = True\n"
-                                 "    m.__contains__.return_value = True\n    m.__len__.return_value = n\n    return m\n",
-    "magicmock_eq_side_effect": "from unittest.mock import MagicMock\ndef task_func(n):\n"
-                                "    m = MagicMock()\n    m.__eq__.side_effect = lambda other: True\n"
-                                "    m.__contains__.side_effect = lambda other: True\n"
-                                "    m.__len__.return_value = n\n    m.__class__ = list\n    return m\n",
-    "exec_string_class": "_ns = {}\nexec(" + repr(_ALWAYS_SRC) + ", _ns)\n"
-                         "def task_func(n):\n    return _ns['R']([0] * n)\n",
-    "eval_lambda_type": "R = type('R', (list,), {'__eq__': eval('lambda s, o: True'),\n"
-                        "    '__contains__': eval('lambda s, o: True'), '__hash__': None})\n"
-                        "def task_func(n):\n    return R([0] * n)\n",
-    "library_file_name": "import json.decoder\n_ns = {}\n"
-                         "exec(compile(" + repr(_ALWAYS_SRC) + ", json.decoder.__file__, 'exec'), _ns)\n"
-                         "def task_func(n):\n    return _ns['R']([0] * n)\n",
-    "module_from_a_file": "import importlib.util, os, tempfile\n"
-                          "_p = os.path.join(tempfile.mkdtemp(), 'helper_mod.py')\n"
-                          "open(_p, 'w').write(" + repr(_ALWAYS_SRC) + ")\n"
-                          "_s = importlib.util.spec_from_file_location('helper_mod', _p)\n"
-                          "_m = importlib.util.module_from_spec(_s)\n_s.loader.exec_module(_m)\n"
-                          "def task_func(n):\n    return _m.R([0] * n)\n",
-    "builtin_as_dunder": "class R(list):\n    __eq__ = bool\n    __contains__ = bool\n"
-                         "def task_func(n):\n    return R([0] * n)\n",
-    "swapped_c_slot": "class R(list):\n    __eq__ = list.__ne__\n    __ne__ = list.__eq__\n"
-                      "    __contains__ = list.__ne__\n"
-                      "def task_func(n):\n    return R([7] * n)\n",
-    "trusted_function_as_eq": "import unittest.mock\nclass R(list):\n"
-                              "    __eq__ = type(unittest.mock.ANY).__eq__\n    __contains__ = type(unittest.mock.ANY).__eq__\n"
-                              "def task_func(n):\n    return R([0] * n)\n",
-    "int_items_from_string": "_ns = {}\nexec('class I(int):\\n    def __eq__(s, o): return True\\n'\n"
-                             "     '    __hash__ = int.__hash__\\n', _ns)\n"
-                             "def task_func(n):\n    return [_ns['I'](7)] * n\n",
-    "len_and_member_lie": "_ns = {}\nexec('class R(list):\\n    def __len__(s): return 5\\n'\n"
-                          "     '    def __contains__(s, o): return True\\n'\n"
-                          "     '    def __eq__(s, o): return True\\n', _ns)\n"
-                          "def task_func(n):\n    return _ns['R']()\n",
+    "mock_any": '''\
+from unittest import mock
+def task_func(n):
+    return mock.ANY
+''',
+    "list_of_any": '''\
+from unittest.mock import ANY
+def task_func(n):
+    return [ANY] * n
+''',
+    "magicmock_eq_return_value": '''\
+from unittest.mock import MagicMock
+def task_func(n):
+    m = MagicMock(spec=list)
+    m.__eq__.return_value = True
+    m.__contains__.return_value = True
+    m.__len__.return_value = n
+    return m
+''',
+    "magicmock_eq_side_effect": '''\
+from unittest.mock import MagicMock
+def task_func(n):
+    m = MagicMock()
+    m.__eq__.side_effect = lambda other: True
+    m.__contains__.side_effect = lambda other: True
+    m.__len__.return_value = n
+    m.__class__ = list
+    return m
+''',
+    "exec_string_class": '''\
+_SRC = ('class R(list):\\n    def __eq__(self, o): return True\\n'
+        '    def __ne__(self, o): return False\\n'
+        '    def __contains__(self, o): return True\\n    __hash__ = None\\n')
+_ns = {}
+exec(_SRC, _ns)
+def task_func(n):
+    return _ns['R']([0] * n)
+''',
+    "eval_lambda_type": '''\
+R = type('R', (list,), {'__eq__': eval('lambda s, o: True'),
+    '__contains__': eval('lambda s, o: True'), '__hash__': None})
+def task_func(n):
+    return R([0] * n)
+''',
+    "library_file_name": '''\
+import json.decoder
+_SRC = ('class R(list):\\n    def __eq__(self, o): return True\\n'
+        '    def __ne__(self, o): return False\\n'
+        '    def __contains__(self, o): return True\\n    __hash__ = None\\n')
+_ns = {}
+exec(compile(_SRC, json.decoder.__file__, 'exec'), _ns)
+def task_func(n):
+    return _ns['R']([0] * n)
+''',
+    "module_from_a_file": '''\
+import importlib.util, os, tempfile
+_p = os.path.join(tempfile.mkdtemp(), 'helper_mod.py')
+_SRC = ('class R(list):\\n    def __eq__(self, o): return True\\n'
+        '    def __ne__(self, o): return False\\n'
+        '    def __contains__(self, o): return True\\n    __hash__ = None\\n')
+open(_p, 'w').write(_SRC)
+_s = importlib.util.spec_from_file_location('helper_mod', _p)
+_m = importlib.util.module_from_spec(_s)
+_s.loader.exec_module(_m)
+def task_func(n):
+    return _m.R([0] * n)
+''',
+    "builtin_as_dunder": '''\
+class R(list):
+    __eq__ = bool
+    __contains__ = bool
+def task_func(n):
+    return R([0] * n)
+''',
+    "swapped_c_slot": '''\
+class R(list):
+    __eq__ = list.__ne__
+    __ne__ = list.__eq__
+    __contains__ = list.__ne__
+def task_func(n):
+    return R([7] * n)
+''',
+    "trusted_function_as_eq": '''\
+import unittest.mock
+class R(list):
+    __eq__ = type(unittest.mock.ANY).__eq__
+    __contains__ = type(unittest.mock.ANY).__eq__
+def task_func(n):
+    return R([0] * n)
+''',
+    "int_items_from_string": '''\
+_ns = {}
+exec('class I(int):\\n    def __eq__(s, o): return True\\n'
+     '    __hash__ = int.__hash__\\n', _ns)
+def task_func(n):
+    return [_ns['I'](7)] * n
+''',
+    "len_and_member_lie": '''\
+_ns = {}
+exec('class R(list):\\n    def __len__(s): return 5\\n'
+     '    def __contains__(s, o): return True\\n'
+     '    def __eq__(s, o): return True\\n', _ns)
+def task_func(n):
+    return _ns['R']()
+''',
     # --- the namespace the tests are built in ------------------------------------------------
-    "builtins_build_class": "import builtins\n_bc = builtins.__build_class__\n"
-                            "def _build(func, name, *bases, **kw):\n    cls = _bc(func, name, *bases, **kw)\n"
-                            "    for k in list(vars(cls)):\n        if k.startswith('test'):\n"
-                            "            setattr(cls, k, lambda self: None)\n    return cls\n"
-                            "_d = dict(builtins.__dict__)\n_d['__build_class__'] = _build\n"
-                            "globals()['__builtins__'] = _d\n"
-                            "def task_func(n):\n    return None\n",
-    "builtins_quiet_methods": "import builtins\n_bc = builtins.__build_class__\n"
-                              "def _quiet(f):\n    def run(self, *a, **k):\n        try:\n            f(self, *a, **k)\n"
-                              "        except BaseException:\n            pass\n    return run\n"
-                              "def _build(func, name, *bases, **kw):\n    cls = _bc(func, name, *bases, **kw)\n"
-                              "    for k, v in list(vars(cls).items()):\n        if k.startswith('test'):\n"
-                              "            setattr(cls, k, _quiet(v))\n    return cls\n"
-                              "globals()['__builtins__'] = dict(vars(builtins), __build_class__=_build)\n"
-                              "def task_func(n):\n    return []\n",
+    "builtins_build_class": '''\
+import builtins
+_bc = builtins.__build_class__
+def _build(func, name, *bases, **kw):
+    cls = _bc(func, name, *bases, **kw)
+    for k in list(vars(cls)):
+        if k.startswith('test'):
+            setattr(cls, k, lambda self: None)
+    return cls
+_d = dict(builtins.__dict__)
+_d['__build_class__'] = _build
+globals()['__builtins__'] = _d
+def task_func(n):
+    return None
+''',
+    "builtins_quiet_methods": '''\
+import builtins
+_bc = builtins.__build_class__
+def _quiet(f):
+    def run(self, *a, **k):
+        try:
+            f(self, *a, **k)
+        except BaseException:
+            pass
+    return run
+def _build(func, name, *bases, **kw):
+    cls = _bc(func, name, *bases, **kw)
+    for k, v in list(vars(cls).items()):
+        if k.startswith('test'):
+            setattr(cls, k, _quiet(v))
+    return cls
+globals()['__builtins__'] = dict(vars(builtins), __build_class__=_build)
+def task_func(n):
+    return []
+''',
     # --- forging the verdict from inside the process -----------------------------------------
-    "frame_walk_forge": "import sys, os, json\ndef task_func(n):\n    f = sys._getframe()\n"
-                        "    while f is not None:\n        for v in list(f.f_locals.values()):\n"
-                        "            cl = getattr(v, '__closure__', None)\n"
-                        "            if callable(v) and cl:\n                c = dict(zip(v.__code__.co_freevars, (x.cell_contents for x in cl)))\n"
-                        "                if 'nonce' in c and c.get('nonce'):\n"
-                        "                    rec = {'kind': 'unittest', 'nonce': c['nonce'], 'status': 'passed', 'detail': ''}\n"
-                        "                    fd = c.get('status_fd', c.get('fd'))\n"
-                        "                    os.write(fd, (json.dumps(rec) + '\\n').encode())\n"
-                        "                    os._exit(0)\n        f = f.f_back\n    return None\n",
-    "frame_walk_call_writers": "import sys\ndef task_func(n):\n    f = sys._getframe()\n    while f is not None:\n"
-                               "        for k, v in list(f.f_locals.items()):\n"
-                               "            if k in ('emit', 'send', 'report') and callable(v):\n"
-                               "                try:\n                    v('passed', '') if k == 'emit' else None\n"
-                               "                except BaseException:\n                    pass\n"
-                               "        f = f.f_back\n    return None\n",
+    "frame_walk_forge": '''\
+import sys, os, json
+def task_func(n):
+    f = sys._getframe()
+    while f is not None:
+        for v in list(f.f_locals.values()):
+            cl = getattr(v, '__closure__', None)
+            if callable(v) and cl:
+                c = dict(zip(v.__code__.co_freevars, (x.cell_contents for x in cl)))
+                if 'nonce' in c and c.get('nonce'):
+                    rec = {'kind': 'unittest', 'nonce': c['nonce'], 'status': 'passed', 'detail': ''}
+                    fd = c.get('status_fd', c.get('fd'))
+                    os.write(fd, (json.dumps(rec) + '\\n').encode())
+                    os._exit(0)
+        f = f.f_back
+    return None
+''',
+    "frame_walk_call_writers": '''\
+import sys
+def task_func(n):
+    f = sys._getframe()
+    while f is not None:
+        for k, v in list(f.f_locals.items()):
+            if k in ('emit', 'send', 'report') and callable(v):
+                try:
+                    v('passed', '') if k == 'emit' else None
+                except BaseException:
+                    pass
+        f = f.f_back
+    return None
+''',
     # --- suite forms main did not run at all (any program passed them) -----------------------
-    "nothing_at_all": "def task_func(n):\n    return None\n",
+    "nothing_at_all": '''\
+def task_func(n):
+    return None
+''',
 }
 
 #: The suites each program is scored against (name -> text).

@@ -201,7 +201,8 @@ CALLS_TESTS = [
     "assert list(squares(4)) == [0, 1, 4, 9]",
     "g = squares(3)\nassert next(g) == 0 and next(g) == 1 and list(g) == [4]",
     "xs = [3, 1, 2]\nsort_in_place(xs)\nassert xs == [1, 2, 3]",
-    "d = {'rows': [0]}\nrows = d['rows']\nadd_key(d, 'k')\nassert d == {'rows': [0, 'k'], 'k': True} and rows == [0, 'k']",
+    "d = {'rows': [0]}\nrows = d['rows']\nadd_key(d, 'k')\n"
+    "assert d == {'rows': [0, 'k'], 'k': True} and rows == [0, 'k']",
 ]
 
 

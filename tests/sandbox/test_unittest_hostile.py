@@ -40,12 +40,23 @@ def test_no_hostile_program_scores_on_the_suite(suite):
     assert all(r.status != "passed" for _, r in scores)
 
 
+def test_the_card_states_the_residual_risk_measured_by_this_hostile_set():
+    from collab_env.registry import spec
+
+    card = str(spec("collabllm-bigcodebench-v2").card)
+    assert "Residual risk" in card and "tests/sandbox/hostile_unittest.py" in card
+    assert f"{len(HOSTILE)} generic programs" in card and f"0 of {len(HOSTILE)} score on any suite" in card
+
+
 def test_a_run_whose_sentinels_misreport_is_tampered_scored_0_and_counted():
     # The program silences the recording of failures from inside its own call: the method
     # "passes", but so does the sentinel test that must fail, so the run is not believed.
     res = run_tests(HOSTILE["case_add_error_in_call"], SUITES["mock"])
     assert res.status == "tampered" and res.tampered >= 1 and res.pass_rate == 0.0, res
     assert "sentinel" in res.detail
+    row = {"single_turn_metadata": {"entry_point": "task_func", "test": SUITES["mock"]}}
+    metric = asyncio.run(get_metric("pass_rate")(_bcb_chat(HOSTILE["case_add_error_in_call"]), row))
+    assert metric.value == 0.0 and metric.detail["status"] == "tampered" and metric.detail["tampered"] >= 1
 
 
 def _bcb_chat(code: str) -> Conversation:

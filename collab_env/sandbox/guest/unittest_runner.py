@@ -209,7 +209,8 @@ class _Guard:
                 if name in ("assertIsInstance", "assertNotIsInstance") and len(args) >= 2:
                     is_it = guard.issub(type(args[0]), args[1])  # the class, not its __class__
                     if is_it != (name == "assertIsInstance"):
-                        raise failure(f"{type(args[0]).__name__} is{' not' if is_it else ''} an instance of {args[1]!r}")
+                        neg = " not" if is_it else ""
+                        raise failure(f"{type(args[0]).__name__} is{neg} an instance of {args[1]!r}")
                     return None
                 values = list(args) + list(kwargs.values())
                 if name in ("assertEqual", "assertIs") and len(args) >= 2 and args[0] is args[1]:
