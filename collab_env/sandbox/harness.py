@@ -428,6 +428,8 @@ def _run_calls(code, tests, entry_point, prelude, limits, max_timeouts, start, s
     labels = [f"test {i}" for i in range(len(tests))] if suite is None else [f"{c}.{m}" for c, m in suite.methods]
     call_timeout = _call_timeout(limits)
     wall = _harness_wall(limits, len(tests), max_timeouts)
+    if suite is not None:  # as much time as one process per method would have had
+        wall = limits.wall_s * len(labels) + call_timeout + 2.0
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
     server_limits = dataclasses.replace(limits, wall_s=wall + 2.0, max_processes=max(limits.max_processes, 3))
