@@ -370,7 +370,9 @@ def run_tests(
             raise ConfigError("unittest tests are one module text, not a sequence.")
         result = _run_unittest(code, seq[0], limits, max_timeouts, start)
     else:
-        result = _run_calls(code, seq, entry_point, prelude, limits, max_timeouts, start)
+        calls = _run_calls(code, seq, entry_point, prelude, limits, max_timeouts, start)
+        assert calls is not None  # only a unittest suite falls back
+        result = calls
     if memo is not None and key is not None:
         memo[key] = result
     return result
@@ -410,7 +412,7 @@ def _result(status: str, style: str, outcomes: list[TestOutcome], detail: str,
                          load_error=load_error)
 
 
-def _run_calls(code, tests, entry_point, prelude, limits, max_timeouts, start, suite=None) -> TestRunResult:
+def _run_calls(code, tests, entry_point, prelude, limits, max_timeouts, start, suite=None) -> TestRunResult | None:
     """Function-call tests, or (``suite``) a unittest suite run in the trusted harness."""
     from collab_env.sandbox.run import run_driver
 

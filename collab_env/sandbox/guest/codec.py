@@ -9,7 +9,7 @@ be imported. Standard library only; the same source on both sides.
 import math as _math
 import re as _re
 
-_GENERATOR = type(v for v in ())
+_GENERATOR = type(_v for _v in ())  # type: ignore[var-annotated]
 _HEX = _re.compile(r"-?[0-9a-f]+")
 
 _TAGS = ("t", "s", "fs", "d", "f", "c", "b", "ba", "i", "g")
@@ -28,8 +28,8 @@ def encode_value(x, _depth=0):
         return x
     t = type(x)
     if isinstance(x, int) and t is not bool:
-        v = int.__int__(x) if t is not int else x
-        return v if -_BIG < v < _BIG else {"i": int.__format__(v, "x")}
+        i = int.__int__(x) if t is not int else x
+        return i if -_BIG < i < _BIG else {"i": int.__format__(i, "x")}
     if isinstance(x, float):
         v = float.__float__(x)
         return v if _math.isfinite(v) else {"f": repr(v)}
@@ -54,7 +54,7 @@ def encode_value(x, _depth=0):
         return {"d": [[encode_value(k, _depth + 1), encode_value(v, _depth + 1)]
                       for k, v in dict.items(x)]}
     if t is _GENERATOR:
-        items = []
+        items: list = []
         for v in x:
             if len(items) >= GENERATOR_ITEMS:
                 raise TypeError(f"a generator of more than {GENERATOR_ITEMS} items is not plain data")

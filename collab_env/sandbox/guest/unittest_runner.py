@@ -78,8 +78,8 @@ class _Guard:
         self.flags = type.__dict__["__flags__"].__get__
         self.issub, self.isfn = issubclass, _types.FunctionType
         self.known: dict[tuple[int, str], object] = {}
-        self.mdict = _types.ModuleType.__dict__["__dict__"].__get__
-        self.files = {}  # library file -> its module, as loaded before the program
+        self.mdict = _types.ModuleType.__dict__["__dict__"].__get__  # type: ignore[index]
+        self.files: dict[str, _types.ModuleType] = {}  # library file -> its module, as loaded before the program
         for m in list(_sys.modules.values()):
             f = getattr(m, "__file__", None)
             if isinstance(f, str) and f.endswith(".py") and f.startswith(roots) and isinstance(m, _types.ModuleType):
@@ -167,7 +167,8 @@ class _Guard:
         return id(code) in codes
 
     def _module_codes(self, module):
-        found, seen = {}, set()
+        found: dict[int, _types.CodeType] = {}
+        seen: set[int] = set()
         todo = list(dict.values(self.mdict(module)))
         while todo and len(found) < 200000:
             x = todo.pop()
