@@ -147,6 +147,32 @@ def test_a_suite_whose_results_cannot_cross_runs_beside_the_program():
     assert not run_tests(right.replace("1, 1)", "1, 2)"), NOT_PLAIN).passed
 
 
+TEST_CLASSES = '''
+import unittest
+from unittest import mock
+
+
+class Pair:
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def __eq__(self, other):
+        return isinstance(other, Pair) and (self.a, self.b) == (other.a, other.b)
+
+
+class T(unittest.TestCase):
+    def test_pairs(self):
+        self.assertEqual(Pair(*task_func(2)), Pair(0, 1))
+        self.assertNotEqual(Pair(*task_func(3)[:2]), Pair(1, 1))
+        assert Pair(0, 1) == Pair(*task_func(2))
+'''
+
+
+def test_classes_of_the_tests_compare_as_the_tests_wrote_them_beside_the_program():
+    assert run_tests(RIGHT, TEST_CLASSES).passed
+    assert not run_tests(WRONG.replace("i * 2", "i + 5"), TEST_CLASSES).passed
+
+
 UNSUPPORTED = {
     "a TestCase class defined inside a function": (
         "import unittest\ndef make():\n    class T(unittest.TestCase):\n        def test_a(self):\n"
