@@ -17,8 +17,8 @@ Two entry points:
     trusted side (every spelling of a ``TestCase`` class, ``unittest.main()`` footers; a form
     that cannot be judged is an ``"unsupported test form: ..."`` error). A suite that only calls
     the candidate runs in the trusted harness, as unittest runs it, the candidate behind the
-    same proxy; one that patches the candidate's module with mocks runs each method in a fresh
-    process beside it, with a verdict the runner checks (sentinel tests, the count of methods,
+    same proxy; one that patches the candidate's module with mocks runs each test class in a
+    fresh process beside it, with a verdict the runner checks (sentinel tests, the count of methods,
     comparisons that refuse values whose comparison the program wrote); a run that misreports
     is ``"tampered"`` and scores 0. ``pass_rate`` counts passed methods. **Residual risk** of
     the second way: see :mod:`~collab_env.sandbox.harness`.

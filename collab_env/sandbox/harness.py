@@ -52,8 +52,8 @@ Unittest suites (``style="unittest"``: ``class TestCases(unittest.TestCase)``, a
       names are proxies as for function-call tests. If a result of the candidate's cannot cross
       as plain data (a ``datetime``, a ``DataFrame``, an object of its class), the suite runs
       the second way instead.
-    * **Beside the candidate** (mocks patched into its module), each method in a fresh
-      sandboxed process, judged by :mod:`collab_env.sandbox.guest.unittest_runner`: a runner
+    * **Beside the candidate** (mocks patched into its module), each test class in a fresh
+      sandboxed process (with the time and CPU one process per method would have had), judged by :mod:`collab_env.sandbox.guest.unittest_runner`: a runner
       that never runs candidate text forks the test process and checks what it reports. The
       test process pins the machinery before the program loads (an audit hook refusing tracing,
       ``gc`` object walks, ``ctypes`` and ``/proc/*/mem``; the state of ``unittest``'s classes
@@ -66,16 +66,16 @@ Unittest suites (``style="unittest"``: ``class TestCases(unittest.TestCase)``, a
       functions refuse a value whose comparison the program wrote (a class of its own with
       comparison methods from any file, a function compiled under a library's file name, a
       builtin or a C slot under another name posing as ``__eq__``, ``mock.ANY`` and mocks the
-      program made; the tests' own mocks compare by identity). Around the method it runs three
-      sentinel tests with random names: one that must fail, one that must pass, one that must
+      program made; the tests' own mocks compare by identity). Around the class's methods it runs
+      three sentinel tests with random names: one that must fail, one that must pass, one that must
       error. The runner believes the report only if every test is reported once, nothing else
-      is, and the sentinels come out as they must; otherwise the method is ``"tampered"``,
+      is, and the sentinels come out as they must; otherwise its methods are ``"tampered"``,
       the suite's status is ``"tampered"``, it scores 0 (``TestRunResult.num_passed``), and
       ``TestRunResult.tampered`` counts the tampered methods.
 
     **Residual risk** (beside the candidate only). The program shares the test process with the
     tests, so a program written against this runner can still forge: walk its frames to the
-    test process's reporting pipe and write the four outcomes, sentinels included (their names
+    test process's reporting pipe and write every outcome, sentinels included (their names
     are in its memory); compare through a function it took from a library that returns a
     constant; hide its own always-equal values inside a library object the tests compare with
     library code (``df.equals``); configure a child of one of the tests' own mocks; or act
@@ -528,34 +528,40 @@ def _run_unittest(code: str, tests: str, limits: SandboxLimits, max_timeouts: in
 
 
 def _run_beside(code: str, suite: UnittestSuite, limits: SandboxLimits, start: float) -> TestRunResult:
-    """Each method in a fresh sandboxed process beside the candidate, its verdict checked by the
-    runner (:mod:`collab_env.sandbox.guest.unittest_runner`)."""
+    """Each class's methods in a fresh sandboxed process beside the candidate (with the time one
+    process per method would have had), their verdicts checked by the runner
+    (:mod:`collab_env.sandbox.guest.unittest_runner`)."""
     from collab_env.sandbox.run import run_driver
 
     names = _proxy_names([suite.text], "", None)
     preimport = _imported_modules(suite.text, code)
     text = checked_comparisons(suite.text)
+    by_class: dict[str, list[str]] = {}
+    for cls, method in suite.methods:
+        by_class.setdefault(cls, []).append(method)
     outcomes, first_bad, any_run = [], None, None
-    for i, (cls, method) in enumerate(suite.methods):
-        token = secrets.token_hex(8)
-        sentinels = {"class": f"Sentinel_{token}", "fail_a": f"test_{secrets.token_hex(6)}",
+    for cls, methods in by_class.items():
+        sentinels = {"class": f"Sentinel_{secrets.token_hex(8)}", "fail_a": f"test_{secrets.token_hex(6)}",
                      "pass": f"test_{secrets.token_hex(6)}", "fail_b": f"test_{secrets.token_hex(6)}"}
-        res, records = run_driver("", limits, driver=program("unittest_runner"), config={
-            "unittest": {"code": code, "text": text, "class": cls, "method": method, "names": names,
+        k = len(methods)
+        run_limits = dataclasses.replace(limits, wall_s=limits.wall_s * k, cpu_s=limits.cpu_s * k)
+        res, records = run_driver("", run_limits, driver=program("unittest_runner"), config={
+            "unittest": {"code": code, "text": text, "class": cls, "methods": methods, "names": names,
                          "sentinels": sentinels, "preimport": preimport}})
         any_run = any_run or res
-        rec = records.get("unittest")
-        name = f"{cls}.{method}"
-        if rec is not None and rec.get("status") == "passed":
-            outcomes.append(TestOutcome(i, name, "passed"))
-            continue
-        status: TestStatus
-        if rec is not None:
-            status = "tampered" if rec.get("status") == "tampered" else "failed"
-            detail = str(rec.get("detail", ""))
-        else:
-            status = "timeout" if res.status == "timeout" else "failed"
-            detail = f"the process ended before the method was scored ({res.status}: {res.detail})"
-        outcomes.append(TestOutcome(i, name, status, detail))
-        first_bad = first_bad or res
+        verdicts = records.get("unittest", {}).get("verdicts")
+        bad = False
+        for method in methods:
+            i, name = len(outcomes), f"{cls}.{method}"
+            got = verdicts.get(method) if isinstance(verdicts, dict) else None
+            if isinstance(got, list) and len(got) == 2 and got[0] in ("passed", "failed", "tampered"):
+                status: TestStatus = got[0]
+                outcomes.append(TestOutcome(i, name, status, str(got[1])))
+            else:
+                status = "timeout" if res.status == "timeout" else "failed"
+                outcomes.append(TestOutcome(i, name, status, f"the process ended before the method was scored "
+                                                              f"({res.status}: {res.detail})"))
+            bad = bad or status != "passed"
+        if bad:
+            first_bad = first_bad or res
     return _summarise("unittest", outcomes, first_bad or any_run, None, start)

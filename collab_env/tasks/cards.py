@@ -240,8 +240,8 @@ _BCB_V2 = (
     "form that cannot be judged is an 'unsupported test form' error, a suite with no test method "
     "an error, never a pass); pass_rate = passed methods / found methods. A suite that only calls "
     "the program runs in the trusted harness, as unittest runs it, with the program behind the "
-    "plain-data proxy; one that patches the program's module with mocks runs each method in a "
-    "fresh process beside it (collab_env.sandbox.harness): a runner that never runs the program "
+    "plain-data proxy; one that patches the program's module with mocks runs each test class in "
+    "a fresh process beside it (collab_env.sandbox.harness): a runner that never runs the program "
     "checks the report of its test process (three sentinel tests with random names that must "
     "fail, pass and error, the count of methods; a misreport is 'tampered' and the suite scores "
     "0), and assert helpers, the tests' comparisons and the program's results refuse values whose "
@@ -274,7 +274,7 @@ def collabllm_card(ds: str, large: bool, version: int = 1) -> EnvCard:
     metric, hi = _CL_METRIC[ds]
     if ds == "bigcodebench":
         metric = metric.replace("passes the tests in the sandbox: 0/1", "passed test methods / methods, "
-                                "one sandboxed process per method")
+                                "run in the trusted harness or, with mocks, in one sandboxed process per test class")
     legacy = _BCB_LEGACY if ds == "bigcodebench" and version == 1 else ""
     return EnvCard(
         tests=legacy + _CL_TESTS[ds] + (" The paper's large set." if large else "")

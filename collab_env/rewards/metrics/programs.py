@@ -3,9 +3,10 @@ scored by :func:`collab_env.sandbox.harness.run_tests`.
 
 Function-call tests (assert scripts, HumanEval's ``check`` program) run in a trusted harness that
 calls the program, sandboxed on its own, through proxies returning plain data; unittest suites
-(``class TestCases(unittest.TestCase)``, BigCodeBench and CollabLLM's bigcodebench rows) run one
-fresh sandboxed process per test method and score passed methods over found methods (see the
-harness module for the same-process residual risk)."""
+(``class TestCases(unittest.TestCase)``, BigCodeBench and CollabLLM's bigcodebench rows) run in
+the trusted harness, or with mocks one sandboxed process per test class beside the program, and
+score passed methods over found methods (see the harness module for the same-process residual
+risk)."""
 
 from __future__ import annotations
 

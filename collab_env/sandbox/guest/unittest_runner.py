@@ -1,4 +1,4 @@
-"""One unittest method beside the candidate, with a verdict that is checked, not trusted
+"""One unittest class's methods beside the candidate, with a verdict that is checked, not trusted
 (residual risk: see :mod:`collab_env.sandbox.harness`).
 
 A guest program (see :mod:`collab_env.sandbox.guest`): the host runs this file's text as the driver
@@ -13,11 +13,12 @@ object walks, ``ctypes`` and reads of ``/proc/*/mem``; assert helpers that refus
 comparison is not plain), loads the program as the module ``__main__``, restores what it
 changed, loads the tests as a module of their own (``__tests__``, whose ``__builtins__`` is the
 real ``builtins`` and which reaches the program's names only as attributes taken from the
-program's module), and runs, as unittest runs them, four tests: a sentinel that must fail, the
-method, a sentinel that must pass and a second one that must fail. Each outcome goes to the
+program's module), and runs, as unittest runs them: a sentinel test that must fail, the class's
+methods, a sentinel that must pass and one that must error. Each outcome goes to the
 runner on a pipe as it happens. The runner then checks the report: every test reported, none
 twice, nothing else, the sentinels as they must be. A report whose sentinels misreport is
-``"tampered"`` (the host scores the whole suite 0 and counts it).
+``"tampered"`` (the host scores the whole suite 0 and counts it). The record is one verdict
+per method.
 """
 
 import builtins as _b
@@ -27,7 +28,6 @@ import json as _json
 import linecache as _lc
 import operator as _operator
 import os as _os
-import secrets as _secrets
 import signal as _signal
 import sys as _sys
 import types as _types
@@ -363,7 +363,8 @@ def _test_process(cfg, spec, fd, status_fd):
         guard = _Guard(_trusted_roots(cfg))
         guard.install(_uc.TestCase.failureException)
         names = spec["sentinels"]
-        sentinel = _sentinels(names, (_secrets.randbelow(1 << 30), (1 << 30) + _secrets.randbelow(1 << 30)))
+        a = int.from_bytes(_os.urandom(4), "big") >> 2  # below 2**30, so a != b below
+        sentinel = _sentinels(names, (a, a + 1 + (int.from_bytes(_os.urandom(4), "big") >> 2)))
         classes = [_uc.TestCase, _ur.TestResult, _us.TestSuite, _us.BaseTestSuite, _ul.TestLoader, _Report,
                    _uc._Outcome,  # type: ignore[attr-defined]  # typeshed omits this private class
                    _b.BaseException, _b.Exception, _b.AssertionError]
@@ -455,7 +456,8 @@ def _test_process(cfg, spec, fd, status_fd):
         if not isinstance(cls, type) or not issubclass(cls, _uc.TestCase):
             send({"fatal": f"the tests define no TestCase class {spec['class']!r}"})
             exit_(0)
-        order = [sentinel(names["fail_a"]), cls(spec["method"]), sentinel(names["pass"]), sentinel(names["fail_b"])]
+        order = [sentinel(names["fail_a"]), *(cls(m) for m in spec["methods"]), sentinel(names["pass"]),
+                 sentinel(names["fail_b"])]
         suite = suite_cls(order)
         run_suite(suite, report_cls(send))
         allow[0] = True
@@ -474,22 +476,26 @@ def _test_process(cfg, spec, fd, status_fd):
 
 
 def _judge(lines, status, spec):
-    """The runner's verdict on what the test process reported: ``(status, detail)``."""
+    """The runner's verdict on what the test process reported: ``{method: (status, detail)}``."""
     names = spec["sentinels"]
     s = names["class"]
-    real = f"{spec['class']}.{spec['method']}"
+    reals = {f"{spec['class']}.{m}": m for m in spec["methods"]}
     expect = {f"{s}.{names['fail_a']}": "fail", f"{s}.{names['pass']}": "pass", f"{s}.{names['fail_b']}": "fail"}
+
+    def every(verdict, detail):
+        return {m: (verdict, str(detail)[:500]) for m in spec["methods"]}
+
     events: dict[str, list[tuple[str, str]]] = {}
     fixtures, end, fatal = [], None, None
     for raw in lines:
         try:
             ev = _json.loads(raw)
         except ValueError:
-            return "tampered", "a line of the report is not the runner's"
+            return every("tampered", "a line of the report is not the runner's")
         if not isinstance(ev, dict):
-            return "tampered", "a line of the report is not the runner's"
+            return every("tampered", "a line of the report is not the runner's")
         if end is not None:
-            return "tampered", "the report goes on after its end"
+            return every("tampered", "the report goes on after its end")
         if "fatal" in ev:
             fatal = str(ev["fatal"])
             break
@@ -499,39 +505,42 @@ def _judge(lines, status, spec):
         if ev.get("test") is None:
             fixtures.append(f"{ev.get('fixture')}: {ev.get('detail')}")
             continue
-        if ev["test"] != real and ev["test"] not in expect:
-            return "tampered", f"the report names a test that was not run ({str(ev['test'])[:100]})"
+        if ev["test"] not in reals and ev["test"] not in expect:
+            return every("tampered", f"the report names a test that was not run ({str(ev['test'])[:100]})")
         events.setdefault(ev["test"], []).append((str(ev.get("outcome")), str(ev.get("detail", ""))))
     if fatal is not None:
-        return "failed", fatal
+        return every("failed", fatal)
     exited = _os.WIFEXITED(status) and _os.WEXITSTATUS(status) == 0
     if end is None or not exited:
         why = f"signal {_os.WTERMSIG(status)}" if _os.WIFSIGNALED(status) else f"status {status >> 8}"
-        return "failed", f"the process ended before the method was scored ({why})"
+        return every("failed", f"the process ended before the methods were scored ({why})")
     for test, must in expect.items():
         got = events.get(test, [])
         passed = [o for o, _ in got if o == "passed"]
         failed = [o for o, _ in got if o != "passed"]
         ok = (len(got) == 1 and len(passed) == 1) if must == "pass" else (len(passed) == 0 and len(failed) >= 1)
         if not ok:
-            return "tampered", f"a sentinel test that must {must} reported {[o for o, _ in got] or 'nothing'}"
+            return every("tampered", f"a sentinel test that must {must} reported {[o for o, _ in got] or 'nothing'}")
     if end.get("refused"):
-        return "failed", "refused operation: " + ", ".join(map(str, end["refused"]))
+        return every("failed", "refused operation: " + ", ".join(map(str, end["refused"])))
     if end.get("changed"):
-        return "failed", "the program changed the test machinery: " + ", ".join(map(str, end["changed"]))
+        return every("failed", "the program changed the test machinery: " + ", ".join(map(str, end["changed"])))
     if end.get("threads", 1) != 1:
-        return "failed", f"threads left running after the method ({end.get('threads')} tasks)"
-    got = events.get(real, [])
-    if not got:
-        if fixtures:
-            return "failed", "a fixture failed: " + "; ".join(fixtures)[:400]
-        return "tampered", "the method was never reported"
-    bad = [(o, d) for o, d in got if o != "passed"]
-    if bad:
-        return "failed", f"{bad[0][0]}: {bad[0][1]}"
-    if len(got) != 1:
-        return "tampered", "the method was reported more than once"
-    return "passed", ""
+        return every("failed", f"threads left running after the methods ({end.get('threads')} tasks)")
+    verdicts = {}
+    for test, method in reals.items():
+        got = events.get(test, [])
+        bad = [(o, d) for o, d in got if o != "passed"]
+        if not got:
+            verdicts[method] = (("failed", "a fixture failed: " + "; ".join(fixtures)[:400]) if fixtures
+                                else ("tampered", "the method was never reported"))
+        elif bad:
+            verdicts[method] = ("failed", f"{bad[0][0]}: {bad[0][1]}"[:500])
+        elif len(got) != 1:
+            verdicts[method] = ("tampered", "the method was reported more than once")
+        else:
+            verdicts[method] = ("passed", "")
+    return verdicts
 
 
 def _runner(d):
@@ -564,10 +573,10 @@ def _runner(d):
     _, status = _os.waitpid(pid, 0)
     lines = [ln for ln in bytes(got).decode("utf-8", "replace").splitlines() if ln.strip()]
     if len(got) >= _MAX_REPORT:
-        verdict, detail = "tampered", "the report is larger than any run writes"
+        verdicts = {m: ("tampered", "the report is larger than any run writes") for m in spec["methods"]}
     else:
-        verdict, detail = _judge(lines, status, spec)
-    report("unittest", status=verdict, detail=str(detail)[:500])
+        verdicts = _judge(lines, status, spec)
+    report("unittest", verdicts={m: list(v) for m, v in verdicts.items()})
 
 
 if __name__ == "__main__":  # as the driver (importing this module runs nothing)
