@@ -539,7 +539,8 @@ def _run_beside(code: str, suite: UnittestSuite, limits: SandboxLimits, start: f
     by_class: dict[str, list[str]] = {}
     for cls, method in suite.methods:
         by_class.setdefault(cls, []).append(method)
-    outcomes, first_bad, any_run = [], None, None
+    outcomes: list[TestOutcome] = []
+    first_bad, any_run = None, None
     for cls, methods in by_class.items():
         sentinels = {"class": f"Sentinel_{secrets.token_hex(8)}", "fail_a": f"test_{secrets.token_hex(6)}",
                      "pass": f"test_{secrets.token_hex(6)}", "fail_b": f"test_{secrets.token_hex(6)}"}
