@@ -53,8 +53,9 @@ Unittest suites (``style="unittest"``: ``class TestCases(unittest.TestCase)``, a
       as plain data (a ``datetime``, a ``DataFrame``, an object of its class), the suite runs
       the second way instead.
     * **Beside the candidate** (mocks patched into its module), each test class in a fresh
-      sandboxed process (with the time and CPU one process per method would have had), judged by :mod:`collab_env.sandbox.guest.unittest_runner`: a runner
-      that never runs candidate text forks the test process and checks what it reports. The
+      sandboxed process (with the time and CPU one process per method would have had), judged
+      by :mod:`collab_env.sandbox.guest.unittest_runner`: a runner that never runs candidate
+      text forks the test process and checks what it reports. The
       test process pins the machinery before the program loads (an audit hook refusing tracing,
       ``gc`` object walks, ``ctypes`` and ``/proc/*/mem``; the state of ``unittest``'s classes
       and module functions, ``sys``'s functions and ``builtins``), loads the program as the
