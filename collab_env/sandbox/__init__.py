@@ -13,13 +13,15 @@ Two entry points:
     Every comparison happens in the harness, so patched builtins, forged records, frame
     walks, exits and always-equal objects stay in the candidate's process and decide nothing.
     Expected values and test text never enter the candidate's process.
-  - *same-process unittest suites* (BigCodeBench's ``class TestCases(unittest.TestCase)``,
-    which mock the candidate's module): each test method found in the test text's syntax
-    tree runs in a fresh sandboxed process with a runner set up before the candidate;
-    ``pass_rate`` counts passed methods, a suite with no method is an ``"error"``. **Residual
-    risk**: there the candidate shares the runner's process, and a program written against
-    this runner (walking ``f_back`` frames to its result writer) can forge a pass; generic
-    attacks fail (see :mod:`~collab_env.sandbox.harness`).
+  - *unittest suites* (BigCodeBench's ``class TestCases(unittest.TestCase)``): read on the
+    trusted side (every spelling of a ``TestCase`` class, ``unittest.main()`` footers; a form
+    that cannot be judged is an ``"unsupported test form: ..."`` error). A suite that only calls
+    the candidate runs in the trusted harness, as unittest runs it, the candidate behind the
+    same proxy; one that patches the candidate's module with mocks runs each test class in a
+    fresh process beside it, with a verdict the runner checks (sentinel tests, the count of methods,
+    comparisons that refuse values whose comparison the program wrote); a run that misreports
+    is ``"tampered"`` and scores 0. ``pass_rate`` counts passed methods. **Residual risk** of
+    the second way: see :mod:`~collab_env.sandbox.harness`.
 
 * **Running a plain program**: ``run_python(code, tests=...)`` runs a program (then optional
   test code in the same namespace, the old design, kept for programs whose outcome the caller
@@ -58,6 +60,10 @@ How a run is contained (best effort, each layer reported in ``SandboxResult.isol
   network namespace; sockets inside the sandbox directory work. Not covered: a ``ctypes``
   connect to a world-writable socket the host keeps under a system root (``/dev/log``, say):
   no seccomp filter denies AF_UNIX.
+* **IPC.** As root, the run has its own IPC namespace: SysV shared memory, semaphores and
+  message queues (and POSIX message queues) the code creates die with the run instead of
+  outliving it in the host's kernel (leaked memory, and a channel from one run to the next).
+  ``SandboxResult.isolation["ipc"]`` says ``"namespace"``, or that IPC is shared with the host.
 * **Filesystem.** As root, in a new mount namespace: ``/tmp`` is a private, size-limited tmpfs
   holding the sandbox directory ``/tmp/sandbox`` (cwd, ``HOME`` and ``TMPDIR``), ``/dev/shm`` is
   another private tmpfs, and every other mount is remounted read-only. Directories the sandbox

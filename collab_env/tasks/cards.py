@@ -235,19 +235,23 @@ _CL_METRIC = {
 
 #: collabllm-bigcodebench-v2's pass_rate, and the residual risk of its same-process suites.
 _BCB_V2 = (
-    " pass_rate (v2): each unittest test method of the row's tests is found from the test "
-    "text's syntax tree and run in a fresh sandboxed process (collab_env.sandbox.harness); "
-    "pass_rate = passed methods / found methods, and a suite with no test method is an error, "
-    "never a pass. The runner is set up before the program (saved unittest machinery, an audit "
-    "hook refusing tracing, gc object walks, ctypes and /proc/*/mem), restores builtins, "
-    "unittest and sys.modules after the program, fails a method when they change again, when a "
-    "thread is left, when it is skipped, when an assert gets a value whose comparison the "
-    "program wrote, or when the process exits first. Residual risk: the tests patch the "
-    "program's module with mocks, so program and tests share one process; a program written "
-    "against this runner can walk its frames' f_back chain to the runner and forge its signed "
-    "record (collab_env.exploits.hostile_code.RESIDUAL_UNITTEST_PROGRAMS does), and bare "
-    "assert statements in a test method compare the program's own objects. Generic attacks "
-    "(patching unittest, skipping, exits, always-equal values, forged records) score 0."
+    " pass_rate (v2): the row's unittest suite is read from its syntax tree on the trusted side "
+    "(collab_env.sandbox.suites: every spelling of a TestCase class, unittest.main() footers; a "
+    "form that cannot be judged is an 'unsupported test form' error, a suite with no test method "
+    "an error, never a pass); pass_rate = passed methods / found methods. A suite that only calls "
+    "the program runs in the trusted harness, as unittest runs it, with the program behind the "
+    "plain-data proxy; one that patches the program's module with mocks runs each test class in "
+    "a fresh process beside it (collab_env.sandbox.harness): a runner that never runs the program "
+    "checks the report of its test process (three sentinel tests with random names that must "
+    "fail, pass and error, the count of methods; a misreport is 'tampered' and the suite scores "
+    "0), and assert helpers, the tests' comparisons and the program's results refuse values whose "
+    "comparison the program wrote (its classes, mock.ANY, mocks it made). Residual risk, beside "
+    "the program only: a program written against this runner can walk its frames to the test "
+    "process's report pipe and forge every outcome, sentinels included, hide always-equal values "
+    "inside a library object compared by library code, or act through len()/bool() on its own "
+    "objects. Measured with our hostile set (tests/sandbox/hostile_unittest.py, 21 generic "
+    "programs: on the suite run beside the program 17 of 21 scored 1.0 before issue 43, 21 of 21 "
+    "on some suite): 0 of 21 score on any suite."
 )
 _BCB_LEGACY = ("legacy: under v1, pass_rate did not run unittest suites (it executed the "
                "TestCases class definition only, so every program, right or wrong, scored 1.0); "
@@ -270,7 +274,7 @@ def collabllm_card(ds: str, large: bool, version: int = 1) -> EnvCard:
     metric, hi = _CL_METRIC[ds]
     if ds == "bigcodebench":
         metric = metric.replace("passes the tests in the sandbox: 0/1", "passed test methods / methods, "
-                                "one sandboxed process per method")
+                                "run in the trusted harness or, with mocks, in one sandboxed process per test class")
     legacy = _BCB_LEGACY if ds == "bigcodebench" and version == 1 else ""
     return EnvCard(
         tests=legacy + _CL_TESTS[ds] + (" The paper's large set." if large else "")

@@ -112,8 +112,9 @@ ROW = {"prompt": [{"role": "user", "content": "write task_func"}],
 
 
 def test_unittest_suites_count_each_method():
-    assert find_unittest_methods(BCB_TESTS) == [("TestCases", "test_square"), ("TestCases", "test_zero"),
-                                                ("TestCases", "test_mocked_cwd")]
+    # unittest's loading order: classes, then methods, by name
+    assert find_unittest_methods(BCB_TESTS) == [("TestCases", "test_mocked_cwd"), ("TestCases", "test_square"),
+                                                ("TestCases", "test_zero")]
     cases = {
         RIGHT: 1.0,
         "def task_func(n, where=False):\n    return 0\n": 1 / 3,  # only test_zero

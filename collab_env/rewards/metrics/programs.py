@@ -3,9 +3,10 @@ scored by :func:`collab_env.sandbox.harness.run_tests`.
 
 Function-call tests (assert scripts, HumanEval's ``check`` program) run in a trusted harness that
 calls the program, sandboxed on its own, through proxies returning plain data; unittest suites
-(``class TestCases(unittest.TestCase)``, BigCodeBench and CollabLLM's bigcodebench rows) run one
-fresh sandboxed process per test method and score passed methods over found methods (see the
-harness module for the same-process residual risk)."""
+(``class TestCases(unittest.TestCase)``, BigCodeBench and CollabLLM's bigcodebench rows) run in
+the trusted harness, or with mocks one sandboxed process per test class beside the program, and
+score passed methods over found methods (see the harness module for the same-process residual
+risk)."""
 
 from __future__ import annotations
 
@@ -62,11 +63,14 @@ async def pass_rate(conversation: Conversation, item: Mapping[str, Any], *, star
     last fenced block of the last assistant message that has one (with :func:`extract_then`: of
     the extracted text, or the whole text). ctx: ``sandbox`` (a
     :class:`~collab_env.sandbox.SandboxPool`, optional), ``sandbox_limits``.
-    ``detail``: ``status`` (the harness status), ``passed``/``total`` tests, ``style``.
+    ``detail``: ``status`` (the harness status), ``passed``/``total`` tests, ``style``,
+    ``tampered`` (unittest methods whose same-process run misreported its sentinels: the
+    suite then scores 0).
 
     Raises:
         SandboxError: The sandbox could not run.
-        DataSchemaError: The item's unittest suite has no test method (never scored as a pass).
+        DataSchemaError: The item's tests cannot score anything: a unittest suite with no test
+            method, or an ``"unsupported test form: ..."`` (never scored as a pass).
     """
     from collab_env.errors import DataSchemaError
     from collab_env.sandbox import SandboxLimits
@@ -94,4 +98,5 @@ async def pass_rate(conversation: Conversation, item: Mapping[str, Any], *, star
     if res.status == "error":
         raise DataSchemaError(f"pass_rate: the item's tests cannot score anything: {res.detail}.")
     return MetricResult(res.pass_rate, {"status": res.status, "detail": res.detail, "passed": res.num_passed,
-                                        "total": res.total, "style": res.style, "duration_s": res.duration_s})
+                                        "total": res.total, "style": res.style, "duration_s": res.duration_s,
+                                        "tampered": res.tampered})

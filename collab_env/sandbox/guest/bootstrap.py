@@ -21,7 +21,7 @@ import socket
 import sys
 import traceback
 
-CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC = 0x00020000, 0x20000000, 0x40000000, 0x08000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC = 32, 1024, 2048, 4096, 16384
 MS_PRIVATE, MS_RELATIME = 1 << 18, 1 << 21
@@ -310,7 +310,8 @@ def main():
     cfg = _read_config(int(sys.argv[1]))
     report = _make_reporter(int(sys.argv[2]), cfg.pop("nonce"))
     modes = {"user": f"uid {cfg['uid']}" if cfg["uid"] is not None else "same uid as parent",
-             "network": "audit hook", "filesystem": "none", "processes": "process group"}
+             "network": "audit hook", "filesystem": "none", "processes": "process group",
+             "ipc": "host (SysV IPC and POSIX message queues shared with the host)"}
     newns = False
     try:
         if cfg["namespaces"]:
@@ -318,6 +319,10 @@ def main():
                 modes["network"] = "namespace + audit hook"
                 cfg["network_namespace"] = True
             newns = libc.unshare(CLONE_NEWNS) == 0
+            # SysV shared memory, semaphores and message queues (and POSIX message queues) of
+            # the code live and die with the run, instead of outliving it on the host.
+            if libc.unshare(CLONE_NEWIPC) == 0:
+                modes["ipc"] = "namespace"
             if libc.unshare(CLONE_NEWPID) == 0:
                 modes["processes"] = "pid_namespace"
         c = os.fork()

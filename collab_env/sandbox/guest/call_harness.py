@@ -35,6 +35,7 @@ class _State:
     next_id = 0
     dead: str | None = None
     timed_out = False
+    unplain = False  # a result that is not plain data came back (unittest suites: run beside it)
     buf = bytearray()
 
 
@@ -62,8 +63,9 @@ def _call(name, args, kwargs):
     _State.next_id += 1
     n = _State.next_id
     try:
+        mutable = any(type(v) in _MUTABLE for v in list(args) + list(kwargs.values()))
         req = _json.dumps({"op": "call", "id": n, "fn": name, "args": encode_value(list(args)),
-                           "kwargs": encode_value(dict(kwargs))}, allow_nan=False)
+                           "kwargs": encode_value(dict(kwargs)), "mutable": mutable}, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise TypeError(f"an argument of {name}(...) is not plain data: {exc!s}") from None
     data = (req + "\n").encode()
@@ -92,9 +94,17 @@ def _call(name, args, kwargs):
             break
     if "value" in rep:
         try:
-            return decode_value(rep["value"])
+            value = decode_value(rep["value"])
+            after = decode_value(rep["after"]) if "after" in rep else None
         except (ValueError, TypeError, RecursionError) as exc:
             raise CandidateError(f"the result of {name}(...) is malformed: {exc!s}") from None
+        if type(after) is list and len(after) == 2:
+            _mirror(list(args), after[0])
+            _mirror(dict(kwargs), after[1])
+        return value
+    if rep.get("unplain"):
+        _State.unplain = True
+        raise CandidateError(str(rep.get("message"))[:2000])
     if rep.get("timeout") is True:
         _State.timed_out = True
         raise TimeoutError(f"{name}(...) ran past its time limit of {_spec['call_timeout_s']} s")
@@ -108,6 +118,41 @@ def _call(name, args, kwargs):
     else:
         error = CandidateError(f"{kind}: {msg}")
     raise error
+
+
+_MUTABLE = (list, dict, set, bytearray)
+
+
+def _mirror(dst, src):
+    """Make the trusted container ``dst`` hold ``src`` (fresh plain data: what the candidate's copy
+    of it became), in place, recursing into containers of the same type so that references the
+    test holds into ``dst`` see the change too."""
+    if type(dst) is not type(src):
+        return
+    if type(dst) is list:
+        if len(dst) == len(src):
+            for i, (a, b) in enumerate(zip(dst, src)):
+                if type(a) in _MUTABLE and type(a) is type(b):
+                    _mirror(a, b)
+                elif not (type(a) is type(b) and a == b):
+                    dst[i] = b
+        else:
+            dst[:] = src
+    elif type(dst) is dict:
+        if dst.keys() != src.keys():
+            for k in [k for k in dst if k not in src]:
+                del dst[k]
+        for k, b in src.items():
+            a = dst.get(k)
+            if type(a) in _MUTABLE and type(a) is type(b):
+                _mirror(a, b)
+            else:
+                dst[k] = b
+    elif type(dst) is set:
+        dst.clear()
+        dst.update(src)
+    elif type(dst) is bytearray:
+        dst[:] = src
 
 
 class Candidate:
@@ -131,6 +176,85 @@ def _run():
         exec(compile(prelude, "<prelude>", "exec"), base)
     for name in _spec["names"]:
         base[name] = Candidate(name)
+    if _spec.get("suite") is not None:
+        _run_suite(base, _spec["suite"])
+    else:
+        _run_scripts(base)
+    try:
+        _os.write(_REQ, b'{"op": "quit"}\n')
+    except OSError:
+        pass
+
+
+def _run_suite(base, suite):
+    """A unittest suite, run here (trusted) as unittest runs it: one module, the loader's order,
+    class and module fixtures; every method's outcome is a ``test:<i>`` record."""
+    import sys
+    import types
+    import unittest
+
+    text, methods = suite["text"], [tuple(m) for m in suite["methods"]]
+    module = types.ModuleType("__tests__")
+    module.__dict__.update(base, __name__="__tests__")
+    sys.modules["__tests__"] = module
+    _lc.cache["<tests>"] = (len(text), None, text.splitlines(True), "<tests>")
+    outcomes: dict[str, tuple[str, str]] = {}
+    fixture: list[str] = []
+
+    def line(err):
+        return f"{err[0].__name__}: {str(err[1])[:300]}".strip().rstrip(":")
+
+    class Result(unittest.TestResult):
+        def _note(self, test, status, detail):
+            if not hasattr(test, "_testMethodName"):  # a class or module fixture's error
+                fixture.append(f"{test!s}: {detail}")
+                return
+            tid = test.id()
+            if status == "passed" and tid in outcomes:
+                return  # a subtest failed before: the method stays failed
+            outcomes[tid] = (status, detail)
+
+        def addSuccess(self, test):
+            self._note(test, "passed", "")
+
+        def addFailure(self, test, err):
+            self._note(test, "failed", "failure: " + line(err))
+
+        def addError(self, test, err):
+            self._note(test, "failed", "error: " + line(err))
+
+        def addSkip(self, test, reason):
+            self._note(test, "failed", f"skipped: {reason}")
+
+        def addExpectedFailure(self, test, err):
+            self._note(test, "passed", "")
+
+        def addUnexpectedSuccess(self, test):
+            self._note(test, "failed", "unexpected success")
+
+        def addSubTest(self, test, subtest, err):
+            if err is not None:
+                self._note(test, "failed", "subtest failure: " + line(err))
+
+    try:
+        exec(compile(text, "<tests>", "exec"), module.__dict__)
+        tests = unittest.TestSuite()
+        for cls, method in methods:
+            tests.addTest(module.__dict__[cls](method))
+        result = Result()
+        tests.run(result)
+    except BaseException as exc:
+        fixture.append(f"the tests did not run: {type(exc).__name__}: {str(exc)[:300]}")
+    for i, (cls, method) in enumerate(methods):
+        status, detail = outcomes.get(f"__tests__.{cls}.{method}", ("failed", "not run: " + "; ".join(fixture)[:500]))
+        if status == "failed" and "TimeoutError" in detail:
+            status = "timeout"
+        _report(f"test:{i}", index=i, status=status, detail=detail)
+    if _State.unplain:
+        _report("unplain")
+
+
+def _run_scripts(base):
     timeouts = 0
     for i, src in enumerate(_spec["tests"]):
         rec: dict[str, object] = {"index": i}
@@ -154,10 +278,6 @@ def _run():
             rec.update(status="timeout" if timed else "failed", detail=text.strip().rstrip(":"),
                        line=lines[-1] if lines else None)
         _report(f"test:{i}", **rec)
-    try:
-        _os.write(_REQ, b'{"op": "quit"}\n')
-    except OSError:
-        pass
 
 
 if __name__ == "__main__":  # as the driver (importing this module runs nothing)

@@ -7,8 +7,17 @@ be imported. Standard library only; the same source on both sides.
 """
 
 import math as _math
+import re as _re
 
-_TAGS = ("t", "s", "fs", "d", "f", "c", "b", "ba")
+_GENERATOR = type(_v for _v in ())  # type: ignore[var-annotated]
+_HEX = _re.compile(r"-?[0-9a-f]+")
+
+_TAGS = ("t", "s", "fs", "d", "f", "c", "b", "ba", "i", "g")
+
+#: Items of a generator the candidate returns that cross (materialised on the candidate's side,
+#: rebuilt as a fresh generator on the trusted side); a longer one is not plain data.
+GENERATOR_ITEMS = 100_000
+_BIG = 1 << 64  # ints at least this large cross as hex: JSON's decimal ints stop at 4,300 digits
 
 
 def encode_value(x, _depth=0):
@@ -19,7 +28,8 @@ def encode_value(x, _depth=0):
         return x
     t = type(x)
     if isinstance(x, int) and t is not bool:
-        return int.__int__(x) if t is not int else x
+        i = int.__int__(x) if t is not int else x
+        return i if -_BIG < i < _BIG else {"i": int.__format__(i, "x")}
     if isinstance(x, float):
         v = float.__float__(x)
         return v if _math.isfinite(v) else {"f": repr(v)}
@@ -43,6 +53,13 @@ def encode_value(x, _depth=0):
     if isinstance(x, dict):
         return {"d": [[encode_value(k, _depth + 1), encode_value(v, _depth + 1)]
                       for k, v in dict.items(x)]}
+    if t is _GENERATOR:
+        items: list = []
+        for v in x:
+            if len(items) >= GENERATOR_ITEMS:
+                raise TypeError(f"a generator of more than {GENERATOR_ITEMS} items is not plain data")
+            items.append(encode_value(v, _depth + 1))
+        return {"g": items}
     if type(x).__module__ == "numpy" and hasattr(x, "tolist"):
         return encode_value(x.tolist(), _depth + 1)  # numpy scalars and arrays, by value
     raise TypeError(f"a {t.__name__} is not plain data")
@@ -62,6 +79,8 @@ def decode_value(tree, _depth=0):
     (tag, v), = tree.items()
     if tag == "f" and v in ("nan", "inf", "-inf"):
         return float(v)
+    if tag == "i" and type(v) is str and _HEX.fullmatch(v):
+        return int(v, 16)  # hex has no digit limit
     if tag in ("b", "ba") and type(v) is str:
         return (bytes if tag == "b" else bytearray).fromhex(v)
     if type(v) is not list:
@@ -74,6 +93,8 @@ def decode_value(tree, _depth=0):
     items = [decode_value(p, _depth + 1) for p in v]
     if tag == "t":
         return tuple(items)
+    if tag == "g":
+        return (v for v in items)
     if tag == "s":
         return set(items)
     if tag == "fs":

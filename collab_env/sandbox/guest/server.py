@@ -41,8 +41,21 @@ def _answer(ns, req):
         name = req["fn"]
         if name not in ns:
             raise NameError(f"name {name!r} is not defined")
-        value = ns[name](*decode_value(req["args"]), **decode_value(req["kwargs"]))
-        return _json.dumps({"id": n, "value": encode_value(value)}, allow_nan=False)
+        args, kwargs = decode_value(req["args"]), decode_value(req["kwargs"])
+        value = ns[name](*args, **kwargs)
+        try:
+            rep = {"id": n, "value": encode_value(value)}
+        except (TypeError, RecursionError) as exc:
+            return _json.dumps({"id": n, "unplain": True, "raised": "CandidateError",
+                                "message": f"the result of {name}(...) cannot cross to the tests: {str(exc)[:300]}"})
+        if req.get("mutable"):
+            # The arguments as the call left them, so the trusted side can mirror an in-place
+            # change (`f(xs); assert xs == ...`); arguments that no longer encode stay as sent.
+            try:
+                rep["after"] = encode_value([args, kwargs])
+            except BaseException:
+                pass
+        return _json.dumps(rep, allow_nan=False)
     except BaseException as exc:
         try:
             msg = str(exc)[:2000]
