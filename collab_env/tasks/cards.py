@@ -275,8 +275,13 @@ _CL_NAIVE: dict[str, dict[str, object]] = {
 #: MR's window in the audit: one future per reply, the recipe's two user / three assistant turns.
 _CL_AUDIT_WINDOW = {"num_rollouts": 1, "max_user_turns": 2, "max_assistant_turns": 3}
 
-#: The audited collabllm-* ids (on fixture rows); a -large twin quotes its base id's audit.
-COLLABLLM_AUDITED = ("collabllm-math-hard-v1", "collabllm-medium-v1")
+#: The audited collabllm-* ids (on fixture rows) and the runs of :data:`COLLABLLM_AUDIT_RUNS` each
+#: gets; a -large twin quotes its base id's audit. medium's judge is a document extractor, which
+#: the score-claim double cannot play: its judge-free reward (BLEU on the last reply) is audited.
+COLLABLLM_AUDITED: dict[str, tuple[str, ...]] = {
+    "collabllm-math-hard-v1": ("judge double", "embedded judge", "reference prompts"),
+    "collabllm-medium-v1": ("no judge",),
+}
 
 #: The runs the collabllm-* cards quote (``python -m benchmarks.exploit_audit --collabllm``):
 #: label (the suffix of its key in EXPLOIT_QUOTES, ``"<id> | <label>"``) -> what it runs.
@@ -286,7 +291,15 @@ COLLABLLM_AUDIT_RUNS: dict[str, str] = {
     "embedded judge": "the embedded model (SmolLM2-135M-Instruct) as judge, our rubrics",
     "reference prompts": "the judge double on the recipe's own rubrics (prompts= the recipe; "
                          "they paste the transcript unfenced, as the recipe's judges do)",
+    "no judge": "bleu_score on the last assistant message and token_amount; character BLEU "
+                "credits any text a reply shares with the reference, the user's own words included",
 }
+
+#: What a card whose reference rubrics were not audited says about them.
+_CL_UNFENCED = ("The recipe's own rubrics (prompts=) paste the transcript unfenced, as the recipe's judges "
+                "do: through them the judge double gives every judge-injection text on "
+                "collabllm-math-hard-v1 the top score (its card's [reference prompts] line); how far a "
+                "given model obeys such text is the risk an exact reproduction takes.")
 
 
 def collabllm_audit_settings(ds: str) -> dict[str, object]:
@@ -301,13 +314,15 @@ def collabllm_exploits(env_id: str) -> str:
     """The exploits line of a collabllm-* card: each quoted run of :data:`COLLABLLM_AUDIT_RUNS`
     (a -large twin quotes its base id's, the same env and rewards on other rows), or why not."""
     base = env_id.replace("-large-", "-")
-    quotes = {label: EXPLOIT_QUOTES.get(f"{base} | {label}") for label in COLLABLLM_AUDIT_RUNS}
+    runs = COLLABLLM_AUDITED.get(base, ())
+    quotes = {label: EXPLOIT_QUOTES.get(f"{base} | {label}") for label in runs}
     if not any(quotes.values()):
         return ("not audited here: the rewards need an LLM judge and a user simulator; with local rows "
-                "run collab-env check ID --exploits --data-files F --judge SPEC")
+                "run collab-env check ID --exploits --data-files F --judge SPEC. " + _CL_UNFENCED)
     head = ("audited on fixture rows in the CollabLLM schema, with the recorded-turn user"
             + (f" (as {base}: the same env and rewards on other rows)" if base != env_id else "") + ". ")
-    return head + " ".join(f"[{label}: {COLLABLLM_AUDIT_RUNS[label]}] {q}." for label, q in quotes.items() if q)
+    lines = [f"[{label}: {COLLABLLM_AUDIT_RUNS[label]}] {q}." for label, q in quotes.items() if q]
+    return head + " ".join(lines) + ("" if "reference prompts" in runs else " " + _CL_UNFENCED)
 
 
 def collabllm_card(ds: str, large: bool, version: int = 1) -> EnvCard:
