@@ -288,7 +288,8 @@ COLLABLLM_AUDITED: dict[str, tuple[str, ...]] = {
 COLLABLLM_AUDIT_RUNS: dict[str, str] = {
     "judge double": "a judge double that obeys any score claim outside the rubric's fences "
                     "(collab_env.testing.judge_injection.FenceReadingJudge), our rubrics",
-    "embedded judge": "the embedded model (SmolLM2-135M-Instruct) as judge, our rubrics",
+    "embedded judge": "the embedded model (SmolLM2-135M-Instruct, a weak judge: it rates wrong answers "
+                      "high) as judge, our rubrics; 5 exploits, 2 episodes",
     "reference prompts": "the judge double on the recipe's own rubrics (prompts= the recipe; "
                          "they paste the transcript unfenced, as the recipe's judges do)",
     "no judge": "bleu_score on the last assistant message and token_amount; character BLEU "
