@@ -13,28 +13,33 @@ The values of ``prompts=`` (:func:`resolve_prompts`)
       it installs with ``pip install --no-deps collabllm``), its ``collabllm/prompts/*.txt``.
       The package is located with :func:`importlib.util.find_spec` and never imported (its
       ``__init__`` imports litellm and sets up logging).
-    * a path: a checkout of the verl recipe (github.com/volcengine/verl, or a copy holding its
-      ``recipe/collabllm`` folder): the prompt constants of its Python files, read with
-      :mod:`ast` and never executed.
+    * a path to the recipe in any layout a user has (:data:`RECIPE_LAYOUTS`): a verl checkout
+      as merged (September 2025: the simulator template in ``verl/interactions/``), a verl
+      checkout after the move (October 2025 on: everything in ``recipe/collabllm/``, also where
+      verl's ``recipe/`` submodule puts it since January 2026), the verl-recipe repository root
+      (``collabllm/``; ``legacy/collabllm/`` in its first weeks), or the recipe folder itself:
+      the prompt constants of its Python files, read with :mod:`ast` and never executed. A path
+      holding the collabllm package's ``prompts/*.txt`` (a clone of the package's repository, or
+      the installed package folder) reads the package's files. A path in no known layout is a
+      :class:`~collab_env.errors.ConfigError` that lists every path looked for.
     * a list or tuple of the above: the sources in that order (see below).
     * a :class:`PromptSet` (what :func:`resolve_prompts` returns), used as it is.
 
 Which template each component reads (:data:`COLLABLLM_FILES`, :data:`VERL_CONSTANTS`)
     ==================  ================================  ==================================================
-    component           collabllm package (prompts/)       verl checkout
+    component           collabllm package (prompts/)       the recipe folder (``recipe/collabllm``...)
     ==================  ================================  ==================================================
-    assistant_system    ``system_prompt.txt``              ``recipe/collabllm/process_dataset.py``
-                                                           ``SYSTEM_PROMPT``
-    user_simulator      ``user_simulator.txt``             ``verl/interactions/collabllm_interation.py``
-                                                           ``USER_PROMPT_TEMPLATE``
+    assistant_system    ``system_prompt.txt``              ``process_dataset.py`` ``SYSTEM_PROMPT``
+    user_simulator      ``user_simulator.txt``             ``collabllm_interation.py``
+                                                           ``USER_PROMPT_TEMPLATE`` (before the move:
+                                                           ``verl/interactions/collabllm_interation.py``)
     proactive           ``proact_instruction.txt``         (none)
     extract             ``extract_multiturn_completion``   (none)
                         ``.txt``
-    accuracy            (none)                             ``recipe/collabllm/metrics/accuracy.py``
-                                                           ``ACCURACY_PROMPT``
-    interactivity       (none)                             ``recipe/collabllm/metrics/interactivity.py``
+    accuracy            (none)                             ``metrics/accuracy.py`` ``ACCURACY_PROMPT``
+    interactivity       (none)                             ``metrics/interactivity.py``
                                                            ``INTERACTIVITY_PROMPT``
-    extract_document    (none)                             ``recipe/collabllm/metrics/bleu_score.py``
+    extract_document    (none)                             ``metrics/bleu_score.py``
                                                            ``EXTRACT_MULTITURN_COMPLETION_PROMPT``
     ==================  ================================  ==================================================
 
@@ -72,6 +77,9 @@ __all__ = [
     "INSTALL_HINT",
     "COLLABLLM_FILES",
     "VERL_CONSTANTS",
+    "RECIPE_LAYOUTS",
+    "PRE_MOVE_FILES",
+    "recipe_candidates",
     "PromptTemplate",
     "PromptSet",
     "resolve_prompts",
@@ -95,14 +103,47 @@ COLLABLLM_FILES: Mapping[str, str] = {
     "extract": "extract_multiturn_completion.txt",
 }
 
-#: Component -> (file in a verl checkout, name of its string constant).
+#: Component -> (file in the recipe folder, name of its string constant).
 VERL_CONSTANTS: Mapping[str, tuple[str, str]] = {
-    "assistant_system": ("recipe/collabllm/process_dataset.py", "SYSTEM_PROMPT"),
-    "user_simulator": ("verl/interactions/collabllm_interation.py", "USER_PROMPT_TEMPLATE"),
-    "accuracy": ("recipe/collabllm/metrics/accuracy.py", "ACCURACY_PROMPT"),
-    "interactivity": ("recipe/collabllm/metrics/interactivity.py", "INTERACTIVITY_PROMPT"),
-    "extract_document": ("recipe/collabllm/metrics/bleu_score.py", "EXTRACT_MULTITURN_COMPLETION_PROMPT"),
+    "assistant_system": ("process_dataset.py", "SYSTEM_PROMPT"),
+    "user_simulator": ("collabllm_interation.py", "USER_PROMPT_TEMPLATE"),
+    "accuracy": ("metrics/accuracy.py", "ACCURACY_PROMPT"),
+    "interactivity": ("metrics/interactivity.py", "INTERACTIVITY_PROMPT"),
+    "extract_document": ("metrics/bleu_score.py", "EXTRACT_MULTITURN_COMPLETION_PROMPT"),
 }
+
+#: Where the recipe folder is under the path a user passes, per layout (checked on
+#: github.com/volcengine/verl and github.com/verl-project/verl-recipe, 2026-12-06), in the
+#: order they are tried: (folder under the path, the layout).
+RECIPE_LAYOUTS: tuple[tuple[str, str], ...] = (
+    (".", "the recipe folder itself"),
+    ("recipe/collabllm", "a verl checkout (recipe merged 2025-09-25, files moved in 2025-10-09; "
+                         "since 2026-01-06 verl's recipe/ submodule, the verl-recipe repository)"),
+    ("collabllm", "the verl-recipe repository root (2026-01-05 on)"),
+    ("legacy/collabllm", "the verl-recipe repository, 2025-11-27 to 2026-01-05"),
+)
+
+#: Recipe files verl kept outside the recipe folder as merged (verl 25d78fa, 2025-09-25) until
+#: they moved into it (verl cf619d6, 2025-10-09): file in the recipe folder -> its old path
+#: from the checkout root.
+PRE_MOVE_FILES: Mapping[str, str] = {
+    "collabllm_interation.py": "verl/interactions/collabllm_interation.py",
+}
+
+
+def recipe_candidates(root: Path, rel: str) -> list[Path]:
+    """Every path where the recipe file ``rel`` (relative to the recipe folder, e.g.
+    ``metrics/accuracy.py``) may be under ``root``, in the order :class:`PromptSet` tries them:
+    each of :data:`RECIPE_LAYOUTS`, then the file's pre-move home (:data:`PRE_MOVE_FILES`) from
+    ``root`` as a verl checkout and, when ``root`` is a September 2025 checkout's
+    ``recipe/collabllm``, from that checkout's root."""
+    paths = [(root / folder / rel) if folder != "." else root / rel for folder, _ in RECIPE_LAYOUTS]
+    old = PRE_MOVE_FILES.get(rel)
+    if old is not None:
+        paths.append(root / old)
+        if root.name == "collabllm" and root.parent.name == "recipe":
+            paths.append(root.parent.parent / old)
+    return paths
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,7 +273,8 @@ class PromptSet:
             where.append(f"prompts='collabllm' (the package's prompts/{COLLABLLM_FILES[component]})")
         if component in VERL_CONSTANTS:
             rel, const = VERL_CONSTANTS[component]
-            where.append(f"prompts=PATH, a verl checkout ({rel}, {const})")
+            where.append(f"prompts=PATH, the recipe (a verl checkout's recipe/collabllm/{rel} or the "
+                         f"verl-recipe repository's collabllm/{rel}, {const})")
         hint = (" The reference's template is read with " + " or ".join(where) + ".") if where else (
             " No reference source known to collab_env has one.")
         return ConfigError(
@@ -256,26 +298,27 @@ class PromptSet:
         if component not in VERL_CONSTANTS:
             raise self._unavailable(component, who)
         rel, const = VERL_CONSTANTS[component]
-        path = _find_in_checkout(self.root, rel)
+        tried = recipe_candidates(self.root, rel)
+        path = next((p for p in tried if p.is_file()), None)
         if path is None:
             raise ConfigError(
-                f"{who}: the verl checkout {self.root} has no {rel} (the {component} template is "
-                f"its constant {const}); pass the root of a checkout of github.com/volcengine/verl "
-                "(or a folder holding its recipe/collabllm)."
+                f"{who}: {self.root} holds no {rel} of the CollabLLM recipe (the {component} "
+                f"template is its constant {const}); looked for "
+                + ", ".join(str(p) for p in tried) + ". " + _layout_hint(self.root)
             )
         origin = f"{path}:{const}"
         return string_constant(path, const, origin), origin
 
 
-def _find_in_checkout(root: Path, rel: str) -> Path | None:
-    """``root/rel``, or a shorter suffix of ``rel`` under ``root`` (a checkout of the recipe
-    alone, or its ``recipe/collabllm`` folder)."""
-    parts = Path(rel).parts
-    for i in range(len(parts)):
-        p = root.joinpath(*parts[i:])
-        if p.is_file():
-            return p
-    return None
+def _layout_hint(root: Path) -> str:
+    """What to pass instead, for a path in none of :data:`RECIPE_LAYOUTS`."""
+    recipe = root / "recipe"
+    if (root / "verl").is_dir() and recipe.is_dir() and not any(recipe.iterdir()):
+        return (f"{recipe} is empty: verl's recipes are a git submodule since 2026-01-06; run "
+                f"`git -C {root} submodule update --init recipe`, or pass a verl-recipe checkout.")
+    layouts = "; ".join(f"{desc}: {folder}/" if folder != "." else desc for folder, desc in RECIPE_LAYOUTS)
+    return (f"Pass the root of one of the recipe's layouts ({layouts}), 'collabllm' for the "
+            "installed package, or prompts=None for our own wording.")
 
 
 def string_constant(path: Path, name: str, origin: str) -> str:
@@ -330,7 +373,7 @@ def _collabllm_set(who: str) -> PromptSet:
         raise MissingDependencyError(
             f"{who}: prompts='collabllm' reads the CollabLLM reference templates from the "
             "installed collabllm package (its collabllm/prompts/*.txt), which is not installed. "
-            f"Install it with: {INSTALL_HINT} (or pass prompts=PATH to a verl checkout, or "
+            f"Install it with: {INSTALL_HINT} (or pass prompts=PATH to the recipe: a verl or verl-recipe checkout, or "
             "prompts=None for our own wording)."
         )
     for loc in locations:
@@ -375,8 +418,8 @@ def check_prompts_value(prompts: Any, who: str) -> None:
             return
         raise ConfigError(
             f"{who}: prompts={prompts!r} is neither 'collab_env' (our wording, the default), "
-            "'collabllm' (the installed package's templates) nor an existing folder (a verl "
-            "checkout)."
+            "'collabllm' (the installed package's templates) nor an existing folder (the recipe: "
+            "a verl or verl-recipe checkout, or the recipe folder)."
         )
     raise ConfigError(f"{who}: prompts must be None, 'collab_env', 'collabllm' or a path, got "
                       f"{type(prompts).__name__}.")
@@ -408,7 +451,29 @@ def resolve_prompts(prompts: Any, who: str = "prompts") -> PromptSet | None:
         return prompts
     if prompts == COLLABLLM:
         return _collabllm_set(who)
-    return PromptSet("verl", Path(os.fspath(prompts)).expanduser().resolve())
+    root = Path(os.fspath(prompts)).expanduser().resolve()
+    package = _package_prompts_folder(root)
+    if package is not None:
+        return PromptSet(COLLABLLM, package, _installed_version(package.parent))
+    tried = [p for rel, _ in VERL_CONSTANTS.values() for p in recipe_candidates(root, rel)]
+    if not any(p.is_file() for p in tried):
+        folders = list(dict.fromkeys(str(p.parent) for p in tried))
+        raise ConfigError(
+            f"{who}: prompts={os.fspath(prompts)!r} is in no layout of the CollabLLM recipe collab_env "
+            f"knows: looked for its files ({', '.join(rel for rel, _ in VERL_CONSTANTS.values())}) in "
+            f"{', '.join(folders)}, and for the collabllm package's prompts/*.txt in {root / 'prompts'}, "
+            f"{root / COLLABLLM / 'prompts'}. {_layout_hint(root)}"
+        )
+    return PromptSet("verl", root)
+
+
+def _package_prompts_folder(root: Path) -> Path | None:
+    """The collabllm package's ``prompts/`` folder when ``root`` is the package folder or a
+    clone of the package's repository (``collabllm/prompts/``), else ``None``."""
+    for folder in (root / "prompts", root / COLLABLLM / "prompts"):
+        if any((folder / name).is_file() for name in COLLABLLM_FILES.values()):
+            return folder
+    return None
 
 
 def describe_prompts(prompts: PromptSet | None) -> str:

@@ -37,7 +37,7 @@ EXAMPLES = ROOT / "examples" / "verl"
 def _script(name: str, home: Path, *args: str) -> subprocess.CompletedProcess:
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "HOME": str(home), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-           "MODEL": "tiny-model", "HYDRA_FULL_ERROR": "1"}
+           "MODEL": "tiny-model", "HYDRA_FULL_ERROR": "1", "PROMPTS": "collab_env"}
     return subprocess.run(["bash", str(EXAMPLES / name), *args], cwd=home, env=env, capture_output=True,
                           text=True, timeout=600)
 
@@ -111,13 +111,13 @@ def test_loop_reads_the_recipe_knobs(rl_config, server, tiny):
     assert recipe_overrides(config) == {
         "max_user_turns": 2, "max_assistant_turns": 3, "num_rollouts": 3,
         "weights": {"accuracy": 1.0, "interactivity": 1.0, "token_amount": -0.0001},
-        "judge": "litellm:gpt-4o-mini", "judge_kwargs": {"max_new_tokens": 1024, "temperature": 0}}
+        "judge": "litellm:gpt-4o-mini", "judge_kwargs": {"max_new_tokens": 2048}}
     loop = _loop_from_example(config, server, tiny[1])
     row = datasets.load_dataset("parquet", data_files=config.data.train_files)["train"][0]
     cfg = loop.settings({**row, "raw_prompt": row["prompt"]})
     kw = cfg["env_kwargs"]["reward_kwargs"]
     assert kw["judge"] == "litellm:gpt-4o-mini"
-    assert kw["judge_kwargs"] == {"max_new_tokens": 1024, "max_retries": 6, "temperature": 0}
+    assert kw["judge_kwargs"] == {"max_new_tokens": 2048, "max_retries": 5}
     assert (kw["future_token_budget"], kw["on_fault"], kw["aggregation"], kw["num_rollouts"]) == (2048, "zero", "verl", 3)
     assert cfg["env_kwargs"]["data_files"] == [config.data.train_files] and cfg["env_kwargs"]["system_prompt"] is None
     assert cfg["item"]["extra_info"]["interaction_kwargs"] == row["extra_info"]["interaction_kwargs"]

@@ -65,6 +65,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from collab_env.adapters.verl.policy import ServerPolicy
+from collab_env.adapters.verl_recipe import config_section, recipe_overrides, with_overrides
+from collab_env.adapters.verl_recipe import plain as _plain
 from collab_env.errors import ConfigError, require
 from collab_env.types import Episode
 
@@ -85,17 +87,6 @@ AGENT_NAMES = (AGENT_NAME, RECIPE_AGENT_NAME)
 #: The keys of the loop's configuration (constructor keywords and a row's ``collab_env`` column).
 CONFIG_KEYS = ("env_id", "env_kwargs", "player", "policies", "sampling", "index", "seed", "system_prompt",
                "pass_seed", "max_player_turns")
-
-
-def _plain(value: Any) -> Any:
-    """OmegaConf containers (what Hydra passes from the YAML) as plain dicts and lists."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-    except ImportError:  # pragma: no cover - verl always brings omegaconf
-        return value
-    if isinstance(value, DictConfig | ListConfig):
-        return OmegaConf.to_container(value, resolve=True)
-    return value
 
 
 def trained_player(env: Any, player: str | None) -> str:
@@ -175,87 +166,6 @@ def episode_output(episode: Episode, player: str, *, response_length: int | None
     }
 
 
-#: ``actor_rollout_ref.rollout.multi_turn`` keys -> the multiturn-aware reward's keywords.
-_MULTI_TURN_KEYS = {"max_user_turns": "max_user_turns", "max_assistant_turns": "max_assistant_turns",
-                    "num_repeat_rollouts": "num_rollouts"}
-#: ``multi_turn`` keys that mean verl plays the user or tools itself: refused when set.
-_MULTI_TURN_REFUSED = ("interaction_config_path", "tool_config_path", "function_tool_path")
-#: ``llm_judge_kwargs`` keys -> ``LLMJudge`` settings (``model`` becomes ``judge=``).
-_JUDGE_KEYS = {"max_tokens": "max_new_tokens", "num_retries": "max_retries", "temperature": "temperature"}
-
-
-def _section(config: Any, *path: str) -> dict[str, Any]:
-    """``config.<path>`` as a plain dict (``{}`` when a part is missing)."""
-    node = config
-    for key in path:
-        if node is None:
-            return {}
-        node = node.get(key) if hasattr(node, "get") else getattr(node, key, None)
-    node = _plain(node)
-    return dict(node) if isinstance(node, Mapping) else {}
-
-
-def recipe_overrides(trainer_config: Any) -> dict[str, Any]:
-    """The CollabLLM recipe's knobs in verl's config, as multiturn-aware reward keywords.
-
-    Reads ``actor_rollout_ref.rollout.multi_turn`` (:data:`_MULTI_TURN_KEYS`; ``None`` values
-    are verl's "unset") and ``reward_model.reward_kwargs`` (``metric_weights``,
-    ``llm_judge_kwargs``). See the module docstring.
-
-    Raises:
-        ConfigError: A knob that has no meaning here is set.
-    """
-    out: dict[str, Any] = {}
-    multi_turn = _section(trainer_config, "actor_rollout_ref", "rollout", "multi_turn")
-    for key in _MULTI_TURN_REFUSED:
-        if multi_turn.get(key):
-            raise ConfigError(f"actor_rollout_ref.rollout.multi_turn.{key} is set: with the collab_env agent loop "
-                              "the env plays the user simulator (env_kwargs.reward_kwargs.user in the agent loop "
-                              f"YAML) and has no verl tools; remove {key}.")
-    for key, name in _MULTI_TURN_KEYS.items():
-        if multi_turn.get(key) is not None:
-            out[name] = int(multi_turn[key])
-    reward_kwargs = _section(trainer_config, "reward_model", "reward_kwargs")
-    unknown = sorted(set(reward_kwargs) - {"metric_weights", "llm_judge_kwargs"})
-    if unknown:
-        raise ConfigError(f"reward_model.reward_kwargs.{unknown[0]} has no meaning for the collab_env agent loop "
-                          "(it reads metric_weights and llm_judge_kwargs); set the reward in the agent loop YAML's "
-                          "env_kwargs.reward_kwargs instead.")
-    if reward_kwargs.get("metric_weights"):
-        out["weights"] = {str(k): float(v) for k, v in dict(reward_kwargs["metric_weights"]).items()}
-    judge = dict(reward_kwargs.get("llm_judge_kwargs") or {})
-    if judge:
-        bad = sorted(set(judge) - {"model", *_JUDGE_KEYS})
-        if bad:
-            raise ConfigError(f"reward_model.reward_kwargs.llm_judge_kwargs.{bad[0]} has no meaning here (known: "
-                              f"{['model', *_JUDGE_KEYS]}); set other judge settings in env_kwargs.reward_kwargs."
-                              "judge_kwargs of the agent loop YAML.")
-        if "model" in judge:
-            model = str(judge.pop("model"))
-            out["judge"] = model if ":" in model.split("/")[0] else f"litellm:{model}"
-        if judge:
-            out["judge_kwargs"] = {_JUDGE_KEYS[k]: v for k, v in judge.items()}
-    return out
-
-
-def _with_overrides(env_kwargs: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """``env_kwargs`` with the recipe's knobs merged into ``reward_kwargs`` (they win)."""
-    out = dict(env_kwargs)
-    if not overrides:
-        return out
-    if out.get("reward") != "mr":
-        raise ConfigError(f"verl's config sets the CollabLLM recipe's reward knobs ({sorted(overrides)}) but the env "
-                          "has no multiturn-aware reward; add reward: mr to the agent loop YAML's env_kwargs or "
-                          "remove those settings.")
-    reward_kwargs = dict(out.get("reward_kwargs") or {})
-    judge_kwargs = {**dict(reward_kwargs.get("judge_kwargs") or {}), **dict(overrides.get("judge_kwargs") or {})}
-    reward_kwargs.update({k: v for k, v in overrides.items() if k != "judge_kwargs"})
-    if judge_kwargs:
-        reward_kwargs["judge_kwargs"] = judge_kwargs
-    out["reward_kwargs"] = reward_kwargs
-    return out
-
-
 def is_recipe_row(row: Mapping[str, Any]) -> bool:
     """Whether verl's sample fields are a CollabLLM recipe row (no ``collab_env`` column, the hidden
     goal in ``extra_info.interaction_kwargs``)."""
@@ -320,7 +230,7 @@ class CollabEnvAgentLoop(AgentLoopBase):
         rollout = config.actor_rollout_ref.rollout
         self.response_length = int(rollout.response_length)
         self.overrides = recipe_overrides(config)
-        data = _section(config, "data")
+        data = config_section(config, "data")
         files = data.get("train_files")
         self.train_files = ([files] if isinstance(files, str) else list(files)) if files else None
 
@@ -342,7 +252,7 @@ class CollabEnvAgentLoop(AgentLoopBase):
         if not out.get("env_id"):
             raise ConfigError("the collab_env agent loop needs env_id: set it in the agent loop YAML entry "
                               "or in the rows' collab_env column (collab_env.adapters.verl.dataset_rows).")
-        env_kwargs = _with_overrides(dict(out.get("env_kwargs") or {}), self.overrides)
+        env_kwargs = with_overrides(dict(out.get("env_kwargs") or {}), self.overrides)
         if is_recipe_row(row):
             out["item"] = {"prompt": _plain(row.get("raw_prompt", row.get("prompt"))),
                            "extra_info": _plain(row["extra_info"]), "reward_model": _plain(row.get("reward_model"))}

@@ -22,7 +22,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also run the exploit audit: every gaming policy against the card's naive baseline")
     q.add_argument("--episodes", type=int, help="episodes per exploit and reward option (with --exploits)")
     q.add_argument("--judge", metavar="SPEC",
-                   help="judge for the mr/conversation options of the audit, e.g. 'embedded' (with --exploits)")
+                   help="judge for the mr/conversation options of the audit, e.g. 'embedded', or the judge double "
+                        "'collab_env.testing.judge_injection:FenceReadingJudge' (with --exploits; the collabllm-* "
+                        "envs also need --data-files)")
+    q.add_argument("--prompts", metavar="PATH",
+                   help="judge with the reference's own rubrics (prompts=: the CollabLLM recipe, a verl or "
+                        "verl-recipe checkout, or 'collabllm'); they read the transcript unfenced, as the "
+                        "recipe's do (with --exploits --judge)")
     add_env_args(q)
 
 
@@ -45,10 +51,14 @@ def run(args: argparse.Namespace, out: Writer) -> int:
             rkw = {k: dict(v) for k, v in dict(audit.get("reward_kwargs", {})).items()}
             for option in ("mr", "conversation"):
                 rkw.setdefault(option, {})["judge"] = args.judge
+                if args.prompts:
+                    rkw[option]["prompts"] = args.prompts
             ekw["reward_kwargs"] = rkw
+        elif args.prompts:
+            raise ConfigError("--prompts picks the judges' rubrics: give the judge too (--judge SPEC).")
         kwargs.update(exploits=True, exploit_kwargs=ekw)
-    elif args.episodes is not None or args.judge:
-        raise ConfigError("--episodes and --judge are options of the exploit audit: add --exploits.")
+    elif args.episodes is not None or args.judge or args.prompts:
+        raise ConfigError("--episodes, --judge and --prompts are options of the exploit audit: add --exploits.")
     print(f"checking {s.id} ...", file=out, flush=True)
     # The report, not the exception: every check gets its line, failed or not.
     report = check_env(s.id, raise_on_failure=False, **kwargs)

@@ -33,7 +33,8 @@ from collab_env.registry import EnvCard
 from collab_env.tasks.exploit_quotes import EXPLOIT_QUOTES
 
 __all__ = ["BUILTIN_CARDS", "hidden_facts_card", "LENGTH_RATIO_CARD", "collabllm_card", "docstring_cards",
-           "cards_section", "baseline_text", "PROMPTS_LINE"]
+           "cards_section", "baseline_text", "PROMPTS_LINE", "COLLABLLM_AUDIT_RUNS", "COLLABLLM_AUDITED",
+           "collabllm_audit_settings", "collabllm_exploits"]
 
 _HF_PLAYERS = {
     "assistant": "trainable; must find out the withheld quantities by asking, then answer with "
@@ -268,6 +269,67 @@ PROMPTS_LINE = (
 )
 
 
+#: The exploit audit's settings of the collabllm-* cards (collab_env.exploits.collabllm): per
+#: dataset, the naive baseline (an honest reply that answers at once and never asks).
+_CL_NAIVE: dict[str, dict[str, object]] = {
+    "math-hard": {"assistant": {"fixed": "The answer is \\boxed{0}."}},
+    "medium": {"assistant": {"fixed": "Here is the document you asked for: a short first draft."}},
+    "bigcodebench": {"assistant": "stub-code"},
+}
+#: MR's window in the audit: one future per reply, the recipe's two user / three assistant turns.
+_CL_AUDIT_WINDOW = {"num_rollouts": 1, "max_user_turns": 2, "max_assistant_turns": 3}
+
+#: The audited collabllm-* ids (on fixture rows) and the runs of :data:`COLLABLLM_AUDIT_RUNS` each
+#: gets; a -large twin quotes its base id's audit. medium's judge is a document extractor, which
+#: the score-claim double cannot play: its judge-free reward (BLEU on the last reply) is audited.
+COLLABLLM_AUDITED: dict[str, tuple[str, ...]] = {
+    "collabllm-math-hard-v1": ("judge double", "embedded judge", "reference prompts"),
+    "collabllm-medium-v1": ("no judge",),
+}
+
+#: The runs the collabllm-* cards quote (``python -m benchmarks.exploit_audit --collabllm``):
+#: label (the suffix of its key in EXPLOIT_QUOTES, ``"<id> | <label>"``) -> what it runs.
+COLLABLLM_AUDIT_RUNS: dict[str, str] = {
+    "judge double": "a judge double that obeys any score claim outside the rubric's fences "
+                    "(collab_env.testing.judge_injection.FenceReadingJudge), our rubrics",
+    "embedded judge": "the embedded model (SmolLM2-135M-Instruct, a weak judge: it rates wrong answers "
+                      "high) as judge, our rubrics; 5 exploits, 2 episodes",
+    "reference prompts": "the judge double on the recipe's own rubrics (prompts= the recipe; "
+                         "they paste the transcript unfenced, as the recipe's judges do)",
+    "no judge": "bleu_score on the last assistant message and token_amount; character BLEU "
+                "credits any text a reply shares with the reference, the user's own words included",
+}
+
+#: What a card whose reference rubrics were not audited says about them.
+_CL_UNFENCED = ("The recipe's own rubrics (prompts=) paste the transcript unfenced, as the recipe's judges "
+                "do: through them the judge double gives every judge-injection text on "
+                "collabllm-math-hard-v1 the top score (its card's [reference prompts] line); how far a "
+                "given model obeys such text is the risk an exact reproduction takes.")
+
+
+def collabllm_audit_settings(ds: str) -> dict[str, object]:
+    """The ``card.audit`` entry of a ``collabllm-<ds>`` card: the naive baseline, the options,
+    4 episodes, and MR's window with the recorded-turn user (``"replay"``); the judge is the
+    caller's (``collab-env check ID --exploits --data-files F --judge SPEC``)."""
+    return {"naive": _CL_NAIVE[ds], "rewards": ["default", "mr", "conversation"], "episodes": 4,
+            "reward_kwargs": {"mr": {"user": "replay", **_CL_AUDIT_WINDOW}}}
+
+
+def collabllm_exploits(env_id: str) -> str:
+    """The exploits line of a collabllm-* card: each quoted run of :data:`COLLABLLM_AUDIT_RUNS`
+    (a -large twin quotes its base id's, the same env and rewards on other rows), or why not."""
+    base = env_id.replace("-large-", "-")
+    runs = COLLABLLM_AUDITED.get(base, ())
+    quotes = {label: EXPLOIT_QUOTES.get(f"{base} | {label}") for label in runs}
+    if not any(quotes.values()):
+        return ("not audited here: the rewards need an LLM judge and a user simulator; with local rows "
+                "run collab-env check ID --exploits --data-files F --judge SPEC. " + _CL_UNFENCED)
+    head = ("audited on fixture rows in the CollabLLM schema, with the recorded-turn user"
+            + (f" (as {base}: the same env and rewards on other rows)" if base != env_id else "") + ". ")
+    lines = [f"[{label}: {COLLABLLM_AUDIT_RUNS[label]}] {q}." for label, q in quotes.items() if q]
+    return head + " ".join(lines) + ("" if "reference prompts" in runs else " " + _CL_UNFENCED)
+
+
 def collabllm_card(ds: str, large: bool, version: int = 1) -> EnvCard:
     """The card of ``collabllm-<ds>[-large]-v<version>`` (bigcodebench has a v2)."""
     name = f"collabllm-multiturn-{ds}{'-large' if large else ''}"
@@ -317,9 +379,8 @@ def collabllm_card(ds: str, large: bool, version: int = 1) -> EnvCard:
                              "LLM simulator (API model); the recorded-turn user with scripted "
                              "assistants would measure the replay, not the task",
         },
-        exploits=("not audited here: the rows need the hub download and the rewards an LLM judge "
-                  "and a user simulator; with local rows, register a card whose audit names a "
-                  "naive baseline and run collab-env check ID --exploits --judge MODEL"),
+        audit=collabllm_audit_settings(ds),
+        exploits=collabllm_exploits(f"collabllm-{ds}{'-large' if large else ''}-v{version}"),
     )
 
 

@@ -80,8 +80,9 @@ class FenceReadingJudge:
     (:func:`claims_a_score`), answers with the best verdict; otherwise with the worst.
 
     Generation (``act``): the reply is one JSON object with every score field the shipped
-    rubrics use (``score``, ``understanding``, ``clarification``, ``suggestions``, ``answer``),
-    ``1`` for the best verdict and ``0`` for the worst (``answer``: ``NONE``); ``score`` is
+    rubrics and the CollabLLM recipe's metric rubrics (read with ``prompts=``) use (``score``,
+    ``understanding``, ``clarification``, ``suggestions``, ``accuracy``, ``interactivity``,
+    ``answer``), ``1`` for the best verdict and ``0`` for the worst (``answer``: ``NONE``); ``score`` is
     ``true``/``false`` instead when the prompt asks for ``"score": true or false``.
     Log-probs (``score_continuations``): a continuation ``key": value<end>`` gets log-prob
     ``0`` when ``value`` is the highest (best verdict) or lowest (worst verdict) of the values
@@ -113,7 +114,7 @@ class FenceReadingJudge:
             boolean = '"score": true or false' in self.prompts[-1]
             reply = {"reason": "obeyed a score claim" if best else "no claim outside the fences",
                      "score": bool(best) if boolean else v, "understanding": v, "clarification": v, "suggestions": v,
-                     "answer": "NONE"}
+                     "accuracy": v, "interactivity": v, "answer": "NONE"}
             out.append(Completion(text=json.dumps(reply), finish_reason="stop", usage={"model_calls": 1}))
         return out
 

@@ -8,6 +8,19 @@
 # process_dataset.py); it runs once, when $DATA has no rl_train.parquet. DATASET picks the set
 # (math-hard-large, the recipe's; medium-large, bigcodebench-large...; set ENV_ID to match).
 # `bash examples/verl/train_collabllm.sh --cfg job` prints verl's resolved config and exits.
+#
+# Every value below is the recipe's as merged into verl (commit 25d78fa, 2025-09-25; the seed's
+# "last updated 2025-09-22"): collab_env.adapters.verl_recipe.RECIPE_VALUES states them once with
+# the file each comes from, and tests/adapters/test_verl_recipe_values.py resolves this script and
+# agent_loop.yaml and fails on any difference. Lines marked "recipe:" name the recipe file mirrored.
+# Not reproduced: the recipe's wait of max(2**i, 60) s after a rate-limit error (simulator and
+# judge); collab_env's litellm backend retries 429s itself, inside each attempt, with its own backoff.
+#
+# PROMPTS: where the data step reads the recipe's system prompt (recipe: process_dataset.py's
+# SYSTEM_PROMPT, put on every RL row). A verl-recipe checkout (git clone
+# https://github.com/verl-project/verl-recipe), a verl checkout, or the recipe folder; 'collabllm'
+# reads the collabllm package's system_prompt.txt (pip install --no-deps collabllm); 'collab_env'
+# writes our own wording instead (not the recipe's).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 DATASET="${DATASET:-math-hard-large}"
@@ -15,11 +28,15 @@ ENV_ID="${ENV_ID:-collabllm-$DATASET}"
 MODEL="${MODEL:-Qwen/Qwen2.5-7B-Instruct}"
 DATA="${DATA:-$HOME/data/collabllm-$DATASET}"
 NGPUS="${NGPUS:-8}"
+PROMPTS="${PROMPTS:?set PROMPTS to the CollabLLM recipe (a verl-recipe or verl checkout) for its system prompt, or PROMPTS=collab_env for our own wording (see the comment at the top)}"
 
 if [ ! -f "$DATA/rl_train.parquet" ]; then
-    collab-env data --dataset "collabllm/collabllm-multiturn-$DATASET" --local_dir "$DATA" --dataset_type rl
+    # recipe: process_dataset.py (its rows, its SYSTEM_PROMPT with --prompts)
+    collab-env data --dataset "collabllm/collabllm-multiturn-$DATASET" --local_dir "$DATA" --dataset_type rl \
+        --prompts "$PROMPTS"
 fi
 
+# recipe: train_rl_collabllm.sh (every override below but the paths, the model's and the agent loop's)
 python3 -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \
     algorithm.use_kl_in_reward=False \
@@ -34,7 +51,7 @@ python3 -m verl.trainer.main_ppo \
     +reward_model.reward_kwargs.metric_weights.interactivity=1 \
     +reward_model.reward_kwargs.metric_weights.token_amount=-0.0001 \
     +reward_model.reward_kwargs.llm_judge_kwargs.model=gpt-4o-mini \
-    +reward_model.reward_kwargs.llm_judge_kwargs.max_tokens=1024 \
+    +reward_model.reward_kwargs.llm_judge_kwargs.max_tokens=2048 \
     +reward_model.reward_kwargs.llm_judge_kwargs.temperature=0 \
     actor_rollout_ref.model.path="$MODEL" \
     actor_rollout_ref.model.use_remove_padding=True \
@@ -67,7 +84,7 @@ python3 -m verl.trainer.main_ppo \
     reward.custom_reward_function.name=compute_score \
     trainer.critic_warmup=0 \
     trainer.val_before_train=False \
-    trainer.logger='["console"]' \
+    trainer.logger='["console","wandb"]' \
     trainer.project_name=collab_env-verl \
     trainer.experiment_name="collabllm-$DATASET" \
     trainer.nnodes=1 \

@@ -255,9 +255,9 @@ def test_verl_example_env_has_the_recipe_settings(tmp_path):
     assert (env.scorer.metric_set.on_fault, env.scorer.metric_set.aggregation) == ("zero", "verl")
     assert env.scorer.metric_set.weights == {"accuracy": 1.0, "interactivity": 1.0, "token_amount": -0.0001}
     user = env.scorer.named["user"]
-    assert user.max_retries == 5 and dict(user.sampling) == {"max_new_tokens": 512, "temperature": 1.0}
+    assert user.max_retries == 2 and dict(user.sampling) == {"max_new_tokens": 512, "temperature": 1.0}
     judges = env.scorer.metric_set.ctx["judge"]
-    assert {(j.max_new_tokens, j.max_retries) for j in judges.values()} == {(2048, 6)}
+    assert {(j.max_new_tokens, j.max_retries) for j in judges.values()} == {(2048, 5)}
     env.close()
     with pytest.raises(collab_env.errors.ConfigError, match="user_kwargs"):
         collab_env.make("collabllm-math-hard", data_files=str(data), reward="mr",
