@@ -123,13 +123,15 @@ def recipe_run(tmp_path_factory):
     run = subprocess.run(["bash", "-c", "set -e\n" + RECIPE_COMMANDS.format(dataset=DATASET)], cwd=home, env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
-    source = datasets.load_dataset(str(hub))["train"]  # every split of the dataset: here one
+    # a cache of its own: the shared HF cache can hold a stale build of a reused tmp path
+    source = datasets.load_dataset(str(hub), cache_dir=str(home / "hf-datasets"))["train"]  # every split: here one
     return home / "data" / f"collabllm-{DATASET}", source, run
 
 
 def _written(folder: Path, mode: str) -> dict[str, list[dict]]:
     return {name: [_plain(r) for r in datasets.load_dataset(
-        "parquet", data_files=str(folder / f"{mode}_{name}.parquet"))["train"].to_list()]
+        "parquet", data_files=str(folder / f"{mode}_{name}.parquet"), cache_dir=str(folder / "hf-datasets"),
+    )["train"].to_list()]
             for name in ("train", "validation")}
 
 
