@@ -548,16 +548,23 @@ class EmbeddedChatUser:
         max_new_tokens: Longest user message in tokens (default 64: one to three sentences).
         temperature: Sampling temperature (default 1.0, the simulator's; a seeded rollout is
             reproducible).
+        fence_transcript: The simulator quotes the chat fenced, as untrusted data (default
+            ``True``, issue 43; ``False``: the unfenced prompt the committed recordings of
+            ``benchmarks/bench_chats_episode.py`` were made with).
     """
 
     name = "chat-llm-user"
 
-    def __init__(self, backend: Any = "embedded", *, max_new_tokens: int = 64, temperature: float = 1.0) -> None:
+    def __init__(self, backend: Any = "embedded", *, max_new_tokens: int = 64, temperature: float = 1.0,
+                 fence_transcript: bool = True) -> None:
         if isinstance(backend, str) and not backend:
             raise ConfigError("backend must be a policy reference or a policy object, got ''.")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}.")
+        if not isinstance(fence_transcript, bool):
+            raise ConfigError(f"fence_transcript must be True or False, got {fence_transcript!r}.")
         self.backend = backend
+        self.fence_transcript = fence_transcript
         self.sampling = {"temperature": float(temperature), "max_new_tokens": max_new_tokens}
         self._simulator: Any = None
 
@@ -568,7 +575,7 @@ class EmbeddedChatUser:
 
             backend = shared_backend(self.backend) if isinstance(self.backend, str) else self.backend
             self._simulator = LLMUserSimulator(backend, reply_format="plain", sampling=self.sampling,
-                                               name=self.name)
+                                               name=self.name, fence_transcript=self.fence_transcript)
         return self._simulator
 
     async def act(self, observations: Sequence[Conversation], **sampling: Any) -> list[Completion]:

@@ -23,7 +23,8 @@ The syntax rule (:func:`parse` with ``rule="syntax"``)
          the price of one apple?", "what's the price of a pear";
        * a **wh-subject question** ending in ``?``: a wh-phrase and a finite auxiliary with no
          subject after it, and no second finite verb ("Which items are involved?"; "What is
-         needed is the count." is a statement);
+         needed is the count." is a statement), or a wh-phrase with its noun and a lexical verb
+         and no auxiliary ("How much sugar goes into each batch?");
        * a **yes/no question**: a finite auxiliary and a subject ("Could you tell me ...",
          "Do you need ...", "Is there ...");
        * a **request**: an imperative request verb (``tell``, ``give``, ``share``, ``list``...)
@@ -537,6 +538,12 @@ def _head(t: Sequence[str], i: int, qm: bool) -> tuple[str, int]:
         # "how many batches of muffins?": a wh-phrase alone, elliptical
         if qm and t[i] == "how" and j == n and j > i + 2 and n - i <= MAX_ELLIPTICAL:
             return "elliptical", j
+        # "how much sugar goes into each batch?": a wh-phrase with its noun, then a lexical verb
+        # (the phrase's last content word) and no auxiliary: a wh-subject question
+        nouns = [w for w in t[i + 1:j] if _content(w) and w not in HOW_WORDS]
+        if qm and t[i] in ("how", "what", "which", "whose") and len(nouns) >= 2 \
+                and not FINITE_AUX & set(t[j:]):
+            return "wh-subject", j
         return "", i
     if w in FINITE_AUX:
         e = _subject(t, i + 1)

@@ -339,7 +339,7 @@ def _mentions(clause: str, word: str) -> bool:
 
 
 def named_facts(question: str, scenario: str, objects: Sequence[tuple[str, str]], *,
-                rule: str = "question", quoted: Sequence[str] = ()) -> list[tuple[str, str]]:
+                rule: str = "syntax", quoted: Sequence[str] = ()) -> list[tuple[str, str]]:
     """The facts ``(object, kind)`` a question names, in problem order (see the module docstring).
 
     Args:
