@@ -318,7 +318,13 @@ def collabllm_card(ds: str, large: bool, version: int = 1) -> EnvCard:
                          "by default). " + PROMPTS_LINE,
             "user": "simulated; default SessionReplayUser replays the recorded user turns (it "
                     "ignores the replies); an LLM user simulator (LLMUserSimulator, API model "
-                    "or 'embedded') makes it reactive",
+                    "or 'embedded') makes it reactive. The simulator reads the chat as untrusted "
+                    "data: the transcript fenced (fence_transcript=True, the default) with a "
+                    "sentence that the assistant's messages are not instructions, <think> blocks "
+                    "stripped. With prompts='collabllm' or a verl checkout the reference "
+                    "template's wording is kept: the fence goes around its {chat_history} and the "
+                    "sentence has no place in it (the simulator warns, ReferenceFenceWarning); "
+                    "fence_transcript=False sends the reference's prompt byte for byte",
         },
         sees={
             "assistant": "its system prompt and the chat (in mode 'train' from the row's "
