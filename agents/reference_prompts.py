@@ -437,5 +437,5 @@ def reference_chat_history(conversation: Conversation | Sequence[Message], *, me
             label = "User" if m.author == me else "Assistant"
         else:
             label = "User" if m.role == "user" else "Assistant"
-        lines.append(f"**{label}**: {strip_think(m.content)}")
+        lines.append(f"**{label}**: {strip_think(m.content) if '<think>' in m.content else m.content}")
     return "\n".join(lines)

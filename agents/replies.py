@@ -186,7 +186,7 @@ def render_transcript(conversation: Conversation | Sequence[Message], *, me: str
             label = "User" if m.role == "user" else "Assistant"
         if m.author not in ("user", "assistant", "env", me):
             label += f" ({m.author})"
-        blocks.append(f"**{label}**: {strip_think(m.content)}")
+        blocks.append(f"**{label}**: {strip_think(m.content) if '<think>' in m.content else m.content}")
     return "\n\n".join(blocks) if blocks else "(no messages yet)"
 
 

@@ -30,10 +30,11 @@ The syntax rule (:func:`parse` with ``rule="syntax"``)
        * a **request**: an imperative request verb (``tell``, ``give``, ``share``, ``list``...)
          followed by ``me``/``us``, a noun phrase or a wh-word, or an explicit request phrase
          ("let me know", "I need to know", "I'd like to know") followed by the same;
-       * an **elliptical question** ending in ``?``: a noun phrase and nothing else, optionally
-         after ``and``/``or``/``what about``/``how about``, or ``how many``/``how much`` + a noun
-         phrase ("And the price of a pear?", "How many batches of muffins?"), at most
-         :data:`MAX_ELLIPTICAL` words.
+       * an **elliptical question** ending in ``?``: a noun phrase and nothing else, after
+         ``and``/``or``/``what about``/``how about``, or a full one (an article, a head and an
+         attachment: "the price of a pear?"), or ``how many``/``how much`` + a noun phrase
+         ("And the price of a pear?", "How many batches of muffins?"), at most
+         :data:`MAX_ELLIPTICAL` words; "their price?" is a keyword pair.
 
        A noun phrase is an optional determiner or number, one to three content words, and
        attachments (``of``/``per``/``for``/``in`` + noun phrase, ``and``/``or``/``,`` + noun
@@ -53,7 +54,9 @@ The syntax rule (:func:`parse` with ``rule="syntax"``)
        asked for), a malformed article (a determiner followed by a determiner, a preposition,
        an auxiliary or the end: "the the", "of the each"), or is a keyword dump (rule 4 below)
        asks nothing.
-    5. Rules 5 and 6 below (a message of dumps, a questionnaire spray) apply unchanged.
+    5. Rules 5 and 6 below (a message of dumps, a questionnaire spray) apply, with a fragment of
+       at most three words that is no question ("old how many") counted as a dump, and a clause
+       of interjections only ("Great.", "Thanks!") counted as nothing.
 
 The opener rule (``rule="opener"``, legacy)
 
@@ -518,7 +521,8 @@ def _head(t: Sequence[str], i: int, qm: bool) -> tuple[str, int]:
     n = len(t)
     if i >= n:
         return "", i
-    i = _skip_fillers(t, i)
+    i0, i = i, _skip_fillers(t, i)
+    joined = any(w in ("and", "or", "also", "plus") for w in t[i0:i])  # "and the vases?"
     w = t[i]
     if w == "please" and i + 1 < n:
         i, w = i + 1, t[i + 1]
@@ -564,8 +568,15 @@ def _head(t: Sequence[str], i: int, qm: bool) -> tuple[str, int]:
         else:
             k = i
         e = _np(t, k)
-        if e > k and e == n:
+        # a noun phrase alone asks only behind "and"/"what about"..., or when it is a full one
+        # (an article and a head, "the price of a pear?"): "their price?", "old price?" are
+        # keyword pairs
+        full = t[k] in ("the", "a", "an", "each", "every") and any(w in NP_LINKS for w in t[k:e])
+        if e > k and e == n and (k > i or joined or full):
             return "elliptical", e
+        # "and coaches, how many?": a topic noun phrase, then "how many"/"how much" alone
+        if e > k and e + 3 == n and t[e] == "," and t[e + 1] == "how" and t[e + 2] in ("many", "much"):
+            return "elliptical", n
     return "", i
 
 
@@ -643,8 +654,11 @@ def _syntax_clauses(body: str, qm: bool, grams: set[tuple[str, ...]]) -> list[Cl
         k_done = end
     if not out:
         words = tuple(words_all)
+        if all(w in FILLERS or w in ("thank", "thanks", "you", "it", "got", "yes", "no") for w in words):
+            return []  # "Great.", "Thanks!": an interjection, neither a question nor a dump
+        # a fragment of at most three words ("old how many", "their price") is a keyword pair
         out.append(Clause(text=body, words=words, own=_own_mask(words, grams), question_mark=qm,
-                          interrogative=False, dump=_dump(words), rule=SYNTAX))
+                          interrogative=False, dump=_dump(words) or len(words) <= 3, rule=SYNTAX))
     return out
 
 
