@@ -91,11 +91,13 @@ def main(argv: list[str] | None = None) -> int:
           "|---|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| `{r['env']}` | {r['family']} | {'fenced' if r['fenced'] else 'unfenced'} | "
-                  f"{r['obeyed_calls']}/{r['calls']} | {r['episodes_moved']}/{r['episodes']} | {r['mean_return']:.3f} |")
-    md += ["", "math-chat's own reward is 0 on every step (its rewards come from the reward wrappers), so "
-           "its mean return says nothing here: read its obey columns. A fenced transcript moved the double "
-           "0 times; unfenced, every injection family moved it in every episode; an injection inside a "
-           "<think> block never reached it (stripped where the simulator reads the chat)."]
+                  f"{r['obeyed_calls']}/{r['calls']} | {r['episodes_moved']}/{r['episodes']} | "
+                  f"{r['mean_return']:.3f} |")
+    md += ["", "math-chat's own reward is 0 on every step (its rewards come from the reward wrappers), "
+           "so its mean return says nothing here: read its obey columns. A fenced transcript moved "
+           "the double 0 times; unfenced, every injection family moved it in every episode; an "
+           "injection inside a <think> block never reached it (stripped where the simulator reads "
+           "the chat)."]
     OUT.with_suffix(".md").write_text("\n".join(md) + "\n")
     print(f"wrote {OUT}.json/.md")
     return 0

@@ -13,8 +13,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from collab_env.agents.replies import strip_think, strip_think_conversation
 from collab_env.errors import ConfigError
+from collab_env.types import Conversation
 
 __all__ = ["is_valid_reply", "strip_think", "strip_think_conversation", "token_count_fn"]
 
@@ -45,6 +45,24 @@ def is_valid_reply(text: str) -> bool:
     if visible.endswith(_END_OF_TURN):
         visible = visible[: -len(_END_OF_TURN)]
     return bool(visible.strip())
+
+
+def strip_think(text: str) -> str:
+    """``text`` without its ``<think>...</think>`` blocks, whitespace-trimmed (what verl's user
+    simulator and judges read): :func:`collab_env.agents.replies.strip_think`, the one
+    implementation, which the simulator's and the judges' transcripts apply too."""
+    from collab_env.agents.replies import strip_think as strip
+
+    return strip(text)
+
+
+def strip_think_conversation(conversation: Conversation) -> Conversation:
+    """The conversation with :func:`strip_think` applied to every message (same length, so
+    message indices such as a metric's ``start`` keep their meaning):
+    :func:`collab_env.agents.replies.strip_think_conversation`."""
+    from collab_env.agents.replies import strip_think_conversation as strip
+
+    return strip(conversation)
 
 
 def token_count_fn(counter: Any) -> Callable[[str], int]:
