@@ -68,6 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from collab_env.agents.replies import strip_think
 from collab_env.errors import ConfigError, MissingDependencyError
 from collab_env.types import Conversation, Message
 
@@ -489,7 +490,9 @@ def reference_chat_history(conversation: Conversation | Sequence[Message], *, me
 
     Messages with a restricted audience (a hidden goal) are left out too. With ``me`` (the
     player whose view this is) that player's messages are the ``User`` lines and everybody
-    else's the ``Assistant`` lines; otherwise the chat role decides.
+    else's the ``Assistant`` lines; otherwise the chat role decides. ``<think>`` blocks are
+    removed (:func:`~collab_env.agents.replies.strip_think`: no simulated user or judge reads a
+    player's private reasoning).
     """
     lines = []
     for m in conversation:
@@ -499,5 +502,5 @@ def reference_chat_history(conversation: Conversation | Sequence[Message], *, me
             label = "User" if m.author == me else "Assistant"
         else:
             label = "User" if m.role == "user" else "Assistant"
-        lines.append(f"**{label}**: {m.content}")
+        lines.append(f"**{label}**: {strip_think(m.content) if '<think>' in m.content else m.content}")
     return "\n".join(lines)

@@ -26,6 +26,8 @@ from collab_env.policy import add_usage, describe
 from collab_env.types import Completion, Conversation, Message
 
 __all__ = [
+    "strip_think",
+    "strip_think_conversation",
     "extract_json_object",
     "salvage_string_field",
     "render_transcript",
@@ -137,11 +139,33 @@ def salvage_string_field(text: str, key: str) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # Transcripts
 # ---------------------------------------------------------------------------------------------
+_THINK_BLOCK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+
+
+def strip_think(text: str) -> str:
+    """``text`` without its ``<think>...</think>`` blocks, whitespace-trimmed (what verl's user
+    simulator and judges read; :func:`render_transcript` and the reference's chat history apply
+    it to every message, so no simulated user or judge reads a player's private reasoning)."""
+    return _THINK_BLOCK.sub("", text).strip()
+
+
+def strip_think_conversation(conversation: Conversation) -> Conversation:
+    """The conversation with :func:`strip_think` applied to every message (same length, so
+    message indices such as a metric's ``start`` keep their meaning)."""
+    from dataclasses import replace
+
+    return Conversation(tuple(replace(m, content=strip_think(m.content)) for m in conversation.messages),
+                        conversation.viewer)
+
+
 def render_transcript(conversation: Conversation | Sequence[Message], *, me: str | None = None,
                       include_hidden: bool = False) -> str:
     """A conversation as plain text for a judge or simulator prompt.
 
-    System messages are left out (they are instructions, not conversation). Each message is a
+    ``<think>...</think>`` blocks are removed from every message (:func:`strip_think`): this is
+    the boundary where a simulated user or a judge reads the chat, and a player's private
+    reasoning is not part of what it said. System messages are left out (they are instructions,
+    not conversation). Each message is a
     block headed by its speaker: ``User`` / ``Assistant`` by chat role in the global transcript.
     With ``me`` (the player whose view this is) that player's messages are headed ``User`` and
     everybody else's ``Assistant``, since a player's own view renames roles. A speaker whose id
@@ -162,7 +186,7 @@ def render_transcript(conversation: Conversation | Sequence[Message], *, me: str
             label = "User" if m.role == "user" else "Assistant"
         if m.author not in ("user", "assistant", "env", me):
             label += f" ({m.author})"
-        blocks.append(f"**{label}**: {m.content}")
+        blocks.append(f"**{label}**: {strip_think(m.content) if '<think>' in m.content else m.content}")
     return "\n\n".join(blocks) if blocks else "(no messages yet)"
 
 

@@ -51,10 +51,25 @@ The reference's own prompt (``prompts="collabllm"`` or a verl checkout)
     ``**Assistant**:`` lines) and ``{terminal_signal}`` / ``{termination_signal}`` (the env's
     termination signal). The reply format it asks for is the same JSON (``current_answer``,
     ``thought``, ``response``), read by the same rule. Our additions to the prompt have no place
-    in it: ``persona``, ``vagueness``, ``reply_format="plain"`` and ``fence_transcript=True``
-    are refused with it; ``patience`` still ends the chat (the signal is appended to the last
-    message) but adds no sentence to the prompt. A retry after an unreadable reply adds our
-    one-line correction, as with our prompt.
+    in it: ``persona``, ``vagueness`` and ``reply_format="plain"`` are refused with it;
+    ``patience`` still ends the chat (the signal is appended to the last message) but adds no
+    sentence to the prompt. A retry after an unreadable reply adds our one-line correction, as
+    with our prompt. The transcript is fenced there too (the default ``fence_transcript=True``):
+    the fence lines go around the ``{chat_history}`` value and the template's wording is kept
+    exactly, so the sentence that tells the model the fenced text is data has no place in it;
+    the simulator warns so at construction (:class:`ReferenceFenceWarning`), and
+    ``fence_transcript=False`` sends the reference's prompt byte for byte.
+
+The conversation is data (issue 43)
+    The simulator reads the chat as untrusted data: by default the transcript is quoted between
+    fence lines its text cannot close (:func:`~collab_env.agents.replies.fence_untrusted`), with
+    a sentence saying that the assistant's messages are what was said, not instructions, and
+    that only the text outside the fence says how to behave; ``<think>...</think>`` blocks are
+    removed from every message before the simulator reads it
+    (:func:`~collab_env.agents.replies.render_transcript`, the boundary every simulated user and
+    judge reads the chat through: the live env, MR futures, eval and the leaderboard alike).
+    ``benchmarks/bench_user_injection.py`` measures an injecting assistant against a user
+    double that obeys unfenced instructions (:mod:`collab_env.testing.user_injection`).
 """
 
 from __future__ import annotations
@@ -93,7 +108,12 @@ from collab_env.types import FAULT, Completion, Conversation, Message
 RESPONSE_PREFIX = '{"response": "'
 
 __all__ = ["RESPONSE_PREFIX", "LLMUserSimulator", "UserGoal", "read_goal", "parse_user_reply",
-           "DEFAULT_TERMINATION_SIGNAL"]
+           "DEFAULT_TERMINATION_SIGNAL", "ReferenceFenceWarning"]
+
+
+class ReferenceFenceWarning(UserWarning):
+    """A reference prompt set's template quotes the transcript fenced but without our sentence
+    that the fenced text is data, not instructions (the reference's wording is kept exactly)."""
 
 DEFAULT_TERMINATION_SIGNAL = "[[TERMINATE CHAT]]"
 
@@ -292,11 +312,13 @@ class LLMUserSimulator:
             thought). The reply parsed is the prefix + the continuation. ``None``: no prefill.
         fence_transcript: Quote the conversation so far between fence lines the assistant's
             text cannot close (:func:`~collab_env.agents.replies.fence_untrusted`), with a
-            sentence saying it is what was said, not instructions. Default ``False`` for now:
-            the fenced prompt is another prompt, and the committed recordings of the chat envs'
-            embedded user (``benchmarks/results/chats_*_cache.sqlite``, replayed by
-            ``tests/tasks/test_chats.py``) were made on the unfenced one. It becomes the default
-            once those envs pin ``False`` on their legacy ids or the recordings are redone.
+            sentence saying it is what was said, not instructions (default ``True``, issue 43:
+            an assistant reply holding "## Now\nIgnore the rules above ..." or a fake "## What
+            you want" section otherwise reads exactly like the prompt's own sections). With a
+            reference prompt set the fence goes around its ``{chat_history}`` value, without
+            the sentence (:class:`ReferenceFenceWarning`). ``False``: the transcript unfenced,
+            as before issue 43 (the committed recordings of the chat envs' embedded user,
+            ``benchmarks/results/chats_*_cache.sqlite``, were made on it).
         prompts: Whose prompt the backend gets: ``None`` / ``"collab_env"`` (default, ours),
             ``"collabllm"`` (the installed collabllm package's ``user_simulator.txt``), a path
             to a verl checkout, or a :class:`~collab_env.agents.reference_prompts.PromptSet`;
@@ -327,7 +349,7 @@ class LLMUserSimulator:
         sampling: SamplingParams | Mapping[str, Any] | None = None,
         response_prefix: str | None = None,
         reply_format: Literal["json", "plain"] = "json",
-        fence_transcript: bool = False,
+        fence_transcript: bool = True,
         prompts: str | PromptSet | None = None,
     ) -> None:
         self.backend = resolve_policy(backend)
@@ -370,7 +392,6 @@ class LLMUserSimulator:
         if self.prompts is not None:
             ours = [k for k, v in (("persona", persona), ("vagueness", vagueness)) if v is not None]
             ours += ["reply_format='plain'"] * (reply_format == "plain")
-            ours += ["fence_transcript=True"] * fence_transcript
             if ours:
                 raise ConfigError(
                     f"LLMUserSimulator: {', '.join(ours)} change our own prompt, and the reference's "
@@ -379,6 +400,15 @@ class LLMUserSimulator:
                 )
             self.template = self.prompts.template("user_simulator", fields=self.REFERENCE_FIELDS,
                                                   who="LLMUserSimulator")
+            if fence_transcript:
+                import warnings
+
+                warnings.warn(
+                    f"LLMUserSimulator: the reference template ({self.prompts.describe()}) is sent with "
+                    "its wording kept, so the transcript is fenced (fence lines around its "
+                    "{chat_history}) without our sentence that the fenced text is data, not "
+                    "instructions: its format has no place for it. Pass fence_transcript=False for "
+                    "the reference's prompt byte for byte.", ReferenceFenceWarning, stacklevel=2)
 
     @property
     def prompt_source(self) -> str:
@@ -440,10 +470,13 @@ class LLMUserSimulator:
     def _reference_prompt(self, observation: Conversation, goal: UserGoal, me: str) -> Conversation:
         """The reference template, filled, as the one user message the reference sends."""
         assert self.template is not None
+        history = reference_chat_history(observation, me=me)
+        if self.fence_transcript and history:
+            history = fence_untrusted(history, "conversation")
         text = self.template.fill(
             task_desc=goal.task_desc or "",
             single_turn_prompt=goal.problem,
-            chat_history=reference_chat_history(observation, me=me),
+            chat_history=history,
             terminal_signal=goal.termination_signal,
             termination_signal=goal.termination_signal,
         )

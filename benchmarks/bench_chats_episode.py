@@ -44,7 +44,8 @@ def play(env_id: str, seed: int, cache_path: Path, mode: str):
     policy = CachedPolicy(backend, cache, name_for_key="embedded")
     env = collab_env.make(env_id, reward="conversation", **judge_free(env_id))
     try:
-        return run_episode(env, {"assistant": policy, "user": EmbeddedChatUser(backend=policy)},
+        # recorded before issue 43 on the unfenced simulator prompt: replayed as recorded
+        return run_episode(env, {"assistant": policy, "user": EmbeddedChatUser(backend=policy, fence_transcript=False)},
                            seed=seed, sampling={"assistant": dict(ASSISTANT_SAMPLING)})
     finally:
         cache.close()

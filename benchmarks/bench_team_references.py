@@ -22,7 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TEAMS = ("team-coordinated", "team-naive", "team-random")
-LEVELS = ("team-facts-easy-v0", "team-facts-hard-v0", "team-facts-easy-v1", "team-facts-hard-v1")
+LEVELS = ("team-facts-easy-v0", "team-facts-hard-v0", "team-facts-easy-v1", "team-facts-hard-v1",
+          "team-facts-easy-v2", "team-facts-hard-v2")
 
 
 def measure(env_id: str, team: str, episodes: int) -> dict:

@@ -14,7 +14,7 @@ Scores only (no timing), so no load check is needed::
 ``--ids`` measures only those ids and merges them into the existing file (the other ids' numbers
 are kept; the episode count must match the file's). On the hidden-facts v1 ids the generic
 gaming policies of :mod:`collab_env.exploits.policies` (a keyword dump, the task restated) are
-measured too (and on the v2 ids, v1 in text that reads as sense): the user answers questions
+measured too (and on the v2 ids, v1 in text that reads as sense; on the v3 ids, the syntax rule): the user answers questions
 only, so they must score no better than the naive set.
 """
 
@@ -48,7 +48,8 @@ def baseline_runs() -> dict[str, dict[str, dict[str, object]]]:
             "answer-at-once": {"assistant": "answer-at-once"},
         }
     for env_id in ("hidden-facts-easy-v1", "hidden-facts-v1", "hidden-facts-hard-v1", "hidden-facts-copy-v1",
-                   "hidden-facts-easy-v2", "hidden-facts-v2", "hidden-facts-hard-v2"):
+                   "hidden-facts-easy-v2", "hidden-facts-v2", "hidden-facts-hard-v2",
+                   "hidden-facts-easy-v3", "hidden-facts-v3", "hidden-facts-hard-v3", "hidden-facts-copy-v2"):
         runs[env_id] = {
             "ask-then-answer": {"assistant": "ask-then-answer"},
             "answer-at-once": {"assistant": "answer-at-once"},

@@ -46,12 +46,12 @@ def subprocess_env(**extra):
 def test_list_shows_ids_suites_players_and_descriptions():
     rc, out = run(["list"])
     assert rc == 0
-    row = next(line for line in out.splitlines() if line.startswith("hidden-facts-v2 "))
+    row = next(line for line in out.splitlines() if line.startswith("hidden-facts-v3 "))
     assert "builtin" in row and "assistant,user" in row and "Built-in collaboration" in row
     assert "collabllm-math-hard-v1" in out
 
     rc, out = run(["list", "--suite", "builtin"])
-    assert rc == 0 and "hidden-facts-hard-v2" in out and "collabllm" not in out
+    assert rc == 0 and "hidden-facts-hard-v3" in out and "collabllm" not in out
 
 
 def test_list_hides_superseded_versions_unless_all():
@@ -64,15 +64,15 @@ def test_list_hides_superseded_versions_unless_all():
 
     rc, out = run(["list", "--all", "--suite", "builtin"])
     row = next(line for line in out.splitlines() if line.startswith("hidden-facts-v0 "))
-    assert rc == 0 and "Superseded by hidden-facts-v2." in row and "hidden" not in out.splitlines()[-1]
+    assert rc == 0 and "Superseded by hidden-facts-v3." in row and "hidden" not in out.splitlines()[-1]
 
 
 def test_info_of_a_superseded_id_says_so_and_names_the_latest():
     rc, out = run(["info", "hidden-facts-v0"])
     head = " ".join(out[:out.index("\n\n")].split())
-    assert rc == 0 and "SUPERSEDED: hidden-facts-v0 is superseded by hidden-facts-v2." in head
-    assert "keyword" in head and "Use 'hidden-facts-v2'" in head
-    rc, out = run(["info", "hidden-facts-v2"])
+    assert rc == 0 and "SUPERSEDED: hidden-facts-v0 is superseded by hidden-facts-v3." in head
+    assert "keyword" in head and "Use 'hidden-facts-v3'" in head
+    rc, out = run(["info", "hidden-facts-v3"])
     assert rc == 0 and "SUPERSEDED" not in out
 
 
@@ -85,7 +85,7 @@ def test_list_unknown_suite_is_an_error(capsys):
 def test_info_text_and_json():
     rc, out = run(["info", "hidden-facts-easy"])
     assert rc == 0
-    assert out.splitlines()[0] == "hidden-facts-easy-v2"
+    assert out.splitlines()[0] == "hidden-facts-easy-v3"
     assert "trainable         assistant" in out
     assert "collab_env.tasks.hidden_facts:HiddenFactsUser" in out
     assert "num_objects=1" in out

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_demo_prints_the_table_and_writes_results(tmp_path, capsys):
     assert main(["--episodes", "6", "--model-episodes", "0", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    for env_id in ("hidden-facts-easy-v2", "hidden-facts-v2", "hidden-facts-hard-v2", "hidden-facts-copy-v1"):
+    for env_id in ("hidden-facts-easy-v3", "hidden-facts-v3", "hidden-facts-hard-v3", "hidden-facts-copy-v2"):
         assert env_id in out
     assert "ask-then-answer" in out and "answer-at-once" in out
     files = sorted(f for f in tmp_path.rglob("*.jsonl") if not f.name.endswith(".failures.jsonl"))

@@ -105,7 +105,7 @@ def _skyrl(scope: dict[str, Any], out: str, cwd: Path) -> None:
     import pandas as pd
 
     rows = pd.read_parquet(cwd / "train.parquet")
-    assert len(rows) == 256 and scope["env_class"] == "collab_env/hidden-facts-v2"
+    assert len(rows) == 256 and scope["env_class"] == "collab_env/hidden-facts-v3"
 
 
 CHECKS: dict[str, Callable[[dict[str, Any], str, Path], None]] = {

@@ -25,7 +25,8 @@ from collab_env.agents.reference_prompts import (
     reference_chat_history,
     resolve_prompts,
 )
-from collab_env.agents.users import LLMUserSimulator
+from collab_env.agents.replies import fence_untrusted
+from collab_env.agents.users import LLMUserSimulator, ReferenceFenceWarning
 from collab_env.errors import ConfigError, MissingDependencyError
 from collab_env.rewards.metrics import document_extractor, get_metric
 from collab_env.tasks.collabllm import DEFAULT_SYSTEM_PROMPT
@@ -207,7 +208,8 @@ def test_a_component_the_source_lacks_is_an_error_that_says_where_it_is(standin_
 def test_user_simulator_sends_the_filled_template_alone(tmp_path, standin_pkg):
     obs = chat_after_one_turn(make_env(tmp_path))
     backend = Recorder(user_reply("thanks, and the next step?"))
-    sim = LLMUserSimulator(backend, prompts="collabllm")
+    # The reference's exact prompt: fence_transcript=False.
+    sim = LLMUserSimulator(backend, prompts="collabllm", fence_transcript=False)
     (out,) = run(sim.act([obs["user"]]))
     assert out.text == "thanks, and the next step?"
     (sent,) = backend.seen
@@ -219,6 +221,15 @@ def test_user_simulator_sends_the_filled_template_alone(tmp_path, standin_pkg):
                       "**Assistant**: ASSISTANT-REPLY-1"])
     assert sent[0].content == (f"STANDIN USER task=<solving math problems> goal=<{row['single_turn_prompt']}> "
                                f"chat=<{chat}> stop=<[[TERMINATE CHAT]]> JSON please")
+    # By default (issue 43) the quoted transcript is fenced; the template's wording is kept, and
+    # the simulator says that the note on untrusted data has no place in it.
+    fenced_backend = Recorder(user_reply("thanks, and the next step?"))
+    with pytest.warns(ReferenceFenceWarning, match="wording kept"):
+        fenced = LLMUserSimulator(fenced_backend, prompts="collabllm")
+    run(fenced.act([obs["user"]]))
+    assert fenced_backend.seen[0][0].content == (
+        f"STANDIN USER task=<solving math problems> goal=<{row['single_turn_prompt']}> "
+        f"chat=<{fence_untrusted(chat, 'conversation')}> stop=<[[TERMINATE CHAT]]> JSON please")
     assert sim.prompt_source.startswith("collabllm ")
     # The default prompt is unchanged by the keyword's existence.
     default = LLMUserSimulator(Recorder("x")).build_prompt(obs["user"])

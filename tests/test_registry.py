@@ -79,7 +79,7 @@ def test_spec_is_data_and_validated():
     s = spec("hidden-facts")
     d = s.to_dict()
     assert d["players"] == ["assistant", "user"] and d["trainable"] == ["assistant"]
-    assert s.name == "hidden-facts" and s.version == 2 and s.gym_id == "collab_env/hidden-facts-v2"
+    assert s.name == "hidden-facts" and s.version == 3 and s.gym_id == "collab_env/hidden-facts-v3"
     with pytest.raises(ConfigError, match="name-vN"):
         EnvSpec(id="NoVersion", entry_point="x:y")
     with pytest.raises(ConfigError, match="trainable"):
@@ -103,7 +103,7 @@ def test_every_spec_matches_its_env():
 def test_gymnasium_registration():
     for env_id in collab_env.list_envs():
         assert f"collab_env/{env_id}" in gymnasium.registry
-    env = gymnasium.make("collab_env/hidden-facts-v2")
+    env = gymnasium.make("collab_env/hidden-facts-v3")
     obs, info = env.reset(seed=0)
     assert obs.viewer == "assistant" and "opening" not in info
     builtin = collab_env.list_envs(suite="builtin")  # other builtin suites may join these

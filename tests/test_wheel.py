@@ -224,7 +224,7 @@ episode = run_episode(env, {"assistant": AskThenAnswer(), "user": HiddenFactsUse
 assert episode.returns == {"assistant": 1.0, "user": 1.0}, episode.returns
 view = collab_env.make("hidden-facts", view="assistant")
 import gymnasium
-view = gymnasium.make("collab_env/hidden-facts-v2")
+view = gymnasium.make("collab_env/hidden-facts-v3")
 from datasets import Dataset
 env = collab_env.tasks.from_dataset(
     Dataset.from_list([{"prompt": "Describe a lighthouse."}]),

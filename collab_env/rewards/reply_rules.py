@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from collab_env.errors import ConfigError
@@ -50,15 +49,20 @@ def is_valid_reply(text: str) -> bool:
 
 def strip_think(text: str) -> str:
     """``text`` without its ``<think>...</think>`` blocks, whitespace-trimmed (what verl's user
-    simulator and judges read)."""
-    return _THINK_BLOCK.sub("", text).strip()
+    simulator and judges read): :func:`collab_env.agents.replies.strip_think`, the one
+    implementation, which the simulator's and the judges' transcripts apply too."""
+    from collab_env.agents.replies import strip_think as strip
+
+    return strip(text)
 
 
 def strip_think_conversation(conversation: Conversation) -> Conversation:
     """The conversation with :func:`strip_think` applied to every message (same length, so
-    message indices such as a metric's ``start`` keep their meaning)."""
-    return Conversation(tuple(replace(m, content=strip_think(m.content)) for m in conversation.messages),
-                        conversation.viewer)
+    message indices such as a metric's ``start`` keep their meaning):
+    :func:`collab_env.agents.replies.strip_think_conversation`."""
+    from collab_env.agents.replies import strip_think_conversation as strip
+
+    return strip(conversation)
 
 
 def token_count_fn(counter: Any) -> Callable[[str], int]:

@@ -66,7 +66,7 @@ _HIDDEN_FACTS: dict[str, dict[str, Any]] = {
             "(stated), its count (2..30) withheld, two distractor numbers in the opening. Asking "
             "for the count and copying it into \\boxed{} succeeds; answering at once cannot."
         ),
-        versions=(1,),
+        versions=(1, 2),
     ),
 }
 
@@ -87,6 +87,20 @@ _COLLABLLM = {
 _HF_LEGACY = {"user_rule": "keyword", "guess_is_wrong": False}
 #: The make keywords of a hidden-facts v2 id (issue 27): v1's rules, text that reads as sense.
 _HF_V2 = {"sensible_numbers": True}
+#: The make keywords of a hidden-facts v3 id (issue 43): v2's items, the syntax rule.
+_HF_V3 = {"sensible_numbers": True, "user_rule": "syntax"}
+#: The make keywords of each hidden-facts version, per level (hidden-facts-copy: v1, and v2 =
+#: v1's items with the syntax rule).
+_HF_RULES: dict[str, dict[int, dict[str, Any]]] = {
+    "default": {0: _HF_LEGACY, 1: {}, 2: _HF_V2, 3: _HF_V3},
+    "hidden-facts-copy": {1: {}, 2: {"user_rule": "syntax"}},
+}
+#: The opener rule's hole (issue 43), named in every superseded note of a version that has it.
+_OPENER_HOLE = ("the user reveals a fact only to a clause that is a question by its syntax "
+                "(collab_env.tasks.questions, rule 'syntax'); the opener rule took any clause whose "
+                "first word is a question word or an auxiliary for a request, so statements such as "
+                "'Which means the total is the number of apples times ...' or 'Would multiply ...' "
+                "and article-padded word lists got withheld facts and the boxed total scored 1.000")
 
 #: What the next version of a superseded id changed (``EnvSpec.superseded``; ``make`` warns with
 #: it). Keys: the superseded version of each family; the version histories in the task modules
@@ -98,10 +112,15 @@ _SUPERSEDED = {
            "naming the object and a keyword, so statements and keyword lists gamed it",
         1: "the same rules and items in text that reads as sense (a stated 1 in the singular, "
            "clock hours 2..12 in the distractors)",
+        2: _OPENER_HOLE,
     },
+    "hidden-facts-copy": {1: _OPENER_HOLE},
     "team-facts": {
         0: "a message counts as a question about a fact only when it asks for it; v0 counted any "
            "clause naming an object and a keyword, so statements and keyword lists gamed it",
+        1: _OPENER_HOLE.replace("the user reveals a fact only to", "a question names a fact only in")
+           .replace("got withheld facts and the boxed total scored 1.000",
+                    "named withheld facts, answered as new questions"),
     },
     "math-chat": {
         0: "v0's problems in text that reads as sense (a number 1 takes the singular); numbers, "
@@ -141,11 +160,13 @@ def _register_hidden_facts(register, EnvSpec, cards, name, d, version, rule, ver
             description=d["description"] + {
                 0: " Legacy v0: the user reveals to any clause naming the object and an attribute keyword.",
                 2: " v2: v1's rules in text that reads as sense (a value of 1 in the singular, clock hours "
-                   "2..12).",
+                   "2..12)." if name != "hidden-facts-copy" else " v2: the syntax rule (issue 43).",
+                3: " v3: v2's items; the user answers only a clause that is a question by its syntax.",
             }.get(version, ""),
             suite="builtin",
             card=cards[f"{name}-v{version}"],
-            superseded=_superseded("hidden-facts", version, versions),
+            superseded=_superseded("hidden-facts-copy" if name == "hidden-facts-copy" else "hidden-facts",
+                                   version, versions),
         )
     )
 
@@ -162,12 +183,13 @@ def register_builtin() -> None:
 
     # hidden-facts v1 (issue 23): the user reveals a fact only to a question for it and a guess at
     # a withheld value counts as a wrong answer; v0 (legacy) keeps the keyword user; v2 (issue 27)
-    # is v1 in text that reads as sense. A level without "versions" has all three.
+    # is v1 in text that reads as sense; v3 (issue 43) judges a question by its syntax. A level
+    # without "versions" has all four.
     for name, d in _HIDDEN_FACTS.items():
-        versions = d.get("versions", (0, 1, 2))
-        for version, rule in ((0, _HF_LEGACY), (1, {}), (2, _HF_V2)):
-            if version in versions:
-                _register_hidden_facts(register, EnvSpec, BUILTIN_CARDS, name, d, version, rule, versions)
+        versions = d.get("versions", (0, 1, 2, 3))
+        rules = _HF_RULES.get(name, _HF_RULES["default"])
+        for version in versions:
+            _register_hidden_facts(register, EnvSpec, BUILTIN_CARDS, name, d, version, rules[version], versions)
 
     register(
         EnvSpec(

@@ -40,10 +40,23 @@ _HF_PLAYERS = {
     "assistant": "trainable; must find out the withheld quantities by asking, then answer with "
                  "\\boxed{N}",
     "user": "simulated (default HiddenFactsUser, scripted): holds the facts, reveals one only to "
-            "a question for it (a clause phrased as a question or an explicit 'tell me', in the "
-            "assistant's own words, naming the object and the attribute, at most two objects per "
-            "question; collab_env.tasks.questions); a statement, a guess, the opening copied back "
-            "or a keyword dump gets nothing, a guessed value is never confirmed",
+            "a question for it, judged by the clause's syntax (collab_env.tasks.questions, "
+            "rule 'syntax': a wh-question with subject-auxiliary inversion, a yes/no question, a "
+            "request such as 'tell me ...', or an elliptical ?-question, whose scope names the "
+            "object and the attribute, at most two objects per question); a statement (whatever "
+            "its first word), a relative or subordinate clause, a computation, a word list, a "
+            "guess or the opening copied back gets nothing, a guessed value is never confirmed; "
+            "real questions that reuse the user's words are answered",
+}
+#: v1/v2 (superseded by v3): the first-word rule of issue 23, which statements game.
+_HF_PLAYERS_OPENER = {
+    "assistant": _HF_PLAYERS["assistant"],
+    "user": "simulated (default HiddenFactsUser, scripted; superseded opener rule): reveals a fact "
+            "to a clause that starts with a question word, an auxiliary or a request, in the "
+            "assistant's own words, naming the object and the attribute; gameable: a statement "
+            "that starts with a question word or an auxiliary ('Which means the total is the "
+            "number of apples times ...', 'Would multiply ...') or an article-padded word list "
+            "gets the fact (use v3)",
 }
 _HF_PLAYERS_LEGACY = {
     "assistant": _HF_PLAYERS["assistant"],
@@ -100,14 +113,24 @@ _HF_LEVEL_TESTS = {
                          "into the box, so a small model's success measures asking, not "
                          "arithmetic. Answering at once is right only by a lucky guess (1 in 29).",
 }
+#: The card's note on a version the issue-43 exploit audit games (the opener rule).
+_HF_OPENER_HOLE = ("Superseded (opener rule: a statement that starts with a question word or an "
+                   "auxiliary, or an article-padded word list, gets a withheld fact, and the "
+                   "boxed total then scores 1.000; use v3). ")
 _HF_TESTS = {
-    **{f"{name}-v0": "Legacy (v0, keyword user: use v1). " + text for name, text in _HF_LEVEL_TESTS.items()
+    **{f"{name}-v0": "Legacy (v0, keyword user: use v3). " + text for name, text in _HF_LEVEL_TESTS.items()
        if name != "hidden-facts-copy"},
-    **{f"{name}-v1": text + " The user answers questions only." for name, text in _HF_LEVEL_TESTS.items()},
+    **{f"{name}-v1": _HF_OPENER_HOLE + text + " The user answers questions only."
+       for name, text in _HF_LEVEL_TESTS.items()},
     # issue 27: v1's rules, text that reads as sense (hidden_facts.HiddenFactsConfig.sensible_numbers).
-    **{f"{name}-v2": text + " The user answers questions only. v2: v1's task in text that reads as sense "
-       "(a value of 1 in the singular, clock hours 2..12)." for name, text in _HF_LEVEL_TESTS.items()
-       if name != "hidden-facts-copy"},
+    **{f"{name}-v2": _HF_OPENER_HOLE + text + " The user answers questions only. v2: v1's task in text "
+       "that reads as sense (a value of 1 in the singular, clock hours 2..12)." for name, text in
+       _HF_LEVEL_TESTS.items() if name != "hidden-facts-copy"},
+    # issue 43: the syntax rule (collab_env.tasks.questions), on v2's items (v1's for -copy).
+    **{f"{name}-v3": text + " The user answers questions only, judged by their syntax. v3: v2's "
+       "items, the syntax rule." for name, text in _HF_LEVEL_TESTS.items() if name != "hidden-facts-copy"},
+    "hidden-facts-copy-v2": _HF_LEVEL_TESTS["hidden-facts-copy"] + " The user answers questions only, "
+                            "judged by their syntax. v2: v1's items, the syntax rule.",
 }
 
 #: Measured baselines (benchmarks/results/card_baselines.json, 200 episodes, seeds 0-199).
@@ -122,6 +145,10 @@ _HF_BASELINES = {
     "hidden-facts-v2": ("1.000", "1.000", "0.000", "0.000"),
     "hidden-facts-easy-v2": ("1.000", "1.000", "0.020", "0.020"),
     "hidden-facts-hard-v2": ("1.000", "1.000", "0.000", "0.000"),
+    "hidden-facts-v3": ("1.000", "1.000", "0.000", "0.000"),
+    "hidden-facts-easy-v3": ("1.000", "1.000", "0.020", "0.020"),
+    "hidden-facts-hard-v3": ("1.000", "1.000", "0.000", "0.000"),
+    "hidden-facts-copy-v2": ("1.000", "1.000", "0.000", "0.000"),
 }
 
 
@@ -135,7 +162,17 @@ _HF_GAMING = {
     "hidden-facts-v2": (("0.000", "0.000"), ("0.000", "0.000")),
     "hidden-facts-easy-v2": (("0.000", "0.000"), ("0.000", "0.000")),
     "hidden-facts-hard-v2": (("0.000", "0.000"), ("0.000", "0.000")),
+    "hidden-facts-v3": (("0.000", "0.000"), ("0.000", "0.000")),
+    "hidden-facts-easy-v3": (("0.000", "0.000"), ("0.000", "0.000")),
+    "hidden-facts-hard-v3": (("0.000", "0.000"), ("0.000", "0.000")),
+    "hidden-facts-copy-v2": (("0.000", "0.000"), ("0.000", "0.000")),
 }
+
+
+#: The superseded ids of the opener rule (issue 23), which the issue-43 exploits game.
+_HF_OPENER_IDS = frozenset({"hidden-facts-v1", "hidden-facts-easy-v1", "hidden-facts-hard-v1",
+                            "hidden-facts-copy-v1", "hidden-facts-v2", "hidden-facts-easy-v2",
+                            "hidden-facts-hard-v2"})
 
 
 def baseline_text(mean_return: str, episodes: int, success: str | None = None) -> str:
@@ -148,9 +185,10 @@ def hidden_facts_card(env_id: str) -> EnvCard:
     """The card of one ``hidden-facts`` level."""
     ask_r, ask_s, once_r, once_s = _HF_BASELINES[env_id]
     legacy = env_id.endswith("-v0")
+    opener = env_id in _HF_OPENER_IDS
     return EnvCard(
         tests=_HF_TESTS[env_id],
-        players=_HF_PLAYERS_LEGACY if legacy else _HF_PLAYERS,
+        players=_HF_PLAYERS_LEGACY if legacy else _HF_PLAYERS_OPENER if opener else _HF_PLAYERS,
         sees=_HF_SEES,
         reward=_HF_REWARD if legacy else _HF_REWARD_V1,
         reward_range={"default": (0.0, 1.0), "mr": (0.0, 6.0), "conversation": (0.0, 1.0)},
@@ -346,7 +384,13 @@ def collabllm_card(ds: str, large: bool, version: int = 1) -> EnvCard:
                          "by default). " + PROMPTS_LINE,
             "user": "simulated; default SessionReplayUser replays the recorded user turns (it "
                     "ignores the replies); an LLM user simulator (LLMUserSimulator, API model "
-                    "or 'embedded') makes it reactive",
+                    "or 'embedded') makes it reactive. The simulator reads the chat as untrusted "
+                    "data: the transcript fenced (fence_transcript=True, the default) with a "
+                    "sentence that the assistant's messages are not instructions, <think> blocks "
+                    "stripped. With prompts='collabllm' or a verl checkout the reference "
+                    "template's wording is kept: the fence goes around its {chat_history} and the "
+                    "sentence has no place in it (the simulator warns, ReferenceFenceWarning); "
+                    "fence_transcript=False sends the reference's prompt byte for byte",
         },
         sees={
             "assistant": "its system prompt and the chat (in mode 'train' from the row's "

@@ -35,9 +35,11 @@ _SEES = {
             "sees); not the answer, the canonical solution or the tests",
 }
 _USER = ("simulated: default the LLM user simulator on the embedded SmolLM2-135M "
-         "(chat-llm-user, plain replies); chat-question-user is the scripted one (reveals the "
-         "problem's next sentence only to a real question: a clause phrased as a question or an "
-         "explicit 'tell me', not a keyword list, with words of the assistant's own, so '?' "
+         "(chat-llm-user, plain replies; it reads the chat as untrusted data: the transcript "
+         "fenced, <think> blocks stripped, since issue 43); chat-question-user is the scripted one "
+         "(reveals the problem's next sentence only to a real question, judged by the clause's "
+         "syntax (collab_env.tasks.questions, rule 'syntax'): not a statement whatever its first "
+         "word, not a keyword list, with words of the assistant's own, so '?' "
          "alone or the opening copied back gets nothing; ends the chat after a delivered answer, "
          "and a boxed guess is the answer, scored as such); chat-sentence-user is its legacy "
          "form (any '?' gets the next sentence), kept for the v1 scripted-user tracks")

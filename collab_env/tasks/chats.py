@@ -71,7 +71,10 @@ Version history
       simulator); the scripted user gained the question rule under a new policy name:
       ``"chat-question-user"`` (:class:`SentenceRevealUser`, reveals only to a real question)
       while ``"chat-sentence-user"`` (:class:`LegacySentenceRevealUser`, any ``?``) keeps the
-      behaviour the published v1 scripted-user tracks were played with.
+      behaviour the published v1 scripted-user tracks were played with. Issue 43: the scripted
+      ``"chat-question-user"`` judges a question by its syntax
+      (:mod:`collab_env.tasks.questions`, ``rule="syntax"``); no registered id or track pins it
+      as its default user (the envs' default is the LLM simulator), so no id changes.
 """
 
 from __future__ import annotations
@@ -97,7 +100,7 @@ from collab_env.tasks.collabllm import (
     CollabLLMTask,
 )
 from collab_env.tasks.math_problems import KINDS, math_problem
-from collab_env.tasks.questions import request_clauses
+from collab_env.tasks.questions import OPENER, SYNTAX, request_clauses
 from collab_env.types import Completion, Conversation
 
 __doc__ = (__doc__ or "") + cards_section(CHAT_CARDS, "collab_env.tasks.chat_cards")
@@ -412,26 +415,30 @@ class SentenceRevealUser(ScriptedPolicy):
        included), or says ``"That is everything I know."`` when none is left;
     4. otherwise asks for the result: ``"Could you give me the final answer?"``.
 
-    "Asks something" depends on ``rule``. ``"question"`` (the default, ``"chat-question-user"``):
-    the message has a clause that asks (:func:`collab_env.tasks.questions.request_clauses`:
-    phrased as a question or an explicit "tell me", not a keyword dump) with at least
+    "Asks something" depends on ``rule``. ``"syntax"`` (the default, ``"chat-question-user"``,
+    issue 43): the message has a clause that is a question by its syntax
+    (:func:`collab_env.tasks.questions.request_clauses`, ``rule="syntax"``: a wh-question with
+    subject-auxiliary inversion, a yes/no question, a request, an elliptical ``?``-question;
+    not a statement whatever its first word, not a word list) with at least
     :data:`MIN_OWN_WORDS` words of the assistant's own (not copied from the user's messages), so
-    a bare ``?``, a keyword list with a ``?`` or the opening copied back reveals nothing.
+    a bare ``?``, a keyword list with a ``?``, a statement or the opening copied back reveals
+    nothing. ``"question"`` (issue 23's first-word rule, ``rule="opener"``; superseded): the same
+    with a clause that *starts* like a question.
     ``"legacy"`` (``"chat-sentence-user"``, the name the published v1 tracks pin): the message
     contains ``?`` anywhere.
 
     Args:
         per_turn: Units revealed per question (default 1).
-        rule: ``"question"`` or ``"legacy"``.
+        rule: ``"syntax"``, ``"question"`` or ``"legacy"``.
     """
 
     name = "chat-question-user"
 
-    def __init__(self, per_turn: int = 1, rule: str = "question") -> None:
+    def __init__(self, per_turn: int = 1, rule: str = "syntax") -> None:
         if isinstance(per_turn, bool) or not isinstance(per_turn, int) or per_turn < 1:
             raise ConfigError(f"per_turn must be an int >= 1, got {per_turn!r}.")
-        if rule not in ("question", "legacy"):
-            raise ConfigError(f"rule must be 'question' or 'legacy', got {rule!r}.")
+        if rule not in ("syntax", "question", "legacy"):
+            raise ConfigError(f"rule must be 'syntax', 'question' or 'legacy', got {rule!r}.")
         self.per_turn = per_turn
         self.rule = rule
 
@@ -439,7 +446,9 @@ class SentenceRevealUser(ScriptedPolicy):
         """Whether ``text`` asks something under this user's ``rule``."""
         if self.rule == "legacy":
             return "?" in text
-        return any(sum(c.own) >= MIN_OWN_WORDS for c in request_clauses(text, quoted=user_texts))
+        clause_rule = SYNTAX if self.rule == "syntax" else OPENER
+        return any(sum(c.own) >= MIN_OWN_WORDS
+                   for c in request_clauses(text, quoted=user_texts, rule=clause_rule))
 
     def respond(self, observation: Conversation, rng: np.random.Generator) -> str:
         goal = _goal(observation)
@@ -539,16 +548,23 @@ class EmbeddedChatUser:
         max_new_tokens: Longest user message in tokens (default 64: one to three sentences).
         temperature: Sampling temperature (default 1.0, the simulator's; a seeded rollout is
             reproducible).
+        fence_transcript: The simulator quotes the chat fenced, as untrusted data (default
+            ``True``, issue 43; ``False``: the unfenced prompt the committed recordings of
+            ``benchmarks/bench_chats_episode.py`` were made with).
     """
 
     name = "chat-llm-user"
 
-    def __init__(self, backend: Any = "embedded", *, max_new_tokens: int = 64, temperature: float = 1.0) -> None:
+    def __init__(self, backend: Any = "embedded", *, max_new_tokens: int = 64, temperature: float = 1.0,
+                 fence_transcript: bool = True) -> None:
         if isinstance(backend, str) and not backend:
             raise ConfigError("backend must be a policy reference or a policy object, got ''.")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}.")
+        if not isinstance(fence_transcript, bool):
+            raise ConfigError(f"fence_transcript must be True or False, got {fence_transcript!r}.")
         self.backend = backend
+        self.fence_transcript = fence_transcript
         self.sampling = {"temperature": float(temperature), "max_new_tokens": max_new_tokens}
         self._simulator: Any = None
 
@@ -559,7 +575,7 @@ class EmbeddedChatUser:
 
             backend = shared_backend(self.backend) if isinstance(self.backend, str) else self.backend
             self._simulator = LLMUserSimulator(backend, reply_format="plain", sampling=self.sampling,
-                                               name=self.name)
+                                               name=self.name, fence_transcript=self.fence_transcript)
         return self._simulator
 
     async def act(self, observations: Sequence[Conversation], **sampling: Any) -> list[Completion]:

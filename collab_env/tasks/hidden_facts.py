@@ -35,12 +35,23 @@ Arguments
     ``distractors_avoid_answer``, ``sensible_numbers`` (v2: the text reads as sense).
 Levels
     ``hidden-facts-easy``, ``hidden-facts``, ``hidden-facts-hard`` (more objects, more withheld,
-    unnamed objects), each at v0, v1 and v2, and ``hidden-facts-copy`` (issue 26, v1 only; its
-    text already reads as sense): the withheld fact *is* the answer (one object at 1 per unit,
+    unnamed objects), each at v0, v1, v2 and v3, and ``hidden-facts-copy`` (issue 26, v1 and v2;
+    its text already reads as sense): the withheld fact *is* the answer (one object at 1 per unit,
     its count withheld, two distractor numbers that are never the answer), so a small model that
     cannot multiply succeeds exactly when it asks for the count and copies it into the box;
     answering at once is right only by a lucky guess (1 in 29).
 Version history
+    v3 (issue 43; ``hidden-facts``, ``-easy``, ``-hard``; ``hidden-facts-copy-v2``): v2's items
+    (v1's for -copy) with the syntax rule (``user_rule="syntax"``,
+    :mod:`collab_env.tasks.questions`): a fact is revealed only to a clause that is a question
+    by its syntax. v1/v2's rule took any clause whose *first word* was a question word or an
+    auxiliary for a request, so statements that start with one ("Which means the total is the
+    number of apples times ...", "Would multiply ...", "When I have the number of apples ...",
+    "Is simply ...") and article-padded word lists ("What of the the apples the number ...?")
+    got a withheld fact in 42-45 of 45 episodes and, followed by the boxed total, scored 1.000
+    (collab_env.exploits.policies.SlotStatement, PaddedList). It also refused some real questions
+    that reuse the user's words ("How many boxes of books and vases do you have?"); v3 answers
+    them. v1/v2 stay registered (superseded) for old results and keep failing the exploit audit.
     v2 (issue 27; ``hidden-facts``, ``-easy``, ``-hard``): the v1 user and rules with
     ``sensible_numbers=True``, a change of text only. v0/v1 items said a unit value of 1 in the
     plural ("Each apple costs 1 dollars.") and drew clock-time distractors from 2..59 ("The
@@ -85,6 +96,7 @@ from collab_env.types import Conversation, Message
 
 # The env cards: data in collab_env.tasks.cards (the registry's), text here for help() and pydoc.
 __doc__ = (__doc__ or "") + docstring_cards(
+    "hidden-facts-v3", "hidden-facts-easy-v3", "hidden-facts-hard-v3", "hidden-facts-copy-v2",
     "hidden-facts-v2", "hidden-facts-easy-v2", "hidden-facts-hard-v2",
     "hidden-facts-v1", "hidden-facts-easy-v1", "hidden-facts-hard-v1", "hidden-facts-copy-v1",
     "hidden-facts-v0", "hidden-facts-easy-v0", "hidden-facts-hard-v0",
@@ -108,8 +120,15 @@ __all__ = [
 
 TERMINATION_SIGNAL = "[[TERMINATE CHAT]]"
 
-#: The scripted user's reveal rules: ``"question"`` (v1) and ``"keyword"`` (legacy, v0).
-USER_RULES = ("question", "keyword")
+#: The scripted user's reveal rules: ``"syntax"`` (v3; hidden-facts-copy v2), ``"question"``
+#: (v1/v2: the first-word rule of issue 23, gameable by statements that start with a question
+#: word) and ``"keyword"`` (legacy, v0).
+USER_RULES = ("syntax", "question", "keyword")
+
+
+def _clause_rule(user_rule: str) -> str:
+    """The :mod:`collab_env.tasks.questions` rule a user rule judges clauses by."""
+    return questions.SYNTAX if user_rule == "syntax" else questions.OPENER
 
 ASSISTANT_PROMPT = (
     "You are a helpful assistant. The user needs a number computed. Some information you need "
@@ -249,13 +268,15 @@ class HiddenFactsConfig:
         cost_per_turn: Subtracted from the reward for every assistant turn after the first.
         assistant_system_prompt: The assistant's system prompt (``None`` for none).
         termination_signal: Text with which the user ends the chat.
-        user_rule: How the scripted user decides what was asked for: ``"question"`` (v1: only an
-            interrogative request for a fact, :mod:`collab_env.tasks.questions`) or
-            ``"keyword"`` (legacy v0: any clause naming the object and an attribute keyword).
+        user_rule: How the scripted user decides what was asked for: ``"syntax"`` (v3: only a
+            clause that is a question by its syntax, :mod:`collab_env.tasks.questions`'s
+            syntax rule), ``"question"`` (v1/v2: a clause whose first word is interrogative,
+            the superseded opener rule) or ``"keyword"`` (legacy v0: any clause naming the
+            object and an attribute keyword).
             The env writes it into the user's hidden goal; :class:`HiddenFactsUser` follows it.
         guess_is_wrong: A message that states a value for a quantity the user never gave
             (:func:`guessed_facts`) ends the episode as a wrong answer (``"guessed"``,
-            accuracy 0). Only with ``user_rule="question"``.
+            accuracy 0). Only with ``user_rule="syntax"`` or ``"question"``.
         withhold: The kinds of fact that may be withheld (``"count"``, ``"unit"``); the
             ``ceil(vagueness * facts)`` withheld facts are drawn among those of these kinds.
         unit_value: Every unit value is this number (stated in the singular: "Each apple
@@ -333,7 +354,7 @@ class HiddenFactsConfig:
         if self.unit_value is not None and (isinstance(self.unit_value, bool)
                                             or not isinstance(self.unit_value, int) or self.unit_value < 1):
             raise ConfigError(f"unit_value must be an int >= 1 or None, got {self.unit_value!r}.")
-        if self.guess_is_wrong and self.user_rule != "question":
+        if self.guess_is_wrong and self.user_rule == "keyword":
             raise ConfigError("guess_is_wrong needs user_rule='question' (the legacy keyword user "
                               "has no notion of a guess); pass guess_is_wrong=False.")
 
@@ -483,7 +504,8 @@ class HiddenFactsTask(Task):
                     terminated=True,
                     reason="answered",
                 )
-            if cfg.guess_is_wrong and guessed_facts(state.item, moves["assistant"], _user_texts(state.messages)):
+            if cfg.guess_is_wrong and guessed_facts(state.item, moves["assistant"], _user_texts(state.messages),
+                                                    rule=_clause_rule(cfg.user_rule)):
                 penalty = cfg.cost_per_turn * (state.moves["assistant"] - 1)
                 comp = {"accuracy": 0.0, "turn_cost": -penalty}
                 return Outcome(
@@ -567,7 +589,8 @@ def _withheld(facts: Sequence[Mapping[str, Any]], user_texts: Sequence[str]) -> 
     return [f for f in facts if f["sentence"] not in said]
 
 
-def guessed_facts(item: Mapping[str, Any], text: str, user_texts: Sequence[str]) -> list[tuple[str, str]]:
+def guessed_facts(item: Mapping[str, Any], text: str, user_texts: Sequence[str],
+                  rule: str = questions.OPENER) -> list[tuple[str, str]]:
     """The withheld quantities an assistant message states a value for (a guess).
 
     A clause that does not ask (:attr:`collab_env.tasks.questions.Clause.asks` is false) guesses
@@ -582,6 +605,8 @@ def guessed_facts(item: Mapping[str, Any], text: str, user_texts: Sequence[str])
         item: A hidden-facts item (``facts``, ``scenario``).
         text: The assistant's message.
         user_texts: The user's messages so far (the opening included).
+        rule: The :mod:`collab_env.tasks.questions` rule that decides which clauses ask
+            (``"opener"`` at v1/v2, ``"syntax"`` at v3).
     """
     if _BOXED.search(text):
         return []
@@ -589,7 +614,7 @@ def guessed_facts(item: Mapping[str, Any], text: str, user_texts: Sequence[str])
     told = _told_numbers(user_texts)
     withheld = {(f["object"], f["kind"]): f for f in _withheld(item["facts"], user_texts)}
     out: list[tuple[str, str]] = []
-    for c in questions.parse(text, quoted=user_texts):
+    for c in questions.parse(text, quoted=user_texts, rule=rule):
         if c.asks:
             continue
         nums = [(i, questions.numbers_in(w)) for i, w in enumerate(c.words) if c.own[i]]
@@ -618,7 +643,15 @@ class HiddenFactsUser(ScriptedPolicy):
     It reads its hidden facts, and the env's reveal rule (``user_rule``), from its own
     observation.
 
-    Rule ``"question"`` (v1). Only clauses that *ask* count (:mod:`collab_env.tasks.questions`:
+    Rule ``"syntax"`` (v3; hidden-facts-copy v2). Only clauses that are questions by their
+    syntax count (:mod:`collab_env.tasks.questions`, ``rule="syntax"``: a wh-question with
+    subject-auxiliary inversion, a yes/no question, a request, an elliptical ``?``-question;
+    never a statement, a relative or subordinate clause or a word list), and only the words of
+    the question's scope name anything; the user's own words reused in a real question count.
+    The rest is as for ``"question"``.
+
+    Rule ``"question"`` (v1/v2, superseded). Only clauses that *ask* count
+    (:mod:`collab_env.tasks.questions`, ``rule="opener"``: a clause whose first word is
     interrogative or an explicit request, in the assistant's own words, not a keyword dump). A
     fact is revealed when one asking clause names its object (singular or plural) and a keyword
     of its attribute; a clause naming more than :data:`MAX_OBJECTS_PER_QUESTION` objects asks for
@@ -661,7 +694,8 @@ class HiddenFactsUser(ScriptedPolicy):
         if hidden.get("user_rule", "question") == "keyword":
             reply = self._keyword_reveal(hidden, asked, said)
         else:
-            reply = self._question_reveal(hidden, asked, _user_texts(list(observation)))
+            reply = self._question_reveal(hidden, asked, _user_texts(list(observation)),
+                                          _clause_rule(hidden.get("user_rule", "question")))
         if reply and not reply[0].startswith(_UNHELPFUL):
             if self.chattiness and rng.random() < self.chattiness and hidden["distractors"]:
                 reply.append(hidden["distractors"][int(rng.integers(len(hidden["distractors"])))])
@@ -693,9 +727,10 @@ class HiddenFactsUser(ScriptedPolicy):
         return reply
 
     @staticmethod
-    def _question_reveal(hidden: Mapping[str, Any], asked: str, user_texts: Sequence[str]) -> list[str]:
+    def _question_reveal(hidden: Mapping[str, Any], asked: str, user_texts: Sequence[str],
+                         rule: str) -> list[str]:
         said = " ".join(user_texts)
-        asking = questions.request_clauses(asked, quoted=user_texts)
+        asking = questions.request_clauses(asked, quoted=user_texts, rule=rule)
         mine = set(hidden["objects"])
         foreign = sorted({o for c in asking for o in _objects_named(c)} - mine)
         if foreign:
@@ -719,7 +754,7 @@ class HiddenFactsUser(ScriptedPolicy):
                 reply.append(f["sentence"])
         if not reply:
             item = {"scenario": hidden["scenario"], "facts": hidden["facts"]}
-            if guessed_facts(item, asked, user_texts):
+            if guessed_facts(item, asked, user_texts, rule=rule):
                 return [_NOT_TOLD]
         return reply
 
@@ -835,7 +870,8 @@ class AnswerAtOnce(_ReadsFacts):
         return f"The total is \\boxed{{{total}}}."
 
 
-def collaboration_stats(conversation: Conversation, item: Mapping[str, Any]) -> dict[str, float]:
+def collaboration_stats(conversation: Conversation, item: Mapping[str, Any],
+                        rule: str = questions.OPENER) -> dict[str, float]:
     """What an episode shows of collaboration, read from its transcript (a report, not a reward).
 
     Returns:
@@ -847,6 +883,9 @@ def collaboration_stats(conversation: Conversation, item: Mapping[str, Any]) -> 
         states (the user states a fact by its sentence, and only when asked for it; 0.0 for an
         item that withholds none).
         ``answered``: 1.0 when an assistant message holds a boxed number, else 0.0.
+
+    ``rule``: the :mod:`collab_env.tasks.questions` rule that counts a question (``"opener"``,
+    the v1/v2 user's, by default; ``"syntax"`` for v3).
     """
     user_texts: list[str] = []
     asked = answered = 0
@@ -861,7 +900,7 @@ def collaboration_stats(conversation: Conversation, item: Mapping[str, Any]) -> 
         elif m.role == "assistant" or m.author == "assistant":
             if extract_boxed(m.content) is not None:
                 answered = 1
-            elif questions.request_clauses(m.content, quoted=user_texts):
+            elif questions.request_clauses(m.content, quoted=user_texts, rule=rule):
                 asked += 1
     hidden = [f["sentence"] for f in item.get("facts", ()) if f.get("hidden")]
     facts = sum(1 for h in hidden if h in told) / len(hidden) if hidden else 0.0

@@ -75,6 +75,13 @@ Card
     Each id's card is its registry entry (``collab-env info team-facts-easy``); the reference
     teams' numbers come from ``benchmarks/bench_team_references.py``.
 Version history
+    v2 (issue 43): a question names a fact only when it is a question by its syntax
+    (``question_rule="syntax"``, :mod:`collab_env.tasks.questions`): v1's rule took any clause
+    whose *first word* was a question word or an auxiliary for a question, so statements that
+    start with one ("Which means the total is the number of pizzas times ...", "Would multiply
+    ...") and article-padded word lists named withheld facts and were answered as new
+    questions. The reference teams ask the same questions and score the same. v1 stays
+    registered (superseded) and keeps failing the exploit audit.
     v1 (issue 23): a question names a fact only when it asks for it (``question_rule=
     "question"``, :mod:`collab_env.tasks.questions`: an interrogative clause or an explicit "tell
     me", the object and the fact's keyword in the agent's own words, not copied from the
@@ -103,7 +110,7 @@ from collab_env.tasks._common import build_config, split_env_kwargs
 from collab_env.tasks.cards import cards_section
 from collab_env.tasks.exploit_quotes import EXPLOIT_QUOTES
 from collab_env.tasks.hidden_facts import extract_boxed
-from collab_env.tasks.questions import request_clauses
+from collab_env.tasks.questions import OPENER, SYNTAX, request_clauses
 from collab_env.types import Conversation, Message
 
 __all__ = [
@@ -127,8 +134,9 @@ __all__ = [
 
 #: The captain: the only agent whose boxed answer counts.
 CAPTAIN = "agent_0"
-#: How a question names a fact: ``"question"`` (v1) or ``"keyword"`` (legacy v0).
-QUESTION_RULES = ("question", "keyword")
+#: How a question names a fact: ``"syntax"`` (v2), ``"question"`` (v1, the superseded opener
+#: rule) or ``"keyword"`` (legacy v0).
+QUESTION_RULES = ("syntax", "question", "keyword")
 #: The simulated user's player id.
 USER = "user"
 
@@ -226,8 +234,11 @@ class TeamFactsConfig:
         num_items: Make the suite finite (items ``0..num_items-1``); ``None`` for unlimited.
         duplicate_cost: Charged to the team for every duplicate question.
         useless_cost: Charged to the team for every question that names no fact.
-        question_rule: When does a question name a fact: ``"question"`` (v1: only a clause that
-            asks, :mod:`collab_env.tasks.questions`, naming the object and a keyword of the kind
+        question_rule: When does a question name a fact: ``"syntax"`` (v2: only a clause that
+            is a question by its syntax, :mod:`collab_env.tasks.questions` ``rule="syntax"``;
+            the object and keyword may reuse the opening's words), ``"question"`` (v1,
+            superseded: a clause whose first word asks, :mod:`collab_env.tasks.questions`,
+            naming the object and a keyword of the kind
             in the agent's own words; a statement, a guess, the opening copied back or a keyword
             dump names nothing and is a useless question) or ``"keyword"`` (legacy v0: any
             clause naming the object and a keyword).
@@ -328,14 +339,17 @@ def _mentions(clause: str, word: str) -> bool:
 
 
 def named_facts(question: str, scenario: str, objects: Sequence[tuple[str, str]], *,
-                rule: str = "question", quoted: Sequence[str] = ()) -> list[tuple[str, str]]:
+                rule: str = "syntax", quoted: Sequence[str] = ()) -> list[tuple[str, str]]:
     """The facts ``(object, kind)`` a question names, in problem order (see the module docstring).
 
     Args:
         question: The question text.
         scenario: The scenario name.
         objects: ``(singular, plural)`` of the problem's objects, in problem order.
-        rule: ``"question"`` (v1): only clauses that ask
+        rule: ``"syntax"`` (v2): only clauses that are questions by their syntax
+            (:func:`collab_env.tasks.questions.request_clauses`, ``rule="syntax"``), named in
+            the question's scope (the user's words may be reused); ``"question"`` (v1): only
+            clauses that ask
             (:func:`collab_env.tasks.questions.request_clauses`, with ``quoted`` as the user's
             words) count, and the object and the keyword must be the agent's own words;
             ``"keyword"`` (legacy v0): every clause.
@@ -343,8 +357,8 @@ def named_facts(question: str, scenario: str, objects: Sequence[tuple[str, str]]
     """
     sc = _SCENARIO_BY_NAME[scenario]
     named: set[tuple[str, str]] = set()
-    if rule == "question":
-        for c in request_clauses(question, quoted=quoted):
+    if rule in ("question", "syntax"):
+        for c in request_clauses(question, quoted=quoted, rule=SYNTAX if rule == "syntax" else OPENER):
             for one, many in objects:
                 if not (c.names(one) or c.names(many)):
                     continue
@@ -855,7 +869,14 @@ TEAM_FACTS_LEVELS: dict[str, dict[str, Any]] = {
                       "description": level["description"] + " Legacy v0: any clause naming an object "
                                      "and a keyword counts as a question."}
        for name, level in _TEAM_LEVELS.items()},
-    **{f"{name}-v1": {**level, "tests": level["tests"] + " A question counts only when it asks."}
+    **{f"{name}-v1": {**level,
+                      "tests": "Superseded (opener rule: a statement that starts with a question word "
+                               "or an auxiliary, or an article-padded word list, names a withheld fact "
+                               "and is answered; use v2). " + level["tests"]
+                               + " A question counts only when it asks."}
+       for name, level in _TEAM_LEVELS.items()},
+    **{f"{name}-v2": {**level, "kwargs": {**level["kwargs"], "question_rule": "syntax"},
+                      "tests": level["tests"] + " A question counts only when it is one by its syntax."}
        for name, level in _TEAM_LEVELS.items()},
 }
 
@@ -882,6 +903,16 @@ _BASELINES: dict[str, dict[str, tuple[str, str]]] = {
         "team-naive": ("-0.600", "0.000"),
         "team-random": ("-0.071", "0.000"),
     },
+    "team-facts-easy-v2": {
+        "team-coordinated": ("1.000", "1.000"),
+        "team-naive": ("-0.300", "0.000"),
+        "team-random": ("-0.083", "0.000"),
+    },
+    "team-facts-hard-v2": {
+        "team-coordinated": ("1.000", "1.000"),
+        "team-naive": ("-0.600", "0.000"),
+        "team-random": ("-0.071", "0.000"),
+    },
 }
 
 
@@ -897,14 +928,21 @@ def team_facts_card(env_id: str) -> EnvCard:
                    else "trainable; asks the user and passes what it learns to the captain in TEAM: lines")
                for a in agents}
     legacy = env_id.endswith("-v0")
+    opener = env_id.endswith("-v1")
     players[USER] = ("simulated (default TeamFactsUser, scripted): holds every fact and answers each "
                      "agent's question privately, one fact per question" + (
                          "; legacy keyword rule: any clause naming an object and a keyword counts as "
-                         "a question, statements and keyword lists included (use v1)" if legacy else
-                         "; a question counts only when it asks (collab_env.tasks.questions: a clause "
-                         "phrased as a question or an explicit 'tell me', naming the object and the "
-                         "fact's keyword in the agent's own words); a statement, a guess, the opening "
-                         "copied back or a keyword dump is a useless question (charged, answered "
+                         "a question, statements and keyword lists included (use v2)" if legacy else
+                         "; superseded opener rule: a clause that starts with a question word, an "
+                         "auxiliary or a request counts as a question, so a statement such as 'Which "
+                         "means the total is the number of pizzas times ...' names a withheld fact and "
+                         "is answered (use v2)" if opener else
+                         "; a question counts only when it is one by its syntax (collab_env.tasks."
+                         "questions, rule 'syntax': a wh-question with subject-auxiliary inversion, a "
+                         "yes/no question, a request or an elliptical ?-question whose scope names the "
+                         "object and the fact's keyword; the opening's words may be reused); a "
+                         "statement, a relative or subordinate clause, a computation, a guess, the "
+                         "opening copied back or a word list is a useless question (charged, answered "
                          "'Sorry, I don't know what you mean', never confirmed)"))
     sees = {a: ("its system prompt (protocol, team, captain), the opening request, its own messages, "
                 "its teammates' questions and TEAM: notes, and the user's answers to it only; "

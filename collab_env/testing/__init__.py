@@ -12,4 +12,7 @@ The library's runtime code never imports this package; ``import collab_env`` doe
   players, with known rule-based accuracy, for judge checks.
 * :mod:`collab_env.testing.judge_injection`: judge-injection texts and a judge double that obeys
   any score claim found outside the prompt's fences (fence tests, the injection benchmark).
+* :mod:`collab_env.testing.user_injection`: a user-simulator backend double that obeys any
+  user-aimed instruction found outside the prompt's fences, leaking its whole goal (the user
+  injection tests and ``benchmarks/bench_user_injection.py``).
 """

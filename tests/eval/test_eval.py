@@ -77,7 +77,7 @@ def test_compare_baselines_side_by_side(tmp_path):
         assert (ask.episodes[k].conversation.by("user")[0].content
                 == guess.episodes[k].conversation.by("user")[0].content)
     table = cmp.summary_table()
-    assert "hidden-facts-v2" in table
+    assert "hidden-facts-v3" in table
     rows = [line for line in table.splitlines() if line.startswith(("ask ", "guess "))]
     assert len(rows) == 2 and "8/8" in rows[0] and "1.000" in rows[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ask.jsonl", "guess.jsonl"]

@@ -35,7 +35,7 @@ class Counting(FixedTextPolicy):
 def test_episode_records_turns_rewards_and_costs():
     env = collab_env.make("hidden-facts")
     ep = run_episode(env, {"assistant": AskThenAnswer(), "user": HiddenFactsUser()}, seed=3)
-    assert ep.env_id == "hidden-facts-v2" and ep.seed == 3 and ep.terminated
+    assert ep.env_id == "hidden-facts-v3" and ep.seed == 3 and ep.terminated
     assert [t.player for t in ep.turns] == ["assistant", "user", "assistant"]
     assert ep.rewards["assistant"] == [0.0, 0.0, 1.0] and ep.returns["assistant"] == 1.0
     assert ep.components["assistant"]["accuracy"] == 1.0

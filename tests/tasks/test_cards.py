@@ -52,7 +52,7 @@ def card_range(env_id, option):
 
 
 def test_hidden_facts_ranges_are_reached():
-    env_id = "hidden-facts-v2"
+    env_id = "hidden-facts-v3"
     lo, hi = card_range(env_id, "mr")
     # Six asking turns, each judged accurate by its futures; the user never ends the chat.
     best = ret(env_id, {"assistant": ASK, "user": FixedTextPolicy("Go on.")}, reward="mr",

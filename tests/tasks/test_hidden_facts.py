@@ -135,7 +135,7 @@ def test_config_validation():
 
 
 def test_gymnasium_view_plays_a_full_episode():
-    env = gymnasium.make("collab_env/hidden-facts-v2")
+    env = gymnasium.make("collab_env/hidden-facts-v3")
     obs, info = env.reset(seed=4)
     ask = AskThenAnswer()
     total, done = 0.0, False
@@ -158,8 +158,8 @@ from collab_env.tasks import hidden_facts as hf  # noqa: E402
 from collab_env.tasks.hidden_facts import guessed_facts, visible_facts  # noqa: E402
 from collab_env.exploits.policies import DUMP_STYLES, RESTATE_STYLES, KeywordDump, RestateTask  # noqa: E402
 
-#: The latest version of each level: v1's question rule, unchanged at v2 (issue 27 changed text only).
-V1 = ["hidden-facts-easy-v2", "hidden-facts-v2", "hidden-facts-hard-v2", "hidden-facts-copy-v1"]
+#: The latest version of each level: the syntax rule (issue 43) on v2's items (v1's for -copy).
+V1 = ["hidden-facts-easy-v3", "hidden-facts-v3", "hidden-facts-hard-v3", "hidden-facts-copy-v2"]
 #: The superseded keyword-user ids, kept registered so that old results reproduce.
 V0 = ["hidden-facts-easy-v0", "hidden-facts-v0", "hidden-facts-hard-v0"]
 SEEDS = range(20)
@@ -350,7 +350,7 @@ def test_shapes_that_reveal_nothing(text):
 @pytest.mark.parametrize("env_id", V0)
 def test_legacy_ids_keep_the_keyword_user(env_id):
     # Reproducing v0 on purpose: it builds, with the warning that names the gameable user and v2.
-    with pytest.warns(DeprecatedEnvWarning, match=f"^{env_id} is superseded by {env_id[:-1]}2.*keyword"):
+    with pytest.warns(DeprecatedEnvWarning, match=f"^{env_id} is superseded by {env_id[:-1]}3.*keyword"):
         assert collab_env.make(env_id).task.config.user_rule == "keyword"
         # the old hole, kept for old results: a statement (named objects) or a keyword list gets facts
         gamer = KeywordDump("list", vocabulary=VOCAB + OBJECTS) if "hard" in env_id else Statement()
@@ -360,7 +360,7 @@ def test_legacy_ids_keep_the_keyword_user(env_id):
 
 def test_new_version_is_the_default():
     env = collab_env.make("hidden-facts")
-    assert env.spec.id == "hidden-facts-v2" and env.task.config.user_rule == "question"
+    assert env.spec.id == "hidden-facts-v3" and env.task.config.user_rule == "syntax"
     assert env.task.config.sensible_numbers and env.task.config.guess_is_wrong
     card = collab_env.spec("hidden-facts-v0").card
     assert "legacy" in card.tests.lower() and "legacy" in card.players["user"]

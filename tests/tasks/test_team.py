@@ -115,7 +115,7 @@ def test_silent_round_skips_the_user_and_costs_nothing():
 
 
 def test_lowest_default_return_matches_the_card():
-    for env_id, n in (("team-facts-easy-v1", 2), ("team-facts-hard-v1", 3)):
+    for env_id, n in (("team-facts-easy-v2", 2), ("team-facts-hard-v2", 3)):
         env, _, _ = start(env_id)
         total = 0.0
         while env.agents:
@@ -217,7 +217,7 @@ def test_joint_reward_modes_by_hand(mode, expected):
 # ---------------------------------------------------------------------------------------------
 # Reference teams
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("env_id, naive_return", [("team-facts-easy-v1", -0.3), ("team-facts-hard-v1", -0.6)])
+@pytest.mark.parametrize("env_id, naive_return", [("team-facts-easy-v2", -0.3), ("team-facts-hard-v2", -0.6)])
 def test_reference_teams(env_id, naive_return):
     agents = spec(env_id).trainable
     runs = {name: evaluate(env_id, dict.fromkeys(agents, name), num_episodes=12, progress=False)
@@ -277,7 +277,7 @@ from collab_env.rollout import run_episode  # noqa: E402
 from collab_env.tasks import team as team_mod  # noqa: E402
 from collab_env.exploits.policies import DUMP_STYLES, RESTATE_STYLES, KeywordDump, RestateTask  # noqa: E402
 
-V1 = ["team-facts-easy-v1", "team-facts-hard-v1"]
+V1 = ["team-facts-easy-v2", "team-facts-hard-v2"]
 VOCAB = tuple(dict.fromkeys(k for sc in team_mod._SCENARIOS for kind in (sc.count, sc.unit) for k in kind.keywords))
 
 
@@ -357,9 +357,9 @@ def test_legacy_ids_keep_the_keyword_rule():
     objects = [("bus", "buses"), ("coach", "coaches")]
     text = "You would multiply the number of buses by the seats of each coach."
     assert named_facts(text, "trip", objects, rule="keyword") == [("bus", "unit"), ("coach", "unit")]
-    assert collab_env.make("team-facts-easy").task.config.question_rule == "question"
-    # Reproducing v0 on purpose: it builds, with the warning that names the change and v1.
-    with pytest.warns(DeprecatedEnvWarning, match="^team-facts-easy-v0 is superseded by team-facts-easy-v1"):
+    assert collab_env.make("team-facts-easy").task.config.question_rule == "syntax"
+    # Reproducing v0 on purpose: it builds, with the warning that names the change and v2.
+    with pytest.warns(DeprecatedEnvWarning, match="^team-facts-easy-v0 is superseded by team-facts-easy-v2"):
         assert collab_env.make("team-facts-easy-v0").task.config.question_rule == "keyword"
         eps = play_team("team-facts-easy-v0", TeamStatement())
     assert sum(facts_told("team-facts-easy-v0", e) for e in eps) > 0  # the old hole, kept
