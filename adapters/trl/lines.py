@@ -8,7 +8,9 @@ its first call (once per trainer), so the README's snippet needs no extra argume
 * while the run lasts, the library's one progress display (:func:`collab_env._progress.progress_bar`):
   with stderr redirected, a line per tenth of the steps and at least one per
   :func:`~collab_env._progress.progress_interval` (60 s), labelled with the env and the trained
-  player, the last logged reward after the count; on a terminal TRL's bar is left alone;
+  player, the last logged reward after the count. There it takes the place of transformers'
+  ``ProgressCallback`` (its bar's carriage returns would glue every line of a log into one),
+  whose log dicts ``PrinterCallback`` prints instead; on a terminal TRL's bar is left alone;
 * when training ends, one line: the steps, the first and last logged reward, and where the outputs
   are (``args.output_dir`` as an absolute path, the checkpoints in it, and that
   ``trainer.save_model()`` writes the final model there: TRL saves only every ``save_steps``).
@@ -20,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
+from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
 from collab_env._progress import progress_bar, say
 
@@ -68,3 +70,19 @@ def closing_line(label: str, args: Any, state: Any) -> str:
              else f"no checkpoint yet (save_steps={args.save_steps})")
     return (f"{label} finished: {state.global_step} steps{reward}; output_dir {out}: {saved}; "
             "trainer.save_model() writes the final model there")
+
+
+def add_run_lines(trainer: Any, what: str) -> RunLines:
+    """Give ``trainer`` a :class:`RunLines` for ``what``; with stderr redirected, in place of its
+    ``ProgressCallback`` (a ``PrinterCallback`` prints the log dicts it printed)."""
+    state = trainer.state
+    if not sys.stderr.isatty():
+        for cb in list(trainer.callback_handler.callbacks):
+            if isinstance(cb, ProgressCallback):
+                if cb.training_bar is not None:
+                    cb.training_bar.close()
+                trainer.remove_callback(cb)
+                trainer.add_callback(PrinterCallback)
+    lines = RunLines(what, getattr(state, "max_steps", None), getattr(state, "global_step", 0))
+    trainer.add_callback(lines)
+    return lines

@@ -106,13 +106,11 @@ class RolloutFunc:
         once per trainer."""
         if self._lines_for is trainer or not hasattr(trainer, "add_callback"):
             return
-        from collab_env.adapters.trl.lines import RunLines
+        from collab_env.adapters.trl.lines import add_run_lines
 
         self._lines_for = trainer
         spec = getattr(self.envs[0], "spec", None) if self.envs else None
-        what = " ".join([*([spec.id] if getattr(spec, "id", None) else []), self.player or ""]).strip()
-        state = trainer.state
-        trainer.add_callback(RunLines(what, getattr(state, "max_steps", None), getattr(state, "global_step", 0)))
+        add_run_lines(trainer, " ".join([*([spec.id] if getattr(spec, "id", None) else []), self.player or ""]).strip())
 
     def _new_env(self) -> Any:
         env = self.build_env()
