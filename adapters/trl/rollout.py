@@ -109,8 +109,8 @@ class RolloutFunc:
         from collab_env.adapters.trl.lines import add_run_lines
 
         self._lines_for = trainer
-        spec = getattr(self.envs[0], "spec", None) if self.envs else None
-        add_run_lines(trainer, " ".join([*([spec.id] if getattr(spec, "id", None) else []), self.player or ""]).strip())
+        env_id = getattr(getattr(self.envs[0], "spec", None), "id", None) if self.envs else None
+        add_run_lines(trainer, " ".join([*([str(env_id)] if env_id else []), self.player or ""]).strip())
 
     def _new_env(self) -> Any:
         env = self.build_env()
