@@ -63,8 +63,11 @@ def evaluate(
         concurrency: Episodes in flight at once.
         env_kwargs: Keyword arguments for :func:`collab_env.make` (e.g. ``data_files``).
         sampling: Player -> sampling keywords passed to its policy.
-        progress: Show a progress bar (only when stderr is a terminal).
-        label: Name of this run in summary tables (default: the policy names).
+        progress: Show the run's progress on stderr: a bar on a terminal, else a line per tenth
+            of the run and at least one a minute (:mod:`collab_env._progress`), labelled ``eval ENV
+            LABEL``; a resumed run's first line says how many episodes it kept, and the last line
+            where the episode records are. ``False``: silent.
+        label: Name of this run in summary tables and progress lines (default: the policy names).
 
     Returns:
         The :class:`EvalResult`; failed episodes are in ``result.failures``, not scored.
