@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.model_episodes <= 0:
         if steps is not None:
             steps.close()
+        print(_closing_line(run_dir, t_start), flush=True)
         return 0
     t0 = time.perf_counter()
     if not adapter.is_dir():
@@ -183,7 +184,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("Shown: the untrained model and its Proactive prompt on the held-out items (no trained adapter).")
     print(f"The full table (SFT, immediate-reward vs MR ablation, 3 seeds, intervals): {TABLE}")
+    print(_closing_line(run_dir, t_start), flush=True)
     return 0
+
+
+def _closing_line(run_dir: Path, t_start: float) -> str:
+    """Where the demo's outputs went: the run folder and how many episode files it holds."""
+    files = sorted(p for p in run_dir.rglob("*.jsonl") if not p.name.endswith(".failures.jsonl"))
+    return (f"demo finished in {time.perf_counter() - t_start:.0f} s; {len(files)} episode files "
+            f"(one JSONL per env and row) in {run_dir}/")
 
 
 if __name__ == "__main__":

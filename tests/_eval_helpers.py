@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import re
+import time
 
 from collab_env.env import CollabEnv, Outcome, Start, Task, env_message
 from collab_env.policy import ScriptedPolicy
@@ -21,6 +22,15 @@ class SlowAskThenAnswer(AskThenAnswer):
 
     async def act(self, observations, **sampling):
         await asyncio.sleep(float(os.environ.get("COLLAB_TEST_DELAY", "0")))
+        return await super().act(observations, **sampling)
+
+
+class BlockingAskThenAnswer(AskThenAnswer):
+    """AskThenAnswer that blocks the event loop ``COLLAB_TEST_DELAY`` seconds before every reply
+    (``time.sleep``: as a local model's generate call holds the loop)."""
+
+    async def act(self, observations, **sampling):
+        time.sleep(float(os.environ.get("COLLAB_TEST_DELAY", "0")))
         return await super().act(observations, **sampling)
 
 

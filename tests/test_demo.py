@@ -37,10 +37,16 @@ def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path, capsys):
     # pytest's captured stderr is no terminal: the demo's step display prints plain lines there
     # (what `make demo > out.txt 2>&1` shows), one per finished step.
     assert main(["--episodes", "2", "--model-episodes", "0", "--out", str(tmp_path)]) == 0
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
     steps = [line for line in err.splitlines() if line.startswith("demo: ")]
     assert [s.split()[1] for s in steps] == ["1/4", "2/4", "3/4", "4/4"], err
     assert "baselines on hidden-facts-copy" in steps[-1]
+    # the last line says where the outputs went: 4 envs x 2 baselines, one file each
+    run_dir = next(tmp_path.iterdir())
+    last = captured.out.strip().splitlines()[-1]
+    assert last.startswith("demo finished in ") and last.endswith(f"; 8 episode files (one JSONL per env and row) "
+                                                                  f"in {run_dir}/")
 
 
 def test_collaboration_rows_read_the_transcripts_with_intervals():
@@ -83,5 +89,8 @@ def test_model_rows_before_and_after_with_the_committed_adapter(tmp_path, capsys
     for label in (BASE, PROACTIVE, TRAINED):
         assert label in out
     assert "success (95% CI)" in out and "questions/episode (95% CI)" in out and "loaded from" in out
-    last = out.strip().splitlines()[-2:]
+    last = out.strip().splitlines()[-3:]
     assert last[0].startswith("Shown: ") and last[1].endswith(TABLE)
+    # the closing line: where the episode files went (4 envs x 2 baselines + 3 model rows)
+    assert last[2].startswith("demo finished in ") and " 11 episode files " in last[2]
+    assert last[2].endswith(f" in {next(tmp_path.iterdir())}/")

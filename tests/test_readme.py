@@ -101,6 +101,16 @@ def _training(scope: dict[str, Any], out: str, cwd: Path) -> None:
     assert len([ln for ln in lines if "loss" in json.loads(ln)]) == 8  # max_steps=8
 
 
+def _trl(scope: dict[str, Any], out: str, cwd: Path) -> None:
+    # The embedded model earns a reward that varies within each group, so GRPO has a gradient on
+    # every step (on hidden-facts it had reward 0 everywhere and grad_norm 0), and the model and the
+    # checkpoints are where output_dir says.
+    steps = [r for r in scope["trainer"].state.log_history if "reward" in r]
+    assert len(steps) == 2
+    assert all(r["reward_std"] > 0 and r["grad_norm"] > 0 and 0 < r["reward"] <= 1 for r in steps), steps
+    assert (cwd / "trl-length-ratio" / "config.json").is_file() and not (cwd / "trainer_output").exists()
+
+
 def _skyrl(scope: dict[str, Any], out: str, cwd: Path) -> None:
     import pandas as pd
 
@@ -116,6 +126,7 @@ CHECKS: dict[str, Callable[[dict[str, Any], str, Path], None]] = {
     "Rollouts": _rollouts,
     "Rollouts #2": _driver,
     "Training": _training,
+    "Train with TRL": _trl,
     "Train with SkyRL": _skyrl,
 }
 

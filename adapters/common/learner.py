@@ -131,5 +131,7 @@ class TaskLearner:
         fields = dict(eval_every=a.eval_interval, eval_rule="position", can_evaluate=self.eval_env is not None,
                       log_every=a.logging_steps, log_rule="env_step", save_every=a.save_steps)
         fields.update(rules)
+        env_id = getattr(getattr(self.train_env, "spec", None), "id", None)
+        what = " ".join([*([str(env_id)] if env_id else []), ",".join(self.players)])
         return Schedule(unit="item", per_epoch=per_epoch, limit=limit, epochs=a.num_train_epochs, batch=batch,
-                        desc=desc, **fields)
+                        desc=desc, what=what, **fields)

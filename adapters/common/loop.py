@@ -124,7 +124,10 @@ class Schedule:
     """``"done"``: when the units done are a multiple of ``save_every``; ``"update"``: after a
     step that took an optimiser step, when the optimiser steps are a multiple of it."""
     desc: str = ""
-    """Progress-bar label."""
+    """Progress-bar label (the learner's name; the run summary's too)."""
+    what: str = ""
+    """What the run trains, after ``desc`` in the progress lines (the env id and the trained
+    players)."""
 
 
 @runtime_checkable
@@ -278,7 +281,7 @@ def progress(s: Schedule, st: RunState, logger: Any) -> Any:
     """The run's progress bar: on a terminal a bar, in a log file plain lines, none when the
     logger is not verbose (:mod:`collab_env._progress`); ``None`` or an object with ``update``
     and ``close``."""
-    return progress_bar(s.limit, s.desc, show=None if logger.verbose else False, lines=True,
+    return progress_bar(s.limit, f"{s.desc} {s.what}".strip(), show=None if logger.verbose else False, lines=True,
                         initial=_done(s, st), unit=s.unit)
 
 

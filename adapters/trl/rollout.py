@@ -80,10 +80,12 @@ class RolloutFunc:
     last_episodes: list[Episode] = field(default_factory=list, repr=False)
     """The episodes of the latest call (for inspection)."""
     _hf: Any = field(default=None, repr=False)
+    _lines_for: Any = field(default=None, repr=False)
 
     def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list[Any]]:
         from collab_env._async import run_sync
 
+        self._add_run_lines(trainer)
         items = [item_of(p) for p in prompts]
         while len(self.envs) < len(prompts):
             self.envs.append(self._new_env())
@@ -98,6 +100,17 @@ class RolloutFunc:
                 model.train()
         self.last_episodes = episodes
         return episode_output(episodes, player)
+
+    def _add_run_lines(self, trainer: Any) -> None:
+        """Give ``trainer`` the run's progress and closing lines (:class:`~collab_env.adapters.trl.lines.RunLines`),
+        once per trainer."""
+        if self._lines_for is trainer or not hasattr(trainer, "add_callback"):
+            return
+        from collab_env.adapters.trl.lines import add_run_lines
+
+        self._lines_for = trainer
+        env_id = getattr(getattr(self.envs[0], "spec", None), "id", None) if self.envs else None
+        add_run_lines(trainer, " ".join([*([str(env_id)] if env_id else []), self.player or ""]).strip())
 
     def _new_env(self) -> Any:
         env = self.build_env()

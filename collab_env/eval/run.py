@@ -12,6 +12,7 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
+from collab_env._progress import say
 from collab_env.compose import make
 from collab_env.errors import ConfigError, FatalPolicyError, did_you_mean
 from collab_env.eval.files import (
@@ -62,8 +63,11 @@ def evaluate(
         concurrency: Episodes in flight at once.
         env_kwargs: Keyword arguments for :func:`collab_env.make` (e.g. ``data_files``).
         sampling: Player -> sampling keywords passed to its policy.
-        progress: Show a progress bar (only when stderr is a terminal).
-        label: Name of this run in summary tables (default: the policy names).
+        progress: Show the run's progress on stderr: a bar on a terminal, else a line per tenth
+            of the run and at least one a minute (:mod:`collab_env._progress`), labelled ``eval ENV
+            LABEL``; a resumed run's first line says how many episodes it kept, and the last line
+            where the episode records are. ``False``: silent.
+        label: Name of this run in summary tables and progress lines (default: the policy names).
 
     Returns:
         The :class:`EvalResult`; failed episodes are in ``result.failures``, not scored.
@@ -158,6 +162,9 @@ async def aevaluate(
             for k, ep in read_run(result.out, run).items():
                 result.episodes[k] = ep
             repair_tail(fail_path)
+            if progress:
+                say(f"{_run_label(s, result)}: resumed: kept {len(result.episodes)} of {num_episodes} episodes "
+                     f"from {result.out}")
         else:
             for path in (result.out, fail_path):
                 if path.exists() and path.stat().st_size > 0:
@@ -174,6 +181,11 @@ async def aevaluate(
     ]
     if jobs:
         await _run_jobs(s, env_kwargs, resolved, sampling, jobs, concurrency, run, result, progress)
+    if progress:
+        failed = f", {len(result.failures)} failed" if result.failures else ""
+        where = (f"episode records in {result.out}" if result.out is not None
+                 else "results in memory only (no out= / --out file)")
+        say(f"{_run_label(s, result)}: finished, {len(result.episodes)}/{num_episodes} episodes{failed}; {where}")
     return result
 
 
@@ -280,7 +292,7 @@ async def _run_jobs(
     from collab_env._progress import progress_bar
 
     # A bar on a terminal, a line every tenth of the run when stderr is redirected.
-    bar = progress_bar(result.num_episodes, f"eval {s.id}", show=None if progress else False, lines=True,
+    bar = progress_bar(result.num_episodes, _run_label(s, result), show=None if progress else False, lines=True,
                        initial=result.num_episodes - len(jobs))
     sink = ResultSink(result.out)
     try:
@@ -304,6 +316,13 @@ async def _run_jobs(
             bar.close()
         sink.close()
     result.episodes = dict(sorted(result.episodes.items()))
+
+
+def _run_label(s: EnvSpec, result: EvalResult) -> str:
+    """What a progress line says runs: ``eval ENV ROW`` (the row's label, else the trained
+    players' policies: ``assistant=embedded``)."""
+    row = result.label or ", ".join(f"{p}={result.policy_names[p]}" for p in result.trainable)
+    return f"eval {s.id} {row}".rstrip()
 
 
 def _stopped_run(exc: FatalPolicyError, s: EnvSpec, result: EvalResult) -> FatalPolicyError:

@@ -36,7 +36,10 @@ def test_a_tiny_run_prints_its_summary_with_existing_paths(tiny_dir, tmp_path, c
     captured = capsys.readouterr()
     out = captured.out
     # stderr is not a terminal here: the loop's progress comes as plain lines, the last at 2/2.
-    assert re.search(r": 2/2 item \(100%\) [0-9.]+ min$", captured.err, re.MULTILINE), captured.err[-500:]
+    # Labelled with the trained players (a dataset run: no env id).
+    name = trainer_cls.__name__.removesuffix("Trainer")
+    assert re.search(rf"^{name} agent_0,agent_1: 2/2 item \(100%\) [0-9.]+ (s|min)$", captured.err,
+                     re.MULTILINE), captured.err[-500:]
     text = out[out.index(f"{trainer_cls.__name__.removesuffix('Trainer')} finished:"):]
     assert "2 items" in text and "turn_1/reward_mean final" in text
     paths = _paths(text)

@@ -78,11 +78,18 @@ def test_dataset_rows_are_the_players_first_observation_tagged_with_item_and_see
 # -- GRPOTrainer runs --------------------------------------------------------------------------------
 
 
-def test_grpo_trainer_runs_two_steps_on_hidden_facts(tiny_dir, tmp_path):
+def test_grpo_trainer_runs_two_steps_on_hidden_facts(tiny_dir, tmp_path, capsys):
     rec = Recorder()
     trainer, fn, ds, _ = _trainer(tiny_dir, tmp_path, "hidden-facts", [rec])
     trainer.train()
     assert trainer.state.global_step == 2 and len(rec.calls) == 2
+    # stderr is no terminal here: the run's lines, labelled with the env and the player, and the
+    # closing line naming output_dir (rollout_func added the callback; nothing was passed for it)
+    err = capsys.readouterr().err.splitlines()
+    assert [ln.split(" (")[0] for ln in err if ln.startswith("TRL hidden-facts-v2 assistant: ")] == [
+        "TRL hidden-facts-v2 assistant: 1/2 steps", "TRL hidden-facts-v2 assistant: 2/2 steps"]
+    closing = [ln for ln in err if ln.startswith("TRL hidden-facts-v2 assistant finished: 2 steps; reward first ")]
+    assert len(closing) == 1 and f"output_dir {(tmp_path / 'out').resolve()}: no checkpoint yet" in closing[0]
     for kw in rec.calls:
         # one completion per prompt received: per_device_train_batch_size rows, 2 copies of 1 item
         assert len(kw["episode_reward"]) == 2 and kw["index"][0] == kw["index"][1]
