@@ -227,13 +227,13 @@ def test_build_keeps_verdicts_and_replays_only_changed_entries(board, tmp_path, 
     import shutil
 
     import collab_env.leaderboard.verify as verify_module
-    from collab_env.leaderboard.board import STAMPS_FILE
+    from collab_env.leaderboard.board import stamps_file
 
     root = tmp_path / "b"
     shutil.copytree(board / "hfe", root / "hfe")
-    (root / STAMPS_FILE).unlink(missing_ok=True)
+    stamps_file(root).unlink(missing_ok=True)
     first = board_data(root, num_boot=50)
-    stamps = json.loads((root / STAMPS_FILE).read_text())
+    stamps = json.loads(stamps_file(root).read_text())
     assert sorted(stamps) == ["hfe/answer-at-once", "hfe/ask-then-answer"] and all(s["ok"] for s in stamps.values())
 
     replayed = []
