@@ -448,8 +448,10 @@ class _Verdicts:
         ``full``, on a track whose calls are regenerated (:func:`needs_regeneration`), only a
         verdict that regenerated every episode counts."""
         def enough(stamp: Mapping[str, Any]) -> bool:
-            return (not full or t is None or not needs_regeneration(t)
-                    or (isinstance(stamp.get("regenerated"), int) and stamp.get("regenerated") == stamp.get("episodes")))
+            n = stamp.get("regenerated")
+            if not full or t is None or not needs_regeneration(t):
+                return True
+            return isinstance(n, int) and n == stamp.get("episodes")
 
         return any(self.kept(source, rel) and enough(source[rel]) for source in (self.stamps, self.signed))
 

@@ -393,7 +393,8 @@ def _regenerated(entry: Mapping[str, Any]) -> str:
         return ""
     n, total = entry.get("regenerated"), entry.get("episodes")
     if not isinstance(n, int):
-        return ' <span class="warn" title="the verdict does not record its regeneration">(regeneration not recorded)</span>'
+        return (' <span class="warn" title="the verdict does not record its regeneration">'
+                "(regeneration not recorded)</span>")
     share = f" (one forged episode caught with p = {n / total:.2f})" if isinstance(total, int) and total else ""
     return f' &middot; <span class="regen">{_e(n)} of {_e(total)} episodes regenerated{_e(share)}</span>'
 

@@ -8,4 +8,4 @@ import pytest
 def _kept_verdicts_in_tmp(tmp_path_factory, monkeypatch):
     from collab_env.leaderboard import board
 
-    monkeypatch.setattr(board, "STAMPS_DIR", tmp_path_factory.mktemp("kept-verdicts"))
+    monkeypatch.setattr(board, "STAMPS_DIR", tmp_path_factory.mktemp("kept-verdicts"), raising=False)
