@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -285,7 +286,7 @@ def track_status(track: Track, tracks: Mapping[str, Track] | None = None) -> str
     return "current" if track.version >= newest else "legacy"
 
 
-def user_tracks(folder: str | Path | None) -> dict[str, Track]:
+def user_tracks(folder: str | os.PathLike[str] | None) -> dict[str, Track]:
     """The tracks of a folder of track files (``<id>.json`` each), by id; ``{}`` when ``folder``
     is ``None`` or does not exist.
 
@@ -310,7 +311,7 @@ def user_tracks(folder: str | Path | None) -> dict[str, Track]:
     return out
 
 
-def find_tracks_dir(start: str | Path, levels: int = 4) -> Path | None:
+def find_tracks_dir(start: str | os.PathLike[str], levels: int = 4) -> Path | None:
     """The nearest ``tracks/`` folder holding track files beside ``start`` or one of its
     ancestors (at most ``levels`` up): where ``verify`` finds the board's own tracks."""
     here = Path(start).resolve()
@@ -321,7 +322,7 @@ def find_tracks_dir(start: str | Path, levels: int = 4) -> Path | None:
     return None
 
 
-def known_tracks(tracks_dir: str | Path | None = None) -> dict[str, Track]:
+def known_tracks(tracks_dir: str | os.PathLike[str] | None = None) -> dict[str, Track]:
     """The built-in tracks and those of ``tracks_dir`` (:func:`user_tracks`), by id."""
     return {**builtin_tracks(), **user_tracks(tracks_dir)}
 
@@ -342,7 +343,7 @@ def resolve_track(ref: Any, tracks: Mapping[str, Track]) -> Track:
     return tracks[ref]
 
 
-def get_track(ref: str | Path, tracks_dir: str | Path | None = None) -> Track:
+def get_track(ref: str | Path, tracks_dir: str | os.PathLike[str] | None = None) -> Track:
     """A track by id (``hidden-facts-easy@v1``), by name (its current version) or by a path
     to a track file (what a person types; a submission's field goes through
     :func:`resolve_track` instead). ``tracks_dir``: a folder of your own track files, searched
