@@ -569,7 +569,7 @@ def _entry_row(f: _Folder, verdicts: _Verdicts | None, seed: int,
         if verdicts is not None:
             stamp, how = verdicts.verdict(f.rel)
             verdicts.fresh[f.rel] = stamp
-            verified, problems = bool(stamp["ok"]), list(stamp["problems"])
+            verified, problems = bool(stamp["ok"]), [_clip(str(p), 500) for p in list(stamp["problems"])[:5]]
             regenerated = stamp.get("regenerated") if needs_regeneration(f.track) else None
             if not verified and how:
                 how = "NOT verified: " + (problems[0] if problems else "no reason given")[:120]

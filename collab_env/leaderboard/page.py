@@ -411,7 +411,7 @@ def _verdict(entry: Mapping[str, Any]) -> str:
     if entry["verified"]:
         return '<span class="ok" title="verified">verified</span>' + _regenerated(entry)
     return (f'<span class="warn" title="{_e("; ".join(problems) or "not verified")}">unverified'
-            f'{": " + _e(problems[0][:160]) if problems else ""}</span>')
+            f'{": " + _e(problems[0][:160]) if problems else ""}</span>' + _regenerated(entry))
 
 
 def is_reference(entry: Mapping[str, Any]) -> bool:

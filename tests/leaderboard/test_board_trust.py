@@ -251,10 +251,11 @@ def test_the_default_regeneration_catches_one_forged_episode_with_the_stated_pro
 
 
 @pytest.mark.slow
-def test_a_forged_reply_is_caught_by_the_default_verify(tmp_path, capsys):
+@pytest.mark.timeout(1800)  # three passes of the embedded user on 2 shared cores
+def test_a_forged_reply_is_caught_by_the_default_verify(tmp_path):
     """The LLM-user track (the embedded model plays the user): the submitter forges the user's
     last reply of episode 0 in calls.sqlite and in the trajectory and rewrites the digests.
-    Before, ``verify`` regenerated 2 episodes: with this draw (seed 3: episodes 1 and 2) the
+    Before, ``verify`` regenerated 2 episodes: with this draw (seed 0: episodes 1 and 2) the
     forgery passed. Now the default draw covers at least 95% of the episodes (here all 3), and
     the board, from the track in the board's own ``tracks/`` folder, says how many."""
     import random
@@ -263,6 +264,7 @@ def test_a_forged_reply_is_caught_by_the_default_verify(tmp_path, capsys):
     from collab_env.leaderboard.submission import run_submission
     from collab_env.leaderboard.tracks import Track
 
+    assert sorted(random.Random(0).sample([0, 1, 2], 2)) == [1, 2]  # the old default's draw with seed 0
     base = get_track("hidden-facts-easy-llm-user@v2")
     track = Track.from_dict({**base.to_dict(), "name": "llm-user-forgery",
                              "env_kwargs": {**base.env_kwargs, "max_steps": 4}})
@@ -271,7 +273,6 @@ def test_a_forged_reply_is_caught_by_the_default_verify(tmp_path, capsys):
     (root / "tracks" / f"{track.id}.json").write_text(json.dumps(track.to_dict()))
     folder = root / "llm-user-forgery" / "v1" / "e"
     run_submission(track, {"assistant": "ask-then-answer"}, out=folder, episodes=3, progress=False)
-    assert sorted(random.Random(3).sample([0, 1, 2], 2)) == [1, 2]  # the old default's draw
     recs = [json.loads(x) for x in (folder / "trajectories.jsonl").read_text().splitlines()]
     r = next(r for r in recs if r["episode_id"] == 0)
     last = [t for t in r["turns"] if t["player"] == "user" and t["completion"]][-1]
@@ -291,15 +292,16 @@ def test_a_forged_reply_is_caught_by_the_default_verify(tmp_path, capsys):
     sub["files"] = submission_files(folder)
     sub["cache"]["sha256"] = sub["files"]["cache"]["sha256"]
     (folder / "submission.json").write_text(json.dumps(sub))
-    v = verify_submission(folder, sample_seed=3)  # the track from the tracks/ folder beside it
+    v = verify_submission(folder, sample_seed=0)  # the track from the tracks/ folder beside it
     assert not v.ok and v.regenerated == [0, 1, 2] and "probability 1.00" in v.regeneration
     assert any(p.startswith("episode 0 ") and "regenerated with the track's own pinned models" in p
                for p in v.problems), v.problems
-    # The board and its page say how many episodes were regenerated.
-    out = tmp_path / "page.html"
-    assert main(["leaderboard", "build", str(root), "--out", str(out)]) == 0
+    # The board (the track from root/tracks) and its page say how many episodes were regenerated.
+    from collab_env.leaderboard.page import build_page
+
     data = board_data(root, num_boot=20)
     [entry] = data["entries"]
     assert entry["id"] == "llm-user-forgery@v1/e" and not entry["verified"] and entry["regenerated"] == 3
-    html = out.read_text(encoding="utf-8")
+    html = build_page(data, tmp_path / "page.html").read_text(encoding="utf-8")
+    assert "3 of 3 episodes regenerated (one forged episode caught with p = 1.00)" in html
     assert "probability at least 0.95" in html
