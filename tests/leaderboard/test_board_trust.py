@@ -151,7 +151,8 @@ def test_a_same_named_folder_that_sorts_earlier_does_not_take_the_signed_entry(s
 def test_a_folder_claiming_a_signed_entrys_id_is_rejected_with_the_reason(signed_v1_entry, tmp_path):
     root = signed_v1_entry
     # hidden-facts-easy/v1/ask-then-answer is also hidden-facts-easy@v1/ask-then-answer
-    shutil.copytree(SEEDED / "hidden-facts-easy" / "answer-at-once", root / "hidden-facts-easy" / "v1" / "ask-then-answer")
+    shutil.copytree(SEEDED / "hidden-facts-easy" / "answer-at-once",
+                    root / "hidden-facts-easy" / "v1" / "ask-then-answer")
     data = board_data(root, num_boot=20)
     [entry] = data["entries"]
     assert entry["id"] == "hidden-facts-easy@v1/ask-then-answer" and entry["verified"]
@@ -251,13 +252,13 @@ def test_the_default_regeneration_catches_one_forged_episode_with_the_stated_pro
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # three passes of the embedded user on 2 shared cores
+@pytest.mark.timeout(2400)  # two passes of the embedded user (~16 min each on 2 cores under load)
 def test_a_forged_reply_is_caught_by_the_default_verify(tmp_path):
     """The LLM-user track (the embedded model plays the user): the submitter forges the user's
     last reply of episode 0 in calls.sqlite and in the trajectory and rewrites the digests.
     Before, ``verify`` regenerated 2 episodes: with this draw (seed 0: episodes 1 and 2) the
     forgery passed. Now the default draw covers at least 95% of the episodes (here all 3), and
-    the board, from the track in the board's own ``tracks/`` folder, says how many."""
+    ``verify`` finds the track in the board's own ``tracks/`` folder."""
     import random
     import sqlite3
 
@@ -296,12 +297,35 @@ def test_a_forged_reply_is_caught_by_the_default_verify(tmp_path):
     assert not v.ok and v.regenerated == [0, 1, 2] and "probability 1.00" in v.regeneration
     assert any(p.startswith("episode 0 ") and "regenerated with the track's own pinned models" in p
                for p in v.problems), v.problems
-    # The board (the track from root/tracks) and its page say how many episodes were regenerated.
+    # The page's count of regenerated episodes: test_the_page_says_how_many_episodes_were_regenerated.
+
+
+def test_the_page_says_how_many_episodes_were_regenerated(tmp_path, monkeypatch):
+    """A kept verdict (the builder's own, outside the board) of an entry on a track whose user is
+    a local model: the row says how many of its episodes were regenerated and the catch
+    probability; a board built with ``full=True`` (what ``sign`` does) does not take a verdict
+    that regenerated fewer than all of them, and re-plays the entry."""
+    from collab_env.leaderboard.board import stamps_file
     from collab_env.leaderboard.page import build_page
 
+    d = {**get_track("length-ratio@v1").to_dict(), "name": "lr-with-a-user",
+         "players": {"user": {"simulator": "llm-user", "backend": "embedded"}}}
+    root = tmp_path / "board"
+    (root / "tracks").mkdir(parents=True)
+    (root / "tracks" / "lr-with-a-user@v1.json").write_text(json.dumps(d))
+    folder = root / "lr-with-a-user" / "v1" / "e"
+    shutil.copytree(PARTNER, folder)
+    _rewrite(folder, track="lr-with-a-user@v1")
+    t = get_track("lr-with-a-user@v1", root / "tracks")
+    stamp = {"key": verification_key(folder, t), "ok": True, "episodes": 32, "problems": [], "regenerated": 31}
+    stamps_file(root).parent.mkdir(parents=True, exist_ok=True)
+    stamps_file(root).write_text(json.dumps({"lr-with-a-user/v1/e": stamp}))
+    replayed = _counting(monkeypatch)
     data = board_data(root, num_boot=20)
     [entry] = data["entries"]
-    assert entry["id"] == "llm-user-forgery@v1/e" and not entry["verified"] and entry["regenerated"] == 3
+    assert replayed == [] and entry["verified"] and entry["regenerated"] == 31
     html = build_page(data, tmp_path / "page.html").read_text(encoding="utf-8")
-    assert "3 of 3 episodes regenerated (one forged episode caught with p = 1.00)" in html
+    assert "31 of 32 episodes regenerated (one forged episode caught with p = 0.97)" in html
     assert "probability at least 0.95" in html
+    data = board_data(root, num_boot=20, full=True)
+    assert replayed == ["e"] and not data["entries"][0]["verified"]

@@ -94,7 +94,8 @@ def test_a_tracks_folder_cannot_take_a_built_in_id_or_misname_a_file(tmp_path):
         user_tracks(folder)
     (folder / "length-ratio@v1.json").unlink()
     _my_track(folder).rename(folder / "mine.json")
-    with pytest.raises(ConfigError, match=r"holds my-length-ratio@v1; in a tracks folder name it my-length-ratio@v1\.json"):
+    with pytest.raises(ConfigError, match=r"holds my-length-ratio@v1; in a tracks folder name it "
+                                          r"my-length-ratio@v1\.json"):
         user_tracks(folder)
 
 
