@@ -112,22 +112,16 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
 
 
 def _loads_bounded(text: Any) -> Any:
-    """JSON text read as plain data, nested at most :data:`MAX_DEPTH` deep; ``ValueError``
-    otherwise (:func:`json.loads` itself raises RecursionError on very deep nesting)."""
+    """JSON text read as plain data, nested at most :data:`MAX_DEPTH` deep (checked before it
+    is parsed, by :func:`collab_env._json.depth_problem`); ``ValueError`` otherwise."""
+    from collab_env._json import depth_problem
+
     if not isinstance(text, str):
         raise ValueError(f"the stored value is {type(text).__name__}, not JSON text")
-    try:
-        value = json.loads(text)
-    except RecursionError:
-        raise ValueError(f"its lists and dicts are nested more than {MAX_DEPTH} deep") from None
-    stack = [(value, 1)]
-    while stack:  # without recursion: the depth is what is being checked
-        node, depth = stack.pop()
-        if isinstance(node, (list, dict)):
-            if depth > MAX_DEPTH:
-                raise ValueError(f"its lists and dicts are nested more than {MAX_DEPTH} deep")
-            stack.extend((c, depth + 1) for c in (node.values() if isinstance(node, dict) else node))
-    return value
+    problem = depth_problem(text, limit=MAX_DEPTH)
+    if problem is not None:
+        raise ValueError(f"its lists and dicts are nested more than {MAX_DEPTH} deep")
+    return json.loads(text)
 
 
 def _is_number(x: Any) -> bool:

@@ -42,6 +42,7 @@ from gymnasium.utils import seeding
 from pettingzoo import ParallelEnv
 
 from collab_env._async import run_sync
+from collab_env._json import check_depth
 from collab_env.errors import ActionError, ConfigError, EnvStateError, check_keyword_types, did_you_mean
 from collab_env.spaces import Chat, UnicodeText
 from collab_env.types import ENV_AUTHOR, Conversation, Message
@@ -380,6 +381,7 @@ class CollabEnv(ParallelEnv[str, Conversation, str]):
                 raise ConfigError("reset() takes options['index'] or options['item'], not both.")
             if not isinstance(row, Mapping):
                 raise ConfigError(f"options['item'] must be a mapping (a data row), got {type(row).__name__}.")
+            check_depth(row, "reset(options={'item': row}): the row")
         elif index is None:
             index = int(rng.integers(n)) if n else int(rng.integers(2**31 - 1))
         else:

@@ -387,5 +387,9 @@ class Episode:
 
     @classmethod
     def from_json(cls, line: str) -> Episode:
-        return cls.from_dict(json.loads(line))
+        """The episode of one JSON line (``to_json``); a line that is not JSON, or nests deeper
+        than :data:`collab_env._json.MAX_DEPTH`, is a :class:`ConfigError`."""
+        from collab_env._json import loads
+
+        return cls.from_dict(loads(line, "an episode's JSON line"))
 

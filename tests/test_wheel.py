@@ -249,7 +249,7 @@ def test_the_installed_cli_builds_a_small_leaderboard(venv, tmp_path):
     """One short entry on length-ratio (scripted partners), re-played and put on a page: the
     track files come from the installed package."""
     run_in(venv, "collab-env", "leaderboard", "run", "length-ratio", "--policy", "agent_0=length-ratio-partner",
-           "--policy", "agent_1=length-ratio-partner", "--episodes", "4", "--out", str(tmp_path / "board" / "lr" / "p"),
+           "--policy", "agent_1=length-ratio-partner", "--episodes", "4", "--out", str(tmp_path / "board" / "length-ratio" / "p"),
            "--no-progress", cwd=tmp_path)
     out = run_in(venv, "collab-env", "leaderboard", "build", str(tmp_path / "board"), "--out",
                  str(tmp_path / "board.html"), cwd=tmp_path).stdout

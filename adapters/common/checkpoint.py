@@ -92,7 +92,7 @@ FORMAT = "collab_env.safe_state/1"
 
 #: Deepest nesting of lists and dicts read from a JSON state file (a trainer's state needs
 #: about 10; JSON nested 200,000 deep is refused, not a RecursionError).
-MAX_DEPTH = 64
+MAX_DEPTH = 64  # collab_env._json.MAX_DEPTH, the limit of every reader of outside JSON
 #: Largest JSON state file read, in bytes (the tensors live in the safetensors file).
 MAX_JSON_BYTES = 256 * 2**20
 #: Most elements of one NumPy array in a JSON state file (each takes two characters at least).
@@ -186,31 +186,21 @@ def read_regular(path: Path, max_bytes: int) -> bytes:
     return data
 
 
-def _check_depth(obj: Any, file: Path, fail: Any = None) -> None:
-    """Refuse lists and dicts nested deeper than :data:`MAX_DEPTH` (walked without recursion)."""
-    stack = [(obj, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise (fail or damaged)(file, f"its lists and dicts are nested more than {MAX_DEPTH} deep")
-        children = node.values() if isinstance(node, dict) else node
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (list, dict)))
-
-
 def parse_json(data: bytes, file: Path, fail: Any = None) -> Any:
     """JSON from untrusted bytes: not UTF-8, not JSON, an integer too long to convert, or
-    nesting deeper than :data:`MAX_DEPTH` (for which :func:`json.loads` itself may raise
-    RecursionError) is refused with ``fail(file, what)`` (default :func:`damaged`)."""
+    nesting deeper than :data:`MAX_DEPTH` (checked on the bytes before they are parsed, by
+    :func:`collab_env._json.depth_problem`) is refused with ``fail(file, what)`` (default
+    :func:`damaged`)."""
+    from collab_env._json import depth_problem
+
     fail = fail or damaged
+    problem = depth_problem(data, limit=MAX_DEPTH)
+    if problem is not None:
+        raise fail(file, f"its lists and dicts are nested more than {MAX_DEPTH} deep")
     try:
-        obj = json.loads(data.decode("utf-8"))
-    except RecursionError:
-        raise fail(file, f"its lists and dicts are nested more than {MAX_DEPTH} deep") from None
+        return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, or an int over Python's digit limit
         raise fail(file, f"it is not JSON ({_first_line(exc)})") from exc
-    if isinstance(obj, (list, dict)):
-        _check_depth(obj, file, fail)
-    return obj
 
 
 def _not_safetensors(path: Path, what: str) -> ConfigError:

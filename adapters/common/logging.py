@@ -27,7 +27,10 @@ WANDB_KEYS = ("project", "entity", "name", "run_name", "tags", "dir", "mode", "c
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """The records of a JSONL metrics file."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    from collab_env._json import loads
+
+    return [loads(line, f"{path}, line {i}") for i, line in enumerate(Path(path).read_text().splitlines(), 1)
+            if line.strip()]
 
 
 class MetricsLogger:

@@ -26,7 +26,9 @@ def item_of(prompt: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
         first = prompt[0]
         tag = first.get(TAG) if isinstance(first, Mapping) else None
     if isinstance(tag, str):
-        tag = json.loads(tag)
+        from collab_env._json import loads
+
+        tag = loads(tag, "the prompt's task tag")
     if not isinstance(tag, Mapping) or "index" not in tag or "seed" not in tag:
         raise ConfigError(
             "a prompt given to the rollout function does not say which task item it is (its first message has "

@@ -64,6 +64,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from collab_env._json import loads
 from collab_env.adapters.verl.policy import ServerPolicy
 from collab_env.adapters.verl_recipe import config_section, recipe_overrides, with_overrides
 from collab_env.adapters.verl_recipe import plain as _plain
@@ -245,7 +246,7 @@ class CollabEnvAgentLoop(AgentLoopBase):
             raise ConfigError(f"unknown keys {unknown} in the row's collab_env column (known: {list(CONFIG_KEYS)}).")
         out = {**self.loop_config, **column}
         if isinstance(out.get("env_kwargs"), str):  # write_dataset stores them as JSON text
-            out["env_kwargs"] = json.loads(out["env_kwargs"])
+            out["env_kwargs"] = loads(out["env_kwargs"], "the row's collab_env.env_kwargs")
         for key in ("index", "seed"):
             if out.get(key) is not None:
                 out[key] = int(out[key])

@@ -13,7 +13,8 @@
 A policy ``SPEC`` is an alias (``ask-then-answer``, ``answer-at-once``...), ``default`` (the
 spec's default policy for that player) or ``module:Class``. ``--import MODULE`` (before the
 subcommand, repeatable) imports a module first, so environments and policies it registers are
-available: ``collab-env --import my_envs check my-env-v0``.
+available: ``collab-env --import my_envs check my-env-v0``; it is looked up on the Python path,
+then in the current folder (``my_envs.py`` or ``my_envs/``).
 
 Exit status: 0 success; 1 a check failed, an evaluation had failed episodes, ``play`` input
 ended early, or ``data`` rejected its rows; 2 a usage or configuration error; 3 a file error (a

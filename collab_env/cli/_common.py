@@ -17,8 +17,12 @@ __all__ = ["PROG", "parse_value", "parse_pairs", "env_kwargs", "add_env_args", "
 PROG = "collab-env"
 
 
-def parse_value(text: str) -> Any:
-    """``--env-arg`` values: JSON when they parse (numbers, booleans, lists), else the string."""
+def parse_value(text: str, flag: str = "--env-arg") -> Any:
+    """``--env-arg`` values: JSON when they parse (numbers, booleans, lists), else the string;
+    JSON nested deeper than :data:`collab_env._json.MAX_DEPTH` is refused before it is parsed."""
+    from collab_env._json import check_depth
+
+    check_depth(text, f"{flag} value {text[:40]!r}{'...' if len(text) > 40 else ''}")
     try:
         return json.loads(text)
     except ValueError:
@@ -39,7 +43,7 @@ def parse_pairs(items: Sequence[str] | None, what: str, example: str) -> dict[st
 
 
 def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    kwargs = {k: parse_value(v) for k, v in
+    kwargs = {k: parse_value(v, f"--env-arg {k}") for k, v in
               parse_pairs(getattr(args, "env_arg", None), "--env-arg", "--env-arg max_steps=8").items()}
     files = getattr(args, "data_files", None)
     if files:
@@ -75,7 +79,7 @@ def parse_sampling(items: Sequence[str] | None) -> dict[str, dict[str, Any]]:
         if name not in names:
             raise ConfigError(f"{flag}: {name!r} is not a sampling parameter." + did_you_mean(name, names)
                               + f" Valid: {', '.join(names)}.")
-        parsed = parse_value(value)
+        parsed = parse_value(value, f"--sampling {key}")
         try:
             SamplingParams(**{name: parsed})  # its type and range: temperature a number >= 0...
         except ConfigError as exc:

@@ -22,7 +22,7 @@ from collab_env.cli._common import PROG
 from collab_env.cli.output import Output, drop_stdout, os_error_message
 from collab_env.errors import CollabEnvError, ConfigError
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "import_user_module"]
 
 #: The command modules, in the order ``collab-env --help`` lists them.
 COMMANDS = (list_cmd, data_cmd, info_cmd, check_cmd, play_cmd, eval_cmd, leaderboard_cmd)
@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                "'module:Class'.",
     )
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                   help="import MODULE first (registers its environments/policies); repeatable")
+                   help="import MODULE first (registers its environments/policies); looked up on the Python "
+                        "path, then in the current folder (MODULE.py or MODULE/); repeatable")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         command.add_parser(sub)
@@ -72,6 +73,49 @@ def main(argv: list[str] | None = None, *, stdin: TextIO | None = None,
         warnings.showwarning = saved
 
 
+def import_user_module(name: str) -> None:
+    """``--import NAME``: import ``NAME`` from the Python path, else from the current folder
+    (``NAME.py`` or a package ``NAME/`` there; the folder is appended to ``sys.path``, after the
+    installed packages, so a file there never shadows one of them). The ``collab-env`` script's
+    own folder, not the current one, heads ``sys.path``, so without this a module beside the
+    user needs ``PYTHONPATH=.``.
+
+    Raises:
+        ConfigError: The module is nowhere to be found (the message says where it looked and
+            how to point at it), or importing it failed (the message names the error).
+    """
+    import os
+    from pathlib import Path
+
+    top = name.split(".")[0]
+    try:
+        importlib.import_module(name)
+        return
+    except ModuleNotFoundError as exc:
+        if exc.name not in {top, name}:  # the module was found; something it imports is missing
+            raise ConfigError(f"--import {name}: {exc}") from exc
+        missing = exc
+    except ImportError as exc:
+        raise ConfigError(f"--import {name}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - the user's module raised while importing: one line
+        raise ConfigError(f"--import {name}: importing it raised {type(exc).__name__}: {exc}") from exc
+    cwd = os.getcwd()
+    here = Path(cwd)
+    if (here / f"{top}.py").is_file() or (here / top / "__init__.py").is_file():
+        if cwd not in sys.path:
+            sys.path.append(cwd)
+        importlib.invalidate_caches()
+        try:
+            importlib.import_module(name)
+            return
+        except Exception as exc:  # noqa: BLE001 - as above, from the current folder
+            raise ConfigError(f"--import {name}: {here / top} was found in the current folder, but importing it "
+                              f"raised {type(exc).__name__}: {exc}") from exc
+    raise ConfigError(f"--import {name}: no module {top!r} on the Python path ({missing}) nor in the current folder "
+                      f"{cwd} ({top}.py or {top}/__init__.py). Run collab-env from the folder that holds it, install "
+                      f"it (pip install -e DIR), or set PYTHONPATH=DIR.")
+
+
 def _data_split(argv: Sequence[str]) -> int | None:
     """Where ``data`` stands in ``argv`` when it is the command (after any ``--import M``), else
     ``None``. ``data`` has a parser of its own, which gets every argument after it."""
@@ -94,10 +138,7 @@ def _main(argv: list[str] | None, *, stdin: TextIO | None, stdout: TextIO | None
         except SystemExit as exc:  # --help or a usage error: argparse already printed
             return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
         for mod in args.imports:
-            try:
-                importlib.import_module(mod)
-            except ImportError as exc:
-                raise ConfigError(f"--import {mod}: {exc}") from exc
+            import_user_module(mod)
         data_argv = [] if at is None else argv[at + 1:]
         commands = {"list": lambda: list_cmd.run(args, out), "info": lambda: info_cmd.run(args, out),
                     "check": lambda: check_cmd.run(args, out), "eval": lambda: eval_cmd.run(args, out),

@@ -20,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     lb = q.add_subparsers(dest="lb_command", metavar="ACTION", required=True)
     lb.add_parser("tracks", help="list the tracks (current and legacy)")
     r = lb.add_parser("run", help="play a track with your policy; write a submission folder (resumable)")
-    r.add_argument("track", help="track id (hidden-facts@v1), name (its current version) or track file")
+    r.add_argument("track", help="track id (hidden-facts@v1), name (its current version) or your own track file")
     r.add_argument("--policy", action="append", metavar="PLAYER=SPEC",
                    help="policy of a submitted player: alias, module:Class, backend:model or proactive(SPEC)")
     r.add_argument("--out", required=True, help="submission folder (an unfinished one is resumed)")
@@ -34,26 +34,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--concurrency", type=int, default=8, help="episodes in flight (default 8)")
     r.add_argument("--data-files", nargs="+", metavar="F", help="the track's data files (tracks on data)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _tracks_arg(r)
     v = lb.add_parser("verify", help="re-play a submission offline; exit 1 with the reasons if it does not match")
     v.add_argument("submission", help="submission folder")
-    v.add_argument("--track", help="track file to check against (default: the registered track it names)")
+    v.add_argument("--track", help="track file to check against (default: the track whose id it names)")
     v.add_argument("--data-files", nargs="+", metavar="F", help="the track's data files (tracks on data)")
     v.add_argument("--regenerate", type=int, metavar="N",
                    help="on tracks with an LLM user or judge: regenerate N random episodes with the track's own "
-                        "pinned models (default 2)")
+                        "pinned models (default: enough to catch one forged episode with probability 0.95)")
     v.add_argument("--full", action="store_true", help="regenerate every episode with the track's own models")
+    _tracks_arg(v, "the nearest tracks/ folder beside the submission or above it")
     g = lb.add_parser("sign", help="verify a board and sign its verdicts (maintainers; the key stays outside the "
                                    "repository)")
     g.add_argument("directory", help="folder of submission folders (e.g. benchmarks/leaderboard)")
     g.add_argument("--key", required=True,
                    help="the Ed25519 private key file (its public key pinned in collab_env.leaderboard.signing)")
     g.add_argument("--reverify", action="store_true", help="re-play every entry first")
+    _tracks_arg(g, "DIRECTORY/tracks")
     b = lb.add_parser("build", help="write the static HTML page of a folder of submissions")
     b.add_argument("directory", help="folder of submission folders (e.g. benchmarks/leaderboard)")
     b.add_argument("--out", help="HTML file (default DIRECTORY/index.html)")
     b.add_argument("--no-verify", action="store_true", help="do not re-play the submissions (marks them unverified)")
     b.add_argument("--reverify", action="store_true",
-                   help="re-play every submission, ignoring the verdicts kept in DIRECTORY/.verified.json")
+                   help="re-play every submission, ignoring the kept verdicts (in the user cache, keyed by "
+                        "DIRECTORY's path) and the signed ones")
+    _tracks_arg(b, "DIRECTORY/tracks")
+
+
+def _tracks_arg(q: argparse.ArgumentParser, default: str | None = None) -> None:
+    q.add_argument("--tracks", metavar="DIR",
+                   help="a folder of your own track files, named <id>.json (e.g. my-track@v1.json)"
+                        + (f"; default {default}" if default else ""))
 
 
 def run(args: argparse.Namespace, out: Writer) -> int:
@@ -71,9 +82,11 @@ def run(args: argparse.Namespace, out: Writer) -> int:
         return 0
     if args.lb_command == "run":
         from collab_env.leaderboard.submission import load_submission, run_submission
+        from collab_env.leaderboard.tracks import get_track
 
         policies = parse_pairs(args.policy, "--policy", "--policy assistant=ask-then-answer")
-        path = run_submission(args.track, policies, out=args.out, name=args.name, model=args.model,
+        track = get_track(args.track, args.tracks)
+        path = run_submission(track, policies, out=args.out, name=args.name, model=args.model,
                               sampling=parse_sampling(args.sampling), data_files=args.data_files,
                               episodes=args.episodes, custom=args.custom or (),
                               concurrency=args.concurrency, progress=not args.no_progress)
@@ -84,7 +97,7 @@ def run(args: argparse.Namespace, out: Writer) -> int:
         if eps["recorded"]:
             from collab_env.leaderboard.board import entry_row_text
 
-            print(f"row: {entry_row_text(path)}", file=out)
+            print(f"row: {entry_row_text(path, track=track)}", file=out)
         if eps["failed"]:
             print(f"{PROG}: {len(eps['failed'])} episode(s) failed: {eps['failed'][:10]}; rerun the same "
                   "command to retry them.", file=sys.stderr)
@@ -94,7 +107,7 @@ def run(args: argparse.Namespace, out: Writer) -> int:
         from collab_env.leaderboard.verify import verify_submission
 
         v = verify_submission(args.submission, track=args.track, data_files=args.data_files,
-                              regenerate=args.regenerate, full=args.full)
+                              regenerate=args.regenerate, full=args.full, tracks_dir=args.tracks)
         print(v.report(), file=out)
         return 0 if v.ok else 1
     if args.lb_command == "sign":
@@ -102,7 +115,7 @@ def run(args: argparse.Namespace, out: Writer) -> int:
     # build
     from collab_env.leaderboard.board import board_data
 
-    data = board_data(args.directory, verify=not args.no_verify, reverify=args.reverify,
+    data = board_data(args.directory, verify=not args.no_verify, reverify=args.reverify, tracks_dir=args.tracks,
                       progress=lambda line: print(line, file=sys.stderr, flush=True))
     target = Path(args.out) if args.out else Path(args.directory) / "index.html"
     try:
@@ -121,17 +134,19 @@ def run(args: argparse.Namespace, out: Writer) -> int:
 
 def _sign(args: argparse.Namespace, out: Writer) -> int:
     """``collab-env leaderboard sign DIRECTORY --key FILE``: verify the board (re-playing what this
-    machine has not verified yet) and sign every entry's verdict into DIRECTORY/verdicts.signed.json."""
+    machine has not verified yet, every episode's calls regenerated on tracks with an LLM user or
+    judge) and sign every entry's verdict into DIRECTORY/verdicts.signed.json."""
     from pathlib import Path
 
-    from collab_env.leaderboard.board import STAMPS_FILE, board_data
+    from collab_env.leaderboard.board import board_data, read_stamps
     from collab_env.leaderboard.signing import SIGNED_FILE, sign_verdicts
 
     directory = Path(args.directory)
-    data = board_data(directory, verify=True, reverify=args.reverify, num_boot=10,
+    data = board_data(directory, verify=True, reverify=args.reverify, num_boot=10, full=True, tracks_dir=args.tracks,
                       progress=lambda line: print(line, file=sys.stderr, flush=True))
-    stamps = json.loads((directory / STAMPS_FILE).read_text()) if (directory / STAMPS_FILE).is_file() else {}
-    signed = sign_verdicts(stamps, args.key)
+    stamps, _ = read_stamps(directory)
+    listed = {Path(e["path"]).resolve().relative_to(directory.resolve()).as_posix() for e in data["entries"]}
+    signed = sign_verdicts({rel: s for rel, s in stamps.items() if rel in listed}, args.key)
     (directory / SIGNED_FILE).write_text(json.dumps(signed, indent=1, sort_keys=True) + "\n")
     n_ok = sum(s["ok"] for s in signed["verdicts"].values())
     print(f"{len(signed['verdicts'])} verdicts ({n_ok} verified) of {len(data['entries'])} entries signed with "

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from collab_env._json import depth_problem
 from collab_env.errors import ConfigError
 from collab_env.eval.results import FAILURES_SUFFIX
 from collab_env.types import Episode
@@ -175,6 +176,9 @@ def parse_lines(path: Path, *, strict: bool) -> list[tuple[int, dict[str, Any]]]
         if not raw.strip():
             continue
         try:
+            problem = depth_problem(raw)
+            if problem is not None:  # before the reader: it recurses once per level
+                raise ValueError(problem)
             rec = json.loads(raw)
             if not isinstance(rec, dict):
                 raise ValueError("not a JSON object")

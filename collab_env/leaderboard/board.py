@@ -13,15 +13,33 @@ with ``"failed": true``, no statistics and the reason in ``"problems"``; a folde
 ``submission.json`` is unreadable or names an unknown track goes to ``"rejected"`` (path and
 reason), which the page lists too. ``progress`` gets one line per entry and a summary.
 
-Re-playing every submission is slow (a code track re-runs every test in the sandbox), so each
-verdict is kept in ``<directory>/.verified.json``, keyed by the entry's folder and a digest of
-what the verdict depends on: every file of the submission, the track's content hash and
-collab_env's version. A later build re-plays only the entries whose digest changed (or all of
-them with ``reverify=True``). The stamps live beside the entries, not in them: a submission
-cannot bring its own verdict, and whoever builds a board verifies its folder once themselves.
-Verdicts the maintainers signed (:mod:`collab_env.leaderboard.signing`, committed with the
-entries) count too, for the folders whose digest they name: so a fresh clone builds the seeded
-board without re-playing it, and an edited file still re-plays its entry.
+Entry ids
+    An entry's id is its track's id and the folder's path relative to the track's folder of the
+    board, ``<track name>/v<version>/`` (``<track name>/`` also for version 1):
+    ``hidden-facts-easy/v2/my-model`` on ``hidden-facts-easy@v2`` is
+    ``hidden-facts-easy@v2/my-model``; a folder elsewhere keeps its whole path from the board
+    (:func:`entry_id`). Two folders that claim one id are never settled by their order: the one
+    a signed verdict covers keeps it, and every other claimant is rejected with the reason
+    (when none is signed, all of them are).
+
+Tracks
+    A submission's ``track`` is an id, looked up among the built-in tracks and the board's own
+    (``<directory>/tracks/<id>.json``, or ``tracks_dir``), never opened as a path.
+
+Kept verdicts
+    Re-playing every submission is slow (a code track re-runs every test in the sandbox), so
+    each verdict is kept, keyed by the entry's folder and a digest of what the verdict depends
+    on: every file of the submission, the track's content hash and collab_env's version. A later
+    build re-plays only the entries whose digest changed (or all of them with
+    ``reverify=True``). The kept verdicts live **outside** the board folder, in the user cache
+    keyed by the board's path (:func:`stamps_file`): whoever builds a board verifies its folder
+    once themselves, and nothing in the folder (which submitters write) is taken as a verdict
+    unless it is signed. A ``.verified.json`` in the board folder (where builds kept them
+    before) is ignored with a note, and a kept-verdicts file that sits inside the board folder
+    or that git tracks is refused. Verdicts the maintainers signed
+    (:mod:`collab_env.leaderboard.signing`, committed with the entries) count for the folders
+    whose digest they name: so a fresh clone builds the seeded board without re-playing it, and
+    an edited file still re-plays its entry.
 """
 
 from __future__ import annotations
@@ -43,13 +61,20 @@ from collab_env.leaderboard.submission import (
     file_sha256,
     load_submission,
 )
-from collab_env.leaderboard.tracks import Track, builtin_tracks, get_track, track_status
+from collab_env.leaderboard.tracks import TRACKS_FOLDER, Track, known_tracks, resolve_track, track_status
 
 __all__ = ["board_data", "entry_row_text", "track_row", "board_trajectory", "verification_key", "simulator_identity",
-           "MAX_TRAJECTORIES", "STAMPS_FILE"]
+           "MAX_TRAJECTORIES", "STAMPS_FILE", "STAMPS_DIR", "stamps_file", "read_stamps", "entry_id",
+           "MAX_TEXT_CHARS", "needs_regeneration"]
 
-#: The verdicts of earlier builds, in the board's folder (see the module docstring).
+#: Where builds kept their verdicts before they moved out of the board folder: such a file is
+#: ignored (see the module docstring).
 STAMPS_FILE = ".verified.json"
+#: The folder of the kept verdicts (``None``: ``<user cache>/leaderboard``, see :func:`stamps_file`).
+STAMPS_DIR: Path | None = None
+#: Characters of one text of a trajectory (a move, a hidden goal) the page shows; the rest is
+#: cut with a note (the verified files keep it whole).
+MAX_TEXT_CHARS = 8000
 
 #: Trajectories per entry embedded in the board (the first episodes by id).
 MAX_TRAJECTORIES = 6
@@ -123,8 +148,11 @@ def board_trajectory(record: Mapping[str, Any], submitted: Sequence[str], thresh
     for m in msgs:
         aud = m.get("audience")
         if aud is not None and not set(aud) & set(submitted):
-            hidden.append({"to": list(aud), "text": m.get("content", ""), **({"facts": m["meta"]["hidden"]}
-                          if isinstance(m.get("meta"), dict) and "hidden" in m["meta"] else {})})
+            facts = m["meta"]["hidden"] if isinstance(m.get("meta"), dict) and "hidden" in m["meta"] else None
+            if facts is not None and len(json.dumps(facts, default=str)) > MAX_TEXT_CHARS:
+                facts = _clip(json.dumps(facts, default=str))
+            hidden.append({"to": [_clip(str(a), 100) for a in aud][:16], "text": _clip(str(m.get("content", ""))),
+                           **({"facts": facts} if facts is not None else {})})
     moves = list(record.get("turns") or [])
     turns = []
     j = 0
@@ -132,22 +160,130 @@ def board_trajectory(record: Mapping[str, Any], submitted: Sequence[str], thresh
         if m.get("role") == "system" or m.get("audience") is not None:
             continue
         author = m.get("author") or m.get("role")
-        turn: dict[str, Any] = {"player": str(author), "text": str(m.get("content", "")), "reward": None,
-                                "components": {}}
+        turn: dict[str, Any] = {"player": _clip(str(author), 100), "text": _clip(str(m.get("content", ""))),
+                                "reward": None, "components": {}}
         if j < len(moves) and moves[j].get("player") == author and moves[j].get("text") == m.get("content"):
             turn["reward"] = float(moves[j].get("reward", 0.0))
             turn["components"] = {k: float(v) for k, v in (moves[j].get("components") or {}).items()}
             j += 1
         turns.append(turn)
     v = episode_values(record, submitted, threshold)
-    return {"episode": int(record.get("episode_id", 0)), "task": str(record.get("index")),
+    end = record.get("end_reason")
+    return {"episode": int(record.get("episode_id", 0)), "task": _clip(str(record.get("index")), 100),
             "seed": int(record.get("seed") or 0), "hidden_goal": hidden or None,
             "reward": float(v["reward"]), "success": bool(v["success"]), "turns": turns,
-            "end_reason": record.get("end_reason")}
+            "end_reason": _clip(str(end), 200) if end is not None else None}
+
+
+def _clip(text: str, limit: int = MAX_TEXT_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, with a note of what was left out."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f" [... {len(text) - limit} more characters not shown]"
 
 
 def _entries(directory: Path) -> list[Path]:
     return sorted(p.parent for p in directory.rglob(SUBMISSION_FILE))
+
+
+def entry_id(directory: str | os.PathLike[str], folder: str | os.PathLike[str], t: Track) -> str:
+    """The id of the entry in ``folder`` on track ``t`` of the board ``directory``: the track's id
+    and the folder's path relative to the track's folder ``<name>/v<version>/`` (for version 1
+    also ``<name>/``); a folder outside it keeps its whole path from the board."""
+    rel = Path(folder).resolve().relative_to(Path(directory).resolve()).as_posix()
+    if rel == ".":
+        return f"{t.id}/{Path(folder).resolve().name}"
+    for prefix in [f"{t.name}/v{t.version}/"] + ([f"{t.name}/"] if t.version == 1 else []):
+        if rel.startswith(prefix):
+            return f"{t.id}/{rel[len(prefix):]}"
+    return f"{t.id}/{rel}"
+
+
+def needs_regeneration(t: Track) -> bool:
+    """``t`` has a player or judge played by a local model whose calls verification regenerates
+    (an API track's calls are replayed only)."""
+    return t.kind != "api" and (t.judge is not None or any("simulator" in h for h in t.players.values()))
+
+
+def stamps_file(directory: str | os.PathLike[str]) -> Path:
+    """Where ``build`` keeps the verdicts of the board ``directory``: outside it, in
+    :data:`STAMPS_DIR` (default ``<user cache>/leaderboard``, the cache of
+    :func:`collab_env.agents.embedded.default_cache_root`), one file per board, named by the
+    SHA-256 of the board's absolute path."""
+    resolved = Path(directory).resolve()
+    if STAMPS_DIR is not None:
+        root = Path(STAMPS_DIR)
+    else:
+        from collab_env.agents.embedded import default_cache_root
+
+        root = default_cache_root() / "leaderboard"
+    digest = hashlib.sha256(str(resolved).encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    return root / f"{resolved.name or 'board'}-{digest}.verified.json"
+
+
+def _git_tracks(path: Path) -> bool:
+    """git tracks ``path`` (``False`` outside a repository or without git)."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "-C", str(path.parent), "ls-files", "--error-unmatch", "--", path.name],
+                              capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _stamps_refusal(directory: Path, path: Path) -> str | None:
+    """Why the kept-verdicts file ``path`` of board ``directory`` is not trusted, or ``None``."""
+    try:
+        inside = path.resolve().is_relative_to(directory.resolve())
+    except OSError:
+        inside = False
+    if inside:
+        return (f"{path} is inside the board folder, which submitters write: its verdicts are refused (set "
+                "COLLAB_ENV_CACHE to a folder outside the board)")
+    if path.exists() and _git_tracks(path):
+        return f"git tracks {path}: its verdicts are refused (kept verdicts are never committed; sign them instead)"
+    return None
+
+
+def read_stamps(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], list[str]]:
+    """The verdicts earlier builds kept for the board ``directory`` (:func:`stamps_file`) and
+    notes on what was ignored: a verdict file in the board folder, a kept-verdicts file inside
+    it or tracked by git, a damaged one (which only costs a re-play)."""
+    from collab_env._json import loads
+
+    directory = Path(directory)
+    notes = []
+    legacy = directory / STAMPS_FILE
+    if legacy.exists() or legacy.is_symlink():
+        tracked = " (and git tracks it)" if _git_tracks(legacy) else ""
+        notes.append(f"{legacy} ignored{tracked}: a verdict file in the board folder is never trusted; "
+                     f"build keeps its verdicts in {stamps_file(directory)}")
+    path = stamps_file(directory)
+    refusal = _stamps_refusal(directory, path)
+    if refusal:
+        return {}, [*notes, refusal]
+    if not path.is_file():
+        return {}, notes
+    try:
+        stamps = loads(path.read_bytes(), str(path))
+        if not isinstance(stamps, dict):
+            raise ValueError("not an object")
+    except (OSError, ValueError):
+        return {}, [*notes, f"{path} could not be read: its entries are re-played"]
+    return stamps, notes
+
+
+def _write_stamps(directory: Path, stamps: Mapping[str, Any], say: Callable[[str], None]) -> None:
+    path = stamps_file(directory)
+    refusal = _stamps_refusal(directory, path)
+    if refusal:
+        say(f"verdicts not kept: {refusal}")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(stamps, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
 
 
 def verification_key(folder: Path, t: Track) -> str:
@@ -184,7 +320,8 @@ def _failed_entry(eid: str, t: Track, folder: Path, sub: Mapping[str, Any], prob
 
 def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: int = 0,
                num_boot: int | None = None, reverify: bool = False,
-               progress: Callable[[str], None] | None = None, workers: int | None = None) -> dict[str, Any]:
+               progress: Callable[[str], None] | None = None, workers: int | None = None,
+               tracks_dir: str | os.PathLike[str] | None = None, full: bool = False) -> dict[str, Any]:
     """The board of every submission under ``directory`` (see the module docstring).
 
     The build is four named steps: read every folder (:func:`_read_folders`), re-play the
@@ -195,8 +332,8 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
     Args:
         directory: Folder of submission folders.
         verify: Verify each submission (re-play offline); ``False`` marks them unverified.
-        reverify: Re-play every submission, ignoring the verdicts kept in
-            :data:`STAMPS_FILE` (which are then rewritten).
+        reverify: Re-play every submission, ignoring the kept verdicts (:func:`stamps_file`,
+            which are then rewritten) and the signed ones.
         seed: Seed of the bootstrap intervals.
         num_boot: Bootstrap resamples (default :data:`~collab_env.leaderboard.stats.NUM_BOOT`).
         progress: Called with one line per entry (``[i/N] entry: verdict (time)``) and a
@@ -205,6 +342,9 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
         workers: Entries re-played at once, each in a thread of its own (default: the CPU
             count, at most 4). A code track's replay waits on sandbox processes, so two entries
             overlap on two cores; ``1`` re-plays one after another.
+        tracks_dir: The board's own track files (default ``<directory>/tracks``).
+        full: On tracks with an LLM user or judge, regenerate every episode (what ``sign``
+            does); a kept or signed verdict counts only if it regenerated all of them.
 
     Returns:
         The board dict (the shape of :func:`~collab_env.leaderboard.schema.validate_board_data`).
@@ -212,19 +352,19 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
     import time
 
     from collab_env.leaderboard.stats import NUM_BOOT
-    from collab_env.leaderboard.verify import REGENERATE_SAMPLE
+    from collab_env.leaderboard.verify import CATCH_PROBABILITY
 
     directory = Path(directory)
     say = progress or (lambda line: None)
-    verdicts = _Verdicts.kept_in(directory, say) if verify and not reverify else _Verdicts()
+    verdicts = _Verdicts.kept_in(directory, say, stamps=verify and not reverify, signed=not reverify)
     t_all = time.perf_counter()
-    tracks = dict(builtin_tracks())
+    tracks = known_tracks(tracks_dir if tracks_dir is not None else directory / TRACKS_FOLDER)
     # 1. Read every folder; find the entries whose kept verdict no longer covers their files.
-    readable, rejected, total = _read_folders(directory, tracks, verdicts if verify else None, say)
+    readable, rejected, total = _read_folders(directory, tracks, verdicts, say)
     # 2. Re-play those entries, several at once; each verdict as it finishes.
     if verify:
-        todo = [f for f in readable if not verdicts.covers(f.rel)]
-        verdicts.replayed = _replay_entries(todo, total, workers, say)
+        todo = [f for f in readable if not verdicts.covers(f.rel, f.track, full)]
+        verdicts.replayed = _replay_entries(todo, total, workers, say, full)
     # 3. Every entry's row, in folder order.
     entries: list[dict[str, Any]] = []
     records_of: dict[str, list[dict[str, Any]]] = {}
@@ -237,7 +377,7 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
     comparisons = _comparisons(entries, tracks, records_of, verify=verify, seed=seed,
                                num_boot=num_boot or NUM_BOOT, say=say)
     if verify and verdicts.fresh != verdicts.stamps:
-        (directory / STAMPS_FILE).write_text(json.dumps(verdicts.fresh, indent=1, sort_keys=True) + "\n")
+        _write_stamps(directory, verdicts.fresh, say)
     n_ok = sum(e["verified"] for e in entries)
     n_failed = sum(bool(e.get("failed")) for e in entries)
     say(f"{len(entries)} entries: {n_ok} verified, {len(entries) - n_ok - n_failed} not verified, "
@@ -249,13 +389,13 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
         "entries": entries,
         "comparisons": comparisons,
         "rejected": rejected,
-        "verification": {"regenerate_sample": REGENERATE_SAMPLE},
+        "verification": {"catch_probability": CATCH_PROBABILITY, "full": bool(full)},
     }
 
 
 class _Folder(NamedTuple):
     """A readable submission folder: its position in the build (1-based), path, path relative to
-    the board's folder, ``submission.json``, track and entry id (``track/folder name``)."""
+    the board's folder, ``submission.json``, track and entry id (:func:`entry_id`)."""
 
     position: int
     folder: Path
@@ -268,7 +408,7 @@ class _Folder(NamedTuple):
 @dataclass
 class _Verdicts:
     """What a build knows of each entry's verification: the verdicts kept by earlier builds
-    (``stamps``, from :data:`STAMPS_FILE`) and signed by the maintainers (``signed``), the digest
+    (``stamps``, from :func:`stamps_file`) and signed by the maintainers (``signed``), the digest
     each verdict must name to count (``keys``), this build's re-plays (``replayed``: relative
     path -> the :class:`~collab_env.leaderboard.verify.Verification` or the exception, and
     seconds) and the stamps it writes back (``fresh``)."""
@@ -280,30 +420,40 @@ class _Verdicts:
     fresh: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def kept_in(cls, directory: Path, say: Callable[[str], None]) -> _Verdicts:
-        """The kept and signed verdicts of ``directory`` (a damaged stamps file only costs a re-play)."""
+    def kept_in(cls, directory: Path, say: Callable[[str], None], *, stamps: bool = True,
+                signed: bool = True) -> _Verdicts:
+        """The kept (:func:`read_stamps`) and signed verdicts of ``directory``, each when asked
+        for (a damaged file only costs a re-play; every file ignored is said)."""
         from collab_env.leaderboard.signing import signed_verdicts
 
-        stamps: dict[str, Any] = {}
-        stamps_path = directory / STAMPS_FILE
-        if stamps_path.is_file():
-            try:
-                stamps = dict(json.loads(stamps_path.read_text()))
-            except (ValueError, TypeError):
-                stamps = {}
-        signed, notes = signed_verdicts(directory)
+        kept: dict[str, Any] = {}
+        good: dict[str, Any] = {}
+        notes: list[str] = []
+        if stamps:
+            kept, notes = read_stamps(directory)
+        if signed:
+            good, more = signed_verdicts(directory)
+            notes += more
         for note in notes:
             say(note)
-        return cls(stamps=stamps, signed=signed)
+        return cls(stamps=kept, signed=good)
 
     def kept(self, source: Mapping[str, Any], rel: str) -> bool:
         """``source`` holds a verdict of ``rel`` that names its current digest."""
-        return (isinstance(source.get(rel), Mapping) and bool(self.keys[rel])
+        return (isinstance(source.get(rel), Mapping) and bool(self.keys.get(rel))
                 and source[rel].get("key") == self.keys[rel])
 
-    def covers(self, rel: str) -> bool:
-        """A kept or signed verdict covers ``rel``'s files as they are: no re-play needed."""
-        return self.kept(self.stamps, rel) or self.kept(self.signed, rel)
+    def covers(self, rel: str, t: Track | None = None, full: bool = False) -> bool:
+        """A kept or signed verdict covers ``rel``'s files as they are: no re-play needed. With
+        ``full``, on a track whose calls are regenerated (:func:`needs_regeneration`), only a
+        verdict that regenerated every episode counts."""
+        def enough(stamp: Mapping[str, Any]) -> bool:
+            n = stamp.get("regenerated")
+            if not full or t is None or not needs_regeneration(t):
+                return True
+            return isinstance(n, int) and n == stamp.get("episodes")
+
+        return any(self.kept(source, rel) and enough(source[rel]) for source in (self.stamps, self.signed))
 
     def verdict(self, rel: str) -> tuple[dict[str, Any], str]:
         """The stamp of ``rel`` (this build's re-play first, then a kept, then a signed verdict)
@@ -313,50 +463,66 @@ class _Verdicts:
             v, _ = self.replayed[rel]
             if isinstance(v, Exception):
                 raise v
-            return {"key": self.keys[rel], "ok": v.ok, "episodes": v.episodes, "problems": v.problems[:5]}, ""
+            return {"key": self.keys[rel], "ok": v.ok, "episodes": v.episodes, "problems": v.problems[:5],
+                    "regenerated": len(v.regenerated) if v.needs_regeneration else None}, ""
         if self.kept(self.stamps, rel):
             return self.stamps[rel], "verified (kept verdict)"
         return dict(self.signed[rel]), "verified (signed verdict)"
 
 
-def _read_folders(directory: Path, tracks: dict[str, Track], verdicts: _Verdicts | None,
+def _read_folders(directory: Path, tracks: dict[str, Track], verdicts: _Verdicts,
                   say: Callable[[str], None]) -> tuple[list[_Folder], list[dict[str, str]], int]:
-    """Every submission folder under ``directory``, read: the readable ones (their tracks added
-    to ``tracks``; with ``verdicts``, each folder's digest in ``verdicts.keys``), the rejected
-    ones (an unreadable ``submission.json``, an unknown track, a second entry of one id) with
-    the reason, and the number of folders."""
+    """Every submission folder under ``directory``, read: the readable ones (each folder's digest
+    in ``verdicts.keys``), the rejected ones (an unreadable ``submission.json``, a track that is
+    not a known id, an id claimed by several folders) with the reason, and the number of folders.
+
+    Two folders claiming one entry id (:func:`entry_id`) are settled by what is signed, never
+    by their order: a claimant whose files a signed verdict covers keeps the id and the others
+    are rejected; with no such claimant, every one of them is."""
     folders = _entries(directory)
-    readable: list[_Folder] = []
+    found: list[_Folder] = []
     rejected: list[dict[str, str]] = []
-    seen: set[str] = set()
+
+    def reject(i: int, rel: str, reason: str) -> None:
+        rejected.append({"path": rel, "reason": reason[:300]})
+        say(f"[{i}/{len(folders)}] {rel}: REJECTED ({reason[:120]})")
+
     for i, folder in enumerate(folders, start=1):
         rel = folder.relative_to(directory).as_posix()
         try:
             sub = load_submission(folder)
-            t = tracks.get(sub["track"]) or get_track(sub["track"])
+            t = resolve_track(sub["track"], tracks)
         except Exception as exc:  # noqa: BLE001 - an unreadable entry is rejected, never fatal
-            rejected.append({"path": rel, "reason": f"{type(exc).__name__}: {exc}"[:300]})
-            say(f"[{i}/{len(folders)}] {rel}: REJECTED ({rejected[-1]['reason'][:120]})")
+            reject(i, rel, f"{type(exc).__name__}: {exc}")
             continue
-        eid = f"{t.id}/{folder.name}"
-        if eid in seen:
-            rejected.append({"path": rel, "reason": f"a second entry {eid!r} (entry ids are track/folder name): "
-                                                    "rename the folder"})
-            say(f"[{i}/{len(folders)}] {rel}: REJECTED ({rejected[-1]['reason'][:120]})")
+        found.append(_Folder(i, folder, rel, sub, t, entry_id(directory, folder, t)))
+        try:
+            verdicts.keys[rel] = verification_key(folder, t)
+        except OSError:
+            verdicts.keys[rel] = ""  # an unreadable file: re-played, and the replay says what is wrong
+    claims: dict[str, list[_Folder]] = {}
+    for f in found:
+        claims.setdefault(f.eid, []).append(f)
+    readable = []
+    for f in found:
+        rivals = [g for g in claims[f.eid] if g is not f]
+        if not rivals:
+            readable.append(f)
             continue
-        seen.add(eid)
-        tracks.setdefault(t.id, t)
-        readable.append(_Folder(i, folder, rel, sub, t, eid))
-        if verdicts is not None:
-            try:
-                verdicts.keys[rel] = verification_key(folder, t)
-            except OSError:
-                verdicts.keys[rel] = ""  # an unreadable file: re-played, and the replay says what is wrong
+        signed = [g for g in claims[f.eid] if verdicts.kept(verdicts.signed, g.rel)]
+        if len(signed) == 1 and signed[0] is f:
+            readable.append(f)
+            continue
+        others = ", ".join(g.rel for g in rivals)
+        why = (f"the signed entry {signed[0].rel} holds it" if len(signed) == 1
+               else "no signed verdict settles which folder it is")
+        reject(f.position, f.rel, f"the entry id {f.eid!r} is claimed by {others} too, and {why} (an entry's id is "
+                                  "its track and its folder's path in the track's folder): rename or move the folder")
     return readable, rejected, len(folders)
 
 
 def _replay_entries(todo: Sequence[_Folder], total: int, workers: int | None,
-                    say: Callable[[str], None]) -> dict[str, tuple[Any, float]]:
+                    say: Callable[[str], None], full: bool = False) -> dict[str, tuple[Any, float]]:
     """Verify the entries ``todo``, ``workers`` at once (threads): relative path -> the
     verification (or the exception it raised, reported on the entry, never fatal) and its
     seconds; one progress line per entry as it finishes."""
@@ -368,7 +534,7 @@ def _replay_entries(todo: Sequence[_Folder], total: int, workers: int | None,
     def replay(folder: Path, t: Track) -> tuple[Any, float]:
         t0 = time.perf_counter()
         try:
-            return verify_submission(folder, track=t), time.perf_counter() - t0
+            return verify_submission(folder, track=t, full=full), time.perf_counter() - t0
         except Exception as exc:  # noqa: BLE001 - reported on the entry, never fatal
             return exc, time.perf_counter() - t0
 
@@ -397,15 +563,19 @@ def _entry_row(f: _Folder, verdicts: _Verdicts | None, seed: int,
 
     how = "not verified"
     problems: list[str] = []
+    regenerated: Any = None
     try:
         verified = False
         if verdicts is not None:
             stamp, how = verdicts.verdict(f.rel)
             verdicts.fresh[f.rel] = stamp
-            verified, problems = bool(stamp["ok"]), list(stamp["problems"])
+            verified, problems = bool(stamp["ok"]), [_clip(str(p), 500) for p in list(stamp["problems"])[:5]]
+            regenerated = stamp.get("regenerated") if needs_regeneration(f.track) else None
             if not verified and how:
                 how = "NOT verified: " + (problems[0] if problems else "no reason given")[:120]
         entry, records = _entry(f.folder, f.sub, f.track, f.eid, verified, problems, seed, num_boot)
+        if needs_regeneration(f.track):
+            entry["regenerated"] = regenerated if isinstance(regenerated, int) else None
         check_shape(entry, BOARD_SHAPE["entries"][0], f"entry {f.eid}")
         json.dumps(entry, allow_nan=False)  # plain JSON: a NaN in a submitted field is refused here
     except Exception as exc:  # noqa: BLE001 - one bad entry never breaks the build
@@ -487,17 +657,21 @@ def _entry(folder: Path, sub: Mapping[str, Any], t: Track, eid: str, verified: b
     return entry, records
 
 
-def entry_row_text(folder: str | os.PathLike[str], *, seed: int = 0, num_boot: int | None = None) -> str:
+def entry_row_text(folder: str | os.PathLike[str], *, seed: int = 0, num_boot: int | None = None,
+                   track: Track | None = None, tracks_dir: str | os.PathLike[str] | None = None) -> str:
     """The board row of one submission folder as text (what ``collab-env leaderboard run``
     prints when it ends): every metric of the track with its 95% interval and n, and pass^k.
-    Not verified here: ``collab-env leaderboard verify FOLDER`` re-plays it."""
+    Not verified here: ``collab-env leaderboard verify FOLDER`` re-plays it. ``track``: the
+    track it was played on (default: the id it names, built in or in ``tracks_dir``)."""
     from collab_env.leaderboard.stats import NUM_BOOT
+    from collab_env.leaderboard.tracks import find_tracks_dir
 
     folder = Path(folder)
     if folder.name == SUBMISSION_FILE:
         folder = folder.parent
     sub = load_submission(folder)
-    t = get_track(sub["track"])
+    t = track if track is not None else resolve_track(
+        sub["track"], known_tracks(tracks_dir if tracks_dir is not None else find_tracks_dir(folder)))
     entry, _ = _entry(folder, sub, t, f"{t.id}/{folder.name}", False, [], seed, num_boot or NUM_BOOT)
     cells = [f"{name} {m['mean']:.3f} [{m['lo']:.3f}, {m['hi']:.3f}] (n={m['n']})"
              for name, m in entry["metrics"].items()]

@@ -324,11 +324,12 @@ def _overview(board: _Board) -> str:
 
 
 def _how_to_submit(data: Mapping[str, Any]) -> str:
-    sample = (data.get("verification") or {}).get("regenerate_sample")
-    regen = (f"On a track with an LLM user or judge, a random sample of {int(sample)} episodes per entry "
-             "is regenerated with the track's pinned models, every call compared "
-             "(<code>--full</code> regenerates all of them); the rest are re-played from the "
-             "recorded calls." if isinstance(sample, int) else "")
+    p = (data.get("verification") or {}).get("catch_probability")
+    regen = (f"On a track with an LLM user or judge, enough episodes of each entry, drawn at random by the "
+             f"verifier, are regenerated with the track's pinned models, every call compared, that one forged "
+             f"simulator or judge reply is caught with probability at least {float(p):.2f}; signed verdicts "
+             "regenerate every episode. Each row says how many were regenerated; the rest are re-played from "
+             "the recorded calls." if isinstance(p, (int, float)) else "")
     return f"""<section id="submit">
 <h2>How to submit</h2>
 <ol class="commands">
@@ -385,6 +386,19 @@ def _track_section(board: _Board, index: int, track: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
+def _regenerated(entry: Mapping[str, Any]) -> str:
+    """How many of a verified entry's episodes had their simulator and judge calls regenerated
+    (only on tracks with an LLM user or judge: ``regenerated`` is in the entry)."""
+    if "regenerated" not in entry:
+        return ""
+    n, total = entry.get("regenerated"), entry.get("episodes")
+    if not isinstance(n, int):
+        return (' <span class="warn" title="the verdict does not record its regeneration">'
+                "(regeneration not recorded)</span>")
+    share = f" (one forged episode caught with p = {n / total:.2f})" if isinstance(total, int) and total else ""
+    return f' &middot; <span class="regen">{_e(n)} of {_e(total)} episodes regenerated{_e(share)}</span>'
+
+
 def _pass_ks(track: Mapping[str, Any]) -> list[str]:
     return [str(k) for k in range(1, int(track["k"]) + 1)]
 
@@ -395,9 +409,9 @@ def _verdict(entry: Mapping[str, Any]) -> str:
         return (f'<span class="warn" title="{_e("; ".join(problems))}">failed: '
                 f'{_e(problems[-1][:160] if problems else "unreadable")}</span>')
     if entry["verified"]:
-        return '<span class="ok" title="verified">verified</span>'
+        return '<span class="ok" title="verified">verified</span>' + _regenerated(entry)
     return (f'<span class="warn" title="{_e("; ".join(problems) or "not verified")}">unverified'
-            f'{": " + _e(problems[0][:160]) if problems else ""}</span>')
+            f'{": " + _e(problems[0][:160]) if problems else ""}</span>' + _regenerated(entry))
 
 
 def is_reference(entry: Mapping[str, Any]) -> bool:

@@ -2,8 +2,9 @@
 already verified, and a submitter cannot bring a verdict of their own.
 
 Re-playing every entry costs about a minute on 2 cores (the code tracks re-run every test in the
-sandbox). ``build`` keeps its own verdicts in ``.verified.json`` (not in the repository: whoever
-builds a board verifies its folder once). This module adds verdicts that travel with the
+sandbox). ``build`` keeps its own verdicts outside the board folder, in the user cache
+(:func:`~collab_env.leaderboard.board.stamps_file`: whoever builds a board verifies its folder
+once, and nothing a submitter writes is taken as a verdict). This module adds verdicts that travel with the
 repository, in :data:`SIGNED_FILE` beside the entries, each **signed** with an Ed25519 key whose
 public half is pinned in this module (:data:`TRUSTED_KEYS`), not in the data:
 
@@ -59,7 +60,14 @@ def _crypto():
 def _payload(rel: str, stamp: Mapping[str, Any]) -> bytes:
     body = {"path": rel, "key": stamp["key"], "ok": bool(stamp["ok"]), "episodes": int(stamp["episodes"]),
             "problems": [str(p) for p in stamp["problems"]]}
+    if "regenerated" in stamp:  # signed since regeneration counts are kept (older verdicts lack it)
+        body["regenerated"] = None if stamp["regenerated"] is None else int(stamp["regenerated"])
     return json.dumps(body, sort_keys=True, ensure_ascii=True, separators=(",", ":")).encode()
+
+
+#: The fields of a verdict (``regenerated``, the episodes whose calls were regenerated, is
+#: absent from verdicts signed before it was kept).
+_FIELDS = ("key", "ok", "episodes", "problems", "regenerated")
 
 
 def generate_key(path: str | os.PathLike[str]) -> str:
@@ -100,7 +108,7 @@ def public_key_hex(path: str | os.PathLike[str]) -> str:
 def sign_verdicts(stamps: Mapping[str, Mapping[str, Any]], key_path: str | os.PathLike[str],
                   key_id: str | None = None) -> dict[str, Any]:
     """The content of :data:`SIGNED_FILE` for ``stamps`` (``{folder: {"key", "ok", "episodes",
-    "problems"}}``, what ``build`` keeps in ``.verified.json`` after re-playing them).
+    "problems", "regenerated"}}``, what ``build`` keeps after re-playing them).
 
     Raises:
         ConfigError: The key is not one of :data:`TRUSTED_KEYS` (its verdicts would be ignored),
@@ -120,6 +128,7 @@ def sign_verdicts(stamps: Mapping[str, Mapping[str, Any]], key_path: str | os.Pa
     for rel, stamp in sorted(stamps.items()):
         verdicts[rel] = {"key": stamp["key"], "ok": bool(stamp["ok"]), "episodes": int(stamp["episodes"]),
                          "problems": [str(p) for p in stamp["problems"]],
+                         **({"regenerated": stamp["regenerated"]} if "regenerated" in stamp else {}),
                          "signature": private.sign(_payload(rel, stamp)).hex()}
     return {"format": 1, "key_id": key_id, "verdicts": verdicts}
 
@@ -131,8 +140,10 @@ def signed_verdicts(directory: str | os.PathLike[str]) -> tuple[dict[str, dict[s
     path = Path(directory) / SIGNED_FILE
     if not path.is_file() or path.is_symlink():
         return {}, ([f"{SIGNED_FILE} is a link: ignored"] if path.is_symlink() else [])
+    from collab_env._json import loads
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads(path.read_bytes(), str(path))
         key_id = str(data["key_id"])
         verdicts = dict(data["verdicts"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -155,6 +166,6 @@ def signed_verdicts(directory: str | os.PathLike[str]) -> tuple[dict[str, dict[s
         except (InvalidSignature, KeyError, TypeError, ValueError):
             bad.append(str(rel))
             continue
-        good[str(rel)] = {k: stamp[k] for k in ("key", "ok", "episodes", "problems")}
+        good[str(rel)] = {k: stamp[k] for k in _FIELDS if k in stamp}
     notes = [f"{len(bad)} signed verdict(s) with a bad signature ignored: {', '.join(sorted(bad)[:5])}"] if bad else []
     return good, notes

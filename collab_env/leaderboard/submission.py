@@ -68,6 +68,9 @@ __all__ = [
     "submission_files",
     "SUBMISSION_FILES",
     "MAX_FILE_BYTES",
+    "MAX_SUBMISSION_BYTES",
+    "FIELD_LIMITS",
+    "check_page_fields",
 ]
 
 SUBMISSION_FILE = "submission.json"
@@ -319,25 +322,104 @@ def data_file_digests(paths: Sequence[str] | None) -> list[dict[str, str]]:
     return out
 
 
+#: The largest ``submission.json`` read (bytes); a larger one is refused unread.
+MAX_SUBMISSION_BYTES = 1 << 20
+#: The limits of the ``submission.json`` fields that reach the page: characters of a text, and
+#: entries of a list or mapping.
+FIELD_LIMITS = {"name": 200, "model": 300, "code_version": 100, "created": 64, "policy_players": 16,
+                "policy_spec": 1000, "sampling_keys": 32, "sampling_text": 200, "custom_reasons": 32,
+                "custom_reason": 500}
+
+
 def load_submission(folder: str | os.PathLike[str]) -> dict[str, Any]:
-    """The ``submission.json`` of a submission folder (or the file itself).
+    """The ``submission.json`` of a submission folder (or the file itself): at most
+    :data:`MAX_SUBMISSION_BYTES`, nested at most :data:`collab_env._json.MAX_DEPTH` deep (both
+    checked before it is parsed), its ``track`` a track id and every field the page shows within
+    :data:`FIELD_LIMITS` (:func:`check_page_fields`).
 
     Raises:
-        ConfigError: Missing (a run still in progress) or not a submission.
+        ConfigError: Missing (a run still in progress), not a submission, too large, too deep,
+            or a field over its limit (the message names the field and the limit).
     """
+    from collab_env._json import loads
+
     path = Path(folder)
     if path.is_dir():
         path = path / SUBMISSION_FILE
     if not path.is_file():
         raise ConfigError(f"{path} does not exist: the run did not finish. Run the same "
                           "`collab-env leaderboard run` command again to resume it.")
-    try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise ConfigError(f"{path} is not JSON ({exc}).") from exc
+    size = path.stat().st_size
+    if size > MAX_SUBMISSION_BYTES:
+        raise ConfigError(f"{path} is {size} bytes, over the {MAX_SUBMISSION_BYTES} a submission.json may have; "
+                          "refused unread.")
+    d = loads(path.read_bytes(), str(path))
     if not isinstance(d, dict) or d.get("format") != FORMAT or "track" not in d:
         raise ConfigError(f"{path} is not a collab-env submission (format {FORMAT}).")
+    problem = check_page_fields(d)
+    if problem:
+        raise ConfigError(f"{path}: {problem}.")
     return d
+
+
+def _text_problem(field: str, v: Any, limit: int, *, optional: bool = False) -> str | None:
+    if v is None and optional:
+        return None
+    if not isinstance(v, str):
+        return f"{field} must be a string, got {type(v).__name__}"
+    if len(v) > limit:
+        return f"{field} is {len(v)} characters, over the limit of {limit}"
+    return None
+
+
+def check_page_fields(sub: Mapping[str, Any]) -> str | None:
+    """Why a submission's fields that reach the page break :data:`FIELD_LIMITS` (or their
+    types), or ``None``: ``track`` is a track id, never a path; ``name``, ``model``,
+    ``code_version`` and ``created`` are short texts; ``policies`` maps a few players to specs;
+    ``sampling`` maps players to a few plain values; ``custom_reasons`` is a short list of texts;
+    ``kind`` is standard or custom."""
+    from collab_env.leaderboard.tracks import TRACK_ID
+
+    lim = FIELD_LIMITS
+    track = sub.get("track")
+    if not isinstance(track, str) or not TRACK_ID.match(track):
+        return (f"track must be a track id such as hidden-facts-easy@v2 (never a path), got "
+                f"{str(track)[:80]!r}")
+    for key in ("name", "model", "code_version", "created"):
+        p = _text_problem(key, sub.get(key), lim[key], optional=key not in ("name", "model"))
+        if p:
+            return p
+    if sub.get("kind") not in ("standard", "custom"):
+        return f"kind must be 'standard' or 'custom', got {str(sub.get('kind'))[:40]!r}"
+    policies = sub.get("policies")
+    if not isinstance(policies, Mapping) or len(policies) > lim["policy_players"]:
+        return f"policies must map at most {lim['policy_players']} players to specs"
+    for p, spec in policies.items():
+        bad = _text_problem("policies key", p, 64) or _text_problem(f"policies[{str(p)[:40]!r}]", spec,
+                                                                    lim["policy_spec"])
+        if bad:
+            return bad
+    sampling = sub.get("sampling") or {}
+    if not isinstance(sampling, Mapping) or len(sampling) > lim["policy_players"]:
+        return f"sampling must map at most {lim['policy_players']} players to settings"
+    for p, kw in sampling.items():
+        if _text_problem("sampling key", p, 64):
+            return _text_problem("sampling key", p, 64)
+        if not isinstance(kw, Mapping) or len(kw) > lim["sampling_keys"]:
+            return f"sampling[{str(p)[:40]!r}] must map at most {lim['sampling_keys']} names to plain values"
+        for k, v in kw.items():
+            if _text_problem("sampling name", k, 64):
+                return _text_problem("sampling name", k, 64)
+            if isinstance(v, (list, dict)) or (isinstance(v, str) and len(v) > lim["sampling_text"]):
+                return (f"sampling[{str(p)[:40]!r}][{str(k)[:40]!r}] must be a number, a boolean or a text of at "
+                        f"most {lim['sampling_text']} characters")
+    reasons = sub.get("custom_reasons") or []
+    if not isinstance(reasons, list) or len(reasons) > lim["custom_reasons"]:
+        return f"custom_reasons must be a list of at most {lim['custom_reasons']} texts"
+    for r in reasons:
+        if _text_problem("a custom reason", r, lim["custom_reason"]):
+            return _text_problem("a custom reason", r, lim["custom_reason"])
+    return None
 
 
 def run_submission(
@@ -353,6 +435,7 @@ def run_submission(
     custom: Sequence[str] = (),
     concurrency: int = 8,
     progress: bool = True,
+    tracks_dir: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Play ``track`` with the submitted ``policies`` and write the submission folder ``out``.
 
@@ -368,6 +451,8 @@ def run_submission(
         custom: Other reasons this entry is custom (e.g. ``"fine-tuned on the test split"``).
         concurrency: Episodes in flight.
         progress: Progress bar on a terminal.
+        tracks_dir: A folder of your own track files, where ``track`` (an id or name) is
+            looked up too (:func:`~collab_env.leaderboard.tracks.user_tracks`).
 
     Returns:
         The path of ``submission.json``.
@@ -379,7 +464,10 @@ def run_submission(
     from collab_env.eval import evaluate
     from collab_env.eval.files import check_result_file
 
-    t = track if isinstance(track, Track) else get_track(track)
+    t = track if isinstance(track, Track) else get_track(track, tracks_dir)
+    for key, given in (("name", name), ("model", model)):
+        if given is not None and len(given) > FIELD_LIMITS[key]:
+            raise ConfigError(f"--{key} is {len(given)} characters; the board shows at most {FIELD_LIMITS[key]}.")
     out = Path(out).resolve()
     sampling = {p: dict(kw) for p, kw in (sampling or {}).items()}
     pols = dict(policies)
@@ -431,8 +519,10 @@ def run_submission(
         "track_version": t.version,
         "track_hash": t.content_hash(),
         "track_content": t.to_dict(),
-        "name": name or (pols[t.submitted[0]] if len(pols) == 1 else ", ".join(f"{p}={v}" for p, v in pols.items())),
-        "model": model or ", ".join(dict.fromkeys(describe(built[p]) for p in t.submitted)),
+        "name": name or _clip(pols[t.submitted[0]] if len(pols) == 1
+                              else ", ".join(f"{p}={v}" for p, v in pols.items()), FIELD_LIMITS["name"]),
+        "model": model or _clip(", ".join(dict.fromkeys(describe(built[p]) for p in t.submitted)),
+                                FIELD_LIMITS["model"]),
         "policies": pols,
         "sampling": sampling,
         "kind": entry_kind(reasons),
@@ -451,6 +541,10 @@ def run_submission(
     tmp.write_text(json.dumps(sub, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     os.replace(tmp, out / SUBMISSION_FILE)
     return out / SUBMISSION_FILE
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _check_submitted_players(t: Track, pols: Mapping[str, str], sampling: Mapping[str, Any]) -> None:

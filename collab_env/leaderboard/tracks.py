@@ -22,12 +22,21 @@ Versions
     with the next version (the old one stays, listed as ``"legacy"``); the title and description
     may be edited in place. A submission records the hash of the track it was played on, and
     ``verify`` refuses one whose hash differs from the registered track's.
+
+Your own tracks
+    A track of your own is a file of the same form. ``collab-env leaderboard run my-track.json``
+    plays it; keep it in a folder of track files named ``<id>.json`` (``my-track@v1.json``),
+    either ``tracks/`` inside the board folder (``build`` and ``verify`` find it there, and
+    ``verify`` looks for it in the ancestors of the submission folder) or any folder given as
+    ``--tracks DIR``. :func:`user_tracks` reads such a folder; an id of a built-in track is
+    refused there. A submission names its track by id only (:func:`resolve_track`), never by path.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -48,6 +57,13 @@ __all__ = [
     "track_status",
     "locked_hashes",
     "MIN_STANDARD_TRIALS",
+    "TRACK_ID",
+    "TRACKS_FOLDER",
+    "MAX_TRACK_FILE_BYTES",
+    "user_tracks",
+    "find_tracks_dir",
+    "known_tracks",
+    "resolve_track",
 ]
 
 #: Folder of the built-in track files.
@@ -65,6 +81,12 @@ FIXED_FIELDS = (
     "k", "success_threshold", "metrics",
 )
 _KINDS = ("offline", "api")
+#: A track id: ``<name>@v<version>`` (what a submission's ``track`` field must be).
+TRACK_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,99}@v[1-9][0-9]{0,5}$")
+#: The folder of a board's own track files (``<board>/tracks/<id>.json``).
+TRACKS_FOLDER = "tracks"
+#: The largest track file read (bytes); a larger one is refused unread.
+MAX_TRACK_FILE_BYTES = 1 << 20
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 #: The metrics a track may show (see :mod:`collab_env.leaderboard.stats`).
 KNOWN_METRICS = ("success", "reward", "turns", "tokens", "interactivity", "token_amount",
@@ -226,11 +248,17 @@ def load_track_file(path: str | Path) -> Track:
     Raises:
         ConfigError: The file is not a valid track, or its name does not match its id.
     """
+    from collab_env._json import loads
+
     path = Path(path)
     try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise ConfigError(f"track file {path} is not JSON ({exc}).") from exc
+        size = path.stat().st_size
+    except OSError as exc:
+        raise ConfigError(f"track file {path} cannot be read ({exc.strerror or exc}).") from None
+    if size > MAX_TRACK_FILE_BYTES:
+        raise ConfigError(f"track file {path} is {size} bytes, over the {MAX_TRACK_FILE_BYTES} a track file may "
+                          "have; refused unread.")
+    d = loads(path.read_bytes(), f"track file {path}")
     if not isinstance(d, dict):
         raise ConfigError(f"track file {path} must hold a JSON object.")
     t = Track.from_dict(d, source=path)
@@ -258,9 +286,68 @@ def track_status(track: Track, tracks: Mapping[str, Track] | None = None) -> str
     return "current" if track.version >= newest else "legacy"
 
 
-def get_track(ref: str | Path) -> Track:
+def user_tracks(folder: str | os.PathLike[str] | None) -> dict[str, Track]:
+    """The tracks of a folder of track files (``<id>.json`` each), by id; ``{}`` when ``folder``
+    is ``None`` or does not exist.
+
+    Raises:
+        ConfigError: A file that is not a track, is not named after its id, or takes the id of a
+            built-in track.
+    """
+    if folder is None or not Path(folder).is_dir():
+        return {}
+    builtin = builtin_tracks()
+    out: dict[str, Track] = {}
+    for path in sorted(Path(folder).glob("*.json")):
+        if path.name == LOCK_FILE.name:
+            continue
+        t = load_track_file(path)
+        if path.stem != t.id:
+            raise ConfigError(f"track file {path} holds {t.id}; in a tracks folder name it {t.id}.json.")
+        if t.id in builtin and Path(folder).resolve() != TRACKS_DIR.resolve():
+            raise ConfigError(f"track file {path} takes the id of the built-in track {t.id}; give your track "
+                              "another name.")
+        out[t.id] = t
+    return out
+
+
+def find_tracks_dir(start: str | os.PathLike[str], levels: int = 4) -> Path | None:
+    """The nearest ``tracks/`` folder holding track files beside ``start`` or one of its
+    ancestors (at most ``levels`` up): where ``verify`` finds the board's own tracks."""
+    here = Path(start).resolve()
+    for folder in [here, *here.parents][: levels + 1]:
+        candidate = folder / TRACKS_FOLDER
+        if candidate.is_dir() and candidate.resolve() != TRACKS_DIR.resolve() and any(candidate.glob("*@v*.json")):
+            return candidate
+    return None
+
+
+def known_tracks(tracks_dir: str | os.PathLike[str] | None = None) -> dict[str, Track]:
+    """The built-in tracks and those of ``tracks_dir`` (:func:`user_tracks`), by id."""
+    return {**builtin_tracks(), **user_tracks(tracks_dir)}
+
+
+def resolve_track(ref: Any, tracks: Mapping[str, Track]) -> Track:
+    """The track a submission names: ``ref`` must be a track id (:data:`TRACK_ID`) among
+    ``tracks``. Never a path: a submission's field never makes the builder open a file.
+
+    Raises:
+        UnknownEnvError: Not such an id (the message says what a track id is).
+    """
+    if not isinstance(ref, str) or not TRACK_ID.match(ref):
+        raise UnknownEnvError(f"the submission's track {str(ref)[:80]!r} is not a track id (name@vN, e.g. "
+                              "hidden-facts-easy@v2); a submission names its track by id, never by path.")
+    if ref not in tracks:
+        raise UnknownEnvError(f"no leaderboard track {ref!r}: not a built-in track, nor one of the board's "
+                              f"{TRACKS_FOLDER}/ folder (or --tracks DIR)." + did_you_mean(ref, sorted(tracks)))
+    return tracks[ref]
+
+
+def get_track(ref: str | Path, tracks_dir: str | os.PathLike[str] | None = None) -> Track:
     """A track by id (``hidden-facts-easy@v1``), by name (its current version) or by a path
-    to a track file.
+    to a track file (what a person types; a submission's field goes through
+    :func:`resolve_track` instead). ``tracks_dir``: a folder of your own track files, searched
+    too (:func:`user_tracks`).
 
     Raises:
         UnknownEnvError: No such track (the message lists the ids).
@@ -268,7 +355,7 @@ def get_track(ref: str | Path) -> Track:
     text = str(ref)
     if text.endswith(".json") or Path(text).is_file():
         return load_track_file(text)
-    tracks = builtin_tracks()
+    tracks = known_tracks(tracks_dir)
     if text in tracks:
         return tracks[text]
     versions = [t for t in tracks.values() if t.name == text]

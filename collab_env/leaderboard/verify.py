@@ -16,12 +16,15 @@
 4. compares the re-played episode with the recorded one: every move's text, every reward and
    reward component, the returns and the end reason; then the submission's aggregate numbers.
 
-5. on a track with an LLM user or judge, **regenerates** a random sample of episodes
-   (:data:`REGENERATE_SAMPLE`, ``full=True`` for all; the draw is the verifier's, not the
-   submitter's) with the track's *own* pinned models, every call compared: the recorded calls are
-   the submitter's file, and a reply the track's simulator never wrote, edited into both the
-   cache and the trajectory, would otherwise replay cleanly. API tracks are replayed only (an
-   API model's replies cannot be reproduced bit for bit); the report says so.
+5. on a track with an LLM user or judge, **regenerates** episodes with the track's *own* pinned
+   models, every call compared: the recorded calls are the submitter's file, and a reply the
+   track's simulator never wrote, edited into both the cache and the trajectory, would
+   otherwise replay cleanly. The episodes are drawn at random by the verifier (not the
+   submitter), enough of them that one forged reply in any one episode is caught with
+   probability at least :data:`CATCH_PROBABILITY` (:func:`regeneration_count`: ``m`` of ``N``
+   episodes catch it with probability ``m / N``); ``full=True`` (what ``sign`` uses)
+   regenerates all of them. API tracks are replayed only (an API model's replies cannot be
+   reproduced bit for bit); the report says so.
 
 What a digest proves and what only the replay proves
     The SHA-256 of every file in ``submission.json`` (``"files"``; only the known files may be
@@ -61,9 +64,16 @@ from collab_env.leaderboard.submission import (
     submitted_usage,
     track_env_kwargs,
 )
-from collab_env.leaderboard.tracks import MIN_STANDARD_TRIALS, Track, get_track
+from collab_env.leaderboard.tracks import (
+    MIN_STANDARD_TRIALS,
+    Track,
+    find_tracks_dir,
+    get_track,
+    known_tracks,
+    resolve_track,
+)
 
-__all__ = ["Verification", "verify_submission", "RecordedMoves", "REGENERATE_SAMPLE"]
+__all__ = ["Verification", "verify_submission", "RecordedMoves", "CATCH_PROBABILITY", "regeneration_count"]
 
 
 @dataclass
@@ -83,6 +93,7 @@ class Verification:
     problems: list[str] = field(default_factory=list)
     regenerated: list[int] = field(default_factory=list)
     regeneration: str = ""
+    needs_regeneration: bool = False
 
     @property
     def ok(self) -> bool:
@@ -254,14 +265,24 @@ def _compare_conversation(where: str, rec: Any, ep: Any) -> list[str]:
     return out
 
 
-#: Episodes whose track calls (user simulator, judge) :func:`verify_submission` regenerates
-#: with the track's pinned models by default; ``full=True`` regenerates all of them.
-REGENERATE_SAMPLE = 2
+#: The probability with which :func:`verify_submission`'s default regeneration catches a single
+#: forged simulator or judge reply (in one episode of the submission).
+CATCH_PROBABILITY = 0.95
+
+
+def regeneration_count(episodes: int, probability: float = CATCH_PROBABILITY) -> int:
+    """Episodes to regenerate (drawn uniformly, without replacement) so that one forged episode
+    among ``episodes`` is drawn with at least ``probability``: ``ceil(probability * episodes)``
+    (``m`` draws of ``N`` include a given episode with probability ``m / N``)."""
+    import math as _math
+
+    return min(episodes, _math.ceil(probability * episodes - 1e-9))
 
 
 def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | None = None,
                       data_files: Sequence[str] | None = None, regenerate: int | None = None,
-                      full: bool = False, sample_seed: int | None = None) -> Verification:
+                      full: bool = False, sample_seed: int | None = None,
+                      tracks_dir: str | os.PathLike[str] | None = None) -> Verification:
     """Re-score a submission offline and replay its recorded calls (see the module docstring).
 
     The checks run in the module docstring's order, each a named function below: those that
@@ -270,13 +291,16 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
 
     Args:
         folder: The submission folder (or its ``submission.json``).
-        track: The track to check against (default: the registered track the submission names;
-            pass a track file for tracks outside the package).
+        track: The track to check against (default: the track whose id the submission names,
+            built in or in ``tracks_dir``; a track file may be given here).
         data_files: The track's data files, for tracks on data.
         regenerate: On a track with an LLM user or judge, how many episodes (drawn at random)
             are played again with the track's *own* pinned models instead of the submission's
-            recorded calls, every call compared (default :data:`REGENERATE_SAMPLE`; 0: none).
+            recorded calls, every call compared (default :func:`regeneration_count`: enough to
+            catch one forged episode with probability :data:`CATCH_PROBABILITY`; 0: none).
         full: Regenerate every episode.
+        tracks_dir: A folder of your own track files (default: the nearest ``tracks/`` folder
+            beside the submission or its ancestors, :func:`~collab_env.leaderboard.tracks.find_tracks_dir`).
         sample_seed: Seed of the draw (default: drawn from the system, so a submitter cannot
             know which episodes are regenerated).
 
@@ -293,7 +317,7 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
     v = Verification(folder, str(sub.get("track")))
     try:
         # 1. The track.
-        t = _check_track(sub, track)
+        t = _check_track(sub, track, tracks_dir if tracks_dir is not None else find_tracks_dir(folder))
         # 2. Files and the episode set.
         _check_plain_files(folder)
         digests = _check_digests(folder, sub)
@@ -324,6 +348,7 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
         regen = _regenerate_sample(t, sub, by_id, data_files, regenerate=regenerate, full=full,
                                    sample_seed=sample_seed)
         v.regenerated, v.regeneration = regen.episodes, regen.note
+        v.needs_regeneration = t.kind != "api"
         v.problems.extend(regen.problems)
     v.problems.extend(_check_aggregates(t, sub, by_id))
     if "trajectories" in digests.changed and v.ok:
@@ -340,10 +365,17 @@ class _Rejected(Exception):
         self.problems = list(problems)
 
 
-def _check_track(sub: Mapping[str, Any], track: Track | str | None) -> Track:
-    """The registered track (or ``track``) the submission was played on, unchanged since."""
+def _check_track(sub: Mapping[str, Any], track: Track | str | None,
+                 tracks_dir: str | os.PathLike[str] | None) -> Track:
+    """The registered track (or ``track``) the submission was played on, unchanged since. The
+    submission's own ``track`` field is looked up as an id only, never opened as a path."""
     try:
-        t = track if isinstance(track, Track) else get_track(track if track is not None else sub["track"])
+        if isinstance(track, Track):
+            t = track
+        elif track is not None:
+            t = get_track(track, tracks_dir)
+        else:
+            t = resolve_track(sub.get("track"), known_tracks(tracks_dir))
     except (UnknownEnvError, ConfigError) as exc:
         raise _Rejected(f"track: {exc}") from None
     if sub.get("track") != t.id:
@@ -534,7 +566,8 @@ def _regenerate_sample(t: Track, sub: Mapping[str, Any], by_id: Mapping[int, Map
                        sample_seed: int | None) -> _Regeneration:
     """Play a random sample of episodes (all with ``full``) again with the track's pinned models,
     every call compared; an API track's calls are replayed only (not reproducible bit for bit)."""
-    n_regen = len(by_id) if full else min(len(by_id), REGENERATE_SAMPLE if regenerate is None else max(0, regenerate))
+    n_regen = len(by_id) if full else min(len(by_id), regeneration_count(len(by_id)) if regenerate is None
+                                          else max(0, regenerate))
     if t.kind == "api":
         return _Regeneration([], "calls replayed, not regenerated: the track's simulator or judge is an API "
                                  "model, whose replies cannot be reproduced bit for bit", [])
@@ -546,7 +579,8 @@ def _regenerate_sample(t: Track, sub: Mapping[str, Any], by_id: Mapping[int, Map
     drawn = sorted(rng.sample(sorted(by_id), n_regen))
     problems = asyncio.run(_replay_all(t, sub, {k: by_id[k] for k in drawn}, None, data_files, regenerate=True))
     return _Regeneration(drawn, f"{n_regen} of {len(by_id)} episodes regenerated with the track's own "
-                                f"{'models' if t.judge is not None else 'user simulator'}, every call compared",
+                                f"{'models' if t.judge is not None else 'user simulator'}, every call compared "
+                                f"(one forged episode is caught with probability {n_regen / len(by_id):.2f})",
                          problems)
 
 

@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 from collab_env.errors import ConfigError, DataSchemaError, DatasetUnavailableError
 from collab_env.tasks.collabllm_rows import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, is_rl_layout, schema_row_from_rl
 
-__all__ = ["load_collabllm_dataset", "check_data_files", "data_file_list", "check_utf8"]
+__all__ = ["load_collabllm_dataset", "check_data_files", "data_file_list", "check_utf8", "check_nesting"]
 
 _BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 _COMPRESSION = (".gz", ".bz2", ".xz", ".zst", ".zip")
@@ -151,6 +151,66 @@ def check_utf8(path: str, *, where: str = "collabllm") -> None:
                 return
             lines += chunk.count(b"\n")
             offset += len(chunk)
+
+
+def check_nesting(path: str, *, where: str = "collabllm") -> None:
+    """Refuse a local data file whose rows nest lists and objects deeper than
+    :data:`collab_env._json.MAX_DEPTH`, before any reader sees a row: the JSON readers recurse
+    once per level (a 5,000-deep row is a bare ``RecursionError``, a 100,000-deep one crashes the
+    process inside pyarrow's reader). JSON / JSONL files (``.gz``, ``.bz2``, ``.xz`` read
+    decompressed) are scanned as text, naming the line; a parquet file by its schema (the footer
+    only), naming the column. Other paths (globs, URLs, ``.zst``) are left to ``datasets``.
+
+    Raises:
+        DataSchemaError: A row (a column) nests too deep, or the parquet footer cannot be read.
+    """
+    import importlib
+
+    from collab_env._json import MAX_DEPTH, check_depth
+
+    local = os.path.expanduser(path)
+    if not os.path.isfile(local):
+        return
+    suffixes = [x.lower() for x in PurePath(local).suffixes]
+    fix = "Flatten that row or remove it from the file."
+    if suffixes and suffixes[-1] == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            schema = pq.read_schema(local)
+        except Exception as exc:  # noqa: BLE001 - pyarrow's own depth limit, a damaged footer
+            raise DataSchemaError(f"{where}: data file {path} is not a readable parquet file "
+                                  f"({type(exc).__name__}: {str(exc)[:200]}).") from None
+        for f in schema:
+            depth = _arrow_depth(f.type)
+            if depth + 1 > MAX_DEPTH:  # + 1: the row itself, as in a JSON line
+                raise DataSchemaError(f"{where}: data file {path}, column {f.name!r} nests lists and structs "
+                                      f"{depth} deep, over the limit of {MAX_DEPTH - 1}. {fix}")
+        return
+    if suffixes and suffixes[-1] in _OPENERS:
+        opener = importlib.import_module(_OPENERS[suffixes[-1]]).open
+        suffixes.pop()
+    elif suffixes and suffixes[-1] in _COMPRESSION:
+        return
+    else:
+        opener = open
+    with opener(local, "rb") as fh:
+        data = fh.read()
+    check_depth(data, f"{where}: data file {path}", lines=bool(suffixes) and suffixes[-1] == ".jsonl",
+                error=DataSchemaError, fix=fix)
+
+
+def _arrow_depth(t: Any) -> int:
+    """How deep an arrow type nests lists, structs and maps (walked without recursion)."""
+    deepest, stack = 0, [(t, 0)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if deepest > 10 * 1024:  # pragma: no cover - pyarrow refuses such schemas first
+            break
+        kids = [node.field(i).type for i in range(node.num_fields)] if node.num_fields else []
+        stack.extend((k, depth + 1) for k in kids)
+    return deepest
 
 
 def _json_problem(path: str) -> str | None:
@@ -284,6 +344,7 @@ def load_collabllm_dataset(dataset: str, data_files: Any = None, split: str | No
                 )
             if builder == "json":
                 check_utf8(f)
+            check_nesting(f)
         try:
             loaded = datasets.load_dataset(builder, data_files=data_files, num_proc=num_proc)
         except FileNotFoundError as exc:
@@ -301,6 +362,10 @@ def load_collabllm_dataset(dataset: str, data_files: Any = None, split: str | No
     else:
         source = dataset
         if os.path.isdir(os.path.expanduser(dataset)):
+            for root, _, names in os.walk(os.path.expanduser(dataset)):
+                for name in sorted(names):
+                    if PurePath(name).suffix.lower() in _BUILDERS:
+                        check_nesting(os.path.join(root, name))
             # ``datasets`` caches a local folder under its name and card, not its files' content:
             # a folder rewritten (or another folder of the same name) would be read from the stale
             # cache. Local files are cheap to prepare again, so they always are.

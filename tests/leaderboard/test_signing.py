@@ -16,7 +16,7 @@ from collab_env.cli import main  # noqa: E402
 from collab_env.errors import ConfigError  # noqa: E402
 from collab_env.leaderboard import board_data  # noqa: E402
 from collab_env.leaderboard import signing  # noqa: E402
-from collab_env.leaderboard.board import STAMPS_FILE, verification_key  # noqa: E402
+from collab_env.leaderboard.board import stamps_file, verification_key  # noqa: E402
 from collab_env.leaderboard.submission import submission_files  # noqa: E402
 from collab_env.leaderboard.tracks import get_track  # noqa: E402
 
@@ -35,7 +35,7 @@ def signed_board(tmp_path, monkeypatch):
     for name in ENTRIES:
         shutil.copytree(SEEDED / "hidden-facts-easy" / "v2" / name, root / "hfe" / name)
     assert main(["leaderboard", "sign", str(root), "--key", str(key)]) == 0
-    (root / STAMPS_FILE).unlink()  # as on a fresh clone: only the committed, signed verdicts
+    stamps_file(root).unlink()  # as on a fresh clone: only the committed, signed verdicts
     return root, key
 
 
@@ -98,7 +98,7 @@ def test_a_forged_or_self_signed_verdict_is_ignored(signed_board, tmp_path, monk
     assert replayed == ["embedded"] and any("bad signature ignored: hfe/embedded" in x for x in lines)
     assert {e["name"]: e["verified"] for e in board["entries"]}["embedded"] is False
     # 2. A verdict signed with the submitter's own key: not pinned, so the whole file is ignored.
-    (root / STAMPS_FILE).unlink()
+    stamps_file(root).unlink()
     own = tmp_path / "own.key"
     own_pub = signing.generate_key(own)
     with pytest.raises(ConfigError, match="not among TRUSTED_KEYS"):

@@ -57,13 +57,15 @@ def test_round_trip_run_verify_build(board, tmp_path, capsys):
     data = board_data(board, num_boot=200)
     validate_board_data(data)
     ids = {e["id"]: e for e in data["entries"]}
-    assert set(ids) == {"hidden-facts-easy@v1/ask-then-answer", "hidden-facts-easy@v1/answer-at-once",
-                        "length-ratio@v1/partners"}
+    # an entry's id is its track and its folder's path (here outside the track's folder
+    # hidden-facts-easy/, so from the board's root)
+    assert set(ids) == {"hidden-facts-easy@v1/hfe/ask-then-answer", "hidden-facts-easy@v1/hfe/answer-at-once",
+                        "length-ratio@v1/lr/partners"}
     assert all(e["verified"] and e["kind"] == "standard" for e in ids.values())
-    ask = ids["hidden-facts-easy@v1/ask-then-answer"]
+    ask = ids["hidden-facts-easy@v1/hfe/ask-then-answer"]
     assert ask["metrics"]["success"]["mean"] == 1.0 and ask["pass_k"]["4"]["mean"] == 1.0
     assert ask["episodes"] == 100 and ask["seeds"] == 4 and ask["metrics"]["reward"]["n"] == 100
-    assert ids["length-ratio@v1/partners"]["metrics"]["reward"]["n"] == 32
+    assert ids["length-ratio@v1/lr/partners"]["metrics"]["reward"]["n"] == 32
     out = tmp_path / "board.html"
     assert main(["leaderboard", "build", str(board), "--out", str(out)]) == 0
     html = out.read_text(encoding="utf-8")
@@ -85,7 +87,8 @@ def test_paired_comparison_separates_the_references(board):
     assert 0.0 < c["lo"] <= c["diff"] <= c["hi"]
     data = board_data(board, verify=False, num_boot=200)
     [comp] = [x for x in data["comparisons"] if x["track"] == "hidden-facts-easy@v1"]
-    assert (comp["a"], comp["b"]) == ("hidden-facts-easy@v1/ask-then-answer", "hidden-facts-easy@v1/answer-at-once")
+    assert (comp["a"], comp["b"]) == ("hidden-facts-easy@v1/hfe/ask-then-answer",
+                                      "hidden-facts-easy@v1/hfe/answer-at-once")
     assert comp["lo"] > 0
 
 
@@ -227,13 +230,13 @@ def test_build_keeps_verdicts_and_replays_only_changed_entries(board, tmp_path, 
     import shutil
 
     import collab_env.leaderboard.verify as verify_module
-    from collab_env.leaderboard.board import STAMPS_FILE
+    from collab_env.leaderboard.board import stamps_file
 
     root = tmp_path / "b"
     shutil.copytree(board / "hfe", root / "hfe")
-    (root / STAMPS_FILE).unlink(missing_ok=True)
+    stamps_file(root).unlink(missing_ok=True)
     first = board_data(root, num_boot=50)
-    stamps = json.loads((root / STAMPS_FILE).read_text())
+    stamps = json.loads(stamps_file(root).read_text())
     assert sorted(stamps) == ["hfe/answer-at-once", "hfe/ask-then-answer"] and all(s["ok"] for s in stamps.values())
 
     replayed = []

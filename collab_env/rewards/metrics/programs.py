@@ -10,7 +10,6 @@ risk)."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -35,9 +34,11 @@ def extract_code_block(text: str) -> str | None:
 def _tests_of(item: Mapping[str, Any]) -> tuple[str, str | None]:
     meta = item.get("single_turn_metadata")
     if isinstance(meta, str):
+        from collab_env._json import loads
+
         try:
-            meta = json.loads(meta)
-        except ValueError:
+            meta = loads(meta, "the row's single_turn_metadata")
+        except ValueError:  # not JSON, or nested too deep to read (ConfigError is a ValueError)
             meta = None
     entry = None
     if isinstance(meta, Mapping) and isinstance(meta.get("entry_point"), str):
