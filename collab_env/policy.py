@@ -598,6 +598,13 @@ def resolve_policy(ref: Any, **kwargs: Any) -> Policy:
             if not model:
                 raise ConfigError(f"{ref!r} names no model; write '{prefix}:<model>'.")
             return _checked(ref, _construct(ref, load_entry_point(_BACKENDS[prefix]), (), {"model": model, **kwargs}))
+        elif sep and not all(part.isidentifier() for part in prefix.split(".")):
+            # not a module path: a misspelt kind or backend ("llm-usr:...")
+            names = sorted({*_WRAPPERS, *_BACKENDS})
+            raise ConfigError(
+                f"unknown policy {ref!r}: {prefix!r} is neither a kind {sorted(_WRAPPERS)} nor a backend "
+                f"{sorted(_BACKENDS)} nor a module ('module:Class')." + did_you_mean(prefix, names)
+            )
         elif sep:
             obj = load_entry_point(ref)
         else:

@@ -61,7 +61,7 @@ def test_a_policy_config_file_in_json_and_yaml(tmp_path, monkeypatch):
     ("hf:./my-model", {"api_base": URL}, r"takes no api_base: connection settings go to API backends"),
     ("ask-then-answer", {"api_base": URL}, r"takes no api_base"),
     ("llm-user:litellm:openai/x", {"no_such_option": 1}, r"takes no argument 'no_such_option'"),
-    ("llm-usr:litellm:openai/x", {}, r"cannot load|No module named|unknown"),
+    ("llm-usr:litellm:openai/x", {}, r"'llm-usr' is neither a kind .* Did you mean 'llm-user'"),
     ({"backend": "litellm"}, {}, r"needs a model"),
     ({"kind": "llm-usr", "backend": "embedded"}, {}, r"unknown policy kind 'llm-usr'.*Did you mean 'llm-user'"),
     ({"backend": "litellm:openai/x", "modle": "y"}, {}, r"unknown key\(s\) \['modle'\]"),
@@ -69,7 +69,7 @@ def test_a_policy_config_file_in_json_and_yaml(tmp_path, monkeypatch):
     ("missing-file.json", {}, r"no policy config file 'missing-file.json'"),
 ])
 def test_unknown_or_incomplete_specs_are_one_line_config_errors(ref, kwargs, match):
-    with pytest.raises((ConfigError, ImportError), match=match) as info:
+    with pytest.raises(ConfigError, match=match) as info:
         resolve_policy(ref, **kwargs)
     assert "\n" not in str(info.value)
 
