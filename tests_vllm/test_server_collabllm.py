@@ -53,6 +53,9 @@ def test_collabllm_eval_with_user_and_judge_behind_vllm_serve(server, tmp_path, 
     assert {t["player"] for t in moves} == {"assistant", "user"}
     assert all(t["completion"]["meta"].get("model") == f"openai/{SERVED_NAME}" for t in moves
                if t["player"] == "assistant")
-    # the futures called it too: the episode's cost counts their model calls beside its own moves
-    assert rec["costs"]["model_calls"] > len(moves), rec["costs"]
+    # the first reply was scored by 3 futures whose user turns and judgements went to the server
+    mr = rec["info"]["scores"][0]["mr"]
+    print("MR of the first reply:", json.dumps({k: mr[k] for k in ("reward", "num_rollouts", "cost", "future_turns")}))
+    assert mr["num_rollouts"] == 3 and mr["future_turns"] == [1, 1, 1]
+    assert mr["cost"]["policy_calls"] >= 3 and mr["cost"].get("judge_calls", 0) + len(mr["faults"]) >= 3
     assert url in rec["run"]["policies"]["user"] and url in rec["run"]["env_kwargs"]["reward_kwargs"]["judge"]

@@ -69,7 +69,12 @@ def evaluate(
         out: JSONL result file (see the module docstring); ``None`` keeps results in memory.
         resume: Continue the run in ``out``: run only the episode ids it does not hold yet.
         concurrency: Episodes in flight at once.
-        env_kwargs: Keyword arguments for :func:`collab_env.make` (e.g. ``data_files``).
+        env_kwargs: Keyword arguments for :func:`collab_env.make` (e.g. ``data_files``; a
+            reward option: ``{"reward": "mr", "reward_kwargs": {"judge": SPEC}}``, the judge
+            resolved once for the run, and under ``"mr"`` a user simulator given in
+            ``policies`` plays the futures' user turns too). Without a reward option, an env
+            whose own reward is 0 by construction gets a note (``result.notes``) naming the
+            options that score it.
         sampling: Player -> sampling keywords passed to its policy.
         progress: Show a progress bar (only when stderr is a terminal).
         label: Name of this run in summary tables (default: the policy names).
