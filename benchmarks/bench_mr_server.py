@@ -112,7 +112,10 @@ async def run(args, base: str) -> dict:
     models = {"server": LiteLLMPolicy(f"openai/{SERVED}", api_base=base + "/v1", timeout=600, max_retries=1),
               "hf": EmbeddedPolicy(max_batch_size=32)}
     envs = {name: make_env(args, m, args.rollouts, data) for name, m in models.items()}
-    for name in models:  # warm-up, not timed: loads, compiles, fills caches
+    import importlib
+
+    await asyncio.to_thread(importlib.import_module, "litellm")  # its import (seconds) is not the server's time
+    for name in models if args.warmup else ():  # warm-up, not timed: compiles, fills caches
         w = await timed_step(envs[name], models[name], seed=1)
         print(f"warm-up {name} ({args.rollouts} futures, not timed): {w['seconds']:.2f} s")
     rows = []
@@ -147,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--on-fault", default="zero", choices=("drop", "raise", "zero"))
+    p.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="time from the first step (the server has answered nothing yet; HF has loaded its weights)")
     p.add_argument("--out", default=None)
     add_load_arguments(p)
     args = p.parse_args(argv)
@@ -178,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         record = {"command": "benchmarks/bench_mr_server.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
                   "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rollouts": args.rollouts,
                   "max_new_tokens": args.max_new_tokens, "on_fault": args.on_fault, "server_ready_s": ready,
+                  "warmup": args.warmup,
                   "platform": platform.platform(), "torch": torch.__version__, "vllm": vllm.__version__,
                   "load_before": load.to_dict(), "load_during": during.to_dict(), **result}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
