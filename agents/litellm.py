@@ -32,13 +32,14 @@ import random
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from collab_env.agents.limiter import ConcurrencyLimiter, shared_limiter
 from collab_env.agents.retries import GiveUp, Retry, backoff_delay, classify_error
-from collab_env.errors import ConfigError, FatalPolicyError, PolicyError, require
+from collab_env.errors import ConfigError, CredentialsError, FatalPolicyError, PolicyError, require
 from collab_env.policy import SamplingParams
 from collab_env.types import FAULT, Completion, Conversation
 
@@ -56,6 +57,26 @@ _RESERVED_KWARGS = frozenset({
     "model", "messages", "api_base", "api_key", "timeout", "max_retries", "num_retries",
     "temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "logprobs", "stream",
 })
+
+
+#: Request parameters left out (with a notice) for a provider that does not take them.
+DROPPABLE_PARAMS = ("seed", "top_p", "stop", "temperature")
+
+
+def _provider(model: str) -> str:
+    return model.split("/", 1)[0] if "/" in model else "openai"
+
+
+def _supported_params(model: str) -> frozenset[str] | None:
+    """The OpenAI parameters litellm says the model's provider takes, or ``None`` when it cannot
+    say (an unknown provider, an old litellm)."""
+    litellm = _litellm()
+    try:
+        name, provider, _, _ = litellm.get_llm_provider(model)
+        params = litellm.get_supported_openai_params(model=name, custom_llm_provider=provider)
+    except Exception:  # litellm does not know the model: send the request and let the provider decide
+        return None
+    return frozenset(params) if params else None
 
 
 def _litellm():
@@ -223,6 +244,9 @@ class LiteLLMPolicy:
         provider = model.split("/", 1)[0] if "/" in model else "openai"
         self._top_k_in_body = provider in _OPENAI_COMPATIBLE
         self._cost_unknown = False  # litellm has no price for this model: stop asking
+        self._supported: frozenset[str] | None = None  # the provider's OpenAI parameters (first act)
+        self._checked_params = False
+        self._dropped: set[str] = set()  # parameters dropped (and said so) already
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -258,7 +282,7 @@ class LiteLLMPolicy:
             # The first import takes seconds: do it off the event loop so other episodes
             # sharing the loop keep moving meanwhile.
             await asyncio.to_thread(_litellm)
-        request = self._request_kwargs(params)
+        request = self._provider_kwargs(self._request_kwargs(params))
         tasks = [
             asyncio.ensure_future(self._complete(i, self._messages(obs), request))
             for i, obs in enumerate(observations)
@@ -294,7 +318,7 @@ class LiteLLMPolicy:
                 continue
             except GiveUp as exc:
                 return self._give_up(index, attempt, exc.reason, usage, start, fatal=exc.fatal,
-                                     rejected=exc.rejected)
+                                     rejected=exc.rejected, auth=exc.auth)
             self._count(completions=1)
             return Completion(
                 text=text,
@@ -334,15 +358,21 @@ class LiteLLMPolicy:
 
     def _give_up(
         self, index: int, attempts: int, reason: str, usage: dict[str, Any], start: float, *, fatal: bool,
-        rejected: bool = True,
+        rejected: bool = True, auth: bool = False,
     ) -> Completion:
         self._count(failures=1)
         where = f" at {self.api_base}" if self.api_base else ""
+        if fatal and auth:
+            raise CredentialsError(
+                f"{self.name}: model {self.model!r}{where} refused the credentials for observation "
+                f"{index} ({reason}). Not retried: set the provider's API key variable (e.g. "
+                "OPENAI_API_KEY, ANTHROPIC_API_KEY), or pass api_key= / a spec's api_key_env, and run again."
+            )
         if fatal and rejected:
             raise FatalPolicyError(
                 f"{self.name}: model {self.model!r}{where} rejected the request for observation "
-                f"{index} ({reason}). Not retried: fix the model name, api_key, api_base or "
-                "sampling parameters and run again."
+                f"{index} ({reason}). Not retried: fix the model name, api_base or the request's "
+                "parameters and run again."
             )
         if fatal:
             raise FatalPolicyError(
@@ -407,6 +437,31 @@ class LiteLLMPolicy:
             api_key = "EMPTY"  # local servers want some key; litellm would fail with a 500
         if api_key is not None:
             kw["api_key"] = api_key
+        return kw
+
+    def _provider_kwargs(self, kw: dict[str, Any]) -> dict[str, Any]:
+        """``kw`` with the parameters the provider does not take removed, each said once in a
+        one-line warning (``seed`` to Anthropic, say: litellm would refuse the whole request with
+        ``UnsupportedParamsError``). Which ones it takes is litellm's
+        ``get_supported_openai_params``; when litellm does not know the provider, everything is
+        sent and the provider decides. ``logprobs=True`` on a provider without log-probs is refused:
+        the policy was asked for something it cannot return."""
+        if not self._checked_params:
+            self._checked_params = True
+            self._supported = _supported_params(self.model)
+        if self._supported is None:
+            return kw
+        provider = _provider(self.model)
+        if kw.get("logprobs") and "logprobs" not in self._supported:
+            raise ConfigError(f"{self.name}: the provider {provider!r} does not return log-probs (logprobs=True); "
+                              "build the policy without logprobs, or use a backend that returns them.")
+        for key in DROPPABLE_PARAMS:
+            if key in kw and key not in self._supported:
+                del kw[key]
+                if key not in self._dropped:
+                    self._dropped.add(key)
+                    warnings.warn(f"{self.name}: the provider {provider!r} does not take {key!r}; it is left out "
+                                  "of the requests (litellm.get_supported_openai_params).", UserWarning, stacklevel=3)
         return kw
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:

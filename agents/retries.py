@@ -23,7 +23,7 @@ import random
 import sys
 import time
 
-__all__ = ["Retry", "GiveUp", "REJECTIONS", "RETRYABLE_4XX", "classify_error",
+__all__ = ["Retry", "GiveUp", "REJECTIONS", "AUTH_REJECTIONS", "RETRYABLE_4XX", "classify_error",
            "retry_after_seconds", "backoff_delay"]
 
 
@@ -41,17 +41,21 @@ class GiveUp(Exception):
     :class:`~collab_env.errors.FatalPolicyError` whatever the fault policy (``rejected``: the
     provider refused the request, as opposed to a local misuse)."""
 
-    def __init__(self, reason: str, *, fatal: bool, rejected: bool = True) -> None:
+    def __init__(self, reason: str, *, fatal: bool, rejected: bool = True, auth: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.fatal = fatal
         self.rejected = rejected
+        #: The provider refused the credentials (a missing, invalid or unauthorised key).
+        self.auth = auth
 
 
 #: litellm's exception classes for requests the provider refused (4xx answers that no retry
 #: fixes). ContextWindowExceededError is a BadRequestError but is handled before these.
 REJECTIONS = ("AuthenticationError", "PermissionDeniedError", "NotFoundError", "BadRequestError",
               "UnprocessableEntityError", "UnsupportedParamsError", "InvalidRequestError")
+#: The rejections that are about the credentials (the only ones whose fix is the key).
+AUTH_REJECTIONS = ("AuthenticationError", "PermissionDeniedError")
 #: 4xx statuses that are transient: timeout, conflict, too early, rate limit.
 RETRYABLE_4XX = (408, 409, 425, 429)
 
@@ -65,17 +69,18 @@ def classify_error(exc: Exception) -> Retry | GiveUp:
     if litellm is not None and isinstance(exc, litellm.ContextWindowExceededError):
         return GiveUp(f"context window exceeded: {message}", fatal=False)
     if "Missing credentials" in message:  # litellm reports a missing OpenAI key as a 500
-        return GiveUp(f"no API key: {message}", fatal=True)
+        return GiveUp(f"no API key: {message}", fatal=True, auth=True)
+    auth = type(exc).__name__ in AUTH_REJECTIONS
     status = getattr(exc, "status_code", None)
     if isinstance(status, int):
         if status >= 500 or status in RETRYABLE_4XX:
             return Retry(f"{status} {type(exc).__name__}: {message}", retry_after_seconds(exc))
         if 400 <= status < 500:
-            return GiveUp(f"{status} {type(exc).__name__}: {message}", fatal=True)
+            return GiveUp(f"{status} {type(exc).__name__}: {message}", fatal=True, auth=auth or status in (401, 403))
     if litellm is not None and isinstance(exc, tuple(getattr(litellm, n) for n in REJECTIONS
                                                        if hasattr(litellm, n))):
         # A rejection class without a usable status code (some providers' adapters).
-        return GiveUp(f"{type(exc).__name__}: {message}", fatal=True)
+        return GiveUp(f"{type(exc).__name__}: {message}", fatal=True, auth=auth)
     if litellm is not None and isinstance(exc, (litellm.Timeout, litellm.APIConnectionError)):
         return Retry(f"{type(exc).__name__}: {message}")
     if isinstance(exc, (ConnectionError, TimeoutError, OSError)):

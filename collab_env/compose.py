@@ -22,14 +22,16 @@ factories, and nothing below this layer composes an env from an id (the package'
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from collab_env.errors import ConfigError
+from collab_env.errors import ConfigError, ZeroRewardWarning
 from collab_env.policy import load_entry_point
 from collab_env.registry import make_base_env, spec
 
-__all__ = ["make", "make_gym_view", "REWARDS"]
+__all__ = ["make", "make_gym_view", "REWARDS", "reward_options_note"]
 
 #: The values of ``make(reward=...)``: ``None`` keeps the env's own reward.
 REWARDS: tuple[str | None, ...] = (None, "mr", "conversation")
@@ -65,6 +67,11 @@ def make(
         **overrides: Merged over the spec's kwargs; unknown keywords are an error that lists the
             valid ones.
 
+    Warns:
+        ZeroRewardWarning: ``reward=None`` on an env whose own reward is 0 at every step by
+            construction (the ``collabllm-*`` and chat envs): the message
+            (:func:`reward_options_note`) lists the reward options and what each needs.
+
     Raises:
         UnknownEnvError: ``env_id`` is not registered (with the closest ids).
         ConfigError: ``reward`` is not one of :data:`REWARDS`, ``reward_kwargs`` without a
@@ -77,6 +84,11 @@ def make(
     if reward is None and reward_kwargs:
         raise ConfigError("reward_kwargs= needs a reward (reward='mr', 'conversation' or an option of the spec).")
     env = make_base_env(env_id, render_mode=render_mode, **overrides)
+    if reward is None:
+        note = reward_options_note(env_id)
+        if note is not None and spec(env_id).id not in _NOTED:  # once per env id and process
+            _NOTED.add(spec(env_id).id)
+            warnings.warn(note, ZeroRewardWarning, stacklevel=2)
     if reward is not None and reward in own:
         from collab_env.rewards.joint import JointReward
 
@@ -97,6 +109,39 @@ def make(
     from collab_env.wrappers.single_agent import SingleAgentEnv
 
     return SingleAgentEnv(env, player=view, policies=policies)
+
+
+#: The env ids whose :class:`ZeroRewardWarning` was issued in this process (it is said once).
+_NOTED: set[str] = set()
+
+
+@functools.cache
+def reward_options_note(env_id: str) -> str | None:
+    """What to say when ``env_id`` is built without a reward option and its own reward is 0 at
+    every step by construction (its spec's ``reward_range`` is ``(0, 0)``): the reward options
+    that score it and what each needs (an LLM judge for the judged metrics, a user simulator for
+    the multiturn-aware reward's futures when the env's own user replays recorded turns).
+    ``None`` for an env whose own reward scores it."""
+    from collab_env.rewards.common import ignores_candidate
+    from collab_env.rewards.metrics import get_metric, list_metrics
+
+    s = spec(env_id)
+    if tuple(float(b) for b in s.reward_range) != (0.0, 0.0):
+        return None
+    metrics = [m for m in s.reward if m in list_metrics()]
+    judged = [m for m in metrics if set(get_metric(m).needs) & {"judge", "extractor"}]
+    replaying = [u for u, ref in (s.default_policies or {}).items() if ignores_candidate(ref)]
+    judge = f", and needs an LLM judge for {', '.join(judged)} (judge=SPEC; CLI: --judge SPEC)" if judged else ""
+    parts = [f"reward='conversation' scores the finished conversation by {', '.join(metrics)}{judge}"]
+    mr = "reward='mr' (CollabLLM's multiturn-aware reward) scores each reply by sampled future conversations"
+    needs = (["the judge"] if judged else []) + [
+        f"a user simulator for the futures (user=SPEC; in collab-env eval, --policy {u}=llm-user:<backend> plays "
+        "them)" for u in replaying]
+    parts.append(mr + (f"; it needs {' and '.join(needs)}" if needs else ""))
+    parts += [f"reward={k!r} (the env's own option)" for k in s.reward_options]
+    return (f"{s.id}'s own reward is 0 at every step by construction: its score comes from a reward option. "
+            + "; ".join(parts) + ". From the command line: collab-env eval ... --reward mr"
+            + (" --judge SPEC." if judged else "."))
 
 
 def make_gym_view(env_id: str, player: str | None = None, policies: Mapping[str, Any] | None = None,

@@ -30,6 +30,8 @@ __all__ = [
     "DatasetUnavailableError",
     "DataSchemaError",
     "MissingDependencyError",
+    "CredentialsError",
+    "ZeroRewardWarning",
     "PolicyError",
     "FatalPolicyError",
     "JudgeError",
@@ -93,6 +95,12 @@ class FatalPolicyError(PolicyError):
     """
 
 
+class CredentialsError(FatalPolicyError):
+    """A :class:`FatalPolicyError` that is about the credentials: a missing, invalid or
+    unauthorised API key (401, 403, litellm's ``AuthenticationError`` /
+    ``PermissionDeniedError``). Only these errors advise fixing the key."""
+
+
 class JudgeError(CollabEnvError, RuntimeError):
     """An LLM judge could not produce a valid score after its retries (never a default score)."""
 
@@ -117,6 +125,13 @@ class RewardError(CollabEnvError, RuntimeError):
 class TaskFunctionError(CollabEnvError, RuntimeError):
     """A user-supplied formatter, reward function, reward processor or transition raised or
     returned an invalid value (never turned into an empty prompt or a zero reward)."""
+
+
+class ZeroRewardWarning(UserWarning):
+    """An env whose own reward is 0 at every step by construction (the CollabLLM envs, the chat
+    envs: their score comes from a reward option such as ``reward="mr"``) was built without a
+    reward option. The message says which options exist and what each needs (a judge, a user
+    simulator); :func:`collab_env.compose.reward_options_note` writes it."""
 
 
 class DeprecatedEnvWarning(UserWarning):

@@ -12,7 +12,7 @@ from typing import Any
 from collab_env.errors import ConfigError, did_you_mean
 
 __all__ = ["PROG", "parse_value", "parse_pairs", "env_kwargs", "add_env_args", "parse_sampling", "one_line",
-           "table"]
+           "table", "add_connection_args", "parse_policies"]
 
 PROG = "collab-env"
 
@@ -58,6 +58,52 @@ def add_env_args(q: argparse.ArgumentParser) -> None:
                    help="local dataset file(s), for suites that read data (works offline)")
     q.add_argument("--env-arg", action="append", metavar="KEY=VALUE",
                    help="keyword argument for the env (VALUE parsed as JSON if it can be); repeatable")
+
+
+def add_connection_args(q: argparse.ArgumentParser) -> None:
+    """Add ``--api-base ROLE=URL`` and ``--api-key-env ROLE=VAR`` (read by :func:`parse_policies`)."""
+    q.add_argument("--api-base", action="append", metavar="ROLE=URL",
+                   help="server of a role's API backend (a player or 'judge'), e.g. user=http://127.0.0.1:8000/v1 "
+                        "for --policy user=llm-user:litellm:openai/<served model>; repeatable")
+    q.add_argument("--api-key-env", action="append", metavar="ROLE=VAR",
+                   help="environment variable holding a role's API key (default: the provider's own, e.g. "
+                        "OPENAI_API_KEY); repeatable")
+
+
+def parse_policies(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """``--policy PLAYER=SPEC`` (and ``--judge SPEC`` where the command has it) joined with
+    ``--api-base ROLE=URL`` and ``--api-key-env ROLE=VAR``: player -> spec, and the judge's spec
+    (``None`` without ``--judge``). A spec with connection settings, or a config file, becomes a
+    :class:`~collab_env.policy.PolicySpec` (checked here, before any work); others stay strings."""
+    from collab_env.policy import is_spec_file, policy_spec
+
+    specs: dict[str, Any] = dict(parse_pairs(args.policy, "--policy", "--policy assistant=ask-then-answer"))
+    bases = parse_pairs(getattr(args, "api_base", None), "--api-base", "--api-base user=http://127.0.0.1:8000/v1")
+    keys = parse_pairs(getattr(args, "api_key_env", None), "--api-key-env", "--api-key-env user=OPENAI_API_KEY")
+    judge = getattr(args, "judge", None)
+    roles = dict(specs)
+    if judge is not None:
+        roles["judge"] = judge
+    for flag, given in (("--api-base", bases), ("--api-key-env", keys)):
+        for role in given:
+            if role not in roles:
+                spec = "--judge SPEC" if role == "judge" else f"--policy {role}=SPEC"
+                raise ConfigError(f"{flag} {role}=...: no {spec} to connect; give it one, e.g. "
+                                  + ("--judge litellm:openai/<model>." if role == "judge"
+                                     else f"--policy {role}=llm-user:litellm:openai/<model> (a user simulator) or "
+                                          f"--policy {role}=litellm:openai/<model>."))
+    out: dict[str, Any] = {}
+    for role, ref in roles.items():
+        if role in bases or role in keys or is_spec_file(ref):
+            try:
+                out[role] = policy_spec(ref, api_base=bases.get(role), api_key_env=keys.get(role))
+            except ConfigError as exc:
+                raise ConfigError(f"{'--judge' if role == 'judge' and judge is not None else '--policy ' + role}: "
+                                  f"{exc}") from None
+        else:
+            out[role] = ref
+    judge_spec = out.pop("judge") if judge is not None else None
+    return out, judge_spec
 
 
 def parse_sampling(items: Sequence[str] | None) -> dict[str, dict[str, Any]]:

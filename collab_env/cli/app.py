@@ -21,6 +21,7 @@ from collab_env.cli import play as play_cmd
 from collab_env.cli._common import PROG
 from collab_env.cli.output import Output, drop_stdout, os_error_message
 from collab_env.errors import CollabEnvError, ConfigError
+from collab_env.policy import SPEC_HELP
 
 __all__ = ["main", "build_parser", "import_user_module"]
 
@@ -33,8 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
         description="Multi-turn, multi-party LLM collaboration environments.",
-        epilog="Policy SPEC: an alias, 'default' (the env's default for that player) or "
-               "'module:Class'.",
+        epilog="Policy SPEC: 'default' (the env's default for that player) or " + SPEC_HELP + ".",
     )
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import MODULE first (registers its environments/policies); looked up on the Python "

@@ -122,6 +122,8 @@ class EvalResult:
         out: The result file, or ``None``.
         reward_range: The spec's bounds of one episode's return.
         label: Name of this policy set in comparison tables.
+        notes: Lines the summary prints under its table (an env whose own reward is 0 by
+            construction says which reward options score it).
     """
 
     env_id: str
@@ -135,6 +137,7 @@ class EvalResult:
     out: Path | None = None
     reward_range: tuple[float, float] = (-math.inf, math.inf)
     label: str = ""
+    notes: list[str] = field(default_factory=list)
 
     @property
     def missing(self) -> list[int]:
@@ -178,9 +181,26 @@ class EvalResult:
             costs=dict(costs),
         )
 
+    def component_means(self, player: str) -> dict[str, float]:
+        """``player``'s reward components (``Episode.components``: each metric's contribution,
+        ``"mr"``, ``"env"``...), mean per finished episode; empty when the reward has none."""
+        eps = [self.episodes[k] for k in sorted(self.episodes) if k < self.num_episodes]
+        totals: Counter[str] = Counter()
+        for e in eps:
+            totals.update({k: float(v) for k, v in e.components.get(player, {}).items()})
+        return {k: totals[k] / len(eps) for k in sorted(totals)} if eps else {}
+
     def summary_table(self) -> str:
-        """The summary as a plain-text table, one row per trainable player."""
-        return format_table({self.label or policy_label(self.policy_names, self.trainable): self})
+        """The summary as a plain-text table, one row per trainable player, then each player's
+        reward components (when the reward has any) and the notes."""
+        lines = [format_table({self.label or policy_label(self.policy_names, self.trainable): self})]
+        for p in self.trainable:
+            comps = self.component_means(p)
+            if comps:
+                lines.append(f"{p} reward components (mean per episode): "
+                             + ", ".join(f"{k} {v:.3f}" for k, v in comps.items()))
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
 
 
 @dataclass

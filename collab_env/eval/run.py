@@ -7,14 +7,15 @@ import math
 import os
 import re
 import traceback
+import warnings
 from collections.abc import Iterable, Mapping
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
 from collab_env._progress import say
-from collab_env.compose import make
-from collab_env.errors import ConfigError, FatalPolicyError, did_you_mean
+from collab_env.compose import make, reward_options_note
+from collab_env.errors import ConfigError, CredentialsError, FatalPolicyError, ZeroRewardWarning, did_you_mean
 from collab_env.eval.files import (
     ResultSink,
     failures_path,
@@ -23,7 +24,15 @@ from collab_env.eval.files import (
     repair_tail,
 )
 from collab_env.eval.results import Comparison, EpisodeFailure, EvalResult, jsonable
-from collab_env.policy import POLICY_ALIASES, Policy, describe, policies_for, resolve_policy
+from collab_env.policy import (
+    POLICY_ALIASES,
+    SPEC_HELP,
+    Policy,
+    PolicySpec,
+    describe,
+    policies_for,
+    resolve_policy,
+)
 from collab_env.registry import EnvSpec, spec
 from collab_env.rollout import RolloutEngine
 from collab_env.types import Episode
@@ -61,7 +70,12 @@ def evaluate(
         out: JSONL result file (see the module docstring); ``None`` keeps results in memory.
         resume: Continue the run in ``out``: run only the episode ids it does not hold yet.
         concurrency: Episodes in flight at once.
-        env_kwargs: Keyword arguments for :func:`collab_env.make` (e.g. ``data_files``).
+        env_kwargs: Keyword arguments for :func:`collab_env.make` (e.g. ``data_files``; a
+            reward option: ``{"reward": "mr", "reward_kwargs": {"judge": SPEC}}``, the judge
+            resolved once for the run, and under ``"mr"`` a user simulator given in
+            ``policies`` plays the futures' user turns too). Without a reward option, an env
+            whose own reward is 0 by construction gets a note (``result.notes``) naming the
+            options that score it.
         sampling: Player -> sampling keywords passed to its policy.
         progress: Show the run's progress on stderr: a bar on a terminal, else a line per tenth
             of the run and at least one a minute (:mod:`collab_env._progress`), labelled ``eval ENV
@@ -128,20 +142,30 @@ async def aevaluate(
                               + did_you_mean(str(p), s.players))
 
     # Build one env up front: a bad keyword or a missing dataset fails here, before any file
-    # is touched, and the env says how many items the suite has.
-    probe = make(s.id, **env_kwargs)
+    # is touched or any model loaded, and the env says how many items the suite has. (Its
+    # ZeroRewardWarning, said once per env id, becomes a note of the result instead; no thread
+    # runs yet that could add a filter while this one is in place.)
+    base_kwargs = {k: v for k, v in env_kwargs.items() if k not in ("reward", "reward_kwargs")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ZeroRewardWarning)
+        probe = make(s.id, **base_kwargs)
     try:
-        num_items = getattr(probe, "unwrapped", probe).task.num_items()
+        task = getattr(probe, "unwrapped", probe).task
+        num_items = task.num_items()
+        user_players = tuple(task.user_players)
     finally:
         probe.close()
 
     refs = choose_policies(s, policies)
     resolved = {p: load_policy(p, ref) for p, ref in refs.items()}
+    build_kwargs = _reward_build_kwargs(env_kwargs, resolved, policies, user_players)
+    if "reward" in env_kwargs:  # the reward's judge and user settings fail here, before any episode
+        make(s.id, **build_kwargs).close()
     run = {
         "env_id": s.id,
         "seed": seed,
         "policies": {p: policy_ref(refs[p], resolved[p]) for p in s.players},
-        "env_kwargs": jsonable(env_kwargs),
+        "env_kwargs": jsonable(_recorded(env_kwargs)),
         "sampling": jsonable(sampling),
     }
     result = EvalResult(
@@ -155,6 +179,9 @@ async def aevaluate(
         reward_range=reward_range_of(s, env_kwargs.get("reward")),
         label=label,
     )
+    note = reward_options_note(s.id) if env_kwargs.get("reward") is None else None
+    if note is not None:
+        result.notes.append(note)
 
     if result.out is not None:
         fail_path = failures_path(result.out)
@@ -180,7 +207,7 @@ async def aevaluate(
         if k not in result.episodes
     ]
     if jobs:
-        await _run_jobs(s, env_kwargs, resolved, sampling, jobs, concurrency, run, result, progress)
+        await _run_jobs(s, build_kwargs, resolved, sampling, jobs, concurrency, run, result, progress)
     if progress:
         failed = f", {len(result.failures)} failed" if result.failures else ""
         where = (f"episode records in {result.out}" if result.out is not None
@@ -229,6 +256,44 @@ def compare(
 
 
 
+def _recorded(value: Any) -> Any:
+    """``value`` (env keywords) with each :class:`~collab_env.policy.PolicySpec` as its string,
+    as the result file records it."""
+    if isinstance(value, PolicySpec):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {k: _recorded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_recorded(v) for v in value]
+    return value
+
+
+def _reward_build_kwargs(env_kwargs: Mapping[str, Any], resolved: Mapping[str, Policy],
+                         given: Mapping[str, Any] | None, user_players: tuple[str, ...]) -> dict[str, Any]:
+    """The env keywords each episode's env is built with: with ``reward="mr"`` or
+    ``"conversation"``, the judge spec resolved once for the whole run (not one model per
+    episode), and under ``"mr"`` the user simulator the caller named for a user player also
+    playing that player's futures (the run names it explicitly; the env's own user may replay
+    recorded turns)."""
+    out = dict(env_kwargs)
+    if out.get("reward") not in ("mr", "conversation"):
+        return out
+    rk = dict(out.get("reward_kwargs") or {})
+    judge = rk.get("judge")
+    if isinstance(judge, (str, PolicySpec)):
+        rk["judge"] = load_policy("judge", judge)
+    if out["reward"] == "mr" and "user" not in rk:
+        named = dict(rk.get("policies") or {})
+        for u in user_players:
+            ref = (given or {}).get(u)
+            if u not in named and ref is not None and not (isinstance(ref, str) and ref == "default"):
+                named[u] = resolved[u]
+        if named:
+            rk["policies"] = named
+    out["reward_kwargs"] = rk
+    return out
+
+
 def choose_policies(
     s: EnvSpec, policies: Mapping[str, Any] | None, players: Iterable[str] | None = None
 ) -> dict[str, Any]:
@@ -252,8 +317,7 @@ def choose_policies(
         if merged.get(p) is None:
             raise ConfigError(
                 f"player {p!r} of {s.id} has no default policy; give it one, e.g. "
-                f"--policy {p}=SPEC (policies={{{p!r}: ...}}), where SPEC is an alias "
-                f"{sorted(POLICY_ALIASES)} or 'module:Class'."
+                f"--policy {p}=SPEC (policies={{{p!r}: ...}}), where {SPEC_HELP}."
             )
         chosen[p] = merged[p]
     return chosen
@@ -265,6 +329,8 @@ def policy_ref(ref: Any, policy: Policy | None = None) -> str:
     differently configured objects of one class do not pass for the same policy."""
     if isinstance(ref, str):
         base = POLICY_ALIASES.get(ref, ref)
+    elif isinstance(ref, PolicySpec):
+        base = str(ref)
     else:
         cls = ref if isinstance(ref, type) else type(ref)
         base = f"{cls.__module__}:{cls.__qualname__}"
@@ -335,11 +401,15 @@ def _stopped_run(exc: FatalPolicyError, s: EnvSpec, result: EvalResult) -> Fatal
                 f"{result.num_episodes - done}.")
     else:
         kept = "No result file was given (out=None), so nothing was kept; pass --out to keep finished episodes."
+    if isinstance(exc, CredentialsError):
+        fix = ("Fix the credentials: set the provider's API key variable (e.g. OPENAI_API_KEY, ANTHROPIC_API_KEY) in "
+               "the environment, or give the policy api_key= (a spec's api_key_env, --api-key-env ROLE=VAR).")
+        return CredentialsError(f"evaluation of {s.id} stopped: a policy's provider refused the credentials, and "
+                                f"every other episode would be refused the same way. {exc} {fix} {kept}")
     return FatalPolicyError(
         f"evaluation of {s.id} stopped: a policy's provider rejected a request, and every other episode "
-        f"would be rejected the same way. {exc} Fix the credentials: set the provider's API key "
-        "variable (e.g. OPENAI_API_KEY, ANTHROPIC_API_KEY) in the environment, or pass api_key= (and "
-        f"api_base= for a local server) to the policy, or check the model name. {kept}"
+        f"would be rejected the same way. {exc} Fix what it names (the model name, the api_base, a parameter) "
+        f"and run again. {kept}"
     )
 
 
@@ -365,13 +435,16 @@ def _record(job: Mapping[str, Any], outcome: Episode | BaseException, run: Mappi
 def load_policy(player: str, ref: Any) -> Policy:
     """:func:`~collab_env.policy.resolve_policy` for ``player``, with a policy that
     cannot be imported reported as a :class:`ConfigError` naming the player and the aliases."""
+    shown = str(ref) if isinstance(ref, PolicySpec) else repr(ref)
     try:
         return resolve_policy(ref)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(
-            f"cannot load the policy {ref!r} for player {player!r}: {exc}. Use an alias "
-            f"{sorted(POLICY_ALIASES)} or an importable 'module:Class'."
+            f"cannot load the policy {shown} for {player!r}: {exc}. Use an alias "
+            f"{sorted(POLICY_ALIASES)}, another spec ({SPEC_HELP}) or an importable 'module:Class'."
         ) from exc
+    except ConfigError as exc:
+        raise ConfigError(f"the policy {shown} for {player!r}: {exc}") from None
 
 
 def reward_range_of(s: EnvSpec, reward: Any) -> tuple[float, float]:

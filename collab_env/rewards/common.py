@@ -83,7 +83,8 @@ def check_explicit_user(env: Any, given: Mapping[str, Any]) -> None:
                 f"the multiturn-aware reward on {env_id} needs an explicit user simulator for {u!r}: the env's "
                 f"default user ({defaults[u]}) replays recorded turns and ignores the reply being rewarded, so "
                 "every candidate would get the same futures. Name the user simulator with "
-                "collab_env.make(..., reward='mr', reward_kwargs={'user': ...}) or default_reward(..., user=...), "
+                "collab_env.make(..., reward='mr', reward_kwargs={'user': ...}) or default_reward(..., user=...) "
+                f"(collab-env eval: --policy {u}=llm-user:<backend spec> plays the episode's and the futures' user), "
                 "as one of: " + "; ".join(USER_CHOICES) + " (MultiturnAwareReward itself takes a simulator policy "
                 "or 'replay' in policies={'user': ...})."
             )

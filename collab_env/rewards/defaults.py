@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from collab_env.errors import ConfigError
-from collab_env.policy import resolve_policy
+from collab_env.policy import PolicySpec, resolve_policy
 from collab_env.rewards.common import (
     REPLAY,
     check_explicit_user,
@@ -118,9 +118,9 @@ def default_reward(
         elif needs_judge:
             raise ConfigError(
                 f"the metrics {needs_judge} need an LLM judge: pass judge='litellm:<model>', "
-                "judge='embedded' or a policy / LLMJudge, or weights without them."
+                "judge='embedded' or a policy / LLMJudge (collab-env eval: --judge SPEC), or weights without them."
             )
-    if user_kwargs and (kind != "mr" or not isinstance(user, str) or is_replay(user)):
+    if user_kwargs and (kind != "mr" or not isinstance(user, (str, PolicySpec)) or is_replay(user)):
         raise ConfigError("user_kwargs= configures the simulator built from a user= model string; pass "
                           "user='litellm:...' (or 'embedded'), or configure your own simulator object.")
     if kind == "conversation":
@@ -137,17 +137,23 @@ def default_reward(
         sim = user
         if is_replay(user):
             check_explicit_user(env, {u: REPLAY for u in users})
-        elif isinstance(user, str):
-            # The embedded 135M model cannot keep the recipe's JSON format: it writes plain text.
-            from collab_env.agents.base import EMBEDDED_NAMES
-            from collab_env.agents.users import LLMUserSimulator
-
-            fmt = "plain" if user in EMBEDDED_NAMES else "json"
+        elif isinstance(user, (str, PolicySpec)):
             extra = dict(user_kwargs or {})
             if prompts is not None:
                 extra.setdefault("prompts", prompts)
-                fmt = "json"  # the reference's template asks for its JSON reply
-            sim = LLMUserSimulator(backend(user), **{"reply_format": fmt, **extra})
+            spec = user if isinstance(user, PolicySpec) else PolicySpec.parse(user)
+            if spec.kind is not None:  # a whole simulator spec ("llm-user:litellm:..."): built as it says
+                sim = resolve_policy(spec, **extra)
+            else:
+                # The embedded 135M model cannot keep the recipe's JSON format: it writes plain text.
+                from collab_env.agents.base import EMBEDDED_NAMES
+                from collab_env.agents.users import LLMUserSimulator
+
+                fmt = "plain" if user in EMBEDDED_NAMES else "json"
+                if prompts is not None:
+                    fmt = "json"  # the reference's template asks for its JSON reply
+                sim = LLMUserSimulator(backend(user) if isinstance(user, str) else resolve_policy(spec),
+                                       **{"reply_format": fmt, **extra})
         for u in users:
             policies[u] = sim
     return MultiturnAwareReward(env, policies=policies, weights=w, metric_ctx=ctx, **kwargs)

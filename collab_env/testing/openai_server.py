@@ -42,6 +42,12 @@ in flight (:attr:`max_in_flight`), which is how tests check a concurrency limit.
 Run it alone (the benchmark does, so that the server's CPU is not charged to the client)::
 
     python -m collab_env.testing.openai_server --latency 0.05     # prints "PORT <n>" then serves
+
+``--canned collabllm`` answers every request with :data:`COLLABLLM_REPLY` instead of the echo: one
+JSON object that every role of a CollabLLM run reads (the LLM user simulator's ``response``, the
+accuracy judge's ``score``, the interactivity judge's three parts, the answer extractor's
+``answer``), so a whole ``collab-env eval ... --reward mr`` runs against it (the README's
+CollabLLM section does). It scores nothing: every judge gets the same verdict.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ import collections
 import json
 import random
 import re
+import signal
 import socket
 import sys
 import threading
@@ -61,12 +68,29 @@ from typing import Any
 
 from aiohttp import web
 
-__all__ = ["FakeOpenAIServer", "FAULTS", "free_port"]
+__all__ = ["FakeOpenAIServer", "FAULTS", "free_port", "COLLABLLM_REPLY", "CANNED"]
 
 FAULTS = (
     "429", "429-after", "429-after-ms", "500", "503", "400", "401", "context",
     "hang", "malformed", "no-choices", "empty", "drop",
 )
+
+
+#: The ``--canned collabllm`` reply (see the module docstring).
+COLLABLLM_REPLY = json.dumps({
+    "current_answer": "",
+    "thought": "I still need the answer to my problem.",
+    "response": "Could you walk me through it? I need the final answer.",
+    "answer": "42",
+    "score": True,
+    "understanding": 1,
+    "clarification": 0.7,
+    "suggestions": 0.3,
+    "reason": "canned reply of the fake server",
+})
+
+#: Named fixed replies for ``--canned``.
+CANNED = {"collabllm": COLLABLLM_REPLY}
 
 
 def free_port() -> int:
@@ -376,13 +400,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency", type=float, default=0.0)
     ap.add_argument("--always", choices=FAULTS, default=None)
     ap.add_argument("--api-key", default=None, help="the one key accepted (default: any)")
+    ap.add_argument("--until-killed", action="store_true",
+                    help="serve until SIGTERM or Ctrl-C (for a server started in the background with &), "
+                         "not until stdin closes")
+    ap.add_argument("--canned", choices=sorted(CANNED), default=None,
+                    help="answer every request with this fixed reply instead of the echo")
     args = ap.parse_args(argv)
-    srv = FakeOpenAIServer(latency=args.latency, port=args.port, api_key=args.api_key)
+    reply = None if args.canned is None else (lambda body, text=CANNED[args.canned]: text)
+    srv = FakeOpenAIServer(latency=args.latency, port=args.port, api_key=args.api_key, reply=reply)
     srv.always = args.always
     srv.start()
     print(f"PORT {srv.port}", flush=True)
     try:
-        sys.stdin.read()  # the parent closes our stdin (or dies) to stop us
+        if args.until_killed:
+            stop = threading.Event()
+            signal.signal(signal.SIGTERM, lambda *_: stop.set())
+            while not stop.wait(1.0):
+                pass
+        else:
+            sys.stdin.read()  # the parent closes our stdin (or dies) to stop us
     except KeyboardInterrupt:
         pass
     srv.stop()

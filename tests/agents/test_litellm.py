@@ -501,3 +501,47 @@ def test_backoff_delay_by_hand():
     assert backoff_delay(3, None, base=0.1, cap=0.3, rng=random.Random(7)) == 0.3 * u
     assert backoff_delay(1, -5.0, base=0.1, cap=0.3, rng=random.Random(7)) == 0.0
     assert backoff_delay(1, 0.25, base=0.1, cap=0.3, rng=random.Random(7)) == 0.25
+
+
+# -- issue 42: what the provider takes, and whose fault a rejection is ------------------------------
+def test_a_parameter_the_provider_does_not_take_is_dropped_with_one_notice(monkeypatch):
+    """``seed`` to Anthropic: litellm would refuse the whole request (UnsupportedParamsError) and
+    the eval runner seeds every episode. It is left out, said once; the request goes."""
+    import litellm
+
+    sent = []
+
+    async def fake_acompletion(**kw):
+        sent.append(kw)
+        return litellm.ModelResponse(choices=[{"message": {"role": "assistant", "content": "hi"},
+                                               "finish_reason": "stop", "index": 0}])
+
+    monkeypatch.setattr(litellm, "acompletion", fake_acompletion)
+    p = LiteLLMPolicy("anthropic/claude-3-5-haiku-latest", api_key="sk-test", limiter=ConcurrencyLimiter(2))
+    with pytest.warns(UserWarning, match=r"'anthropic' does not take 'seed'; it is left out") as record:
+        out = act(p, ["a", "b"], seed=3, temperature=0)
+        act(p, ["c"], seed=4)
+    assert [c.text for c in out] == ["hi", "hi"]
+    assert len([w for w in record if "does not take" in str(w.message)]) == 1
+    assert all("seed" not in kw and kw["temperature"] in (0, 1.0) for kw in sent) and len(sent) == 3
+
+
+def test_an_openai_compatible_server_keeps_the_seed(server):
+    p = policy(server)
+    act(p, ["x"], seed=7)
+    assert server.requests[-1]["seed"] == 7
+
+
+def test_only_credential_rejections_blame_the_credentials(server, keyed_server):
+    from collab_env.errors import CredentialsError
+
+    server.inject("400")
+    with pytest.raises(FatalPolicyError) as info:
+        act(policy(server), ["x"])
+    assert not isinstance(info.value, CredentialsError)
+    assert "credentials" not in str(info.value).lower() and "api_key" not in str(info.value)
+    assert "fix the model name, api_base or the request's parameters" in str(info.value)
+    p = LiteLLMPolicy("openai/fake-model", api_base=keyed_server.url, api_key="sk-wrong-key-123",
+                      limiter=ConcurrencyLimiter(4))
+    with pytest.raises(CredentialsError, match="refused the credentials.*set the provider's API key"):
+        act(p, ["x"])
