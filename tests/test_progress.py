@@ -19,8 +19,11 @@ from collab_env import _progress
 from collab_env._progress import INTERVAL_ENV, LineProgress, progress_bar, progress_interval
 from collab_env.errors import ConfigError
 from collab_env.eval import compare
+from collab_env.registry import latest_spec
 
 REPO = Path(__file__).resolve().parents[1]
+#: the id "hidden-facts" plays (its latest version), as the progress labels name it
+HF = latest_spec("hidden-facts").id
 
 
 def test_lines_every_tenth_and_at_the_end():
@@ -112,7 +115,7 @@ def _eval(out: Path, episodes: int, *extra: str, delay: str = "0") -> subprocess
 
 def test_a_redirected_eval_beats_while_an_episode_runs_then_resumes_and_says_where(tmp_path):
     out = tmp_path / "r.jsonl"
-    label = "eval hidden-facts-v2 assistant=ask-then-answer"
+    label = f"eval {HF} assistant=ask-then-answer"
     # One episode, two replies of 1 s each that block the event loop: the first episode ends after
     # about 2 s, and the heartbeat (0.3 s) prints the 0/1 count several times before it.
     res = _eval(out, 1, delay="1")
@@ -135,6 +138,6 @@ def test_each_row_of_a_comparison_is_labelled_with_its_own_name(capsys):
             num_episodes=2)
     err = capsys.readouterr().err.splitlines()
     for row in ("ask", "once"):
-        assert f"eval hidden-facts-v2 {row}: 2/2 ep (100%) " in "\n".join(err)
-        closing = f"eval hidden-facts-v2 {row}: finished, 2/2 episodes; results in memory only (no out= / --out file)"
+        assert f"eval {HF} {row}: 2/2 ep (100%) " in "\n".join(err)
+        closing = f"eval {HF} {row}: finished, 2/2 episodes; results in memory only (no out= / --out file)"
         assert closing in err
