@@ -26,19 +26,33 @@ What each contender does:
   (``--full`` runs all of them). Subprocess start-up is not timed.
 
 The figure of merit printed last is ``engine / ideal`` from this one run (target: <= 1.10), with
-``sequential / engine`` and ``vector / engine``.
+``sequential / engine`` and ``vector / engine``. Beside the wall time it prints the process's CPU
+time per episode-turn during the engine's run (``time.process_time``): the engine's own cost,
+much less sensitive than wall time to other load on the machine (``uptime``'s load average is
+printed with it).
+
+``--ray-workers K`` runs the engine as a :class:`~collab_env.rollout.RayRolloutEngine` of K Ray
+workers (one CPU each) instead: each worker runs a local engine on its share of the episodes
+(``concurrency`` stays global). The workers are started and warmed up with one untimed run of the
+same N episodes (so their envs exist, as ``prepare_envs`` does locally); CPU time is then the
+driver's and the workers' together. ``--json PATH`` appends the run's numbers to a JSON list.
 
 Usage::
 
     python benchmarks/bench_rollout.py [--episodes 256] [--turns 4] [--latency 1.0] [--full]
+    python benchmarks/bench_rollout.py --episodes 8192 --turns 4 --latency 0.5 --batch 256 \
+        --ray-workers 2 --skip-vector --seq-episodes 1
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
+import os
 import time
+from pathlib import Path
 
 import collab_env
 from collab_env.rollout import RolloutEngine, run_episode
@@ -71,13 +85,50 @@ def bench_engine(n: int, turns: int, latency: float, batch: int) -> tuple[float,
     engine = RolloutEngine(ENV, {"agent_0": stub}, env_kwargs={"num_turns": turns}, concurrency=n,
                            max_batch_size=batch, max_wait_ms=2.0, progress=False)
     engine.prepare_envs(n)
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     results = engine.run(n)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    _check(results, turns)
+    engine.cpu_seconds = cpu  # type: ignore[attr-defined]
+    return wall, stub, engine
+
+
+def _check(results: list, turns: int) -> None:
     bad = [r for r in results if not isinstance(r, collab_env.Episode) or r.num_steps != turns]
     if bad:
         raise SystemExit(f"engine: {len(bad)} episodes failed or had the wrong length: {bad[0]!r}")
-    return wall, stub, engine
+
+
+def _proc_cpu(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (Linux ``/proc``; a local Ray worker)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_ray(n: int, turns: int, latency: float, batch: int, workers: int) -> tuple[float, float]:
+    """``(wall, cpu)`` of one timed run on ``workers`` Ray workers, after an untimed warm-up run;
+    ``cpu`` is the driver's and the workers' CPU time during the timed run."""
+    import ray
+
+    from collab_env.rollout.ray_engine import RayRolloutEngine
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+    engine = RayRolloutEngine(ENV, {"agent_0": FixedLatencyStub(latency)}, env_kwargs={"num_turns": turns},
+                              num_workers=workers, concurrency=n, max_batch_size=batch, max_wait_ms=2.0,
+                              progress=False)
+    try:
+        _check(engine.run(n), turns)  # warm-up: the workers import, build and keep their envs
+        pids = [w["pid"] for w in engine.where()]
+        w0 = sum(_proc_cpu(p) for p in pids)
+        c0, t0 = time.process_time(), time.perf_counter()
+        results = engine.run(n)
+        wall = time.perf_counter() - t0
+        cpu = time.process_time() - c0 + sum(_proc_cpu(p) for p in pids) - w0
+    finally:
+        engine.shutdown()
+    _check(results, turns)
+    return wall, cpu
 
 
 def bench_sequential(n: int, turns: int, latency: float) -> float:
@@ -135,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vector-rounds", type=int, default=2, help="lockstep rounds the vector env runs (default 2)")
     ap.add_argument("--full", action="store_true", help="run the baselines on all N episodes (slow)")
     ap.add_argument("--skip-vector", action="store_true", help="leave out the AsyncVectorEnv baseline")
+    ap.add_argument("--ray-workers", type=int, default=0, help="run the engine on K Ray workers (default: in process)")
+    ap.add_argument("--json", type=Path, default=None, help="append this run's numbers to a JSON list in PATH")
+    ap.add_argument("--label", default="", help="a label stored with --json (e.g. before/after)")
     args = ap.parse_args(argv)
     n, T, L = args.episodes, args.turns, args.latency
     if n < 1 or T < 1 or L <= 0 or args.num_envs < 1:
@@ -143,10 +197,23 @@ def main(argv: list[str] | None = None) -> int:
     ideal = T * L
     print(f"work: N={n} episodes of {ENV} (num_turns={T}), stub latency L={L}s per call; ideal T*L = {ideal:.3f}s")
 
-    engine_wall, stub, engine = bench_engine(n, T, L, args.batch)
-    b = engine.stats.batches["stub"]
-    print(f"engine      {engine_wall:8.3f}s  (concurrency={n}, max_batch_size={args.batch}: {b.batches} stub calls "
-          f"for {b.observations} observations, mean batch {b.mean_batch_size:.1f})")
+    load0 = os.getloadavg()[0]
+    if args.ray_workers:
+        engine_wall, engine_cpu = bench_ray(n, T, L, args.batch, args.ray_workers)
+        mean_batch = None
+        print(f"engine      {engine_wall:8.3f}s  (RayRolloutEngine, {args.ray_workers} workers, concurrency={n}, "
+              f"max_batch_size={args.batch})")
+    else:
+        engine_wall, stub, engine = bench_engine(n, T, L, args.batch)
+        engine_cpu = engine.cpu_seconds  # type: ignore[attr-defined]
+        b = engine.stats.batches["stub"]
+        mean_batch = b.mean_batch_size
+        print(f"engine      {engine_wall:8.3f}s  (concurrency={n}, max_batch_size={args.batch}: {b.batches} stub calls "
+              f"for {b.observations} observations, mean batch {b.mean_batch_size:.1f})")
+    load1 = os.getloadavg()[0]
+    cpu_us = engine_cpu / (n * T) * 1e6
+    print(f"engine CPU  {engine_cpu:8.3f}s  = {cpu_us:.1f} us per episode-turn  (load average "
+          f"{load0:.2f} -> {load1:.2f} on {os.cpu_count()} cores)")
 
     seq_n = n if args.full else min(n, args.seq_episodes)
     seq_wall = bench_sequential(seq_n, T, L)
@@ -165,6 +232,17 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     print(f"engine / ideal      = {engine_wall / ideal:.3f}   (target <= 1.10)")
+    if args.json is not None:
+        rows = json.loads(args.json.read_text()) if args.json.exists() else []
+        rows.append({"label": args.label, "episodes": n, "turns": T, "latency_s": L, "batch": args.batch,
+                     "ray_workers": args.ray_workers, "engine_wall_s": round(engine_wall, 4),
+                     "ideal_s": ideal, "engine_over_ideal": round(engine_wall / ideal, 4),
+                     "cpu_s": round(engine_cpu, 4), "cpu_us_per_episode_turn": round(cpu_us, 2),
+                     "mean_batch": None if mean_batch is None else round(mean_batch, 2),
+                     "load_avg_1min_before": round(load0, 2), "load_avg_1min_after": round(load1, 2),
+                     "cores": os.cpu_count(), "collab_env": str(Path(collab_env.__file__).parent.parent),
+                     "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
     print(f"sequential / engine = {seq_scaled / engine_wall:.1f}")
     if vec_scaled is not None:
         print(f"vector / engine     = {vec_scaled / engine_wall:.1f}")

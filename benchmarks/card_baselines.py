@@ -60,6 +60,12 @@ def baseline_runs() -> dict[str, dict[str, dict[str, object]]]:
         "length-ratio-partner x2": {"agent_0": "length-ratio-partner", "agent_1": "length-ratio-partner"},
         "same text x2": {"agent_0": FixedTextPolicy(SAME_TEXT), "agent_1": FixedTextPolicy(SAME_TEXT)},
     }
+    from collab_env.tasks.letter_requests import NAIVE_TEXT
+
+    runs["letter-requests-v0"] = {
+        "letter-requests-solver": {"assistant": "letter-requests-solver"},
+        "fixed text (naive)": {"assistant": FixedTextPolicy(NAIVE_TEXT)},
+    }
     return runs
 
 

@@ -363,7 +363,7 @@ class CollabEnv(ParallelEnv[str, Conversation, str]):
             self._np_random, self._np_random_seed = seeding.np_random(seed)
             for i, p in enumerate(self.possible_agents):
                 # Seeded like Gymnasium: a seeded reset makes action sampling reproducible too.
-                self._action_spaces[p].seed(int(seed) + i)
+                self._action_spaces[p].seed_later(int(seed) + i)  # applied at the first sample
         rng = self.np_random
         options = dict(options or {})
         index = options.pop("index", None)

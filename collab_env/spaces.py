@@ -59,6 +59,26 @@ class UnicodeText(Space[str]):
     def is_np_flattenable(self) -> bool:
         return False
 
+    _pending_seed: int | None = None  # a seed_later() seed not applied yet
+
+    def seed_later(self, seed: int) -> None:
+        """``seed(seed)``, done when the generator is first used instead of now: seeding costs
+        tens of microseconds and an env re-seeds its action spaces on every seeded reset, while
+        most episodes never sample an action. The samples are those of ``seed(seed)``."""
+        self._np_random = None  # type: ignore[assignment]  # (as Space.__init__ leaves it)
+        self._pending_seed = int(seed)
+
+    def seed(self, seed: int | None = None) -> int | Any:
+        self._pending_seed = None
+        return super().seed(seed)
+
+    @property
+    def np_random(self) -> np.random.Generator:
+        pending = self._pending_seed
+        if pending is not None and self._np_random is None:
+            self.seed(pending)
+        return super().np_random
+
     def sample(self, mask: Any = None, probability: Any = None) -> str:
         """A random string mixing ASCII, punctuation, accents, CJK, emoji and typography."""
         if mask is not None or probability is not None:

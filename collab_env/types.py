@@ -161,7 +161,17 @@ class Conversation(Sequence[Message]):
             else:
                 role = "user"
             out.append(m if role == m.role else replace(m, role=role))
-        return Conversation(tuple(out), player)
+        return Conversation._of_messages(tuple(out), player)
+
+    @classmethod
+    def _of_messages(cls, messages: tuple[Message, ...], viewer: str | None) -> Conversation:
+        """A conversation of messages already checked (a view of one): skips the per-message
+        checks of ``__post_init__``, which the env's observations would otherwise repeat for
+        every message on every step."""
+        conv = object.__new__(cls)
+        object.__setattr__(conv, "messages", messages)
+        object.__setattr__(conv, "viewer", viewer)
+        return conv
 
     def to_chat(self) -> list[dict[str, str]]:
         """``[{"role", "content"}]`` for chat templates and OpenAI-style clients."""

@@ -44,3 +44,24 @@ def test_chat_space():
     assert not space.contains(too_long)
     assert pickle.loads(pickle.dumps(space)) == space
     assert isinstance(space, gymnasium.spaces.Space)
+
+
+def test_seed_later_samples_as_seed_and_a_seeded_reset_still_seeds_a_held_space():
+    """An env's seeded reset seeds its action spaces lazily (at the first sample): the samples are
+    those of seeding at reset, also through a space object held since before the reset (the
+    single-agent view's ``action_space`` attribute)."""
+    import collab_env
+
+    now, later = UnicodeText(), UnicodeText()
+    now.seed(11)
+    later.seed_later(11)
+    assert [now.sample() for _ in range(3)] == [later.sample() for _ in range(3)]
+    view = collab_env.make("length-ratio", view="agent_0")
+    held = view.action_space
+    view.reset(seed=3)
+    first = held.sample()
+    view.reset(seed=3)
+    assert held.sample() == first
+    fresh = UnicodeText(view.action_space.max_length)
+    fresh.seed(3)  # agent_0 is player 0: seed + 0
+    assert fresh.sample() == first

@@ -166,8 +166,42 @@ async def act_for(
 
     if len(players) == 1:  # the common case: skip gather's task creation
         return {players[0]: await one(players[0])}
-    results = await asyncio.gather(*(one(p) for p in players))
-    return dict(zip(players, results, strict=True))
+    quick = [p for p in players if getattr(policies[p], "answers_at_once", False) is True]
+    if len(quick) < len(players) - 1:
+        results = await asyncio.gather(*(one(p) for p in players))
+        return dict(zip(players, results, strict=True))
+    # Every policy but at most one answers without suspending (scripted partners and users):
+    # they run inline, then the other one is awaited inline too, with no task per player.
+    # Concurrency is unchanged (a policy that never suspends cannot overlap with anything).
+    out: dict[str, Completion | PolicyError] = {}
+    rest = [p for p in players if p not in quick]
+    for i, p in enumerate(quick):
+        try:
+            out[p] = await one(p)
+        except BaseException:
+            # As under gather: the error is raised, the other players' calls still run.
+            for q in [*rest, *quick[i + 1:]]:
+                _in_background(one(q))
+            raise
+    for p in rest:
+        out[p] = await one(p)
+    return {p: out[p] for p in players}
+
+
+_BACKGROUND: set[asyncio.Task] = set()
+
+
+def _in_background(coro: Any) -> None:
+    """Run ``coro`` to its end in a task nobody awaits (its result and error are dropped)."""
+    task = asyncio.ensure_future(coro)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_drop)
+
+
+def _drop(task: asyncio.Task) -> None:
+    _BACKGROUND.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: no "exception was never retrieved" log
 
 
 @runtime_checkable
@@ -213,8 +247,12 @@ def split_scorers(env: Any) -> tuple[Any, list[Scorer]]:
     The driver plays ``inner`` and runs the scorers itself, with its own policy table."""
     scorers: list[Scorer] = []
     layer = env
-    while isinstance(getattr(layer, "scorer", None), Scorer) and getattr(layer, "env", None) is not None:
-        scorers.append(layer.scorer)
+    while True:
+        # Most envs carry no scorer: the runtime protocol check (costly) only runs for one.
+        scorer = getattr(layer, "scorer", None)
+        if scorer is None or not isinstance(scorer, Scorer) or getattr(layer, "env", None) is None:
+            break
+        scorers.append(scorer)
         layer = layer.env
     return layer, scorers[::-1]
 

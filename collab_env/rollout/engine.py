@@ -13,7 +13,10 @@ one driver, :func:`~collab_env.rollout.driver.arun_episode`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import itertools
+import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -29,6 +32,37 @@ from collab_env.rollout.limits import LimitedPolicy, PerLoop, RateLimiter
 from collab_env.types import Episode
 
 __all__ = ["RolloutEngine"]
+
+_GC_LOCK = threading.Lock()
+_GC_RUNS = 0  # runs in flight that raised the threshold
+_GC_SAVED: tuple[int, ...] | None = None  # the thresholds before the first of them
+
+
+@contextlib.contextmanager
+def _collector_threshold(threshold: int | None) -> Iterator[None]:
+    """Raise the garbage collector's first threshold to at least ``threshold`` while any run is
+    in flight (``RolloutConfig.gc_threshold``); the last run to end restores the thresholds,
+    unless someone else changed them meanwhile."""
+    global _GC_RUNS, _GC_SAVED
+    if threshold is None:
+        yield
+        return
+    with _GC_LOCK:
+        if _GC_RUNS == 0:
+            saved = gc.get_threshold()
+            if 0 < saved[0] < threshold:  # 0: the collector is off by threshold; leave it so
+                gc.set_threshold(threshold, *saved[1:])
+                _GC_SAVED = saved
+        _GC_RUNS += 1
+    try:
+        yield
+    finally:
+        with _GC_LOCK:
+            _GC_RUNS -= 1
+            if _GC_RUNS == 0 and _GC_SAVED is not None:
+                if gc.get_threshold()[0] == threshold:
+                    gc.set_threshold(*_GC_SAVED)
+                _GC_SAVED = None
 
 
 def _players_and_spec(env: Any, factory: Callable[[], CollabEnv]) -> tuple[list[str], Any]:
@@ -223,6 +257,8 @@ class RolloutEngine:
         running: set[asyncio.Task] = set()
         feeder = JobFeeder(it, self.config.concurrency, st)
         fatal: list[FatalPolicyError] = []  # the first rejection seen; stops the run
+        collector = _collector_threshold(self.config.gc_threshold)
+        collector.__enter__()
 
         def watch(task: asyncio.Task) -> None:
             # Seen the moment an episode ends, so a ramp-up in progress stops starting jobs.
@@ -273,6 +309,7 @@ class RolloutEngine:
                 await asyncio.gather(*running, return_exceptions=True)
                 st.in_flight -= len(running)
             st.wall_seconds += time.perf_counter() - t0
+            collector.__exit__(None, None, None)
             if bar is not None:
                 bar.close()
 

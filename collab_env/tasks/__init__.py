@@ -290,6 +290,33 @@ def register_builtin() -> None:
             )
         )
 
+    # letter-requests (issue 44): a multi-turn chat with a dense graded reward, so multi-turn
+    # learners get a non-zero update from a random model; card in collab_env.tasks.letter_requests.
+    from collab_env.tasks.letter_requests import LETTER_POLICIES, LETTER_REQUESTS_CARD
+
+    for name, entry_point in LETTER_POLICIES.items():
+        register_policy(name, entry_point)
+    register(
+        EnvSpec(
+            id="letter-requests-v0",
+            entry_point="collab_env.tasks.letter_requests:make_env",
+            players=("assistant", "user"),
+            turn_order=_CHAT,
+            trainable=("assistant",),
+            default_policies={"user": "collab_env.tasks.letter_requests:LetterRequestsUser"},
+            reward={"letters": 1.0},
+            reward_range=(0.0, 3.0),
+            limits={"num_turns": 3, "max_steps": 6},
+            description=(
+                "A scripted user asks, turn after turn, for a reply of about N characters that uses "
+                "some letters and none of others; every reply is scored coverage x avoidance x length "
+                "in [0, 1], so even a random model earns a graded reward."
+            ),
+            suite="builtin",
+            card=LETTER_REQUESTS_CARD,
+        )
+    )
+
     # CollabLLM-style chats that run offline (issue 13): collabllm rows generated on the fly.
     from collab_env.tasks.chat_cards import CHAT_CARDS
 

@@ -263,6 +263,7 @@ class LengthRatioPartner(ScriptedPolicy):
     """
 
     name = "length-ratio-partner"
+    uses_rng = False  # replies depend on the task prompt only
 
     @staticmethod
     def _task_prompt(observation: Conversation) -> str:

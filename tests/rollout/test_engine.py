@@ -502,3 +502,26 @@ def test_trainable_turns_keep_prompt_ids_ids_and_logprobs_exactly(tiny_policy):
     scripted = RolloutEngine("hidden-facts", {"assistant": AskThenAnswer()}, progress=False).run(1)[0]
     with pytest.raises(ConfigError, match="no token ids"):
         trainable_turns(scripted, require_tokens=True)
+
+
+def test_the_collector_threshold_is_raised_while_a_run_is_in_flight_and_restored():
+    import gc
+
+    from collab_env.policy import CallablePolicy
+
+    seen = []
+
+    def reply(obs):
+        seen.append(gc.get_threshold()[0])
+        return "x"
+
+    before = gc.get_threshold()
+    engine = RolloutEngine("length-ratio", {"agent_0": CallablePolicy(reply)}, concurrency=4, progress=False)
+    assert len(engine.run(3, raise_on_error=True)) == 3
+    assert seen and all(t == max(50_000, before[0]) for t in seen) and gc.get_threshold() == before
+    off = RolloutEngine("length-ratio", {"agent_0": CallablePolicy(reply)}, gc_threshold=None, progress=False)
+    seen.clear()
+    off.run(1, raise_on_error=True)
+    assert seen == [before[0]]
+    with pytest.raises(ConfigError, match="gc_threshold"):
+        RolloutEngine("length-ratio", {}, gc_threshold=0)
