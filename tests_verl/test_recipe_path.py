@@ -23,7 +23,8 @@ import yaml
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 
-from collab_env.adapters.verl.loop import ENV_POOL, RECIPE_AGENT_NAME, CollabEnvAgentLoop, recipe_overrides
+from collab_env.adapters.verl.loop import ENV_POOL, RECIPE_AGENT_NAME, CollabEnvAgentLoop
+from collab_env.adapters.verl_recipe import recipe_overrides
 from collab_env.errors import ConfigError
 from collab_env.tasks.collabllm import DEFAULT_SYSTEM_PROMPT
 from collab_env.testing.collabllm_fixtures import write_collabllm_hub_dir

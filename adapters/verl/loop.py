@@ -76,7 +76,7 @@ from verl.experimental.agent_loop import AgentLoopBase, AgentLoopOutput  # noqa:
 from verl.experimental.agent_loop.agent_loop import register  # noqa: E402
 
 __all__ = ["AGENT_NAME", "AGENT_NAMES", "CONFIG_KEYS", "RECIPE_AGENT_NAME", "CollabEnvAgentLoop", "EnvPool",
-           "episode_output", "play_episode", "recipe_overrides"]
+           "episode_output", "play_episode"]
 
 #: The name rows select the loop by (their ``agent_name`` column).
 AGENT_NAME = "collab_env"

@@ -18,6 +18,10 @@ import collab_env  # noqa: E402
 from collab_env.adapters import trl as ce_trl  # noqa: E402
 from collab_env.errors import ConfigError  # noqa: E402
 from collab_env.policy import FixedTextPolicy  # noqa: E402
+from collab_env.registry import latest_spec  # noqa: E402
+
+#: the id "hidden-facts" plays (its latest version), as the progress lines name it
+HF = latest_spec("hidden-facts").id
 
 MR_KWARGS = dict(reward="mr", reward_kwargs=dict(weights={"accuracy_rule": 1.0, "token_amount": -1e-2},
                                                 num_rollouts=2, max_user_turns=1, max_assistant_turns=2))
@@ -86,9 +90,9 @@ def test_grpo_trainer_runs_two_steps_on_hidden_facts(tiny_dir, tmp_path, capsys)
     # stderr is no terminal here: the run's lines, labelled with the env and the player, and the
     # closing line naming output_dir (rollout_func added the callback; nothing was passed for it)
     err = capsys.readouterr().err.splitlines()
-    assert [ln.split(" (")[0] for ln in err if ln.startswith("TRL hidden-facts-v2 assistant: ")] == [
-        "TRL hidden-facts-v2 assistant: 1/2 steps", "TRL hidden-facts-v2 assistant: 2/2 steps"]
-    closing = [ln for ln in err if ln.startswith("TRL hidden-facts-v2 assistant finished: 2 steps; reward first ")]
+    assert [ln.split(" (")[0] for ln in err if ln.startswith(f"TRL {HF} assistant: ")] == [
+        f"TRL {HF} assistant: 1/2 steps", f"TRL {HF} assistant: 2/2 steps"]
+    closing = [ln for ln in err if ln.startswith(f"TRL {HF} assistant finished: 2 steps; reward first ")]
     assert len(closing) == 1 and f"output_dir {(tmp_path / 'out').resolve()}: no checkpoint yet" in closing[0]
     for kw in rec.calls:
         # one completion per prompt received: per_device_train_batch_size rows, 2 copies of 1 item

@@ -37,8 +37,8 @@ def test_every_suite_env_has_a_current_track():
     current = {t.env_id for t in tracks.values() if track_status(t, tracks) == "current"}
     envs = [s for suite in SUITES for s in _newest_package_envs(suite)]
     # The registry really is what drives this test: the issue-13 ids are among the envs checked.
-    assert {"team-facts-easy-v1", "team-facts-hard-v1", "humaneval-v0", "coop-humaneval-v0", "math-chat-v1",
-            "humaneval-chat-v0", "hidden-facts-v2", "length-ratio-v0"} <= {s.id for s in envs}
+    assert {"team-facts-easy-v2", "team-facts-hard-v2", "humaneval-v0", "coop-humaneval-v0", "math-chat-v1",
+            "humaneval-chat-v0", "hidden-facts-v3", "length-ratio-v0", "letter-requests-v0"} <= {s.id for s in envs}
     missing = [f"{s.id} (suite {s.suite})" for s in envs if s.id not in current]
     assert not missing, (
         f"registered envs without a current leaderboard track: {missing}. Add "
@@ -67,8 +67,32 @@ def test_issue27_tracks_change_only_the_env_version():
         sa, sb = spec(a.env_id), spec(b.env_id)
         assert (sb.name, sb.version) == (sa.name, sa.version + 1), new
         assert dict(sb.kwargs) == {**dict(sa.kwargs), "sensible_numbers": True}, new
-        assert (track_status(a, tracks), track_status(b, tracks)) == ("legacy", "current"), new
+        # b was current until issue 43's question rule superseded the hidden-facts levels (ISSUE43_TRACKS)
+        assert track_status(a, tracks) == "legacy", new
+        assert track_status(b, tracks) == ("legacy" if new in dict(ISSUE43_TRACKS) else "current"), new
         assert b.description.startswith(a.description) and "reads as sense" in b.description, new
+
+
+#: Issue 43: each track on an env whose rule-based user took statements for questions -> its
+#: successor on the env version with the syntax question rule (the same items).
+ISSUE43_TRACKS = (("hidden-facts@v3", "hidden-facts@v4"), ("hidden-facts-easy@v3", "hidden-facts-easy@v4"),
+                  ("hidden-facts-hard@v3", "hidden-facts-hard@v4"), ("hidden-facts-copy@v1", "hidden-facts-copy@v2"),
+                  ("team-facts-easy@v2", "team-facts-easy@v3"), ("team-facts-hard@v2", "team-facts-hard@v3"))
+
+
+def test_issue43_tracks_change_only_the_env_version():
+    """Each new track is its predecessor on the successor env (the syntax question rule), nothing
+    else fixed changed; the old one is legacy, the new one current and says what changed."""
+    tracks = builtin_tracks()
+    for old, new in ISSUE43_TRACKS:
+        a, b = tracks[old], tracks[new]
+        assert (b.name, b.version) == (a.name, a.version + 1), new
+        assert {k: v for k, v in a.fixed().items() if k != "env_id"} == \
+            {k: v for k, v in b.fixed().items() if k != "env_id"}, new
+        sa, sb = spec(a.env_id), spec(b.env_id)
+        assert (sb.name, sb.version) == (sa.name, sa.version + 1), new
+        assert (track_status(a, tracks), track_status(b, tracks)) == ("legacy", "current"), new
+        assert b.description.startswith(a.description) and "'syntax'" in b.description, new
 
 
 def _team_tracks():
@@ -94,10 +118,12 @@ def test_team_tracks_succeed_exactly_when_the_captain_is_right():
     1 - 0.1 x 8 = 0.2 (hard: 3 x 3 - 1); a wrong or missing one at most 0 (accuracy 0 minus
     costs). The threshold must lie in (0, worst right answer]."""
     tracks = {t.env_id: t for t in _team_tracks()}
-    assert set(tracks) == {"team-facts-easy-v0", "team-facts-hard-v0", "team-facts-easy-v1", "team-facts-hard-v1"}
+    assert set(tracks) == {f"team-facts-{level}-v{v}" for level in ("easy", "hard") for v in (0, 1, 2)}
     assert _worst_right_answer(tracks["team-facts-easy-v0"]) == pytest.approx(0.5, abs=1e-12)
     assert _worst_right_answer(tracks["team-facts-hard-v0"]) == pytest.approx(0.2, abs=1e-12)
     assert _worst_right_answer(tracks["team-facts-easy-v1"]) == pytest.approx(0.5, abs=1e-12)
+    assert _worst_right_answer(tracks["team-facts-easy-v2"]) == pytest.approx(0.5, abs=1e-12)
+    assert _worst_right_answer(tracks["team-facts-hard-v2"]) == pytest.approx(0.2, abs=1e-12)
     assert _worst_right_answer(tracks["team-facts-hard-v1"]) == pytest.approx(0.2, abs=1e-12)
     for t in tracks.values():
         assert 0.0 < t.success_threshold <= _worst_right_answer(t) - 1e-9, t.id
@@ -149,9 +175,9 @@ def test_worst_right_answer_is_a_success_and_a_wrong_one_is_not(env_id, worst):
 
 
 def test_team_facts_round_trip_with_the_scripted_teams(tmp_path):
-    """run -> verify -> board on team-facts-easy@v2, the first 8 of its 100 episodes (a custom
-    entry), the coordinated team against the naive one."""
-    track = "team-facts-easy@v2"
+    """run -> verify -> board on team-facts-easy@v3 (the current track), the first 8 of its 100
+    episodes (a custom entry), the coordinated team against the naive one."""
+    track = "team-facts-easy@v3"
     for ref in ("team-coordinated", "team-naive"):
         run_submission(track, {"agent_0": ref, "agent_1": ref}, out=tmp_path / ref, name=ref, episodes=8,
                        progress=False, concurrency=4)

@@ -53,12 +53,13 @@ def test_builtin_tracks_and_status(tmp_path):
     assert (t.episodes, t.k, t.submitted) == (100, 4, ("assistant",)) and t.env_id == "hidden-facts-v2"
     assert {k: v for k, v in t.fixed().items() if k != "env_id"} == \
         {k: v for k, v in tracks["hidden-facts@v2"].fixed().items() if k != "env_id"}
-    assert track_status(t) == "current"
+    # v4: hidden-facts-v3, the syntax question rule (issue 43), supersedes it
+    assert track_status(t) == "legacy" and track_status(tracks["hidden-facts@v4"]) == "current"
     assert track_status(tracks["hidden-facts@v1"]) == track_status(tracks["hidden-facts@v2"]) == "legacy"
-    newer = Track.from_dict({**t.to_dict(), "version": 4, "seed": 5})
+    newer = Track.from_dict({**t.to_dict(), "version": 5, "seed": 5})
     both = {t.id: t, newer.id: newer}
     assert track_status(t, both) == "legacy" and track_status(newer, both) == "current"
-    assert get_track("hidden-facts").id == "hidden-facts@v3"  # a name means its current version
+    assert get_track("hidden-facts").id == "hidden-facts@v4"  # a name means its current version
     p = tmp_path / "mine.json"
     p.write_text(json.dumps(newer.to_dict()))
     assert load_track_file(p) == newer

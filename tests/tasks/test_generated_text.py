@@ -42,6 +42,7 @@ GENERATED: dict[str, tuple[dict, ...]] = {
     "collab_env.tasks.team:make_env": ({"split": "train"}, {"split": "test"}),
     "collab_env.tasks.chats:make_math_chat": ({"problem_seed": 0}, {"problem_seed": 1}, {"problem_seed": 7}),
     "collab_env.tasks.cooperative:make_length_ratio_env": ({"split": "all"},),
+    "collab_env.tasks.letter_requests:make_env": ({},),
 }
 
 #: entry point -> why its text is not generated here.
