@@ -25,7 +25,7 @@ from collab_env.adapters.verifiers import (
 )
 from collab_env.errors import ConfigError
 from collab_env.policy import ScriptedPolicy, policies_for
-from collab_env.registry import spec
+from collab_env.registry import latest_spec, spec
 from collab_env.types import Conversation, Message
 
 from .conftest import plain, reply
@@ -143,8 +143,9 @@ def test_new_messages_sends_what_arrived_since_the_last_reply():
 
 def test_taskset_numbering_and_errors(tmp_path):
     ts = taskset("hidden-facts", num_tasks=3, seed=5)
+    HF = latest_spec("hidden-facts").id  # the name means its latest version
     assert [(t.data.env_id, t.data.seed, t.data.index) for t in ts] == \
-        [("hidden-facts-v2", 5, None), ("hidden-facts-v2", 6, None), ("hidden-facts-v2", 7, None)]
+        [(HF, 5, None), (HF, 6, None), (HF, 7, None)]
     assert len({t.key for t in ts}) == 3
     assert env_class("length-ratio").ROLES == ("agent_0", "agent_1")
     assert env_class("length-ratio", ("agent_0",)).ROLES == ("agent_0",)
