@@ -54,23 +54,31 @@ ISSUE27_TRACKS = (("hidden-facts@v2", "hidden-facts@v3"), ("hidden-facts-easy@v2
                   ("math-chat@v2", "math-chat@v3"), ("math-chat-scripted-user@v2", "math-chat-scripted-user@v3"))
 
 
-def test_issue27_tracks_change_only_the_env_version():
-    """Each new track is its predecessor on the successor env (the same rules and items, with
-    sensible_numbers=True: a change of text only), nothing else fixed changed; the old one is
-    legacy and keeps its env, the new one is current and says what changed."""
+def _successors(pairs):
+    """Per ``(old, new)`` track pair: ``(a, b, sa, sb, status of b)``, the tracks and their env specs, after
+    checking that ``b`` is ``a``'s next version on the next version of ``a``'s env, with nothing
+    else fixed changed, and that ``a`` is legacy."""
     tracks = builtin_tracks()
-    for old, new in ISSUE27_TRACKS:
+    for old, new in pairs:
         a, b = tracks[old], tracks[new]
         assert (b.name, b.version) == (a.name, a.version + 1), new
         assert {k: v for k, v in a.fixed().items() if k != "env_id"} == \
             {k: v for k, v in b.fixed().items() if k != "env_id"}, new
         sa, sb = spec(a.env_id), spec(b.env_id)
         assert (sb.name, sb.version) == (sa.name, sa.version + 1), new
-        assert dict(sb.kwargs) == {**dict(sa.kwargs), "sensible_numbers": True}, new
-        # b was current until issue 43's question rule superseded the hidden-facts levels (ISSUE43_TRACKS)
         assert track_status(a, tracks) == "legacy", new
-        assert track_status(b, tracks) == ("legacy" if new in dict(ISSUE43_TRACKS) else "current"), new
-        assert b.description.startswith(a.description) and "reads as sense" in b.description, new
+        yield a, b, sa, sb, track_status(b, tracks)
+
+
+def test_issue27_tracks_change_only_the_env_version():
+    """Each new track is its predecessor on the successor env (the same rules and items, with
+    sensible_numbers=True: a change of text only), nothing else fixed changed; the old one is
+    legacy and keeps its env, the new one is current and says what changed."""
+    for a, b, sa, sb, status in _successors(ISSUE27_TRACKS):
+        assert dict(sb.kwargs) == {**dict(sa.kwargs), "sensible_numbers": True}, b.id
+        # b was current until issue 43's question rule superseded the hidden-facts levels (ISSUE43_TRACKS)
+        assert status == ("legacy" if b.id in dict(ISSUE43_TRACKS) else "current"), b.id
+        assert b.description.startswith(a.description) and "reads as sense" in b.description, b.id
 
 
 #: Issue 43: each track on an env whose rule-based user took statements for questions -> its
@@ -83,16 +91,9 @@ ISSUE43_TRACKS = (("hidden-facts@v3", "hidden-facts@v4"), ("hidden-facts-easy@v3
 def test_issue43_tracks_change_only_the_env_version():
     """Each new track is its predecessor on the successor env (the syntax question rule), nothing
     else fixed changed; the old one is legacy, the new one current and says what changed."""
-    tracks = builtin_tracks()
-    for old, new in ISSUE43_TRACKS:
-        a, b = tracks[old], tracks[new]
-        assert (b.name, b.version) == (a.name, a.version + 1), new
-        assert {k: v for k, v in a.fixed().items() if k != "env_id"} == \
-            {k: v for k, v in b.fixed().items() if k != "env_id"}, new
-        sa, sb = spec(a.env_id), spec(b.env_id)
-        assert (sb.name, sb.version) == (sa.name, sa.version + 1), new
-        assert (track_status(a, tracks), track_status(b, tracks)) == ("legacy", "current"), new
-        assert b.description.startswith(a.description) and "'syntax'" in b.description, new
+    for a, b, _, _, status in _successors(ISSUE43_TRACKS):
+        assert status == "current", b.id
+        assert b.description.startswith(a.description) and "'syntax'" in b.description, b.id
 
 
 def _team_tracks():
