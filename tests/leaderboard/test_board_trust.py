@@ -260,9 +260,9 @@ def test_a_forged_reply_is_caught_by_the_default_verify(tmp_path):
     forgery passed. Now the default draw covers at least 95% of the episodes (here all 3), and
     ``verify`` finds the track in the board's own ``tracks/`` folder."""
     import random
-    import sqlite3
 
     from collab_env.leaderboard.submission import run_submission
+    from tests.leaderboard.forgery import forge_last_user_reply
     from collab_env.leaderboard.tracks import Track
 
     assert sorted(random.Random(0).sample([0, 1, 2], 2)) == [1, 2]  # the old default's draw with seed 0
@@ -276,18 +276,7 @@ def test_a_forged_reply_is_caught_by_the_default_verify(tmp_path):
     run_submission(track, {"assistant": "ask-then-answer"}, out=folder, episodes=3, progress=False)
     recs = [json.loads(x) for x in (folder / "trajectories.jsonl").read_text().splitlines()]
     r = next(r for r in recs if r["episode_id"] == 0)
-    last = [t for t in r["turns"] if t["player"] == "user" and t["completion"]][-1]
-    old, forged = last["text"], "I have 3 boxes. Each box weighs 4 kilograms."
-    con = sqlite3.connect(folder / "calls.sqlite")
-    rows = [(k, json.loads(c)) for k, c in con.execute("SELECT key, completion FROM responses ORDER BY rowid")]
-    key, d = [(k, d) for k, d in rows if d["text"].strip() == old.strip()][-1]
-    d["text"] = d["text"].replace(old.strip(), forged)
-    con.execute("UPDATE responses SET completion = ? WHERE key = ?", (json.dumps(d), key))
-    con.commit()
-    con.close()
-    last["text"] = last["completion"]["text"] = forged
-    msg = [m for m in r["conversation"]["messages"] if m["author"] == "user" and m["content"] == old][-1]
-    msg["content"] = forged
+    forge_last_user_reply(folder, r, "I have 3 boxes. Each box weighs 4 kilograms.")
     (folder / "trajectories.jsonl").write_text("".join(json.dumps(x) + "\n" for x in recs))
     sub = json.loads((folder / "submission.json").read_text())
     sub["files"] = submission_files(folder)

@@ -233,9 +233,9 @@ def test_a_forged_user_reply_in_the_calls_is_caught_by_regenerating(tmp_path):
     and in the trajectory alike (no later call depends on it, so the replay of the recorded calls
     cannot see it), and rewrites the digests. Replaying the cache verifies it; regenerating the
     episode with the track's own model names the episode and the message."""
-    import sqlite3
 
     from collab_env.leaderboard.submission import run_submission
+    from tests.leaderboard.forgery import forge_last_user_reply
     from collab_env.leaderboard.tracks import Track, get_track
 
     base = get_track("hidden-facts-easy-llm-user@v2")
@@ -246,19 +246,7 @@ def test_a_forged_user_reply_in_the_calls_is_caught_by_regenerating(tmp_path):
     assert verify_submission(folder, track=track, full=True).ok
     recs = _lines(folder)
     r = recs[0]
-    last = [t for t in r["turns"] if t["player"] == "user" and t["completion"]][-1]
-    old, forged = last["text"], "I have 3 boxes. Each box weighs 4 kilograms."
-    con = sqlite3.connect(folder / "calls.sqlite")
-    rows = [(key, json.loads(comp)) for key, comp in con.execute("SELECT key, completion FROM responses ORDER BY rowid")]
-    # The episode's last call (recorded after its other calls; no later prompt contains it).
-    key, d = [(key, d) for key, d in rows if d["text"].strip() == old.strip()][-1]
-    d["text"] = d["text"].replace(old.strip(), forged)
-    con.execute("UPDATE responses SET completion = ? WHERE key = ?", (json.dumps(d), key))
-    con.commit()
-    con.close()
-    last["text"] = last["completion"]["text"] = forged
-    msg = [m for m in r["conversation"]["messages"] if m["author"] == "user" and m["content"] == old][-1]
-    msg["content"] = forged
+    forge_last_user_reply(folder, r, "I have 3 boxes. Each box weighs 4 kilograms.")
     _write(folder, recs)
     _rehash(folder)
     replayed = verify_submission(folder, track=track, regenerate=0)
