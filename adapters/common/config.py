@@ -244,6 +244,18 @@ class TrainerConfig:
     """Recompute activations in the backward pass to save memory (``None``: on for CUDA)."""
     share_model: bool = False
     """One model (and optimiser) for every agent instead of one copy per agent."""
+    parallel_training: Literal["none", "mp"] = "none"
+    """CoMLRL's placement mode (``comlrl`` 1.4.3's ``parallel_training``): ``"none"`` puts every
+    agent's model on one device; ``"mp"`` puts agent ``i``'s model on ``agent_devices[i]``
+    (model parallelism across agents: several models that do not fit one GPU). CoMLRL's ``"mp"``
+    also runs the agents' phases in threads; here they run one after another, so ``"mp"`` is a
+    placement, the same update, with no overlap between devices. Data parallelism is a separate
+    matter: launch the script with ``torchrun`` (:mod:`~collab_env.adapters.common.distributed`);
+    ``"mp"`` under several ranks is refused."""
+    agent_devices: str | tuple[str, ...] | None = None
+    """CoMLRL's ``agent_devices``: torch device names (``"cuda:0"``, ``"cpu"``, ``"auto"``), one
+    for every agent or one for all. With ``parallel_training="none"`` only the first is used, for
+    every agent (as CoMLRL does); ``None`` is :attr:`device`. ``"mp"`` requires it."""
     generation_backend: Literal["auto", "hf", "vllm"] = "auto"
     """What samples the rollouts: ``"hf"`` (transformers, on the model itself), ``"vllm"`` (a
     vLLM engine holding a copy of the weights, updated after every optimiser step;
@@ -320,6 +332,22 @@ class TrainerConfig:
             raise ConfigError("gradient_checkpointing must be True, False or None, "
                               f"got {self.gradient_checkpointing!r}.")
         check_choice("generation_backend", self.generation_backend, ("auto", "hf", "vllm"))
+        check_choice("parallel_training", self.parallel_training, ("none", "mp"))
+        if isinstance(self.agent_devices, list):
+            self.agent_devices = tuple(self.agent_devices)
+        devices = self.agent_devices
+        if devices is not None and not (
+                isinstance(devices, str)
+                or (isinstance(devices, tuple) and devices and all(isinstance(d, str) for d in devices))):
+            raise ConfigError("agent_devices must be a device name ('cuda:0'), a non-empty list of them "
+                              f"(one per agent, or one for all) or None, got {devices!r:.100}.")
+        if self.parallel_training == "mp":
+            if devices is None:
+                raise ConfigError("parallel_training='mp' places each agent's model on its own device: "
+                                  "pass agent_devices=['cuda:0', 'cuda:1', ...] (one per agent).")
+            if self.share_model:
+                raise ConfigError("parallel_training='mp' puts each agent's model on its own device, but "
+                                  "share_model=True trains one model: drop one of the two.")
         if self.vllm_engine_kwargs is not None and not isinstance(self.vllm_engine_kwargs, dict):
             raise ConfigError("vllm_engine_kwargs must be a dict of vllm.EngineArgs fields, "
                               f"got {self.vllm_engine_kwargs!r}.")

@@ -32,6 +32,7 @@ from collab_env.policy import SamplingParams
 
 __all__ = [
     "resolve_device",
+    "placement",
     "resolve_dtype",
     "PolicyModel",
     "load_policy_models",
@@ -51,6 +52,45 @@ def resolve_device(device: str) -> str:
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device='cuda' but torch sees no CUDA device; use device='cpu' or 'auto'.")
     return device
+
+
+def placement(config: Any, num_models: int) -> list[str]:
+    """The device of each of ``num_models`` models, from ``device``, ``agent_devices`` and
+    ``parallel_training`` (CoMLRL's placement fields; :class:`~collab_env.adapters.common.config.TrainerConfig`).
+    A CUDA device that torch does not see is a :class:`ConfigError`."""
+    torch = require("torch", "hf", "Training")
+    spec = getattr(config, "agent_devices", None)
+    mode = getattr(config, "parallel_training", "none")
+    if spec is None:
+        return [resolve_device(config.device)] * num_models
+    names = [spec] if isinstance(spec, str) else list(spec)
+    if mode != "mp":
+        names = names[:1]  # CoMLRL: without "mp", every agent sits on the first device named
+    if len(names) == 1:
+        names = names * num_models
+    if len(names) != num_models:
+        raise ConfigError(f"agent_devices lists {len(names)} devices for {num_models} agents: "
+                          "pass one per agent, or one for all.")
+    from collab_env.adapters.common.distributed import rank_world
+
+    if mode == "mp" and rank_world()[1] > 1:
+        raise ConfigError("parallel_training='mp' under several ranks (torchrun) is not supported: "
+                          "use data parallelism (one copy of every agent per rank) or 'mp' in one process.")
+    out = []
+    for name in names:
+        if name == "auto":
+            out.append(resolve_device("auto"))
+            continue
+        try:
+            dev = torch.device(name)
+        except (RuntimeError, ValueError) as exc:
+            raise ConfigError(f"agent_devices: {name!r} is not a torch device name ('cpu', 'cuda:0').") from exc
+        if dev.type == "cuda" and (not torch.cuda.is_available()
+                                   or (dev.index or 0) >= torch.cuda.device_count()):
+            raise ConfigError(f"agent_devices names {name!r}, but torch sees "
+                              f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} CUDA devices.")
+        out.append(str(dev))
+    return out
 
 
 def resolve_dtype(dtype: str, device: str):
@@ -254,8 +294,6 @@ def load_policy_models(agent_model: Any, tokenizer: Any, num_agents: int, config
     require("transformers", "hf", "Training")
     from collab_env.agents.hf import HFPolicy
 
-    device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
     specs = list(agent_model) if isinstance(agent_model, (list, tuple)) else [agent_model]
     toks = list(tokenizer) if isinstance(tokenizer, (list, tuple)) else [tokenizer] * len(specs)
     if len(toks) != len(specs):
@@ -267,25 +305,29 @@ def load_policy_models(agent_model: Any, tokenizer: Any, num_agents: int, config
     n_models = 1 if config.share_model else num_agents
     if len(specs) == 1 and n_models > 1:
         specs, toks = specs * n_models, toks * n_models
+    devices = placement(config, n_models)
     loaded: list[tuple[Any, Any]] = []
     with torch.random.fork_rng(devices=[]):
         # LoRA initialisation draws random numbers: seed it, without moving the caller's RNG.
         torch.manual_seed(config.seed)
         for i, (spec, tok) in enumerate(zip(specs, toks, strict=True)):
+            dtype = resolve_dtype(config.dtype, torch.device(devices[i]).type)
             if i > 0 and spec is specs[0] and not isinstance(spec, (str, Path)):
-                model, tok = copy.deepcopy(loaded[0][0]), loaded[0][1]  # one loaded model, n agents
+                # one loaded model, n agents
+                model, tok = copy.deepcopy(loaded[0][0]).to(devices[i], dtype), loaded[0][1]
             else:
-                model, tok = load_model_and_tokenizer(spec, tok, device, dtype)
+                model, tok = load_model_and_tokenizer(spec, tok, devices[i], dtype)
             loaded.append((model, tok))
         out: list[PolicyModel] = []
-        for model, tok in loaded:
+        for (model, tok), device in zip(loaded, devices, strict=True):
+            kind = torch.device(device).type  # "cpu" or "cuda"
             lora = config.lora_r > 0
             if lora:
                 model = apply_lora(model, config)
             reference = _frozen_copy(model) if need_reference and not lora else None
             checkpointing = config.gradient_checkpointing
             if checkpointing is None:
-                checkpointing = device == "cuda"
+                checkpointing = kind == "cuda"
             if checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             # flush="idle": the futures a learner plays (one act call per fork) share full
@@ -293,7 +335,7 @@ def load_policy_models(agent_model: Any, tokenizer: Any, num_agents: int, config
             generator = HFPolicy(model, tok, device="auto", dtype="auto", max_batch_size=64,
                                  flush="idle", max_wait_ms=1000.0)
             engine = None
-            if _use_vllm(config, device):
+            if _use_vllm(config, kind):
 
                 engine = VLLMGenerator(model, tok, config.vllm_engine_kwargs)
             out.append(PolicyModel(model=model, tokenizer=tok, generator=generator, lora=lora,

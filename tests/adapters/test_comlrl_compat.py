@@ -115,8 +115,7 @@ COMLRL_AC_TRAINER = {
 }
 #: CoMLRL config fields with no field here, and why (the test fails on any other missing one).
 NOT_MAPPED = {
-    "parallel_training": "device placement", "agent_devices": "device placement",
-    "reference_devices": "device placement", "critic_devices": "device placement",
+    "reference_devices": "device placement (the reference model sits with its agent's model)", "critic_devices": "device placement",
     "reward_model_device": "device placement",
     "advantage_mode": "MAREINFORCE/MARLOO/MAReMax take CoMLRL's other baselines as trainers",
     "num_generations": "(actor-critic) one sample per turn is the actor-critic rule here",

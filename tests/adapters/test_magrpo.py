@@ -346,3 +346,49 @@ def test_untrained_sampling_learner_gives_the_other_players_the_learners_samplin
         _cfg(tmp_path, untrained_sampling={"user": {"temprature": 0.1}})
     with pytest.raises(ConfigError, match="untrained_sampling must be"):
         _cfg(tmp_path, untrained_sampling="greedy")
+
+
+# -- CoMLRL's placement fields ------------------------------------------------------------------
+
+
+def test_comlrl_placement_fields_are_refused_where_they_cannot_hold():
+    from collab_env.adapters.common.models import placement
+
+    with pytest.raises(ConfigError, match="pass agent_devices"):
+        MAGRPOConfig(parallel_training="mp")
+    with pytest.raises(ConfigError, match="share_model=True trains one model"):
+        MAGRPOConfig(parallel_training="mp", agent_devices=["cpu", "cpu"], share_model=True)
+    with pytest.raises(ConfigError, match="parallel_training must be"):
+        MAGRPOConfig(parallel_training="ddp")
+    with pytest.raises(ConfigError, match="agent_devices must be"):
+        MAGRPOConfig(agent_devices=[])
+    mp = MAGRPOConfig(parallel_training="mp", agent_devices=["cpu", "cpu", "cpu"])
+    with pytest.raises(ConfigError, match="3 devices for 2 agents"):
+        placement(mp, 2)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="'cuda:1', but torch sees 0 CUDA devices"):
+            placement(MAGRPOConfig(parallel_training="mp", agent_devices=["cpu", "cuda:1"]), 2)
+    with pytest.raises(ConfigError, match="not a torch device name"):
+        placement(MAGRPOConfig(parallel_training="mp", agent_devices=["cpu", "gpu7"]), 2)
+    # Without "mp" only the first device counts, for every agent (as in CoMLRL), so a device
+    # that torch does not have in a later place is never touched.
+    assert placement(MAGRPOConfig(agent_devices=["cpu", "cuda:7"]), 2) == ["cpu", "cpu"]
+    assert placement(MAGRPOConfig(), 3) == ["cpu"] * 3 or torch.cuda.is_available()
+    assert placement(mp, 3) == ["cpu"] * 3
+
+
+def test_model_parallel_placement_is_the_same_update(tiny_dir, tmp_path):
+    """``parallel_training="mp"`` places agent i's model on ``agent_devices[i]`` and changes no
+    number: on CPU (this machine has no second device) the trained parameters equal those of the
+    default placement bit for bit."""
+    finals = []
+    for name, kw in (("none", {}), ("mp", {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"]})):
+        model, tok = _tiny(tiny_dir)
+        trainer = MAGRPOTrainer(agent_model=model, tokenizer=tok, num_agents=2, formatters=formatters,
+                                reward_func=reward_func, train_dataset=length_ratio_rows("train")[:1],
+                                args=_cfg(tmp_path / name, device="cpu", plot=False, **kw))
+        trainer.train()
+        assert [str(pm.device) for pm in trainer.models] == ["cpu", "cpu"]
+        finals.append([torch.cat([p.detach().reshape(-1) for p in pm.model.parameters()]) for pm in trainer.models])
+    for a, b in zip(*finals, strict=True):
+        assert torch.equal(a, b)
