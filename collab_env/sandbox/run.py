@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 
+from collab_env._json import depth_problem
 from collab_env.errors import ConfigError, SandboxError
 from collab_env.sandbox.cgroup import MemoryGroup
 from collab_env.sandbox.config import SandboxLimits, SandboxResult
@@ -303,6 +304,10 @@ class _Run:
 
         records: dict[str, dict] = {}
         for line in bytes(status).decode("utf-8", "replace").splitlines():
+            # The guest's code can write to this pipe too: a line nested too deep for json's
+            # recursion (a RecursionError, not a ValueError) is dropped like any unreadable one.
+            if depth_problem(line) is not None:
+                continue
             try:
                 rec = json.loads(line)
             except ValueError:

@@ -73,3 +73,27 @@ def test_the_pass_rate_metric_of_a_bigcodebench_row_gives_hostile_programs_0(nam
         assert res.value == 0.0, (name, suite, res.detail)
     right = asyncio.run(metric(_bcb_chat(RIGHT), {"single_turn_metadata": {"test": SUITES["forms"]}}))
     assert right.value == 1.0
+
+
+
+DEEP_STATUS_LINE = '''\
+import os
+def task_func(n):
+    # a line on every open descriptor (the verdict pipe among them), nested too deep for json
+    line = ('[' * 100000 + ']' * 100000 + '\\n').encode()
+    for fd in range(3, 64):
+        try:
+            os.write(fd, line)
+        except OSError:
+            pass
+    return None
+'''
+
+
+@pytest.mark.parametrize("suite", sorted(SUITES))
+def test_a_status_line_nested_too_deep_for_json_is_a_verdict_not_a_crash(suite):
+    """The guest's code can write to the runner's pipes; a line nested 100,000 deep made the
+    runner's ``json.loads`` raise ``RecursionError`` (not the ``ValueError`` it skips), so the
+    scorer crashed instead of giving a verdict. It is dropped like any unreadable line."""
+    r = run_tests(DEEP_STATUS_LINE, SUITES[suite])
+    assert r.pass_rate == 0 and r.status != "passed", r
