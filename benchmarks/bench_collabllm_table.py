@@ -74,7 +74,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from collab_env.eval.results import interval, mean_interval  # noqa: E402
+from collab_env.eval.stats import interval, t_interval  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 ENV_ID = "hidden-facts-copy"
@@ -84,6 +84,9 @@ EVAL_SEED = 10_000
 #: own item stream: both in the train split, disjoint from the test split by construction.
 SFT_SEED = 50_000
 METRICS = ("success", "questions", "facts", "tokens", "success_sampled")
+#: Each metric's type, which picks its interval (collab_env.eval.stats.interval).
+KIND = {"success": "binary", "questions": "count", "facts": "continuous", "tokens": "count",
+        "success_sampled": "binary"}
 #: The paper's Table 1 (Llama-3.1-8B, Online DPO vs Proactive Base), relative change in percent:
 #: (interactivity, task metric, tokens) per dataset.
 PAPER_TABLE1 = {"MediumDocEdit": (48, 5, -8), "BigCodeBench": (54, 18, -13), "MATH-Chat": (30, 32, -18)}
@@ -138,16 +141,16 @@ def resolve_model(a: argparse.Namespace, work: Path) -> str:
 # Evaluation
 # ---------------------------------------------------------------------------------------------
 def summarise(episodes: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Each metric as ``{"mean", "lo", "hi", "n"}`` (Wilson for a 0/1 metric, else normal)."""
-    return {k: interval([float(e[k]) for e in episodes]) for k in METRICS}
+    """Each metric as ``{"mean", "lo", "hi", "n", "method"}`` (by its type, ``KIND``)."""
+    return {k: interval([float(e[k]) for e in episodes], KIND[k]) for k in METRICS}
 
 
 def paired(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """``a - b`` per metric on the episodes both played (same held-out item, same training seed):
-    mean and mean +- 1.96 SE of the per-episode differences."""
+    mean and Student's t interval of the per-episode differences."""
     by_key = {(e["train_seed"], e["seed"]): e for e in b}
     pairs = [(e, by_key[(e["train_seed"], e["seed"])]) for e in a if (e["train_seed"], e["seed"]) in by_key]
-    return {k: mean_interval([float(x[k]) - float(y[k]) for x, y in pairs]) for k in METRICS}
+    return {k: t_interval([float(x[k]) - float(y[k]) for x, y in pairs]) for k in METRICS}
 
 
 def evaluate_policy(policy: Any, tokenizer: Any, a: argparse.Namespace, desc: str, train_seed: int | None

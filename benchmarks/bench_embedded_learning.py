@@ -67,28 +67,28 @@ ENV_ID = "hidden-facts-easy"
 EVAL_SEED = 10_000  # test episodes k use seed EVAL_SEED + k: the same held-out items before and after
 
 
-# The interval helpers are the library's (collab_env.eval.results), under this script's old names.
-from collab_env.eval.results import mean_interval as mean_ci  # noqa: E402
-from collab_env.eval.results import interval  # noqa: E402
+from collab_env.eval.stats import interval, t_interval  # noqa: E402
 
 
 METRICS = ("success", "facts", "questions", "reward", "reply_tokens")
+#: Each metric's type, which picks its interval (collab_env.eval.stats.interval).
+KIND = {"success": "binary", "facts": "continuous", "questions": "count", "reward": "continuous",
+        "reply_tokens": "count"}
 
 
 def summarise(episodes: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """The reported metrics with their 95% intervals over ``episodes``: Wilson's for a metric
-    whose every value is 0 or 1 (a proportion: success, and facts on hidden-facts-easy, where
-    one fact is withheld), else mean ± 1.96 SE."""
-    return {k: interval([float(e[k]) for e in episodes]) for k in METRICS}
+    """The reported metrics with their 95% intervals over ``episodes``, by each metric's type
+    (``KIND``): Wilson's for success, Student's t for the others."""
+    return {k: interval([float(e[k]) for e in episodes], KIND[k]) for k in METRICS}
 
 
 def paired(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """After - before on the same held-out episodes (same item, same seed), per metric: the mean
-    difference with mean ± 1.96 SE of the per-episode differences (each seed's evaluation is
+    difference with Student's t interval of the per-episode differences (each seed's evaluation is
     paired with the one evaluation before training)."""
     by_key = {(e["index"], e["seed"]): e for e in before}
     pairs = [(by_key[(e["index"], e["seed"])], e) for e in after if (e["index"], e["seed"]) in by_key]
-    return {k: mean_ci([float(x[k]) - float(y[k]) for y, x in pairs]) for k in METRICS}
+    return {k: t_interval([float(x[k]) - float(y[k]) for y, x in pairs]) for k in METRICS}
 
 
 def episode_record(ep: Any, item: dict[str, Any], tokenizer: Any) -> dict[str, Any]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import sys
@@ -36,18 +35,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-#: Two-sided 95 % Student-t quantiles by degrees of freedom (seeds - 1).
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
-
 def interval(xs: list[float]) -> dict:
     """Mean and 95 % t-interval half-width of ``xs`` across seeds."""
-    n = len(xs)
-    mean = sum(xs) / n
-    if n < 2:
-        return {"mean": mean, "half_width_95": float("nan"), "n": n}
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
-    return {"mean": mean, "half_width_95": T95.get(n - 1, 1.96) * sd / math.sqrt(n), "n": n}
+    from collab_env.eval.stats import t_interval
+
+    t = t_interval(xs)
+    return {"mean": t["mean"], "half_width_95": t["hi"] - t["mean"], "n": t["n"]}
 
 
 def tiny(seed: int):

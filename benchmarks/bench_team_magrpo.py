@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import sys
@@ -59,8 +58,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 ENV_ID = "team-facts-easy-v0"
 AGENTS = ("agent_0", "agent_1")
 _BOXED = re.compile(r"\\boxed\s*\{")
-# Student-t 0.975 quantiles for 1..10 degrees of freedom (two-sided 95% interval).
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
 class FactCredit:
@@ -91,13 +88,10 @@ class FactCredit:
 
 def ci_t(xs: list[float]) -> tuple[float, float, float]:
     """Mean and 95% Student-t interval over ``xs`` (one value: the interval is the point)."""
-    n = len(xs)
-    m = sum(xs) / n
-    if n < 2:
-        return m, m, m
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
-    h = _T975.get(n - 1, 1.96) * sd / math.sqrt(n)
-    return m, m - h, m + h
+    from collab_env.eval.stats import t_interval
+
+    t = t_interval(xs)
+    return (t["mean"], t["mean"], t["mean"]) if t["n"] < 2 else (t["mean"], t["lo"], t["hi"])
 
 
 def ci_boot(xs: list[float], seed: int = 0, reps: int = 2000) -> tuple[float, float, float]:

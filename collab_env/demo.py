@@ -13,7 +13,7 @@
    and prints the one command that regenerates it). Greedy decoding, so the rows are
    reproducible; two assistant turns per episode, as the benchmark evaluates; the episodes'
    calls are merged into batched ``generate`` calls. Each row: success and questions asked per
-   episode, with 95% intervals (Wilson's for success, mean +- 1.96 SE for questions), and the
+   episode, with 95% intervals over the held-out items (Wilson's for success, Student's t for questions),
    share of the withheld facts the user revealed.
 
 The user is the suite's scripted user (it reveals a fact only to a question for it). Each
@@ -31,7 +31,7 @@ from typing import Any
 
 from collab_env._progress import progress_bar
 from collab_env.eval import compare
-from collab_env.eval.results import interval
+from collab_env.eval.stats import interval
 
 ENVS = ("hidden-facts-easy", "hidden-facts", "hidden-facts-hard", "hidden-facts-copy")
 BASELINES = {
@@ -84,7 +84,7 @@ def model_policy_sets(max_new_tokens: int, adapter: Path | None) -> dict[str, di
 
 def collaboration_rows(result: Any, split: str = "test") -> dict[str, dict[str, dict[str, Any]]]:
     """Label -> ``success`` / ``questions`` / ``facts`` with their 95% intervals
-    (:func:`collab_env.eval.results.interval`), read from each episode's transcript with
+    (:func:`collab_env.eval.stats.interval`, by each metric's type), read from each episode's transcript with
     :func:`collab_env.tasks.hidden_facts.collaboration_stats`."""
     import collab_env
     from collab_env.tasks.hidden_facts import collaboration_stats
@@ -95,9 +95,10 @@ def collaboration_rows(result: Any, split: str = "test") -> dict[str, dict[str, 
         eps = [res.episodes[k] for k in sorted(res.episodes)]
         stats = [collaboration_stats(e.conversation, task.get_item(e.index)) for e in eps]
         rows[label] = {
-            "success": interval([float(e.components.get("assistant", {}).get("accuracy", 0.0) >= 1.0) for e in eps]),
-            "questions": interval([s["questions"] for s in stats]),
-            "facts": interval([s["facts"] for s in stats]),
+            "success": interval([float(e.components.get("assistant", {}).get("accuracy", 0.0) >= 1.0)
+                                 for e in eps], "binary"),
+            "questions": interval([s["questions"] for s in stats], "count"),
+            "facts": interval([s["facts"] for s in stats], "continuous"),
         }
     return rows
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,7 @@ from typing import Any
 from collab_env.types import Episode
 
 __all__ = ["EpisodeFailure", "PlayerStats", "EvalSummary", "EvalResult", "Comparison", "FAILURES_SUFFIX",
-           "format_table", "jsonable", "wilson_interval", "mean_interval", "interval"]
+           "format_table", "jsonable"]
 
 #: Suffix of the sidecar file that logs failed episodes next to the result file.
 FAILURES_SUFFIX = ".failures.jsonl"
@@ -224,40 +224,6 @@ class Comparison:
 def jsonable(x: Any) -> Any:
     """``x`` as it reads back from JSON, so settings compare equal to a file's."""
     return json.loads(json.dumps(x, sort_keys=True, default=repr))
-
-
-def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson's score interval of a proportion ``successes / n`` (``(nan, nan)`` for ``n = 0``):
-    unlike mean +- z SE it stays inside [0, 1] and is not empty at 0/n or n/n."""
-    if n == 0:
-        return (math.nan, math.nan)
-    p = successes / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (centre - half, centre + half)
-
-
-def mean_interval(xs: Sequence[float], z: float = 1.96) -> dict[str, float]:
-    """``{"mean", "lo", "hi", "n"}``: the mean and its normal interval, mean +- z standard errors
-    (sample standard deviation; a single value has width 0)."""
-    n = len(xs)
-    if n == 0:
-        return {"mean": math.nan, "lo": math.nan, "hi": math.nan, "n": 0}
-    m = sum(xs) / n
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0
-    half = z * sd / math.sqrt(n)
-    return {"mean": m, "lo": m - half, "hi": m + half, "n": n}
-
-
-def interval(xs: Sequence[float], z: float = 1.96) -> dict[str, Any]:
-    """``{"mean", "lo", "hi", "n", "interval"}`` of ``xs``: Wilson's interval when every value is
-    0 or 1 (a proportion), else :func:`mean_interval`."""
-    xs = [float(x) for x in xs]
-    if xs and all(x in (0.0, 1.0) for x in xs):
-        lo, hi = wilson_interval(sum(xs), len(xs), z)
-        return {"mean": sum(xs) / len(xs), "lo": lo, "hi": hi, "n": len(xs), "interval": "wilson"}
-    return {**mean_interval(xs, z), "interval": "normal"}
 
 
 def mean_std(xs: list[float] | list[int]) -> tuple[float, float]:
