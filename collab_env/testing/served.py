@@ -13,7 +13,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 
-__all__ = ["served", "open_sessions"]
+__all__ = ["served", "server_process", "open_sessions"]
 
 
 @contextlib.contextmanager
@@ -21,9 +21,17 @@ def served(env_id: str, *args: str, timeout: float = 180.0, cwd: str | None = No
     """``collab-env serve env_id ARGS --port 0`` in a subprocess; yields its URL
     (``http://127.0.0.1:PORT``). The process is terminated (then killed) on exit; its output is
     kept for the error when it fails to start."""
+    with server_process([sys.executable, "-m", "collab_env.cli", "serve", env_id, "--port", "0", *args],
+                        timeout=timeout, cwd=cwd) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def server_process(command: list[str], *, timeout: float = 180.0, cwd: str | None = None) -> Iterator[str]:
+    """Run ``command`` (a server that prints ``serving ... on http://HOST:PORT ...`` once it
+    listens, as ``collab-env serve`` does) and yield that URL; terminate it on exit."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "collab_env.cli", "serve", env_id, "--port", "0", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
     lines: list[str] = []
     url: list[str] = []
     ready = threading.Event()
@@ -40,7 +48,7 @@ def served(env_id: str, *args: str, timeout: float = 180.0, cwd: str | None = No
     threading.Thread(target=read, daemon=True).start()
     try:
         if not ready.wait(timeout) or not url:
-            raise RuntimeError(f"collab-env serve {env_id} did not start within {timeout:.0f} s:\n" + "".join(lines))
+            raise RuntimeError(f"{command[:6]} did not start within {timeout:.0f} s:\n" + "".join(lines))
         yield url[0]
     finally:
         proc.terminate()
@@ -61,5 +69,3 @@ def open_sessions(url: str, *, settle: float = 5.0) -> int:
         if active == 0 or time.monotonic() > deadline:
             return active
         time.sleep(0.1)
-
-
