@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.echo_server:
         echo_server(a.max_sessions, 1 << 20)
         return 0
-    from collab_env.testing.served import server_process, served
+    from collab_env.testing.served import served, server_process
 
     levels = [int(x) for x in a.concurrency.split(",")]
     load = check(a)

@@ -184,9 +184,24 @@ class RemoteEnv(CollabEnv):
     async def astep(self, actions: Mapping[str, str]):
         return await asyncio.to_thread(self._step, actions)
 
+    def clone(self) -> RemoteEnv:
+        """Before its first reset: a new env on the same server (its own session). A started
+        episode cannot be copied: its state lives on the server, and the server's other seats may
+        sample, so replaying the moves would not give the same episode."""
+        if self._state is not None:
+            raise ConfigError(
+                f"a served env's episode cannot be branched (its state lives on the server at {self.task.url}): a "
+                "learner that forks episodes (MAGRPO's and the other tree learners' joint actions, a "
+                "multiturn-aware reward computed on this side) needs the env locally (pass its id); TRL's "
+                "rollout_func and environment_factory play whole episodes and take the URL.")
+        return remote_env(self.task.url, message_timeout_s=self.task.client._message_timeout)
+
     def close(self) -> None:
         self.task.close()
         super().close()
+
+    def __str__(self) -> str:
+        return repr(self)
 
     def __repr__(self) -> str:
         return f"<RemoteEnv seat={self.task.seat!r} at {self.task.url}>"

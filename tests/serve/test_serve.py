@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import urllib.request
 
 import pytest
@@ -155,16 +153,17 @@ def test_a_flood_of_sessions_beyond_the_limit_is_refused_and_cleaned_up(letters_
         assert not client.reset(seed=0).done
 
 
-def test_serve_refuses_bad_options_in_one_line():
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def test_serve_refuses_bad_options_in_one_line(capsys):
+    from collab_env.cli import main
+
     for args, expect in ((["no-such-env"], "no-such-env"),
                          (["letter-requests", "--seat", "judge"], "seat 'judge' is not a player"),
                          (["letter-requests", "--judge", "litellm:openai/x"], "--judge and --reward-arg"),
-                         (["letter-requests", "--max-sessions", "0"], "max_sessions must be an int >= 1")):
-        run = subprocess.run([sys.executable, "-m", "collab_env.cli", "serve", *args, "--port", "0"],
-                             capture_output=True, text=True, timeout=120, env=env)
-        assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
-        assert run.stderr.startswith("collab-env: error:") and expect in run.stderr, run.stderr
+                         (["letter-requests", "--max-sessions", "0"], "max_sessions must be an int >= 1"),
+                         (["letter-requests", "--api-base", "user=http://127.0.0.1:9/v1"], "no --policy user=SPEC")):
+        assert main(["serve", *args, "--port", "0"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("collab-env: error:") and expect in err and "Traceback" not in err, err
 
 
 # -- TRL's GRPO against a served env -------------------------------------------------------------
@@ -208,3 +207,54 @@ def test_grpo_trains_against_a_served_env(env_id, tiny_dir, tmp_path):
     assert changed, "two GRPO steps against the served env left the parameters unchanged"
     ckpt = tmp_path / "out" / "checkpoint-2"
     assert (ckpt / "model.safetensors").is_file() and (ckpt / "trainer_state.json").is_file()
+
+
+# -- the other routes that take env=URL ----------------------------------------------------------
+
+
+def test_trls_tool_route_plays_a_served_env(letters_url):
+    pytest.importorskip("trl")
+    from collab_env.adapters import trl as ce_trl
+
+    rows = ce_trl.dataset_rows(letters_url, n=1)
+    tool_env = ce_trl.environment_factory(letters_url)()
+    assert tool_env.reset(**rows[0]) is None  # the row's prompt is the seat's first observation
+    reply = tool_env.send_message("abc def ghi " * 4)
+    assert reply.startswith("user: ") and len(reply) > len("user: ")  # the server's user answered
+    while "[the conversation has ended]" not in reply:
+        reply = tool_env.send_message("abc def ghi " * 4)
+    assert tool_env.get_reward() > 0
+    tool_env._view.close()
+    assert open_sessions(letters_url) == 0
+
+
+def test_our_learners_take_the_url_and_say_why_a_branching_learner_cannot_train_on_it(tiny_dir, tmp_path):
+    """The learners resolve env=URL in the one place (TaskSource): the served seat is the env. MAGRPO
+    branches every episode (env.clone() after the reset), which a served episode cannot do: one
+    line that says so and what works."""
+    pytest.importorskip("torch")
+    import collab_env.adapters.magrpo as magrpo
+    from collab_env.testing.tiny_model import load_tiny_chat_model
+
+    model, tok = load_tiny_chat_model(tiny_dir)
+    args = magrpo.MAGRPOConfig(num_agents=1, num_turns=2, num_generations=2, max_new_tokens=12, max_steps=1,
+                               eval_interval=0, eval_num_samples=1, logging_steps=1, learning_rate=1e-2,
+                               output_dir=str(tmp_path / "out"))
+    # its own server: the learner's root envs (one session each) stay open after the error
+    with served("letter-requests-v0") as url:
+        trainer = magrpo.MAGRPOTrainer(agent_model=model, tokenizer=tok, env=url, args=args)
+        assert trainer.task.players == ("assistant",) and type(trainer.task.train_env).__name__ == "RemoteEnv"
+        with pytest.raises(ConfigError, match="cannot be branched.*rollout_func"):
+            trainer.train()
+
+
+def test_a_remote_env_clones_only_before_its_episode_starts(letters_url):
+    env = remote_env(letters_url)
+    fresh = env.clone()  # before a reset a clone is a new session on the same server
+    assert fresh is not env and fresh.task.client is not env.task.client
+    fresh.reset(seed=0)
+    with pytest.raises(ConfigError, match="cannot be branched"):
+        fresh.clone()
+    for e in (env, fresh):
+        e.close()
+    assert open_sessions(letters_url) == 0
