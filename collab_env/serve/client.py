@@ -84,7 +84,7 @@ class CollabEnvClient(EnvClient):
             self._send(message)
             response = self._receive()
         except ConnectionClosed as exc:
-            ws: Any = self._ws
+            ws: Any = getattr(self, "_ws", None)
             self._ws = None
             refusal = self._last_words(ws)  # a server that refuses a session says why, then closes
             if refusal is not None and refusal.get("type") == "error":

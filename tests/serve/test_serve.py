@@ -258,3 +258,27 @@ def test_a_remote_env_clones_only_before_its_episode_starts(letters_url):
     for e in (env, fresh):
         e.close()
     assert open_sessions(letters_url) == 0
+
+
+def test_mr_futures_play_the_trained_policy_at_the_sessions_api_base(monkeypatch):
+    """--reward mr with --policy SEAT=SPEC: each session's reset(api_base=URL) sends the futures'
+    moves of the served seat to that endpoint (a real OpenAI-compatible server here); a session
+    without it uses the spec as given, and api_base on a server without MR is refused."""
+    pytest.importorskip("litellm")
+    from collab_env.testing.openai_server import FakeOpenAIServer
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    weights = json.dumps({"accuracy_rule": 1.0, "token_amount": -0.01})
+    with FakeOpenAIServer() as trained, served(
+            "hidden-facts-easy", "--reward", "mr", "--policy", "assistant=litellm:openai/trained",
+            "--reward-arg", f"weights={weights}", "--reward-arg", "num_rollouts=1",
+            "--reward-arg", "max_user_turns=2", "--reward-arg", "max_assistant_turns=3") as url:
+        with CollabEnvClient(url) as client:
+            client.reset(seed=0, api_base=trained.url)
+            result = client.step("How many apples are there?")
+            assert "mr" in result.observation["reward_components"]
+        assert [r.get("model") for r in trained.requests] == ["trained"], "the futures did not call the endpoint"
+        assert open_sessions(url) == 0
+    with served("letter-requests-v0") as url, CollabEnvClient(url) as client:
+        with pytest.raises(ServedEnvError, match="no --reward mr"):
+            client.reset(api_base="http://127.0.0.1:9/v1")
