@@ -260,7 +260,7 @@ def test_a_remote_env_clones_only_before_its_episode_starts(letters_url):
     assert open_sessions(letters_url) == 0
 
 
-def test_mr_futures_play_the_trained_policy_at_the_sessions_api_base(monkeypatch):
+def test_mr_futures_play_the_trained_policy_at_the_sessions_api_base(monkeypatch, letters_url):
     """--reward mr with --policy SEAT=SPEC: each session's reset(api_base=URL) sends the futures'
     moves of the served seat to that endpoint (a real OpenAI-compatible server here); a session
     without it uses the spec as given, and api_base on a server without MR is refused."""
@@ -279,6 +279,6 @@ def test_mr_futures_play_the_trained_policy_at_the_sessions_api_base(monkeypatch
             assert "mr" in result.observation["reward_components"]
         assert [r.get("model") for r in trained.requests] == ["trained"], "the futures did not call the endpoint"
         assert open_sessions(url) == 0
-    with served("letter-requests-v0") as url, CollabEnvClient(url) as client:
+    with CollabEnvClient(letters_url) as client:  # served without MR
         with pytest.raises(ServedEnvError, match="no --reward mr"):
             client.reset(api_base="http://127.0.0.1:9/v1")
