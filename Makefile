@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-core
 # The extras `make test` installs into .venv; the tests check that each one's packages are there
 # (tests/test_extras_installed.py), so a broken install fails instead of skipping tests.
-EXTRAS := dev,hf,api,rewards,ray,leaderboard,train,trl,sb3,skyrl,comlrl,humaneval
+EXTRAS := dev,hf,api,rewards,ray,serve,leaderboard,train,trl,sb3,skyrl,comlrl,humaneval
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 LITELLM_LOCAL_MODEL_COST_MAP=True
 
 .PHONY: demo test clean

@@ -34,6 +34,7 @@ __all__ = [
     "ZeroRewardWarning",
     "PolicyError",
     "FatalPolicyError",
+    "ServedEnvError",
     "JudgeError",
     "CacheMissError",
     "TaskFunctionError",
@@ -125,6 +126,11 @@ class RewardError(CollabEnvError, RuntimeError):
 class TaskFunctionError(CollabEnvError, RuntimeError):
     """A user-supplied formatter, reward function, reward processor or transition raised or
     returned an invalid value (never turned into an empty prompt or a zero reward)."""
+
+
+class ServedEnvError(CollabEnvError, RuntimeError):
+    """A served env (``collab-env serve``) refused a request or closed the connection; the message
+    is the server's (or says why the connection closed)."""
 
 
 class ZeroRewardWarning(UserWarning):

@@ -70,3 +70,15 @@ def test_the_dev_extra_pins_the_checkers_make_test_runs():
     target = makefile[makefile.index("\ntest:"):].split("\n\n")[0]
     for line in ("-m tools.lint_imports", "-m ruff check", "-m mypy"):
         assert line in target, f"make test does not run `{line}`"
+
+
+def test_make_test_installs_the_serve_extra_pinned():
+    """``collab-env serve``'s tests run in ``make test``: the Makefile's extras name ``serve``, and
+    the extra pins OpenEnv's package to the release measured to install beside the others without
+    changing any of them (setup.cfg says why not a newer one)."""
+    makefile = (ROOT / "Makefile").read_text()
+    extras = next(line for line in makefile.splitlines() if line.startswith("EXTRAS :="))
+    assert "serve" in extras.split(":=")[1].strip().split(",")
+    pins = {r.name: r for r in extras_requirements()["serve"]}
+    assert str(pins["openenv-core"].specifier) == "==0.2.1"
+    assert "openenv-core" in {r.name for r in extras_requirements()["all"]}

@@ -118,6 +118,12 @@ def _skyrl(scope: dict[str, Any], out: str, cwd: Path) -> None:
     assert len(rows) == 256 and scope["env_class"] == "collab_env/hidden-facts-v3"
 
 
+def _serve(scope: dict[str, Any], out: str, cwd: Path) -> None:
+    episode = scope["episode"]
+    assert episode.returns["assistant"] > 0 and len(episode.turns) == 3  # three graded replies, played remotely
+    assert out.rstrip().endswith("open sessions: 0")
+
+
 CHECKS: dict[str, Callable[[dict[str, Any], str, Path], None]] = {
     "Quickstart": _quickstart,
     "Exploit audit": _exploit_audit,
@@ -128,6 +134,7 @@ CHECKS: dict[str, Callable[[dict[str, Any], str, Path], None]] = {
     "Training": _training,
     "Train with TRL": _trl,
     "Train with SkyRL": _skyrl,
+    "Serve an env": _serve,
 }
 
 

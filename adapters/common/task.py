@@ -249,6 +249,16 @@ class TaskSource:
         def build(e):
             if e is None:
                 return None
+            from collab_env.serve import served_url
+
+            url = served_url(e)
+            if url is not None:  # a served env (collab-env serve): its seat, configured where it is served
+                if env_kwargs:
+                    raise ConfigError("env_kwargs configure a registered env; a served env is configured where it is "
+                                      "served (collab-env serve ID --env-arg KEY=VALUE).")
+                from collab_env.serve import remote_env
+
+                return remote_env(url)
             if isinstance(e, str):
                 return collab_env.make(e, **dict(env_kwargs or {}))
             for attr in env_methods:

@@ -68,7 +68,10 @@ def dataset_rows(env_id_or_factory: Any, *, split: str | None = None, n: int | N
         chat[0][TAG] = json.dumps({"index": i, "seed": s})
         return {"prompt": chat, "index": i, "seed": s}
 
-    return [run_sync(first_prompt(i)) for i in range(n)]
+    try:
+        return [run_sync(first_prompt(i)) for i in range(n)]
+    finally:
+        env.close()  # a served env's session ends here
 
 
 def dataset(env_id_or_factory: Any, *, split: str | None = None, n: int | None = None, seed: int = 0,

@@ -12,8 +12,19 @@ from collab_env.rollout import check_policies
 
 
 def env_builder(env_id_or_factory: Any, split: str | None, env_kwargs: Mapping[str, Any] | None) -> Callable[[], Any]:
-    """A zero-argument function that builds a fresh env."""
+    """A zero-argument function that builds a fresh env: from a registered env id, a factory, or a
+    served env (its URL, ``"http://host:port"``, or its :class:`~collab_env.serve.client.CollabEnvClient`)."""
     kwargs = dict(env_kwargs or {})
+    from collab_env.serve import served_url
+
+    url = served_url(env_id_or_factory)
+    if url is not None:  # a served env (collab-env serve): one session per env built
+        if split is not None or kwargs:
+            raise ConfigError("split= and env_kwargs= configure a registered env; a served env is configured where "
+                              "it is served (collab-env serve ID --env-arg KEY=VALUE).")
+        from collab_env.serve import remote_env
+
+        return functools.partial(remote_env, url)
     if isinstance(env_id_or_factory, str):
         import collab_env
 
@@ -25,8 +36,8 @@ def env_builder(env_id_or_factory: Any, split: str | None, env_kwargs: Mapping[s
             raise ConfigError("split= and env_kwargs= apply to a registered env id; a factory builds its env "
                               "itself (pass them to it).")
         return env_id_or_factory
-    raise ConfigError(f"env must be a registered env id or a zero-argument function that builds an env, "
-                      f"got {type(env_id_or_factory).__name__}.")
+    raise ConfigError(f"env must be a registered env id, a served env's URL or a zero-argument function that "
+                      f"builds an env, got {type(env_id_or_factory).__name__}.")
 
 
 def trained_player(env: Any, player: str | None) -> str:

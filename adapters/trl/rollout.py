@@ -101,6 +101,12 @@ class RolloutFunc:
         self.last_episodes = episodes
         return episode_output(episodes, player)
 
+    def close(self) -> None:
+        """Close the envs kept for the batches (a served env's sessions end here)."""
+        envs, self.envs = self.envs, []
+        for env in envs:
+            env.close()
+
     def _add_run_lines(self, trainer: Any) -> None:
         """Give ``trainer`` the run's progress and closing lines (:class:`~collab_env.adapters.trl.lines.RunLines`),
         once per trainer."""

@@ -12,7 +12,7 @@ from typing import Any
 from collab_env.errors import ConfigError, did_you_mean
 
 __all__ = ["PROG", "parse_value", "parse_pairs", "env_kwargs", "add_env_args", "parse_sampling", "one_line",
-           "table", "add_connection_args", "parse_policies"]
+           "table", "add_connection_args", "parse_policies", "add_reward_args", "add_reward"]
 
 PROG = "collab-env"
 
@@ -58,6 +58,39 @@ def add_env_args(q: argparse.ArgumentParser) -> None:
                    help="local dataset file(s), for suites that read data (works offline)")
     q.add_argument("--env-arg", action="append", metavar="KEY=VALUE",
                    help="keyword argument for the env (VALUE parsed as JSON if it can be); repeatable")
+
+
+def add_reward_args(q: argparse.ArgumentParser) -> None:
+    """Add ``--reward``, ``--judge`` and ``--reward-arg`` (read by :func:`add_reward`) to a command's parser."""
+    q.add_argument("--reward", metavar="OPTION",
+                   help="score with a reward option: mr (CollabLLM's multiturn-aware reward), conversation, or "
+                        "an option of the env (collab-env info ID); default: the env's own reward")
+    q.add_argument("--judge", metavar="SPEC",
+                   help="the LLM judge of the reward's judged metrics, a policy SPEC (e.g. "
+                        "litellm:openai/gpt-4o-mini, with --api-base judge=URL for a local server)")
+    q.add_argument("--reward-arg", action="append", metavar="KEY=VALUE",
+                   help="keyword of the reward, e.g. num_rollouts=3, max_user_turns=2, aggregation=verl "
+                        "(VALUE parsed as JSON if it can be); repeatable")
+
+
+def add_reward(args: argparse.Namespace, judge: Any, kwargs: dict[str, Any]) -> None:
+    """Put ``--reward`` (with ``--judge`` and ``--reward-arg``) into ``kwargs`` as
+    :func:`collab_env.make`'s ``reward`` and ``reward_kwargs``; ``judge`` is the judge's spec
+    from :func:`parse_policies`."""
+    reward_kwargs = {k: parse_value(v) for k, v in
+                     parse_pairs(args.reward_arg, "--reward-arg", "--reward-arg num_rollouts=3").items()}
+    if args.reward is not None:
+        if "reward" in kwargs or "reward_kwargs" in kwargs:
+            raise ConfigError("give the reward once: --reward (with --judge, --reward-arg) or --env-arg reward=..., "
+                              "not both.")
+        kwargs["reward"] = args.reward
+        if judge is not None:
+            reward_kwargs["judge"] = judge
+        if reward_kwargs:
+            kwargs["reward_kwargs"] = reward_kwargs
+    elif judge is not None or reward_kwargs:
+        raise ConfigError("--judge and --reward-arg configure a reward option: add --reward mr (CollabLLM's "
+                          "multiturn-aware reward) or --reward conversation.")
 
 
 def add_connection_args(q: argparse.ArgumentParser) -> None:

@@ -10,14 +10,13 @@ from collab_env.cli._common import (
     PROG,
     add_connection_args,
     add_env_args,
+    add_reward,
+    add_reward_args,
     env_kwargs,
-    parse_pairs,
     parse_policies,
     parse_sampling,
-    parse_value,
 )
 from collab_env.cli.output import Writer
-from collab_env.errors import ConfigError
 
 __all__ = ["add_parser", "run"]
 
@@ -38,15 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--sampling", action="append", metavar="PLAYER.KEY=VALUE",
                    help="sampling parameter for a policy, e.g. assistant.temperature=0.7; repeatable")
     q.add_argument("--no-progress", action="store_true", help="no progress bar")
-    q.add_argument("--reward", metavar="OPTION",
-                   help="score with a reward option: mr (CollabLLM's multiturn-aware reward), conversation, or "
-                        "an option of the env (collab-env info ID); default: the env's own reward")
-    q.add_argument("--judge", metavar="SPEC",
-                   help="the LLM judge of the reward's judged metrics, a policy SPEC (e.g. "
-                        "litellm:openai/gpt-4o-mini, with --api-base judge=URL for a local server)")
-    q.add_argument("--reward-arg", action="append", metavar="KEY=VALUE",
-                   help="keyword of the reward, e.g. num_rollouts=3, max_user_turns=2, aggregation=verl "
-                        "(VALUE parsed as JSON if it can be); repeatable")
+    add_reward_args(q)
     add_connection_args(q)
     add_env_args(q)
 
@@ -56,20 +47,7 @@ def run(args: argparse.Namespace, out: Writer) -> int:
 
     policies, judge = parse_policies(args)
     kwargs = env_kwargs(args)
-    reward_kwargs = {k: parse_value(v) for k, v in
-                     parse_pairs(args.reward_arg, "--reward-arg", "--reward-arg num_rollouts=3").items()}
-    if args.reward is not None:
-        if "reward" in kwargs or "reward_kwargs" in kwargs:
-            raise ConfigError("give the reward once: --reward (with --judge, --reward-arg) or --env-arg reward=..., "
-                              "not both.")
-        kwargs["reward"] = args.reward
-        if judge is not None:
-            reward_kwargs["judge"] = judge
-        if reward_kwargs:
-            kwargs["reward_kwargs"] = reward_kwargs
-    elif judge is not None or reward_kwargs:
-        raise ConfigError("--judge and --reward-arg configure a reward option: add --reward mr (CollabLLM's "
-                          "multiturn-aware reward) or --reward conversation.")
+    add_reward(args, judge, kwargs)
     result = evaluate(
         args.id,
         policies,

@@ -115,6 +115,8 @@ class SingleAgentEnv(gymnasium.Env[Conversation, str]):
         if components or had:
             info["reward_components"] = components
         moves = [(p, t) for s in run.steps for p, t in s.actions.items() if p != self.player]
+        # An env whose other players act elsewhere (a served env's seat) reports their moves itself.
+        moves += [(str(p), str(t)) for s in steps for p, t in s.infos.get(self.player, {}).get("other_moves", ())]
         if run.faults:
             info.update(on_turn=False, end_reason=self.env.episode.end_reason,
                         faults={f["player"]: f["reason"] for f in run.faults})

@@ -65,3 +65,19 @@ def test_trl_trains_on_two_ray_train_workers(tiny_dir, tmp_path):
     assert "Ray's checkpoint Checkpoint(" in run.stdout
     ray_ckpts = list((out / "ray").rglob("checkpoint_*/model.safetensors"))
     assert len(ray_ckpts) == 1
+
+
+@pytest.mark.slow
+def test_trl_trains_on_two_ranks_under_torchrun_against_a_served_env(tiny_dir, tmp_path):
+    """The same script with --env URL: both ranks play their episodes on one served length-ratio
+    (collab-env serve in its own process), and the server is left with no session."""
+    pytest.importorskip("openenv")
+    from collab_env.testing.served import open_sessions, served
+
+    out = tmp_path / "out"
+    with served("length-ratio", "--seat", "agent_0") as url:  # torchrun, as the module (any venv has it)
+        run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(SCRIPT),
+                              "--model", str(tiny_dir), "--out", str(out), "--env", url],
+                             capture_output=True, text=True, timeout=600, env=ENV)
+        _check(out, _initial_hash(tiny_dir), run)
+        assert open_sessions(url, settle=30.0) == 0
