@@ -43,7 +43,7 @@ from collab_env.rollout.driver import advance
 
 __all__ = [
     "TreeNode", "JointAction", "grow_trees", "start_roots", "expand_tree", "compute_returns", "completion_values",
-    "episode_item", "driver_table",
+    "episode_item", "driver_table", "release_envs",
 ]
 
 
@@ -163,7 +163,16 @@ def grow_trees(task: Any, env: Any, indices: Sequence[int], models: Sequence[Any
 
     roots, levels = run_sync(go())
     compute_returns(levels, len(task.players), discount)
+    release_envs([*roots, *(n for level in levels for n in level)])
     return roots, levels
+
+
+def release_envs(nodes: Sequence[TreeNode]) -> None:
+    """Close the envs of grown trees' nodes: each is a clone made for its node alone, and a
+    served env's clone holds a session on its server until it is closed. The episodes' state
+    stays readable (:func:`episode_item`); the envs take no more steps."""
+    for node in nodes:
+        node.env.close()
 
 
 def driver_table(players: Sequence[str], models: Sequence[Any], others: Mapping[str, Any],
@@ -249,6 +258,8 @@ async def expand_tree(
             for node in frontier:
                 if node.joint and _node_mean_reward(node) > stop_above:
                     for ja in node.joint:
+                        if ja.child is not None:
+                            ja.child.env.close()
                         ja.child = None
         frontier = [ja.child for node in frontier for ja in node.joint if ja.child is not None]
         depth += 1
@@ -311,6 +322,7 @@ async def _step_joint(node: TreeNode, ja: JointAction, players: Sequence[str], t
     for i, p in enumerate(players):
         ja.rewards[i] += run.reward(p)
     if run.done or not expand:
+        env.close()  # a leaf: its env takes no more steps (a served env's clone holds a session)
         return None
     child = TreeNode(root=node.root, depth=node.depth + 1, env=env, obs=run.obs, infos=run.infos,
                      players=node.players, acting=_acting(players, run.infos))

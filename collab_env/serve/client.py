@@ -5,8 +5,9 @@ The remote env is a real ``CollabEnv`` over a :class:`RemoteTask`: its episode s
 server's reset (the item index and seed the local env drew) and each step sends the seat's move
 and appends what the server's observation adds (the other players' moves, the env's messages),
 with the server's reward and end. So the episode driver (:func:`collab_env.rollout.arun_episode`),
-the token transcript and the learners play it like a local env; the other seats are played on the
-server, by the policies it was given (the data flows one way).
+the token transcript and the learners play it like a local env, branching included (a clone of a
+started episode is a copy made on the server); the other seats are played on the server, by the
+policies it was given (the data flows one way).
 """
 
 # ruff: noqa: E402 (openenv is checked first: the imports below need it)
@@ -132,6 +133,8 @@ class RemoteTask(Task):
         self._trainable = bool(info.get("trainable", True))
         self._num_items = info.get("num_items")
         self.default_max_steps = 1 << 30  # the server ends the episode
+        self.info = dict(info)
+        self.message_timeout_s = message_timeout_s
         self.client = CollabEnvClient(url, message_timeout_s=message_timeout_s)
 
     def num_items(self) -> int | None:
@@ -167,6 +170,23 @@ class RemoteTask(Task):
                        reason=obs.get("end_reason"),
                        info={"other_moves": [(m["player"], m["text"]) for m in obs.get("other_moves", ())]})
 
+    def fork(self) -> str:
+        """Park a copy of the session's episode on the server; the token a new session adopts."""
+        token = self.client.step({"message": "", "fork": True}).observation.get("fork_token")
+        if not isinstance(token, str):
+            raise ServedEnvError(f"the server at {self.url} gave no fork token: is it an older `collab-env serve`?")
+        return token
+
+    def branch(self) -> RemoteTask:
+        """A new task (its own session) continuing a copy of this session's episode."""
+        new = RemoteTask(self.url, self.info, message_timeout_s=self.message_timeout_s)
+        try:
+            new.client.reset(fork=self.fork())
+        except BaseException:
+            new.close()
+            raise
+        return new
+
     def close(self) -> None:
         self.client.close()
 
@@ -185,16 +205,15 @@ class RemoteEnv(CollabEnv):
         return await asyncio.to_thread(self._step, actions)
 
     def clone(self) -> RemoteEnv:
-        """Before its first reset: a new env on the same server (its own session). A started
-        episode cannot be copied: its state lives on the server, and the server's other seats may
-        sample, so replaying the moves would not give the same episode."""
-        if self._state is not None:
-            raise ConfigError(
-                f"a served env's episode cannot be branched (its state lives on the server at {self.task.url}): a "
-                "learner that forks episodes (MAGRPO's and the other tree learners' joint actions, a "
-                "multiturn-aware reward computed on this side) needs the env locally (pass its id); TRL's "
-                "rollout_func and environment_factory play whole episodes and take the URL.")
-        return remote_env(self.task.url, message_timeout_s=self.task.client._message_timeout)
+        """An independent copy: before the first reset a new session on the same server; during an
+        episode a new session that continues a copy of it, made on the server (``step`` with
+        ``fork``, then ``reset(fork=token)``): the other seats' state is copied there, not
+        replayed. Each copy holds a session until it is closed."""
+        if self._state is None:
+            return remote_env(self.task.url, message_timeout_s=self.task.message_timeout_s)
+        new = super().clone()
+        new.task = self.task.branch()
+        return new
 
     def close(self) -> None:
         self.task.close()

@@ -9,7 +9,13 @@ own env; at most ``max_sessions`` at once (OpenEnv's ``max_concurrent_envs``): o
 
 The wire (OpenEnv's): ``reset`` takes the keywords ``seed``, ``index`` (the task item),
 ``episode_id`` and ``api_base`` (the endpoint of the policy being trained, for the multiturn-aware
-reward's futures, given per session); ``step`` takes ``{"message": text}``. The observation holds
+reward's futures, given per session); ``step`` takes ``{"message": text}``.
+
+**Branching** (what a learner that forks episodes needs: MAGRPO's joint actions, a tree of
+futures): ``step`` with ``{"fork": true}`` makes no move; it parks a copy of the session's episode
+(the env and the other seats' state) and returns its ``fork_token``. A new session adopts it with
+``reset(fork=token)`` and continues from there. A token is adopted once; an unadopted copy is
+dropped after ``fork_ttl_s`` seconds, or when more than ``max_sessions`` copies wait. The observation holds
 the seat's view as chat messages (``messages``), the other players' moves since its last move
 (``other_moves``), the reward and ``done``, and ``terminated``, ``truncated``, ``end_reason``,
 ``index`` and ``reward_components``. ``GET /schema`` carries the env's card (under
@@ -25,8 +31,12 @@ code 1009, and a connection that drops mid-episode frees its session.
 # ruff: noqa: E402 (openenv is checked first: the imports below need it)
 from __future__ import annotations
 
+import secrets
 import socket
 import sys
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -43,13 +53,16 @@ __all__ = ["ServeConfig", "ChatAction", "ChatObservation", "ServedEnv", "build_a
            "RESET_KEYWORDS"]
 
 #: The keywords ``reset`` takes over the wire; any other is an error that lists them.
-RESET_KEYWORDS = ("seed", "index", "episode_id", "api_base")
+RESET_KEYWORDS = ("seed", "index", "episode_id", "api_base", "fork")
 
 
 class ChatAction(Action):
     """The served seat's move."""
 
-    message: str = Field(description="The seat's message text.")
+    message: str = Field(description="The seat's message text (empty with fork).")
+    fork: bool = Field(default=False, description="Make no move: park a copy of this episode for another "
+                                                  "session to adopt with reset(fork=<the observation's "
+                                                  "fork_token>).")
 
 
 class ChatObservation(Observation):
@@ -67,6 +80,8 @@ class ChatObservation(Observation):
     index: int | None = Field(default=None, description="The task item played.")
     reward_components: dict[str, float] = Field(default_factory=dict,
                                                 description="The reward's named components of this step.")
+    fork_token: str | None = Field(default=None, description="After a fork request: the token a new session "
+                                                             "passes to reset(fork=...) to continue this episode.")
 
 
 @dataclass
@@ -85,6 +100,7 @@ class ServeConfig:
         env_kwargs: Other keywords of :func:`collab_env.make` (``split``, ``max_steps``...).
         max_sessions: Most sessions (WebSocket connections) at once.
         max_message_bytes: Largest WebSocket message the server reads.
+        fork_ttl_s: How long a parked copy of an episode (a fork) waits for a session to adopt it.
     """
 
     env_id: str
@@ -95,6 +111,7 @@ class ServeConfig:
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)
     max_sessions: int = 64
     max_message_bytes: int = 1 << 20
+    fork_ttl_s: float = 600.0
 
     def __post_init__(self) -> None:
         from collab_env.registry import spec
@@ -105,6 +122,8 @@ class ServeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an int >= 1, got {value!r}.")
+        if isinstance(self.fork_ttl_s, bool) or not isinstance(self.fork_ttl_s, (int, float)) or self.fork_ttl_s <= 0:
+            raise ConfigError(f"fork_ttl_s must be a number of seconds > 0, got {self.fork_ttl_s!r}.")
         composing = sorted(set(self.env_kwargs) & {"view", "policies", "reward", "reward_kwargs"})
         if composing:
             raise ConfigError(f"env_kwargs {composing}: give them as the server's seat, policies, reward and "
@@ -171,6 +190,9 @@ class ServedEnv(Environment):
 
     SUPPORTS_CONCURRENT_SESSIONS: ClassVar[bool] = True
     config: ClassVar[ServeConfig]
+    #: Parked copies of episodes (forks): token -> (deadline, view, api_base, done, step count).
+    parked: ClassVar[OrderedDict[str, tuple[float, Any, str | None, bool, int]]]
+    parked_lock: ClassVar[threading.Lock]
 
     def __init__(self) -> None:
         super().__init__()
@@ -183,6 +205,9 @@ class ServedEnv(Environment):
         unknown = sorted(set(kwargs) - set(RESET_KEYWORDS))
         if unknown:
             raise ConfigError(f"reset got unknown keyword(s) {unknown}; it takes {', '.join(RESET_KEYWORDS)}.")
+        if kwargs.get("fork") is not None:
+            given = (("seed", seed), ("index", kwargs.get("index")), ("api_base", kwargs.get("api_base")))
+            return self._adopt(kwargs["fork"], episode_id, [k for k, v in given if v is not None])
         index, api_base = kwargs.get("index"), kwargs.get("api_base")
         for name, value, kind in (("seed", seed, int), ("index", index, int), ("api_base", api_base, str)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
@@ -201,12 +226,58 @@ class ServedEnv(Environment):
     def step(self, action: ChatAction, timeout_s: float | None = None, **kwargs: Any) -> ChatObservation:
         if self._view is None:
             raise EnvStateError("no episode in progress: send reset first.")
+        if action.fork:
+            if action.message:
+                raise ConfigError("a fork request makes no move: send either a message or fork=true.")
+            return self._fork()
         if self._done:
             raise EnvStateError("the episode has ended: send reset to start the next one.")
         obs, reward, terminated, truncated, info = self._view.step(action.message)
         self._done = bool(terminated or truncated)
         self._state = State(episode_id=self._state.episode_id, step_count=self._state.step_count + 1)
         return self._observation(obs, float(reward), bool(terminated), bool(truncated), info)
+
+    def _fork(self) -> ChatObservation:
+        """Park a copy of this episode; its token goes back in the observation."""
+        token = secrets.token_urlsafe(18)
+        cls = type(self)
+        entry = (time.monotonic() + self.config.fork_ttl_s, self._view.clone(), self._api_base, self._done,
+                 self._state.step_count)
+        with cls.parked_lock:
+            self._expire()
+            cls.parked[token] = entry
+            while len(cls.parked) > self.config.max_sessions:
+                cls.parked.popitem(last=False)[1][1].close()
+        st = self._view.env.unwrapped.episode
+        obs = self._observation(self._view._obs[self._view.player], 0.0, st.terminated, st.truncated, {})
+        obs.fork_token = token
+        return obs
+
+    def _adopt(self, token: Any, episode_id: str | None, others: list[str]) -> ChatObservation:
+        """Continue the parked episode ``token`` in this session."""
+        if others:
+            raise ConfigError(f"reset(fork=...) continues a parked episode: it takes no {', '.join(sorted(others))}.")
+        if not isinstance(token, str):
+            raise ConfigError(f"reset's fork must be a fork_token string, got {token!r}.")
+        cls = type(self)
+        with cls.parked_lock:
+            self._expire()
+            entry = cls.parked.pop(token, None)
+        if entry is None:
+            raise ConfigError("no parked episode has that fork token: a token is adopted once and waits "
+                              f"{self.config.fork_ttl_s:g} s; fork the episode again.")
+        _, view, api_base, done, steps = entry
+        self.close()
+        self._view, self._api_base, self._done = view, api_base, done
+        self._state = State(episode_id=episode_id, step_count=steps)
+        st = view.env.unwrapped.episode
+        return self._observation(view._obs[view.player], 0.0, st.terminated, st.truncated, {})
+
+    def _expire(self) -> None:
+        """Drop the parked copies past their deadline (the caller holds the lock)."""
+        now = time.monotonic()
+        for token in [t for t, e in type(self).parked.items() if e[0] < now]:
+            type(self).parked.pop(token)[1].close()
 
     def _observation(self, obs: Any, reward: float, terminated: bool, truncated: bool,
                      info: Mapping[str, Any]) -> ChatObservation:
@@ -246,7 +317,8 @@ def build_app(config: ServeConfig) -> tuple[Any, Any]:
     s = spec(config.env_id)
     extra: dict[str, Any] = {"card": s.card.to_dict() if s.card is not None else None,
                              "collab_env": config.describe()}
-    env_cls = type("ServedEnv", (ServedEnv,), {"config": config, "__module__": __name__})
+    env_cls = type("ServedEnv", (ServedEnv,), {"config": config, "__module__": __name__,
+                                               "parked": OrderedDict(), "parked_lock": threading.Lock()})
     obs_cls = type("ChatObservation", (ChatObservation,),
                    {"model_config": ConfigDict(json_schema_extra=extra), "__module__": __name__})
     app = FastAPI(title=f"collab_env {s.id} (seat {config.seat})", version="1", description=s.description)

@@ -143,6 +143,17 @@ class SingleAgentEnv(gymnasium.Env[Conversation, str]):
     def render(self):
         return self.env.render()
 
+    def clone(self) -> SingleAgentEnv:
+        """An independent copy with the episode state (the env cloned, the other players'
+        policies shared: a policy is a function of what it sees), e.g. to branch an episode."""
+        import copy
+
+        new = copy.copy(self)
+        new.env = self.env.clone()
+        new._obs, new._infos = dict(self._obs), {p: dict(i) for p, i in self._infos.items()}
+        new._np_random = copy.deepcopy(self._np_random)
+        return new
+
     def close(self) -> None:
         self.env.close()
         super().close()

@@ -42,7 +42,7 @@ def test_a_served_episode_is_the_seats_view_with_the_other_moves_reward_and_end(
     info = schema["observation"]["collab_env"]
     assert info["env_id"] == "letter-requests-v0" and info["seat"] == "assistant" and info["role"] == "assistant"
     assert schema["observation"]["card"]["tests"]  # the env's card, on the schema route
-    assert set(schema["action"]["properties"]) == {"message", "metadata"}
+    assert set(schema["action"]["properties"]) == {"message", "fork", "metadata"}
     with CollabEnvClient(letters_url) as client:
         first = client.reset(seed=3, index=1)
         obs = first.observation
@@ -228,34 +228,57 @@ def test_trls_tool_route_plays_a_served_env(letters_url):
     assert open_sessions(letters_url) == 0
 
 
-def test_our_learners_take_the_url_and_say_why_a_branching_learner_cannot_train_on_it(tiny_dir, tmp_path):
-    """The learners resolve env=URL in the one place (TaskSource): the served seat is the env. MAGRPO
-    branches every episode (env.clone() after the reset), which a served episode cannot do: one
-    line that says so and what works."""
+def test_magrpo_trains_against_a_served_env_branching_on_the_server(tiny_dir, tmp_path):
+    """The learners resolve env=URL in the one place (TaskSource): the served seat is the env.
+    MAGRPO branches every episode (env.clone() after the reset and at every joint action): each
+    branch is a copy made on the server (fork, then adopt), so it trains as on a local env, and
+    every branch's session is closed once the trees are grown."""
     pytest.importorskip("torch")
+    import torch
+
     import collab_env.adapters.magrpo as magrpo
     from collab_env.testing.tiny_model import load_tiny_chat_model
 
     model, tok = load_tiny_chat_model(tiny_dir)
+    before = [p.detach().clone() for p in model.parameters()]
     args = magrpo.MAGRPOConfig(num_agents=1, num_turns=2, num_generations=2, max_new_tokens=12, max_steps=1,
                                eval_interval=0, eval_num_samples=1, logging_steps=1, learning_rate=1e-2,
-                               output_dir=str(tmp_path / "out"))
-    # its own server: the learner's root envs (one session each) stay open after the error
-    with served("letter-requests-v0") as url:
+                               output_dir=str(tmp_path / "out"), plot=False)
+    with served("letter-requests-v0", "--max-sessions", "8") as url:
         trainer = magrpo.MAGRPOTrainer(agent_model=model, tokenizer=tok, env=url, args=args)
         assert trainer.task.players == ("assistant",) and type(trainer.task.train_env).__name__ == "RemoteEnv"
-        with pytest.raises(ConfigError, match="cannot be branched.*rollout_func"):
-            trainer.train()
+        trainer.train()
+        assert trainer.state.env_step == 2 + 4  # 2 joint actions at turn 1, 2 x 2 at turn 2: 6 branches
+        assert open_sessions(url) == 0
+    assert any(not torch.equal(a, p) for a, p in zip(before, trainer.models[0].model.parameters(), strict=True))
 
 
-def test_a_remote_env_clones_only_before_its_episode_starts(letters_url):
+def test_a_remote_env_branches_a_started_episode_on_the_server(letters_url):
     env = remote_env(letters_url)
     fresh = env.clone()  # before a reset a clone is a new session on the same server
     assert fresh is not env and fresh.task.client is not env.task.client
-    fresh.reset(seed=0)
-    with pytest.raises(ConfigError, match="cannot be branched"):
-        fresh.clone()
-    for e in (env, fresh):
+    obs, _ = fresh.reset(seed=0, options={"index": 1})
+    fresh.step({"assistant": "abc def"})
+    branch = fresh.clone()  # a copy made on the server, in a session of its own
+    assert branch.task.client is not fresh.task.client
+    assert [m.content for m in branch.episode.messages] == [m.content for m in fresh.episode.messages]
+    a = fresh.step({"assistant": "one two three four five six"})
+    b = branch.step({"assistant": "x"})
+    assert a[1]["assistant"] != b[1]["assistant"]  # the two continue independently
+    assert len(branch.episode.messages) == len(fresh.episode.messages)
+    client = CollabEnvClient(letters_url)
+    try:
+        token = branch.task.fork()
+        with pytest.raises(ServedEnvError, match="takes no seed"):
+            client.reset(fork=token, seed=3)
+        client.reset(fork=token)
+        with pytest.raises(ServedEnvError, match="no parked episode has that fork token"):
+            client.reset(fork=token)  # adopted once
+        with pytest.raises(ServedEnvError, match="either a message or fork"):
+            client.step({"message": "hi", "fork": True})
+    finally:
+        client.close()
+    for e in (env, fresh, branch):
         e.close()
     assert open_sessions(letters_url) == 0
 
