@@ -18,6 +18,7 @@ import gc
 import itertools
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -255,12 +256,19 @@ class RolloutEngine:
         bar = self._progress_bar(total)
         t0 = time.perf_counter()
         running: set[asyncio.Task] = set()
+        # Episodes that ended and were not handed out yet; each ending sets `woken`. (Waiting on
+        # `running` with asyncio.wait would add and remove a callback on every task in flight at
+        # each wake-up: with thousands in flight, that cost more than the episodes' own turns.)
+        ended: deque[asyncio.Task] = deque()
+        woken = asyncio.Event()
         feeder = JobFeeder(it, self.config.concurrency, st)
         fatal: list[FatalPolicyError] = []  # the first rejection seen; stops the run
         collector = _collector_threshold(self.config.gc_threshold)
         collector.__enter__()
 
-        def watch(task: asyncio.Task) -> None:
+        def on_end(task: asyncio.Task) -> None:
+            ended.append(task)
+            woken.set()
             # Seen the moment an episode ends, so a ramp-up in progress stops starting jobs.
             if not fatal and not task.cancelled() and task.exception() is None:
                 f = fatal_error(task.result()[1])
@@ -270,7 +278,7 @@ class RolloutEngine:
         async def fill() -> None:
             for job in feeder.take(lambda: len(running), lambda: bool(fatal)):
                 task = asyncio.ensure_future(self.arun_job(job))
-                task.add_done_callback(watch)
+                task.add_done_callback(on_end)
                 running.add(task)
                 # Ramp up one episode at a time: a batch that fills while episodes are still
                 # starting goes out at once, instead of queueing behind every other episode's
@@ -280,8 +288,11 @@ class RolloutEngine:
         try:
             await fill()
             while running:
-                done_set, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                done = list(done_set)
+                if not ended:
+                    woken.clear()
+                    await woken.wait()
+                done = list(ended)
+                ended.clear()
                 for task in done:
                     running.discard(task)
                     st.in_flight -= 1

@@ -518,7 +518,8 @@ def test_the_collector_threshold_is_raised_while_a_run_is_in_flight_and_restored
     before = gc.get_threshold()
     engine = RolloutEngine("length-ratio", {"agent_0": CallablePolicy(reply)}, concurrency=4, progress=False)
     assert len(engine.run(3, raise_on_error=True)) == 3
-    assert seen and all(t == max(50_000, before[0]) for t in seen) and gc.get_threshold() == before
+    raised = max(RolloutConfig().gc_threshold, before[0])
+    assert seen and all(t == raised for t in seen) and gc.get_threshold() == before
     off = RolloutEngine("length-ratio", {"agent_0": CallablePolicy(reply)}, gc_threshold=None, progress=False)
     seen.clear()
     off.run(1, raise_on_error=True)

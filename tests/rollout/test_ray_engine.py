@@ -25,8 +25,9 @@ def local_ray():
 
 def test_ray_workers_give_the_same_episodes_as_the_local_engine_and_report_failures(local_ray):
     jobs = [{"seed": s, "tag": f"job{s}"} for s in range(16)] + [{"seed": 99, "options": {"index": -1}}]
+    # Chunks of 3 jobs per remote call: 17 jobs make chunks of 3 and a last, shorter one.
     with RayRolloutEngine("hidden-facts", POLICIES, env_kwargs={"num_objects": 3}, num_workers=2,
-                          concurrency=8, progress=False) as eng:
+                          concurrency=8, chunk_size=3, progress=False) as eng:
         where = eng.where()
         streamed = list(eng.stream(jobs))
         ordered = eng.run(jobs)
@@ -40,6 +41,15 @@ def test_ray_workers_give_the_same_episodes_as_the_local_engine_and_report_failu
     assert st.finished == 32 and st.failed == 2 and st.max_in_flight <= 8
     assert set(st.per_worker) == {"worker-0", "worker-1"} and all(n > 0 for n in st.per_worker.values())
     assert st.policy_calls > 0  # gathered from the workers
+    assert st.submitted == 34 and st.in_flight == 0 and st.cancelled == 0
+
+
+def test_chunk_size_is_validated_and_defaults_to_four_chunks_per_worker():
+    assert RayRolloutEngine("hidden-facts", POLICIES, num_workers=2, concurrency=64).chunk_size == 8
+    assert RayRolloutEngine("hidden-facts", POLICIES, num_workers=4, concurrency=3).chunk_size == 1
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ConfigError, match="chunk_size must be an int >= 1"):
+            RayRolloutEngine("hidden-facts", POLICIES, chunk_size=bad)
 
 
 def test_rollout_backend_ray_and_a_worker_that_cannot_start(local_ray):
