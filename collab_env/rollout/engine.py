@@ -257,8 +257,8 @@ class RolloutEngine:
         t0 = time.perf_counter()
         running: set[asyncio.Task] = set()
         # Episodes that ended and were not handed out yet; each ending sets `woken`. (Waiting on
-        # `running` with asyncio.wait would add and remove a callback on every task in flight at
-        # each wake-up: with thousands in flight, that cost more than the episodes' own turns.)
+        # `running` with asyncio.wait adds and removes a callback on every task in flight at each
+        # wake-up: work in proportion to the episodes in flight, per wake-up.)
         ended: deque[asyncio.Task] = deque()
         woken = asyncio.Event()
         feeder = JobFeeder(it, self.config.concurrency, st)
