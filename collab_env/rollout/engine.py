@@ -13,10 +13,7 @@ one driver, :func:`~collab_env.rollout.driver.arun_episode`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import itertools
-import threading
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping
@@ -28,43 +25,18 @@ from collab_env.policy import Policy, policies_for, resolve_policy
 from collab_env.rollout.batching import BatchedPolicy, batches_itself
 from collab_env.rollout.config import RolloutConfig, RolloutStats
 from collab_env.rollout.driver import arun_episode, fatal_error, note_stopped
-from collab_env.rollout.jobs import JobFeeder, Result, env_factory, iterate_in_thread, normalize_jobs
+from collab_env.rollout.jobs import (
+    JobFeeder,
+    Result,
+    collector_threshold,
+    env_factory,
+    iterate_in_thread,
+    normalize_jobs,
+)
 from collab_env.rollout.limits import LimitedPolicy, PerLoop, RateLimiter
 from collab_env.types import Episode
 
 __all__ = ["RolloutEngine"]
-
-_GC_LOCK = threading.Lock()
-_GC_RUNS = 0  # runs in flight that raised the threshold
-_GC_SAVED: tuple[int, ...] | None = None  # the thresholds before the first of them
-
-
-@contextlib.contextmanager
-def _collector_threshold(threshold: int | None) -> Iterator[None]:
-    """Raise the garbage collector's first threshold to at least ``threshold`` while any run is
-    in flight (``RolloutConfig.gc_threshold``); the last run to end restores the thresholds,
-    unless someone else changed them meanwhile."""
-    global _GC_RUNS, _GC_SAVED
-    if threshold is None:
-        yield
-        return
-    with _GC_LOCK:
-        if _GC_RUNS == 0:
-            saved = gc.get_threshold()
-            if 0 < saved[0] < threshold:  # 0: the collector is off by threshold; leave it so
-                gc.set_threshold(threshold, *saved[1:])
-                _GC_SAVED = saved
-        _GC_RUNS += 1
-    try:
-        yield
-    finally:
-        with _GC_LOCK:
-            _GC_RUNS -= 1
-            if _GC_RUNS == 0 and _GC_SAVED is not None:
-                if gc.get_threshold()[0] == threshold:
-                    gc.set_threshold(*_GC_SAVED)
-                _GC_SAVED = None
-
 
 def _players_and_spec(env: Any, factory: Callable[[], CollabEnv]) -> tuple[list[str], Any]:
     if isinstance(env, str):
@@ -263,7 +235,7 @@ class RolloutEngine:
         woken = asyncio.Event()
         feeder = JobFeeder(it, self.config.concurrency, st)
         fatal: list[FatalPolicyError] = []  # the first rejection seen; stops the run
-        collector = _collector_threshold(self.config.gc_threshold)
+        collector = collector_threshold(self.config.gc_threshold)
         collector.__enter__()
 
         def on_end(task: asyncio.Task) -> None:

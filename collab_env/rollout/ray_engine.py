@@ -41,6 +41,7 @@ from collab_env.rollout.driver import STOPPED_NOTE, fatal_error, note_stopped
 from collab_env.rollout.jobs import (
     JobFeeder,
     Result,
+    collector_threshold,
     env_factory,
     iterate_in_thread,
     normalize_jobs,
@@ -236,6 +237,11 @@ class RayRolloutEngine:
         t0 = loop.time()
 
         fatal: list[FatalPolicyError] = []
+        # Every episode a worker returns is unpickled here and kept by the caller: with the
+        # collector's default threshold, its collections rescan them all again and again
+        # (unpickling 8,192 kept episodes measured 224 us each against 92 us with it raised).
+        collector = collector_threshold(self.config.gc_threshold)
+        collector.__enter__()
 
         def send(chunk: list[dict[str, Any]]) -> None:
             i = min(range(len(load)), key=load.__getitem__)
@@ -295,6 +301,7 @@ class RayRolloutEngine:
                 ray.cancel(ref)
                 st.in_flight -= len(chunk)
             st.wall_seconds += loop.time() - t0
+            collector.__exit__(None, None, None)
             if bar is not None:
                 bar.close()
             await self._collect_worker_stats()

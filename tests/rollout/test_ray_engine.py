@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import copy
+import gc
+
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -31,13 +35,26 @@ def test_ray_workers_give_the_same_episodes_as_the_local_engine_and_report_failu
         where = eng.where()
         streamed = list(eng.stream(jobs))
         ordered = eng.run(jobs)
+        st = copy.deepcopy(eng.stats)
+        # The driver unpickles every episode: it raises the collector's threshold while it runs.
+        before = gc.get_threshold()
+
+        async def threshold_while_streaming():
+            agen = eng.astream(4)
+            try:
+                async for _ in agen:
+                    return gc.get_threshold()[0]
+            finally:
+                await agen.aclose()
+
+        assert asyncio.run(threshold_while_streaming()) == max(eng.config.gc_threshold, before[0])
+        assert gc.get_threshold() == before
     local = RolloutEngine("hidden-facts", POLICIES, env_kwargs={"num_objects": 3}, progress=False).run(jobs)
 
     assert len({w["pid"] for w in where}) == 2  # two worker processes
     assert sorted(j["tag"] for j, _ in streamed if "tag" in j) == sorted(j["tag"] for j in jobs if "tag" in j)
     assert [e.to_dict() for e in ordered[:-1]] == [e.to_dict() for e in local[:-1]]
     assert isinstance(ordered[-1], ConfigError) and "out of range" in str(ordered[-1])
-    st = eng.stats
     assert st.finished == 32 and st.failed == 2 and st.max_in_flight <= 8
     assert set(st.per_worker) == {"worker-0", "worker-1"} and all(n > 0 for n in st.per_worker.values())
     assert st.policy_calls > 0  # gathered from the workers
