@@ -108,3 +108,35 @@ def test_a_rejected_request_stops_a_ray_run(local_ray):
     assert sorted(j["seed"] for j, _ in got) == [0, 100]  # done before it; the rejected job is not yielded
     assert "3 episode(s) started" in "".join(info.value.__notes__)
     assert eng.stats.submitted == 3  # no job started after the rejection
+
+
+class DiesAtSeed:
+    """Ask-then-answer, except that the worker process exits on the request of one seed."""
+
+    name = "dies-at-seed"
+
+    def __init__(self, seed):
+        self.seed = seed
+
+    async def act(self, observations, **sampling):
+        import os
+
+        from collab_env.tasks.hidden_facts import AskThenAnswer
+
+        if sampling.get("seed") == self.seed:
+            os._exit(1)
+        return await AskThenAnswer().act(observations, **sampling)
+
+
+def test_a_worker_that_dies_fails_the_episodes_of_its_chunk_and_the_run_goes_on(local_ray):
+    # One worker, one job at a time: jobs 0 and 1 finish, job 2 kills the worker, job 3 finds it dead.
+    eng = RayRolloutEngine("hidden-facts", {"assistant": DiesAtSeed(200)}, num_workers=1, concurrency=1,
+                           progress=False)
+    try:
+        out = eng.run([0, 100, 200, 300])
+    finally:
+        eng.shutdown()
+    assert [type(o).__name__ for o in out[:2]] == ["Episode", "Episode"]
+    assert all(isinstance(o, Exception) for o in out[2:])
+    st = eng.stats
+    assert (st.submitted, st.finished, st.failed, st.in_flight) == (4, 2, 2, 0)
