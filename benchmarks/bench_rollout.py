@@ -32,8 +32,9 @@ much less sensitive than wall time to other load on the machine (``uptime``'s lo
 printed with it).
 
 ``--ray-workers K`` runs the engine as a :class:`~collab_env.rollout.RayRolloutEngine` of K Ray
-workers (one CPU each) instead: each worker runs a local engine on its share of the episodes
-(``concurrency`` stays global). The workers are started and warmed up with one untimed run of the
+workers (one CPU each) instead: each worker runs a local engine on the chunks of jobs it is sent
+(``--chunk-size`` jobs per remote call; ``concurrency`` stays global). The workers are started
+and warmed up with one untimed run of the
 same N episodes (so their envs exist, as ``prepare_envs`` does locally); CPU time is then the
 driver's and the workers' together. ``--json PATH`` appends the run's numbers to a JSON list.
 
@@ -105,7 +106,8 @@ def _proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def bench_ray(n: int, turns: int, latency: float, batch: int, workers: int) -> tuple[float, float]:
+def bench_ray(n: int, turns: int, latency: float, batch: int, workers: int,
+              chunk_size: int | None = None) -> tuple[float, float]:
     """``(wall, cpu)`` of one timed run on ``workers`` Ray workers, after an untimed warm-up run;
     ``cpu`` is the driver's and the workers' CPU time during the timed run."""
     import ray
@@ -114,9 +116,10 @@ def bench_ray(n: int, turns: int, latency: float, batch: int, workers: int) -> t
 
     if not ray.is_initialized():
         ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+    chunks = {} if chunk_size is None else {"chunk_size": chunk_size}  # the engine's default otherwise
     engine = RayRolloutEngine(ENV, {"agent_0": FixedLatencyStub(latency)}, env_kwargs={"num_turns": turns},
                               num_workers=workers, concurrency=n, max_batch_size=batch, max_wait_ms=2.0,
-                              progress=False)
+                              progress=False, **chunks)
     try:
         _check(engine.run(n), turns)  # warm-up: the workers import, build and keep their envs
         pids = [w["pid"] for w in engine.where()]
@@ -187,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full", action="store_true", help="run the baselines on all N episodes (slow)")
     ap.add_argument("--skip-vector", action="store_true", help="leave out the AsyncVectorEnv baseline")
     ap.add_argument("--ray-workers", type=int, default=0, help="run the engine on K Ray workers (default: in process)")
+    ap.add_argument("--chunk-size", type=int, default=None,
+                    help="with --ray-workers: jobs per remote call (default: concurrency / (4 x workers))")
     ap.add_argument("--json", type=Path, default=None, help="append this run's numbers to a JSON list in PATH")
     ap.add_argument("--label", default="", help="a label stored with --json (e.g. before/after)")
     args = ap.parse_args(argv)
@@ -199,10 +204,10 @@ def main(argv: list[str] | None = None) -> int:
 
     load0 = os.getloadavg()[0]
     if args.ray_workers:
-        engine_wall, engine_cpu = bench_ray(n, T, L, args.batch, args.ray_workers)
+        engine_wall, engine_cpu = bench_ray(n, T, L, args.batch, args.ray_workers, args.chunk_size)
         mean_batch = None
         print(f"engine      {engine_wall:8.3f}s  (RayRolloutEngine, {args.ray_workers} workers, concurrency={n}, "
-              f"max_batch_size={args.batch})")
+              f"chunk_size={args.chunk_size or 'default'}, max_batch_size={args.batch})")
     else:
         engine_wall, stub, engine = bench_engine(n, T, L, args.batch)
         engine_cpu = engine.cpu_seconds  # type: ignore[attr-defined]
@@ -235,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         rows = json.loads(args.json.read_text()) if args.json.exists() else []
         rows.append({"label": args.label, "episodes": n, "turns": T, "latency_s": L, "batch": args.batch,
-                     "ray_workers": args.ray_workers, "engine_wall_s": round(engine_wall, 4),
+                     "ray_workers": args.ray_workers, "chunk_size": args.chunk_size,
+                     "engine_wall_s": round(engine_wall, 4),
                      "ideal_s": ideal, "engine_over_ideal": round(engine_wall / ideal, 4),
                      "cpu_s": round(engine_cpu, 4), "cpu_us_per_episode_turn": round(cpu_us, 2),
                      "mean_batch": None if mean_batch is None else round(mean_batch, 2),

@@ -6,7 +6,6 @@ one arrived."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
 import threading
 from collections import deque
@@ -72,11 +71,33 @@ def _freeze(value: Any) -> Any:
     return value
 
 
-@dataclass
 class _Call:
-    observations: Sequence[Conversation]
-    seed: Any
-    future: asyncio.Future
+    """One ``act`` call waiting in a group: its observations, its row seed, its future."""
+
+    __slots__ = ("observations", "seed", "future")
+
+    def __init__(self, observations: Sequence[Conversation], seed: Any, future: asyncio.Future) -> None:
+        self.observations, self.seed, self.future = observations, seed, future
+
+
+class _Batch:
+    """The calls sent together in one call of the wrapped policy, and the task sending them.
+
+    It is also the done-callback of its callers' futures while the batch runs: when every one of
+    them was cancelled (a stopped run), it cancels the batch, so requests in flight or still
+    queued in the backend are abandoned. The batch removes itself from the futures before it
+    resolves them, so a batch that answers schedules no callback per caller.
+    """
+
+    __slots__ = ("calls", "task")
+
+    def __init__(self, calls: list[_Call]) -> None:
+        self.calls = calls
+        self.task: asyncio.Task | None = None
+
+    def __call__(self, _future: asyncio.Future) -> None:
+        if self.task is not None and not self.task.done() and all(c.future.cancelled() for c in self.calls):
+            self.task.cancel()
 
 
 class _Group:
@@ -227,50 +248,49 @@ class BatchedPolicy:
             group.pending = deque(call for call in group.pending if not call.future.done())
             group.size = sum(len(call.observations) for call in group.pending)
         while group.pending and (group.size >= self.max_batch_size or group.timer is None):
-            batch: list[_Call] = []
+            calls: list[_Call] = []
             n = 0
-            while group.pending and (not batch or n + len(group.pending[0].observations) <= self.max_batch_size):
+            while group.pending and (not calls or n + len(group.pending[0].observations) <= self.max_batch_size):
                 call = group.pending.popleft()
-                batch.append(call)
+                calls.append(call)
                 n += len(call.observations)
             group.size -= n
-            task = loop.create_task(self._run_batch(group.kwargs, batch))
+            batch = _Batch(calls)
+            task = batch.task = loop.create_task(self._run_batch(group.kwargs, batch))
             # The loop keeps only a weak reference to tasks: hold it until the batch is done.
             self._running.add(task)
             task.add_done_callback(self._running.discard)
-            # When every episode of the batch was cancelled (a stopped run), so is the batch:
-            # its requests in flight or still queued in the backend are abandoned.
-            for call in batch:
-                call.future.add_done_callback(functools.partial(self._abandon, task, batch))
+            for call in calls:  # cancelled with its callers (see _Batch)
+                call.future.add_done_callback(batch)
             if group.pending and group.size < self.max_batch_size:
                 # The rest arrived later than the batch just sent: give it its own wait.
                 group.first_arrival = loop.time()
                 group.timer = loop.call_at(group.first_arrival + self.max_wait_ms / 1000.0,
                                            self._dispatch, loop, group)
 
-    @staticmethod
-    def _abandon(task: asyncio.Task, batch: list[_Call], _done: object = None) -> None:
-        if not task.done() and all(call.future.cancelled() for call in batch):
-            task.cancel()
-
-    async def _run_batch(self, kwargs: dict[str, Any], batch: list[_Call]) -> None:
-        observations = [o for call in batch for o in call.observations]
+    async def _run_batch(self, kwargs: dict[str, Any], batch: _Batch) -> None:
+        calls = batch.calls
+        observations = [o for call in calls for o in call.observations]
         sampling = dict(kwargs)
-        if self.seeds == "rows" and any(call.seed is not None for call in batch):
-            sampling["seeds"] = [call.seed for call in batch for _ in call.observations]
+        if self.seeds == "rows" and any(call.seed is not None for call in calls):
+            sampling["seeds"] = [call.seed for call in calls for _ in call.observations]
         try:
-            out = await self._send(observations, sampling, batch)
-        except Exception as exc:
-            for call in batch:
+            out = await self._send(observations, sampling, calls)
+        except BaseException as exc:
+            for call in calls:
+                call.future.remove_done_callback(batch)
+            if not isinstance(exc, Exception):  # cancelled (the loop is shutting down): so are its callers
+                for call in calls:
+                    call.future.cancel()
+                raise
+            for call in calls:
                 if not call.future.done():
                     call.future.set_exception(exc)
             return
-        except BaseException:  # cancelled (the loop is shutting down): so are its callers
-            for call in batch:
-                call.future.cancel()
-            raise
+        for call in calls:
+            call.future.remove_done_callback(batch)
         i = 0
-        for call in batch:
+        for call in calls:
             k = len(call.observations)
             if not call.future.done():  # a cancelled episode no longer waits
                 call.future.set_result(out[i:i + k])

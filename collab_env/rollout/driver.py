@@ -49,6 +49,7 @@ __all__ = [
     "trainable_turns",
     "fatal_error",
     "note_stopped",
+    "STOPPED_NOTE",
     "USAGE_KEYS",
 ]
 
@@ -75,9 +76,13 @@ def fatal_error(outcome: Any) -> FatalPolicyError | None:
     return None
 
 
+#: How the note of :func:`note_stopped` begins.
+STOPPED_NOTE = "The rollout stopped at this rejected request: "
+
+
 def note_stopped(fatal: FatalPolicyError, detail: str) -> FatalPolicyError:
     """``fatal`` with a note saying what the run did when it stopped (raised once, as is)."""
-    note = f"The rollout stopped at this rejected request: {detail}"
+    note = STOPPED_NOTE + detail
     if note not in getattr(fatal, "__notes__", ()):
         if sys.version_info >= (3, 11):
             fatal.add_note(note)

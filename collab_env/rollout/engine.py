@@ -13,11 +13,9 @@ one driver, :func:`~collab_env.rollout.driver.arun_episode`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import itertools
-import threading
 import time
+from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -27,43 +25,18 @@ from collab_env.policy import Policy, policies_for, resolve_policy
 from collab_env.rollout.batching import BatchedPolicy, batches_itself
 from collab_env.rollout.config import RolloutConfig, RolloutStats
 from collab_env.rollout.driver import arun_episode, fatal_error, note_stopped
-from collab_env.rollout.jobs import JobFeeder, Result, env_factory, iterate_in_thread, normalize_jobs
+from collab_env.rollout.jobs import (
+    JobFeeder,
+    Result,
+    collector_threshold,
+    env_factory,
+    iterate_in_thread,
+    normalize_jobs,
+)
 from collab_env.rollout.limits import LimitedPolicy, PerLoop, RateLimiter
 from collab_env.types import Episode
 
 __all__ = ["RolloutEngine"]
-
-_GC_LOCK = threading.Lock()
-_GC_RUNS = 0  # runs in flight that raised the threshold
-_GC_SAVED: tuple[int, ...] | None = None  # the thresholds before the first of them
-
-
-@contextlib.contextmanager
-def _collector_threshold(threshold: int | None) -> Iterator[None]:
-    """Raise the garbage collector's first threshold to at least ``threshold`` while any run is
-    in flight (``RolloutConfig.gc_threshold``); the last run to end restores the thresholds,
-    unless someone else changed them meanwhile."""
-    global _GC_RUNS, _GC_SAVED
-    if threshold is None:
-        yield
-        return
-    with _GC_LOCK:
-        if _GC_RUNS == 0:
-            saved = gc.get_threshold()
-            if 0 < saved[0] < threshold:  # 0: the collector is off by threshold; leave it so
-                gc.set_threshold(threshold, *saved[1:])
-                _GC_SAVED = saved
-        _GC_RUNS += 1
-    try:
-        yield
-    finally:
-        with _GC_LOCK:
-            _GC_RUNS -= 1
-            if _GC_RUNS == 0 and _GC_SAVED is not None:
-                if gc.get_threshold()[0] == threshold:
-                    gc.set_threshold(*_GC_SAVED)
-                _GC_SAVED = None
-
 
 def _players_and_spec(env: Any, factory: Callable[[], CollabEnv]) -> tuple[list[str], Any]:
     if isinstance(env, str):
@@ -255,12 +228,19 @@ class RolloutEngine:
         bar = self._progress_bar(total)
         t0 = time.perf_counter()
         running: set[asyncio.Task] = set()
+        # Episodes that ended and were not handed out yet; each ending sets `woken`. (Waiting on
+        # `running` with asyncio.wait adds and removes a callback on every task in flight at each
+        # wake-up: work in proportion to the episodes in flight, per wake-up.)
+        ended: deque[asyncio.Task] = deque()
+        woken = asyncio.Event()
         feeder = JobFeeder(it, self.config.concurrency, st)
         fatal: list[FatalPolicyError] = []  # the first rejection seen; stops the run
-        collector = _collector_threshold(self.config.gc_threshold)
+        collector = collector_threshold(self.config.gc_threshold)
         collector.__enter__()
 
-        def watch(task: asyncio.Task) -> None:
+        def on_end(task: asyncio.Task) -> None:
+            ended.append(task)
+            woken.set()
             # Seen the moment an episode ends, so a ramp-up in progress stops starting jobs.
             if not fatal and not task.cancelled() and task.exception() is None:
                 f = fatal_error(task.result()[1])
@@ -270,7 +250,7 @@ class RolloutEngine:
         async def fill() -> None:
             for job in feeder.take(lambda: len(running), lambda: bool(fatal)):
                 task = asyncio.ensure_future(self.arun_job(job))
-                task.add_done_callback(watch)
+                task.add_done_callback(on_end)
                 running.add(task)
                 # Ramp up one episode at a time: a batch that fills while episodes are still
                 # starting goes out at once, instead of queueing behind every other episode's
@@ -280,8 +260,11 @@ class RolloutEngine:
         try:
             await fill()
             while running:
-                done_set, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                done = list(done_set)
+                if not ended:
+                    woken.clear()
+                    await woken.wait()
+                done = list(ended)
+                ended.clear()
                 for task in done:
                     running.discard(task)
                     st.in_flight -= 1

@@ -4,6 +4,8 @@ from sync code, errors that cross process boundaries."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import pickle
 import queue
 import threading
@@ -15,7 +17,7 @@ from collab_env.errors import ConfigError, PolicyError
 from collab_env.types import Episode
 
 __all__ = ["Result", "normalize_jobs", "JobFeeder", "COMPOSER_KEYWORDS", "env_factory", "iterate_in_thread",
-           "picklable_error"]
+           "picklable_error", "collector_threshold"]
 
 #: What a rollout yields: the job (as a dict) and its episode, or the exception that ended it.
 Result = tuple[dict[str, Any], Episode | BaseException]
@@ -203,3 +205,36 @@ def picklable_error(exc: BaseException) -> BaseException:
         return exc
     except Exception:
         return PolicyError(f"{type(exc).__name__}: {exc}")
+
+
+_GC_LOCK = threading.Lock()
+_GC_RUNS = 0  # runs in flight that raised the threshold
+_GC_SAVED: tuple[int, ...] | None = None  # the thresholds before the first of them
+
+
+@contextlib.contextmanager
+def collector_threshold(threshold: int | None) -> Iterator[None]:
+    """Raise the garbage collector's first threshold to at least ``threshold`` while any run is
+    in flight (``RolloutConfig.gc_threshold``; both engines: the Ray driver unpickles every
+    episode its workers return); the last run to end restores the thresholds, unless someone
+    else changed them meanwhile."""
+    global _GC_RUNS, _GC_SAVED
+    if threshold is None:
+        yield
+        return
+    with _GC_LOCK:
+        if _GC_RUNS == 0:
+            saved = gc.get_threshold()
+            if 0 < saved[0] < threshold:  # 0: the collector is off by threshold; leave it so
+                gc.set_threshold(threshold, *saved[1:])
+                _GC_SAVED = saved
+        _GC_RUNS += 1
+    try:
+        yield
+    finally:
+        with _GC_LOCK:
+            _GC_RUNS -= 1
+            if _GC_RUNS == 0 and _GC_SAVED is not None:
+                if gc.get_threshold()[0] == threshold:
+                    gc.set_threshold(*_GC_SAVED)
+                _GC_SAVED = None

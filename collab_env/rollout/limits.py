@@ -119,11 +119,10 @@ class LimitedPolicy:
         self._limiter = limiter
         self._sem = semaphore  # shared by every policy of the engine: the limit is global
         self._stats = stats
-
-    @property
-    def answers_at_once(self) -> bool:
-        """Without limits, as the wrapped policy (see :func:`~collab_env.rollout.driver.act_for`)."""
-        return self._limiter is None and self._sem is None and getattr(self.policy, "answers_at_once", False) is True
+        #: Without limits, as the wrapped policy (see :func:`~collab_env.rollout.driver.act_for`);
+        #: fixed at construction, since the driver asks for every move.
+        self.answers_at_once: bool = (limiter is None and semaphore is None
+                                      and getattr(policy, "answers_at_once", False) is True)
 
     async def act(self, observations: Sequence[Conversation], **sampling: Any) -> list[Completion]:
         if self._limiter is not None:

@@ -26,7 +26,8 @@ def rollout(env: Any, policies: Mapping[str, Any], jobs: int | Iterable[Any], *,
             (:class:`~collab_env.rollout.ray_engine.RayRolloutEngine`, ``num_workers`` actors).
         env_kwargs: Keywords of the env (env ids only; see :class:`RolloutEngine`).
         num_workers: Ray workers (``backend="ray"`` only).
-        **settings: :class:`RolloutConfig` fields.
+        **settings: :class:`RolloutConfig` fields (with ``backend="ray"``, also
+            :class:`~collab_env.rollout.ray_engine.RayRolloutEngine`'s ``chunk_size``).
 
     Raises:
         ConfigError: Unknown backend or setting.

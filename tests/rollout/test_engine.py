@@ -518,10 +518,51 @@ def test_the_collector_threshold_is_raised_while_a_run_is_in_flight_and_restored
     before = gc.get_threshold()
     engine = RolloutEngine("length-ratio", {"agent_0": CallablePolicy(reply)}, concurrency=4, progress=False)
     assert len(engine.run(3, raise_on_error=True)) == 3
-    assert seen and all(t == max(50_000, before[0]) for t in seen) and gc.get_threshold() == before
+    raised = max(RolloutConfig().gc_threshold, before[0])
+    assert seen and all(t == raised for t in seen) and gc.get_threshold() == before
     off = RolloutEngine("length-ratio", {"agent_0": CallablePolicy(reply)}, gc_threshold=None, progress=False)
     seen.clear()
     off.run(1, raise_on_error=True)
     assert seen == [before[0]]
     with pytest.raises(ConfigError, match="gc_threshold"):
         RolloutEngine("length-ratio", {}, gc_threshold=0)
+
+
+# -- behaviour kept across engine changes ------------------------------------------------------
+class _Echo:
+    """Replies with its row seed and what it saw: a transcript shows every seed and observation."""
+
+    name = "echo"
+    accepts_row_seeds = True
+
+    async def act(self, observations, **kw):
+        seeds = kw.get("seeds") or [kw.get("seed")] * len(observations)
+        return [Completion(f"seed {s}: {len(o)} messages, last {o[-1].content[:30]!r}")
+                for s, o in zip(seeds, observations, strict=True)]
+
+
+def _digest(episodes):
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps([e.to_dict() for e in episodes], sort_keys=True).encode()).hexdigest()
+
+
+def test_fixed_seed_transcripts_are_those_the_engine_played_before_its_speed_work():
+    """The digests were taken from the engine before issue 44's speed work (90e7b8a): the same
+    jobs must give the same episodes, byte for byte (transcripts, rewards, turns, costs, infos),
+    batched and concurrent or one by one."""
+    lr = RolloutEngine(LR, {"agent_0": _Echo()}, env_kwargs={"num_turns": 4}, concurrency=64, max_batch_size=16,
+                       progress=False).run(64, raise_on_error=True)
+    hf = RolloutEngine("hidden-facts", {"assistant": AskThenAnswer()}, env_kwargs={"num_objects": 3}, concurrency=8,
+                       progress=False).run(range(16), raise_on_error=True)
+    assert _digest(lr) == "4c68997a34ce4d46f6528f574cc5a03839f23f5ac50a7333c1325643a0bfe674"
+    assert _digest(hf) == "0f69a3163d5c8980bfdd1b924b7ae6639e8fc81bb6c0bf2832f3858a5b2507b8"
+    # The same episodes played one at a time by the driver, without the engine.
+    from collab_env.registry import make_base_env
+    from collab_env.rollout import run_episode
+
+    env = make_base_env(LR, num_turns=4)
+
+    alone = [run_episode(env, {"agent_0": _Echo(), "agent_1": "length-ratio-partner"}, seed=k) for k in range(64)]
+    assert _digest(alone) == _digest(lr)
