@@ -294,8 +294,11 @@ class CollabDatasetBuilder(RLDatasetBuilder):
     """The cookbook's dataset builder for a collab_env env (a ``chz`` class, as ``rl.train`` expects).
 
     Batch ``b`` holds ``batch_size`` groups; group ``k`` (counting over all batches) plays item
-    ``indices[k % len(indices)]`` (default: items ``0..num_batches*batch_size-1``; for an
-    unlimited suite these are just seeds of its draws) with episode seed ``seed + k``.
+    ``indices[k % len(indices)]`` (default: items ``0..num_batches*batch_size-1``) with episode
+    seed ``seed + k``. ``test_groups`` more groups (the items after the training ones) make the
+    test set. ``policies`` are policy specs for the other players; ``env_kwargs`` are keywords of
+    ``collab_env.make`` (``reward="mr"``, ``reward_kwargs=``, a joint reward option, env
+    overrides such as ``num_turns=``); the other fields are those of :class:`CollabEnvGroupBuilder`.
     """
 
     env_id: str
@@ -307,9 +310,9 @@ class CollabDatasetBuilder(RLDatasetBuilder):
     indices: tuple[int, ...] | None = None
     seed: int = 0
     player: str | None = None
-    policies: tuple[tuple[str, str], ...] = ()
-    reward: str | None = None
+    policies: dict[str, str] = chz.field(default_factory=dict)
     reward_at: str = "step"
+    env_kwargs: dict[str, Any] = chz.field(default_factory=dict)
     test_groups: int = 0
 
     async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
@@ -327,8 +330,7 @@ class CollabDatasetBuilder(RLDatasetBuilder):
             return CollabEnvGroupBuilder(
                 self.env_id, index=items[k % len(items)], seed=self.seed + k, group_size=self.group_size,
                 model_name_for_tokenizer=self.model_name_for_tokenizer, renderer_name=self.renderer_name,
-                player=self.player, policies=dict(self.policies), reward_at=reward_at,
-                env_kwargs={"reward": self.reward} if self.reward else None)
+                player=self.player, policies=self.policies, reward_at=reward_at, env_kwargs=self.env_kwargs)
 
         train = CollabDataset([group(k) for k in range(n)], self.batch_size)
         test = (CollabDataset([group(n + k) for k in range(self.test_groups)], self.test_groups)
