@@ -102,6 +102,28 @@ def test_group_rewards_pay_the_episode_return_once(tiny_qwen3):
     assert reward == pytest.approx(replay(3, 7, REPLIES).returns["assistant"], abs=1e-12) and reward > 0
 
 
+@pytest.mark.parametrize("reward_at", ["step", "group"])
+def test_a_joint_reward_option_is_paid_per_step_or_as_the_group_reward(tiny_qwen3, reward_at):
+    # length-ratio (single-turn, two trainable agents) under its joint-difference reward: agent_1's
+    # reward is the team's score minus the score without its move, not the env's shared reward
+    def own(reward):
+        env = collab_env.make("length-ratio", **({"reward": reward} if reward else {}))
+        table = {**policies_for(env.spec), "agent_1": CallablePolicy(lambda o: "a short reply")}
+        return run_episode(env, table, seed=5, index=2).returns["agent_1"]
+
+    expected = own("joint-difference")
+    assert expected != pytest.approx(own(None), abs=1e-6)
+    b = CollabEnvGroupBuilder("length-ratio", index=2, seed=5, group_size=1, model_name_for_tokenizer=tiny_qwen3,
+                              renderer_name=RENDERER, player="agent_1", reward_at=reward_at,
+                              env_kwargs={"reward": "joint-difference"})
+    (env,) = asyncio.run(b.make_envs())
+    _, steps = asyncio.run(play(env, ["a short reply"]))
+    ((group, _),) = asyncio.run(b.compute_group_rewards([None], [env]))
+    assert steps[-1][1].episode_done
+    paid = (steps[-1][1].reward, group)
+    assert paid == pytest.approx((expected, 0.0) if reward_at == "step" else (0.0, expected), abs=1e-12)
+
+
 def test_a_reply_cut_at_the_token_limit_is_still_a_move(tiny_qwen3):
     (env,) = asyncio.run(builder(tiny_qwen3, group_size=1).make_envs())
     _, steps = asyncio.run(play(env, REPLIES[:1], stop=False))

@@ -3,7 +3,7 @@
 :func:`build_tiny_chat_model` writes a complete Hugging Face model folder in about a tenth of a
 second: a byte-level BPE tokenizer trained with ``tokenizers`` on a few KB of text, wrapped in
 ``PreTrainedTokenizerFast`` with a ChatML chat template, and a randomly initialised 2-layer,
-hidden-64 Qwen2 model (one 64-wide attention head, so the vLLM CPU build accepts it too).
+hidden-64 Qwen2 model (or Qwen3, ``architecture="qwen3"``) (one 64-wide attention head, so the vLLM CPU build accepts it too).
 
 The weights are random, so the text is gibberish; what the tests check is the plumbing (batching,
 padding, token ids, log-probs, stop strings, adapters), which does not need a trained model.
@@ -47,7 +47,9 @@ TRAINING_TEXT = "\n".join(
 )
 
 
-def build_tiny_chat_model(path: str | Path, *, seed: int = 0, vocab_size: int = 384, architecture: str = "qwen2") -> Path:
+def build_tiny_chat_model(
+    path: str | Path, *, seed: int = 0, vocab_size: int = 384, architecture: str = "qwen2"
+) -> Path:
     """Write a tiny chat model folder (config, weights, tokenizer, chat template) to ``path``.
 
     Args:
