@@ -344,6 +344,8 @@ class CompleterPolicy:
 
     Each observation (the acting player's view) goes to the completer as chat messages, in which
     the acting player's own messages are the ``assistant`` turns; the reply's text is the move.
+    Sampling settings are the completer's own (its ``max_tokens``, ``temperature``): the driver's
+    sampling keywords are not passed on.
     """
 
     def __init__(self, completer: MessageCompleter, name: str = "tinker-completer") -> None:
