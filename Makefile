@@ -103,23 +103,45 @@ verifiers_AFTER = .venv-verifiers/bin/python -c "from verifiers.v1.harnesses.uti
 verifiers_CHECK := import verifiers, verifiers.v1 as vf, collab_env; print('verifiers', verifiers.__version__)
 $(eval $(call extra_venv,verifiers))
 
-# `make test-skyrl`: SkyRL's real generator (skyrl-train 0.3.1 SkyRLGymGenerator, over its
-# InferenceEngineClient) playing collab_env envs through adapters/skyrl. skyrl-train requires Python
-# 3.12 (.venv is 3.11) and declares GPU packages (flash-attn, vLLM...) that do not install on CPU:
-# it goes in with --no-deps on top of what the generator imports (ray only because its engine
-# utilities import it; transformers < 5: 0.3.1 reads apply_chat_template(tokenize=True) as a list).
-# On 3.12, torch 2.13.0 comes from PyPI with its CUDA libraries (~5 GB venv; they stay unused).
-# The tests serve a real tiny model's tokens through a fake engine on CPU and check the loss masks
-# and per-token rewards against collab_env's replay of each episode; a SkyRL training step (Ray
-# workers, vLLM/SGLang, FSDP) needs GPUs and is not part of CI. SKYRL_PYTHON=... picks the 3.12.
+# `make test-skyrl`: SkyRL's real generator (skyrl 0.4.0, `skyrl.train`'s SkyRLGymGenerator, over a
+# tiny-model inference engine) playing collab_env envs through adapters/skyrl. The same venv runs
+# SkyRL's Tinker API server for `make test-tinker` (below). skyrl 0.4.0 requires Python >= 3.12
+# (.venv is 3.11). Its extras: `tinker` (the API server: fastapi, sqlmodel...; it pins the tinker
+# client >= 0.25, < 0.26) and `jax` (the JAX backend: jax, flax, optax; on CPU here). Not its
+# `skyrl-train`/`fsdp` extras: they declare GPU packages (flash-attn, vLLM, nixl...) that do not
+# install on CPU; what the generator imports from them is named instead (loguru, omegaconf,
+# pybase64, skyrl-gym), and aiohttp, which the API server imports without declaring it. peft (a
+# skyrl dependency) pulls torch: on 3.12 torch 2.13.0 comes from PyPI with its CUDA libraries (~6 GB
+# venv; they stay unused). uv: the API server starts its engine with `uv run` (see test-tinker).
+# The generator tests serve a real tiny model's tokens through a fake engine on CPU and check the
+# loss masks and per-token rewards against collab_env's replay of each episode; a SkyRL training
+# step (Ray workers, vLLM/SGLang, FSDP) needs GPUs and is not part of CI. SKYRL_PYTHON=... picks the 3.12.
 SKYRL_PYTHON ?= $(firstword $(foreach p,python3.12 $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python \
 	/root/.pyenv/versions/3.12*/bin/python),$(shell $(p) -c 'import sys; assert sys.version_info[:2] == (3, 12)' \
 	>/dev/null 2>&1 && echo $(p))))
-skyrl_PYTHON = $(or $(SKYRL_PYTHON),$(error make test-skyrl needs Python 3.12 (skyrl-train 0.3.1 requires \
-	==3.12.*) and found none: install it (pyenv install 3.12, or apt-get install python3.12 python3.12-venv) \
+skyrl_PYTHON = $(or $(SKYRL_PYTHON),$(error make test-skyrl and test-tinker need Python 3.12 (skyrl 0.4.0 requires \
+	>= 3.12) and found none: install it (pyenv install 3.12, or apt-get install python3.12 python3.12-venv) \
 	or pass SKYRL_PYTHON=/path/to/python3.12))
-skyrl_PKGS := skyrl-gym==0.4.0 torch==2.13.0 'transformers>=4.51,<5' 'omegaconf>=2.3,<2.4' loguru ray==2.51.1 \
-	fastapi uvicorn requests 'numpy>=1.24' 'safetensors>=0.4'
-skyrl_AFTER = .venv-skyrl/bin/python $(EXTRA_PIP) --no-deps skyrl-train==0.3.1
-skyrl_CHECK := import sys, torch, transformers; from importlib.metadata import version; from skyrl_train.generators.skyrl_gym_generator import SkyRLGymGenerator; print('skyrl-train', version('skyrl-train'), 'python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__)
+skyrl_PKGS := 'skyrl[tinker,jax]==0.4.0' tinker==0.25.0 skyrl-gym==0.4.0 torch==2.13.0 loguru 'omegaconf>=2.3,<2.4' \
+	pybase64 'aiohttp>=3.9' uv==0.13.8 'numpy>=1.24' 'safetensors>=0.4'
+skyrl_AFTER := true
+skyrl_CHECK := import sys, torch, transformers, jax; from importlib.metadata import version; import skyrl.tinker.api, skyrl.backends.jax; from skyrl.train.generators.skyrl_gym_generator import SkyRLGymGenerator; print('skyrl', version('skyrl'), 'python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, 'jax', jax.__version__)
 $(eval $(call extra_venv,skyrl))
+
+# `make test-tinker`: collab_env envs trained by tinker-cookbook's own RL loop (rl.train.main) through
+# adapters/tinker.py, against SkyRL's local Tinker API server (skyrl.tinker.api) with its JAX backend
+# on CPU, over HTTP on 127.0.0.1. Two venvs, because their transformers pins do not meet:
+# * .venv-tinker (the client; Python $(PYTHON)): tinker-cookbook 0.5.0 (transformers <= 5.5.4) with
+#   the tinker client 0.25.0 and the CPU torch of constraints.txt (the cookbook imports torch).
+# * .venv-skyrl (the server; see test-skyrl): skyrl 0.4.0 (transformers >= 5.6.1) on Python 3.12.
+# The API server starts its engine as `uv run <the uv flags it was started with> -m skyrl.tinker.engine`:
+# the tests start the server with the real uv of .venv-skyrl as `uv run --no-project --python
+# .venv-skyrl/bin/python -m skyrl.tinker.api` (no project, nothing synced, offline), so the engine
+# runs in the same venv. No site-packages patch. The tests find it through TINKER_SERVER_PYTHON.
+tinker_PKGS := tinker-cookbook==0.5.0 tinker==0.25.0 torch==2.13.0
+tinker_AFTER := true
+tinker_CHECK := import sys, tinker, tinker_cookbook, transformers, torch; from importlib.metadata import version; print('tinker-cookbook', version('tinker-cookbook'), 'tinker', tinker.__version__, 'python', sys.version.split()[0], 'transformers', transformers.__version__, 'torch', torch.__version__)
+$(eval $(call extra_venv,tinker))
+
+test-tinker: .venv-skyrl/.installed
+test-tinker: export TINKER_SERVER_PYTHON = $(CURDIR)/.venv-skyrl/bin/python

@@ -70,7 +70,7 @@ def _unchecked(module: str) -> bool:
 
 #: The folders whose Python files are checked for imports (tests and scripts import too).
 SOURCE_DIRS = ("collab_env", "agents", "adapters", "tests", "tests_vllm", "tests_verl",
-               "tests_verifiers", "tests_skyrl", "benchmarks", "examples", "tools")
+               "tests_verifiers", "tests_skyrl", "tests_tinker", "benchmarks", "examples", "tools")
 #: Other files that may quote an import path.
 TEXT_FILES = ("README.md", "CONTRIBUTING.md", "Makefile", "pyproject.toml", "setup.cfg", "setup.py")
 

@@ -150,6 +150,16 @@ def _vllm_probe() -> None:
         resolve_policy("vllm:Qwen/Qwen2.5-0.5B-Instruct")
 
 
+def _tinker_probe() -> None:
+    """Without tinker-cookbook, the adapter says which extra to install."""
+    from collab_env.errors import MissingDependencyError
+
+    if importlib.util.find_spec("tinker_cookbook") is not None:
+        pytest.skip("tinker-cookbook is installed here: tests_tinker/ runs the adapter for real")
+    with pytest.raises(MissingDependencyError, match=r"collab_env\[tinker\]"):
+        importlib.import_module("collab_env.adapters.tinker")
+
+
 #: block id -> (why it is not executed, the modules of the missing extra, a probe).
 NOT_RUN: dict[str, tuple[str, tuple[str, ...], Callable[[], None]]] = {
     "Policies and simulators #2": (
@@ -157,6 +167,12 @@ NOT_RUN: dict[str, tuple[str, tuple[str, ...], Callable[[], None]]] = {
         ".venv-vllm and tests_vllm/ runs the backend), and the model id needs the hub",
         ("vllm",),
         _vllm_probe,
+    ),
+    "Train with Tinker": (
+        "tinker-cookbook caps transformers below make test's venv (make test-tinker builds .venv-tinker "
+        "and trains through SkyRL's local Tinker server there), and the block needs a running service",
+        ("tinker_cookbook", "tinker", "collab_env.adapters.tinker"),
+        _tinker_probe,
     ),
 }
 
@@ -171,8 +187,8 @@ def _check_imports(code: str, missing_extra: tuple[str, ...]) -> None:
         else:
             continue
         for mod, names in mods:
-            if mod.split(".")[0] in missing_extra:
-                continue
+            if mod.split(".")[0] in missing_extra or mod in missing_extra:
+                continue  # the extra's packages, or a module of ours that needs them (the probe's job)
             module = importlib.import_module(mod)
             for name in names:
                 assert hasattr(module, name) or importlib.util.find_spec(f"{mod}.{name}"), (

@@ -1,7 +1,7 @@
 """Fixtures of the SkyRL tests (run by ``make test-skyrl`` in ``.venv-skyrl``, never by ``make test``).
 
-SkyRL's real ``SkyRLGymGenerator`` runs over SkyRL's real ``InferenceEngineClient``, whose one
-engine is a fake: it serves a real tiny model's tokens (generation with transformers on CPU through
+SkyRL's real ``SkyRLGymGenerator`` (skyrl 0.4.0, ``skyrl.train``) runs over an inference engine that
+is a fake: it serves a real tiny model's tokens (generation with transformers on CPU through
 collab_env's HF backend, at the sampling params SkyRL sends) in SkyRL's ``InferenceEngineOutput``
 form, and records every call, so a SkyRL trajectory can be compared token for token with the ids the
 model returned and with collab_env's own replay of the same episode. Training (Ray workers,
@@ -16,7 +16,7 @@ import os
 os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
 
 import pytest  # noqa: E402
-from skyrl_train.inference_engines.base import InferenceEngineInterface  # noqa: E402
+from skyrl.backends.skyrl_train.inference_servers.base import InferenceEngineInterface  # noqa: E402
 
 
 class TinyEngine(InferenceEngineInterface):
@@ -24,7 +24,7 @@ class TinyEngine(InferenceEngineInterface):
     log-probs of collab_env's HF backend's token-level generation for each prompt, reading the
     vLLM sampling keys SkyRL sends (``max_tokens``, ``temperature``, ``top_p``, ``top_k``,
     ``logprobs``); the text is decoded without special tokens, as vLLM does under SkyRL's
-    ``skip_special_tokens=True``. The weight-sync and HTTP surface is not used by the generator."""
+    ``skip_special_tokens=True``. The weight-sync, chat and HTTP surface is not used by the generator."""
 
     def __init__(self, model, tokenizer):
         from collab_env.agents.hf import HFPolicy
@@ -32,9 +32,14 @@ class TinyEngine(InferenceEngineInterface):
         self.generator = HFPolicy(model, tokenizer, device="cpu", name="tiny-engine")
         self.tokenizer = tokenizer
         self.calls: list[dict] = []
+        self.finished: list = []
 
-    async def generate(self, input_batch):
-        from skyrl_train.inference_engines.base import InferenceEngineOutput
+    @property
+    def model_name(self) -> str:
+        return "tiny"
+
+    async def generate(self, input_batch, model=None):
+        from skyrl.backends.skyrl_train.inference_servers.base import InferenceEngineOutput
 
         from collab_env.policy import SamplingParams
 
@@ -46,7 +51,8 @@ class TinyEngine(InferenceEngineInterface):
         prompts = [list(p) for p in input_batch["prompt_token_ids"]]
         done = await asyncio.to_thread(self.generator.generate_tokens, prompts, params, [0] * len(prompts))
         out = InferenceEngineOutput(responses=[], response_ids=[], stop_reasons=[],
-                                    response_logprobs=[] if sp.get("logprobs") is not None else None)
+                                    response_logprobs=[] if sp.get("logprobs") is not None else None,
+                                    prompt_logprobs=None, rollout_expert_indices=None, rollout_sample_support=None)
         for prompt, c in zip(prompts, done, strict=True):
             text = self.tokenizer.decode(list(c.token_ids), skip_special_tokens=True)
             call = {"prompt_ids": prompt, "token_ids": list(c.token_ids), "logprobs": list(c.logprobs),
@@ -62,17 +68,13 @@ class TinyEngine(InferenceEngineInterface):
     def _unused(self, *args, **kwargs):
         raise NotImplementedError("not used by SkyRLGymGenerator.generate")
 
-    chat_completion = completion = wake_up = sleep = init_weight_update_communicator = _unused
-    update_named_weights = teardown = reset_prefix_cache = abort_generation = _unused
+    get_endpoint_url = chat_completion = render_chat_completion = completion = wake_up = sleep = _unused
+    update_named_weights = load_lora_adapter = teardown = reset_prefix_cache = _unused
+    pause_generation = resume_generation = get_world_size = _unused
 
-    def tp_size(self) -> int:
-        return 1
-
-    def pp_size(self) -> int:
-        return 1
-
-    def dp_size(self) -> int:
-        return 1
+    async def finish_session(self, session_id) -> None:
+        """The generator closes each trajectory's session (for session-aware routing): recorded."""
+        self.finished.append(session_id)
 
 
 @pytest.fixture

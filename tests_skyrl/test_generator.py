@@ -1,8 +1,7 @@
-"""SkyRL's real generator (skyrl-train 0.3.1 ``SkyRLGymGenerator``) over the collab_env SkyRL env.
+"""SkyRL's real generator (skyrl 0.4.0, ``skyrl.train``'s ``SkyRLGymGenerator``) over the collab_env SkyRL env.
 
-The generator is built as SkyRL's trainer builds it, from SkyRL's own default config
-(``ppo_base_config.yaml`` with ``skyrl_gym_config/default.yaml``), over SkyRL's
-``InferenceEngineClient`` with the tiny-model engine of conftest.py. It plays dataset rows of
+The generator is built as SkyRL's trainer builds it, from SkyRL's own default config (the typed
+``SkyRLTrainConfig``), over the tiny-model engine of conftest.py. It plays dataset rows of
 :func:`collab_env.adapters.skyrl.dataset` through envs made by :func:`collab_env.adapters.skyrl.register`;
 the reference is collab_env's own replay of the same episode (same env seed, same task item, the
 replies the engine served), read by :func:`collab_env.rollout.turn_rewards`.
@@ -14,14 +13,12 @@ get the same MR at every move, so per-move credit could not be told from one epi
 from __future__ import annotations
 
 import asyncio
-import importlib.resources
 
 import pytest
-from omegaconf import OmegaConf
-from skyrl_train.generators.skyrl_gym_generator import SkyRLGymGenerator
-from skyrl_train.generators.utils import prepare_generator_input
-from skyrl_train.inference_engines.inference_engine_client import InferenceEngineClient
-from skyrl_train.inference_engines.utils import get_sampling_params_for_backend
+from skyrl.backends.skyrl_train.inference_servers.engine_utils import get_sampling_params_for_backend
+from skyrl.train.config import SkyRLTrainConfig
+from skyrl.train.generators.skyrl_gym_generator import SkyRLGymGenerator
+from skyrl.train.generators.utils import prepare_generator_input
 
 import collab_env
 from collab_env.adapters.skyrl import dataset, register
@@ -39,15 +36,15 @@ ROWS = {"indices": [0, 2, 3], "seed": 4}
 
 
 def skyrl_config(**generator):
-    """SkyRL's default config, as its trainer composes it, with ``generator`` overrides."""
-    root = importlib.resources.files("skyrl_train") / "config"
-    cfg = OmegaConf.load(root / "ppo_base_config.yaml")
-    cfg.environment.skyrl_gym = OmegaConf.load(root / "skyrl_gym_config" / "default.yaml")
+    """SkyRL's default config (its typed ``SkyRLTrainConfig``) with ``generator`` overrides."""
+    cfg = SkyRLTrainConfig()
     cfg.trainer.policy.model.path = "tiny"
     cfg.generator.max_input_length = 4096
     cfg.generator.max_turns = 10
-    cfg.generator.sampling_params.update(max_generate_length=MAX_NEW, temperature=1.0, logprobs=0)
-    cfg.generator.update(generator)
+    sp = cfg.generator.sampling_params
+    sp.max_generate_length, sp.temperature, sp.logprobs = MAX_NEW, 1.0, 0
+    for k, v in generator.items():
+        setattr(cfg.generator, k, v)
     return cfg
 
 
@@ -56,8 +53,7 @@ def generate(engine, tok, rows, **generator):
     ``prepare_generator_input`` from the rows as its ``PromptDataset`` gives them (the columns other
     than ``prompt`` and ``env_class`` become the env's extras), with the vLLM sampling params."""
     cfg = skyrl_config(**generator)
-    client = InferenceEngineClient([engine], tok, cfg)
-    gen = SkyRLGymGenerator(cfg.generator, cfg.environment.skyrl_gym, client, tok, "tiny")
+    gen = SkyRLGymGenerator(cfg.generator, cfg.environment.skyrl_gym, engine, tok, "tiny")
     prompts = [{"prompt": r["prompt"], "env_class": r["env_class"], "uid": str(k),
                 "env_extras": {c: v for c, v in r.items() if c not in ("prompt", "env_class")}}
                for k, r in enumerate(rows)]
@@ -77,7 +73,7 @@ def rows_and_env():
 def calls_of(engine, tok, row):
     """The engine's calls of ``row``'s trajectory, in order: those whose prompt starts with the row's
     templated opening (the rows' openings differ)."""
-    first = tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)
+    first = tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
     calls = [c for c in engine.calls if c["prompt_ids"][:len(first)] == first]
     return first, calls
 
@@ -118,6 +114,7 @@ def test_loss_mask_is_one_exactly_on_the_served_tokens_and_zero_on_the_env_turns
     rows = rows_and_env()
     out = generate(engine, tok, rows)
     assert len(out["response_ids"]) == len(rows)
+    assert len(engine.finished) == len(rows), "each trajectory's session is closed"
     for i, row in enumerate(rows):
         first, calls = calls_of(engine, tok, row)
         assert len(calls) >= 2, "a multi-turn episode"

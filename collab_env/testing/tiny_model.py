@@ -3,7 +3,7 @@
 :func:`build_tiny_chat_model` writes a complete Hugging Face model folder in about a tenth of a
 second: a byte-level BPE tokenizer trained with ``tokenizers`` on a few KB of text, wrapped in
 ``PreTrainedTokenizerFast`` with a ChatML chat template, and a randomly initialised 2-layer,
-hidden-64 Qwen2 model (one 64-wide attention head, so the vLLM CPU build accepts it too).
+hidden-64 Qwen2 model (or Qwen3, ``architecture="qwen3"``) (one 64-wide attention head, so the vLLM CPU build accepts it too).
 
 The weights are random, so the text is gibberish; what the tests check is the plumbing (batching,
 padding, token ids, log-probs, stop strings, adapters), which does not need a trained model.
@@ -47,21 +47,30 @@ TRAINING_TEXT = "\n".join(
 )
 
 
-def build_tiny_chat_model(path: str | Path, *, seed: int = 0, vocab_size: int = 384) -> Path:
+def build_tiny_chat_model(
+    path: str | Path, *, seed: int = 0, vocab_size: int = 384, architecture: str = "qwen2"
+) -> Path:
     """Write a tiny chat model folder (config, weights, tokenizer, chat template) to ``path``.
 
     Args:
         path: Folder to create (may exist).
         seed: Seed of the weight initialisation: the same seed gives the same weights.
         vocab_size: Target BPE vocabulary size (bytes, merges and the special tokens).
+        architecture: ``"qwen2"`` (default) or ``"qwen3"`` (the same sizes as a Qwen3 model, for
+            engines that serve Qwen3 but not Qwen2, such as SkyRL's JAX Tinker backend).
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
     """
     import torch
+    import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerFast
 
+    classes = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}
+    if architecture not in classes:
+        raise ValueError(f"architecture={architecture!r}: choose one of {sorted(classes)}.")
+    config_class, model_class = (getattr(transformers, n) for n in classes[architecture])
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
 
@@ -84,7 +93,7 @@ def build_tiny_chat_model(path: str | Path, *, seed: int = 0, vocab_size: int = 
     tokenizer.chat_template = CHATML_TEMPLATE
     tokenizer.save_pretrained(path)
 
-    config = Qwen2Config(
+    config = config_class(
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
@@ -101,7 +110,7 @@ def build_tiny_chat_model(path: str | Path, *, seed: int = 0, vocab_size: int = 
     # fork_rng: building the model must not disturb the caller's global torch RNG.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
+        model = model_class(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(path)
