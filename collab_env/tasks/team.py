@@ -94,6 +94,7 @@ Version history
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -354,7 +355,17 @@ def named_facts(question: str, scenario: str, objects: Sequence[tuple[str, str]]
             words) count, and the object and the keyword must be the agent's own words;
             ``"keyword"`` (legacy v0): every clause.
         quoted: The user's texts (the opening): words copied from them name nothing.
+
+    A pure function of its arguments, kept for the last 4,096 distinct ones: an episode's
+    messages recur across seeds and policies, and parsing their clauses is most of a step's work.
     """
+    return list(_named_facts(question, scenario, tuple((one, many) for one, many in objects), rule,
+                             tuple(quoted)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _named_facts(question: str, scenario: str, objects: tuple[tuple[str, str], ...], rule: str,
+                 quoted: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     sc = _SCENARIO_BY_NAME[scenario]
     named: set[tuple[str, str]] = set()
     if rule in ("question", "syntax"):
@@ -366,7 +377,7 @@ def named_facts(question: str, scenario: str, objects: Sequence[tuple[str, str]]
                     named.add((one, "unit"))
                 elif c.names_any(sc.count.keywords):
                     named.add((one, "count"))
-        return [(one, kind) for one, _ in objects for kind in _KINDS if (one, kind) in named]
+        return tuple((one, kind) for one, _ in objects for kind in _KINDS if (one, kind) in named)
     clauses = [c.strip().lower() for c in re.split(r"[?.!;\n]+", question) if c.strip()]
     for clause in clauses:
         for one, many in objects:
@@ -376,7 +387,7 @@ def named_facts(question: str, scenario: str, objects: Sequence[tuple[str, str]]
                 named.add((one, "unit"))
             elif any(k in clause for k in sc.count.keywords):
                 named.add((one, "count"))
-    return [(one, kind) for one, _ in objects for kind in _KINDS if (one, kind) in named]
+    return tuple((one, kind) for one, _ in objects for kind in _KINDS if (one, kind) in named)
 
 
 def split_message(text: str) -> tuple[str, str]:

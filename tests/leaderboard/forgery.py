@@ -1,11 +1,47 @@
 """What a hostile submitter does to an LLM-user track's entry: one simulator reply forged, both in
-the recorded calls (``calls.sqlite``) and in the episode's trajectory record."""
+the recorded calls (``calls.sqlite``) and in the episode's trajectory record; and the honest entry
+it starts from (:func:`honest_entry`), played once per test run and copied by each test."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sqlite3
 from pathlib import Path
+from typing import Any
+
+
+def forgery_track() -> Any:
+    """The LLM-user track (the embedded model plays the user) cut to 4 steps an episode."""
+    from collab_env.leaderboard.tracks import Track, get_track
+
+    base = get_track("hidden-facts-easy-llm-user@v2")
+    return Track.from_dict({**base.to_dict(), "name": "llm-user-forgery",
+                            "env_kwargs": {**base.env_kwargs, "max_steps": 4}})
+
+
+def honest_entry(root: Path) -> Path:
+    """An honest 3-episode entry of ``ask-then-answer`` on :func:`forgery_track`, played into
+    ``root / "llm-user-forgery-entry"`` by the first caller; the others (other xdist workers
+    too, under the lock) get the same folder. Copy it before editing it."""
+    from collab_env.agents.embedded import _file_lock
+    from collab_env.leaderboard.submission import run_submission
+
+    folder = root / "llm-user-forgery-entry"
+    with _file_lock(root / "llm-user-forgery-entry.lock"):
+        if not (folder / "submission.json").is_file():
+            tmp = root / f"llm-user-forgery-entry.tmp-{os.getpid()}"
+            run_submission(forgery_track(), {"assistant": "ask-then-answer"}, out=tmp, episodes=3,
+                           progress=False)
+            os.replace(tmp, folder)
+    return folder
+
+
+def copy_entry(entry: Path, dst: Path) -> Path:
+    """A private copy of the honest entry at ``dst``."""
+    shutil.copytree(entry, dst)
+    return dst
 
 
 def forge_last_user_reply(folder: Path, record: dict, forged: str) -> str:

@@ -252,8 +252,9 @@ def test_the_default_regeneration_catches_one_forged_episode_with_the_stated_pro
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2400)  # two passes of the embedded user (~16 min each on 2 cores under load)
-def test_a_forged_reply_is_caught_by_the_default_verify(tmp_path):
+@pytest.mark.timeout(2400)  # two passes of the embedded user (~16 min each on 2 cores under load; the
+# first is the shared honest entry's, played by whichever of this and the tamper test asks first)
+def test_a_forged_reply_is_caught_by_the_default_verify(tmp_path, honest_llm_user_entry):
     """The LLM-user track (the embedded model plays the user): the submitter forges the user's
     last reply of episode 0 in calls.sqlite and in the trajectory and rewrites the digests.
     Before, ``verify`` regenerated 2 episodes: with this draw (seed 0: episodes 1 and 2) the
@@ -261,19 +262,14 @@ def test_a_forged_reply_is_caught_by_the_default_verify(tmp_path):
     ``verify`` finds the track in the board's own ``tracks/`` folder."""
     import random
 
-    from collab_env.leaderboard.submission import run_submission
-    from tests.leaderboard.forgery import forge_last_user_reply
-    from collab_env.leaderboard.tracks import Track
+    from tests.leaderboard.forgery import copy_entry, forge_last_user_reply, forgery_track
 
     assert sorted(random.Random(0).sample([0, 1, 2], 2)) == [1, 2]  # the old default's draw with seed 0
-    base = get_track("hidden-facts-easy-llm-user@v2")
-    track = Track.from_dict({**base.to_dict(), "name": "llm-user-forgery",
-                             "env_kwargs": {**base.env_kwargs, "max_steps": 4}})
+    track = forgery_track()
     root = tmp_path / "board"
     (root / "tracks").mkdir(parents=True)
     (root / "tracks" / f"{track.id}.json").write_text(json.dumps(track.to_dict()))
-    folder = root / "llm-user-forgery" / "v1" / "e"
-    run_submission(track, {"assistant": "ask-then-answer"}, out=folder, episodes=3, progress=False)
+    folder = copy_entry(honest_llm_user_entry, root / "llm-user-forgery" / "v1" / "e")
     recs = [json.loads(x) for x in (folder / "trajectories.jsonl").read_text().splitlines()]
     r = next(r for r in recs if r["episode_id"] == 0)
     forge_last_user_reply(folder, r, "I have 3 boxes. Each box weighs 4 kilograms.")

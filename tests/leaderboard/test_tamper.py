@@ -228,21 +228,17 @@ def test_the_build_still_writes_the_page_with_every_tampered_entry_marked(tamper
 
 
 @pytest.mark.slow
-def test_a_forged_user_reply_in_the_calls_is_caught_by_regenerating(tmp_path):
+@pytest.mark.timeout(2400)  # the first test of a run to ask for the honest entry also plays it
+def test_a_forged_user_reply_in_the_calls_is_caught_by_regenerating(tmp_path, honest_llm_user_entry):
     """The LLM-user track: the submitter edits the embedded user's *last* reply in calls.sqlite
     and in the trajectory alike (no later call depends on it, so the replay of the recorded calls
     cannot see it), and rewrites the digests. Replaying the cache verifies it; regenerating the
     episode with the track's own model names the episode and the message."""
 
-    from collab_env.leaderboard.submission import run_submission
-    from tests.leaderboard.forgery import forge_last_user_reply
-    from collab_env.leaderboard.tracks import Track, get_track
+    from tests.leaderboard.forgery import copy_entry, forge_last_user_reply, forgery_track
 
-    base = get_track("hidden-facts-easy-llm-user@v2")
-    track = Track.from_dict({**base.to_dict(), "name": "llm-user-forgery",
-                             "env_kwargs": {**base.env_kwargs, "max_steps": 4}})
-    folder = tmp_path / "llm"
-    run_submission(track, {"assistant": "ask-then-answer"}, out=folder, episodes=3, progress=False)
+    track = forgery_track()
+    folder = copy_entry(honest_llm_user_entry, tmp_path / "llm")
     assert verify_submission(folder, track=track, full=True).ok
     recs = _lines(folder)
     r = recs[0]

@@ -63,6 +63,23 @@ def test_named_facts_reads_object_and_kind_per_clause():
     assert named_facts("How many minibuses?", "trip", objects) == []
 
 
+def test_named_facts_parses_a_repeated_question_once_and_hands_out_fresh_lists():
+    from collab_env.tasks import team
+
+    objects = [("bus", "buses"), ("coach", "coaches")]
+    q = "How many seats does each bus have? And coaches, how many?"
+    team._named_facts.cache_clear()
+    first = named_facts(q, "trip", objects)
+    first.append(("edited", "by the caller"))
+    assert named_facts(q, "trip", tuple(objects)) == [("bus", "unit"), ("coach", "count")]
+    assert team._named_facts.cache_info().hits == 1  # the clauses were parsed once
+    # every argument is part of the key: another rule, quoted text or object list is parsed anew
+    assert named_facts(q, "trip", objects, rule="keyword") == [("bus", "unit"), ("coach", "count")]
+    assert named_facts(q, "trip", objects, quoted=[q]) == []  # the user's own question pasted back
+    assert named_facts(q, "trip", objects[:1]) == [("bus", "unit")]
+    assert team._named_facts.cache_info().hits == 1
+
+
 def test_split_message_separates_team_lines():
     q, note = split_message("How many pizzas?\nTEAM: I take pizzas\n  team: you take cakes")
     assert q == "How many pizzas?" and note == "I take pizzas\nyou take cakes"
