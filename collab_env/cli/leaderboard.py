@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
-from collab_env.cli._common import PROG, parse_pairs, parse_sampling, table
+from collab_env.cli._common import PROG, add_connection_args, parse_policies, parse_sampling, table
 from collab_env.cli.output import Writer
 from collab_env.errors import ConfigError
 
@@ -34,6 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--concurrency", type=int, default=8, help="episodes in flight (default 8)")
     r.add_argument("--data-files", nargs="+", metavar="F", help="the track's data files (tracks on data)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_connection_args(r)
     _tracks_arg(r)
     v = lb.add_parser("verify", help="re-play a submission offline; exit 1 with the reasons if it does not match")
     v.add_argument("submission", help="submission folder")
@@ -84,8 +86,9 @@ def run(args: argparse.Namespace, out: Writer) -> int:
         from collab_env.leaderboard.submission import load_submission, run_submission
         from collab_env.leaderboard.tracks import get_track
 
-        policies = parse_pairs(args.policy, "--policy", "--policy assistant=ask-then-answer")
         track = get_track(args.track, args.tracks)
+        _check_connection_roles(args, track)
+        policies, _ = parse_policies(args)
         path = run_submission(track, policies, out=args.out, name=args.name, model=args.model,
                               sampling=parse_sampling(args.sampling), data_files=args.data_files,
                               episodes=args.episodes, custom=args.custom or (),
@@ -130,6 +133,18 @@ def run(args: argparse.Namespace, out: Writer) -> int:
     print(f"{len(data['entries'])} entries ({n_ok} verified{extra}) on {len(data['tracks'])} tracks: {written}",
           file=out)
     return 0
+
+
+def _check_connection_roles(args: argparse.Namespace, track: Any) -> None:
+    """``--api-base``/``--api-key-env`` connect submitted players only: the server of a role the
+    track fixes (its user simulator, its judge) is the track file's (``api_base``, ``api_key_env``)."""
+    for flag, items in (("--api-base", args.api_base), ("--api-key-env", args.api_key_env)):
+        for item in items or ():
+            role = item.partition("=")[0]
+            if role in track.players or (role == "judge" and track.judge is not None):
+                raise ConfigError(f"{flag} {role}=...: track {track.id} fixes the {role}, and where it is served; "
+                                  f"its track file names the server ({role}: \"api_base\", \"api_key_env\"). "
+                                  f"{flag} connects the submitted players {list(track.submitted)}.")
 
 
 def _sign(args: argparse.Namespace, out: Writer) -> int:
