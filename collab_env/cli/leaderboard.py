@@ -52,6 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--key", required=True,
                    help="the Ed25519 private key file (its public key pinned in collab_env.leaderboard.signing)")
     g.add_argument("--reverify", action="store_true", help="re-play every entry first")
+    _board_data_arg(g)
     _tracks_arg(g, "DIRECTORY/tracks")
     b = lb.add_parser("build", help="write the static HTML page of a folder of submissions")
     b.add_argument("directory", help="folder of submission folders (e.g. benchmarks/leaderboard)")
@@ -60,7 +61,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--reverify", action="store_true",
                    help="re-play every submission, ignoring the kept verdicts (in the user cache, keyed by "
                         "DIRECTORY's path) and the signed ones")
+    _board_data_arg(b)
     _tracks_arg(b, "DIRECTORY/tracks")
+
+
+def _board_data_arg(q: argparse.ArgumentParser) -> None:
+    q.add_argument("--data-files", nargs="+", metavar="F",
+                   help="data files of the entries on tracks that read data; each entry is re-played with the "
+                        "files whose SHA-256 it recorded")
 
 
 def _tracks_arg(q: argparse.ArgumentParser, default: str | None = None) -> None:
@@ -119,7 +127,7 @@ def run(args: argparse.Namespace, out: Writer) -> int:
     from collab_env.leaderboard.board import board_data
 
     data = board_data(args.directory, verify=not args.no_verify, reverify=args.reverify, tracks_dir=args.tracks,
-                      progress=lambda line: print(line, file=sys.stderr, flush=True))
+                      data_files=args.data_files, progress=lambda line: print(line, file=sys.stderr, flush=True))
     target = Path(args.out) if args.out else Path(args.directory) / "index.html"
     try:
         from collab_env.leaderboard.page import build_page
@@ -158,7 +166,7 @@ def _sign(args: argparse.Namespace, out: Writer) -> int:
 
     directory = Path(args.directory)
     data = board_data(directory, verify=True, reverify=args.reverify, num_boot=10, full=True, tracks_dir=args.tracks,
-                      progress=lambda line: print(line, file=sys.stderr, flush=True))
+                      data_files=args.data_files, progress=lambda line: print(line, file=sys.stderr, flush=True))
     stamps, _ = read_stamps(directory)
     listed = {Path(e["path"]).resolve().relative_to(directory.resolve()).as_posix() for e in data["entries"]}
     signed = sign_verdicts({rel: s for rel, s in stamps.items() if rel in listed}, args.key)
