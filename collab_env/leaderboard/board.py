@@ -369,7 +369,10 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
     # 2. Re-play those entries, several at once; each verdict as it finishes.
     if verify:
         todo = [f for f in readable if not verdicts.covers(f.rel, f.track, full)]
-        verdicts.replayed = _replay_entries(todo, total, workers, say, full, data_files)
+        by_digest = {d["sha256"]: path for d, path in zip(data_file_digests(data_files), data_files or ())}
+        # an entry re-played without its data files is refused for that alone: not a verdict to keep
+        verdicts.unkept = {f.rel for f in todo if f.track.data and _entry_data_files(f.sub, by_digest) is None}
+        verdicts.replayed = _replay_entries(todo, total, workers, say, full, by_digest)
     # 3. Every entry's row, in folder order.
     entries: list[dict[str, Any]] = []
     records_of: dict[str, list[dict[str, Any]]] = {}
@@ -416,13 +419,15 @@ class _Verdicts:
     (``stamps``, from :func:`stamps_file`) and signed by the maintainers (``signed``), the digest
     each verdict must name to count (``keys``), this build's re-plays (``replayed``: relative
     path -> the :class:`~collab_env.leaderboard.verify.Verification` or the exception, and
-    seconds) and the stamps it writes back (``fresh``)."""
+    seconds) and the stamps it writes back (``fresh``; never those of ``unkept``: entries on a
+    track that reads data, re-played without their files)."""
 
     stamps: dict[str, Any] = field(default_factory=dict)
     signed: dict[str, Any] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)
     replayed: dict[str, tuple[Any, float]] = field(default_factory=dict)
     fresh: dict[str, Any] = field(default_factory=dict)
+    unkept: set[str] = field(default_factory=set)
 
     @classmethod
     def kept_in(cls, directory: Path, say: Callable[[str], None], *, stamps: bool = True,
@@ -528,17 +533,18 @@ def _read_folders(directory: Path, tracks: dict[str, Track], verdicts: _Verdicts
 
 def _replay_entries(todo: Sequence[_Folder], total: int, workers: int | None,
                     say: Callable[[str], None], full: bool = False,
-                    data_files: Sequence[str] | None = None) -> dict[str, tuple[Any, float]]:
+                    by_digest: Mapping[str, str] | None = None) -> dict[str, tuple[Any, float]]:
     """Verify the entries ``todo``, ``workers`` at once (threads): relative path -> the
     verification (or the exception it raised, reported on the entry, never fatal) and its
     seconds; one progress line per entry as it finishes. An entry on a track that reads data
-    is given the files of ``data_files`` whose SHA-256 it recorded (:func:`_entry_data_files`)."""
+    is given the data files it recorded, from ``by_digest`` (SHA-256 -> path;
+    :func:`_entry_data_files`)."""
     import time
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from collab_env.leaderboard.verify import verify_submission
 
-    by_digest = {d["sha256"]: path for d, path in zip(data_file_digests(data_files), data_files or ())}
+    by_digest = by_digest or {}
 
     def replay(folder: Path, t: Track, sub: Mapping[str, Any]) -> tuple[Any, float]:
         t0 = time.perf_counter()
@@ -587,7 +593,8 @@ def _entry_row(f: _Folder, verdicts: _Verdicts | None, seed: int,
         verified = False
         if verdicts is not None:
             stamp, how = verdicts.verdict(f.rel)
-            verdicts.fresh[f.rel] = stamp
+            if f.rel not in verdicts.unkept:
+                verdicts.fresh[f.rel] = stamp
             verified, problems = bool(stamp["ok"]), [_clip(str(p), 500) for p in list(stamp["problems"])[:5]]
             regenerated = stamp.get("regenerated") if needs_regeneration(f.track) else None
             if not verified and how:
