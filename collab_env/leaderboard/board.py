@@ -573,9 +573,10 @@ def _entry_data_files(sub: Mapping[str, Any], by_digest: Mapping[str, str]) -> l
     """The given data files an entry was played on, in its recorded order (matched by SHA-256),
     or ``None`` when it recorded none or one of its files was not given."""
     recorded = [d.get("sha256") for d in sub.get("data_files") or () if isinstance(d, Mapping)]
-    if not recorded or not all(isinstance(h, str) and h in by_digest for h in recorded):
+    digests = [h for h in recorded if isinstance(h, str) and h in by_digest]
+    if not recorded or len(digests) != len(recorded):
         return None
-    return [by_digest[h] for h in recorded]
+    return [by_digest[h] for h in digests]
 
 
 def _entry_row(f: _Folder, verdicts: _Verdicts | None, seed: int,
