@@ -1,4 +1,4 @@
-"""The CollabLLM path end to end, in one command: rows -> data -> SFT -> MR-GRPO -> board -> verify.
+"""The CollabLLM path end to end, in one command: rows -> data -> SFT -> MR-GRPO -> board -> verify -> build.
 
 1. **rows**: CollabLLM-schema rows. Tiny form: the ``collab_env.testing`` fixture rows, written
    as a local copy of a hub dataset. Full form: ``--dataset`` (a hub id or a local folder).
@@ -12,6 +12,8 @@
 5. **board**: ``collab-env leaderboard run`` of the collabllm track with the GRPO model as the
    assistant, on ``rl_validation.parquet`` (held out: never trained on), then
    ``collab-env leaderboard verify`` of that submission.
+6. **build**: ``collab-env leaderboard build`` of a board holding that entry (given the held-out
+   file, which it re-plays the entry on): the static page, ``<work>/board.html``.
 
 It shows the path works; it makes no learning claim (a few steps of a tiny or small model).
 Each stage prints one line (``[stage] ... (N s)``) and the run writes ``summary.json`` in
@@ -139,6 +141,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t = time.perf_counter()
     _cli(["leaderboard", "verify", str(entry), "--data-files", held_out])
     _stage("verify", summary, t, "verified")
+    t = time.perf_counter()
+    page = work / "board.html"
+    _cli(["leaderboard", "build", str(entry), "--data-files", held_out, "--out", str(page)])
+    _stage("build", summary, t, f"page {page}")
     summary["seconds"] = round(sum(s["seconds"] for s in summary["stages"].values()), 1)
     (work / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"[done] {summary['seconds']} s; summary: {work / 'summary.json'}", flush=True)

@@ -2,7 +2,8 @@
 
 Fixture rows -> ``collab-env data`` (the recipe's command line) -> SFT steps -> MR-GRPO steps
 (embedded user and judge) -> ``leaderboard run`` of the collabllm track on the held-out RL split
--> ``leaderboard verify``. It shows the stages join; it makes no learning claim.
+-> ``leaderboard verify`` -> ``leaderboard build`` of a board holding that entry (given the held-out
+file). It shows the stages join; it makes no learning claim.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ def test_the_tiny_form_runs_every_stage_and_the_entry_verifies(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     stages = [line.split("]")[0][1:] for line in run.stdout.splitlines() if line.startswith("[")]
     assert [s for s in stages if s not in ("note", "transformers")] == [
-        "rows", "data", "sft", "grpo", "board", "verify", "done"]
+        "rows", "data", "sft", "grpo", "board", "verify", "build", "done"]
     summary = json.loads((work / "summary.json").read_text())
-    assert summary["form"] == "tiny" and set(summary["stages"]) == {"rows", "data", "sft", "grpo", "board", "verify"}
+    assert summary["form"] == "tiny" and set(summary["stages"]) == {"rows", "data", "sft", "grpo", "board", "verify",
+                                                                    "build"}
     assert "rl_validation 2 rows" in summary["stages"]["data"]["result"]
     assert "2 steps" in summary["stages"]["sft"]["result"] and "2 steps" in summary["stages"]["grpo"]["result"]
     # the board entry was played on the held-out split with the GRPO model, and verifies
@@ -40,6 +42,13 @@ def test_the_tiny_form_runs_every_stage_and_the_entry_verifies(tmp_path):
     # run and verify from the command line on one local file (taken as the track's split)
     assert f"row: {submitted['track']}/entry (custom, 1 episodes" in run.stdout
     assert f"verified (1 episodes of {submitted['track']} re-played" in run.stdout
+    # build: the entry, re-played on the held-out file given to build, is a verified row of the page
+    assert "1 entries (1 verified) on " in run.stdout, run.stdout[-2000:]
+    page = (work / "board.html").read_text()
+    board = json.loads(page.split('<script type="application/json" id="board-data">', 1)[1].split("</script>", 1)[0])
+    [row] = board["entries"]
+    assert row["id"] == f"{submitted['track']}/entry" and row["name"] == "collabllm-e2e" and row["verified"]
+    assert row["kind"] == "custom" and row["episodes"] == 1
     # the SFT stage trained on the recipe's rows (column prompt) and GRPO started from its model
     assert (work / "sft" / "checkpoint" / "model_0" / "config.json").is_file()
     assert (work / "grpo" / "checkpoint" / "model_0" / "config.json").is_file()

@@ -9,6 +9,7 @@
     collab-env eval ID --policy P=SPEC ...      evaluation run, results to a JSONL file
     collab-env data --data_files F --output_dir D   CollabLLM RL/SFT/DPO datasets
     collab-env leaderboard run|verify|build|tracks  leaderboard tracks, submissions and page
+    collab-env model-dir                        the embedded model's folder (converted once)
 
 A policy ``SPEC`` is an alias (``ask-then-answer``, ``answer-at-once``...), ``default`` (the
 spec's default policy for that player) or ``module:Class``. ``--import MODULE`` (before the
@@ -27,7 +28,8 @@ status, so the CLI is testable in-process.
 The package: :mod:`~collab_env.cli.app` (the parser and :func:`main`), one module per command
 (:mod:`~collab_env.cli.list`, :mod:`~collab_env.cli.info`, :mod:`~collab_env.cli.check`,
 :mod:`~collab_env.cli.play`, :mod:`~collab_env.cli.eval`, :mod:`~collab_env.cli.data`,
-:mod:`~collab_env.cli.leaderboard`: each adds its options to the parser and runs the command),
+:mod:`~collab_env.cli.leaderboard`, :mod:`~collab_env.cli.model_dir`: each adds its options to the
+parser and runs the command),
 :mod:`~collab_env.cli.output` (the output stream, OS errors as one line) and the helpers they
 share. ``python -m collab_env.cli`` runs the command too.
 """

@@ -17,6 +17,7 @@ from collab_env.cli import eval as eval_cmd
 from collab_env.cli import info as info_cmd
 from collab_env.cli import leaderboard as leaderboard_cmd
 from collab_env.cli import list as list_cmd
+from collab_env.cli import model_dir as model_dir_cmd
 from collab_env.cli import play as play_cmd
 from collab_env.cli import serve as serve_cmd
 from collab_env.cli._common import PROG
@@ -27,7 +28,7 @@ from collab_env.policy import SPEC_HELP
 __all__ = ["main", "build_parser", "import_user_module"]
 
 #: The command modules, in the order ``collab-env --help`` lists them.
-COMMANDS = (list_cmd, data_cmd, info_cmd, check_cmd, play_cmd, eval_cmd, serve_cmd, leaderboard_cmd)
+COMMANDS = (list_cmd, data_cmd, info_cmd, check_cmd, play_cmd, eval_cmd, serve_cmd, leaderboard_cmd, model_dir_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,6 +147,7 @@ def _main(argv: list[str] | None, *, stdin: TextIO | None, stdout: TextIO | None
                     "serve": lambda: serve_cmd.run(args, out),
                     "play": lambda: play_cmd.run(args, out, stdin or sys.stdin),
                     "leaderboard": lambda: leaderboard_cmd.run(args, out),
+                    "model-dir": lambda: model_dir_cmd.run(args, out),
                     "data": lambda: data_cmd.run(data_argv)}
         status = commands[args.command]()
         out.flush()  # a full disk or a closed pipe behind stdout shows here, not at exit

@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
-from collab_env.cli._common import PROG, parse_pairs, parse_sampling, table
+from collab_env.cli._common import PROG, add_connection_args, parse_policies, parse_sampling, table
 from collab_env.cli.output import Writer
 from collab_env.errors import ConfigError
 
@@ -34,6 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--concurrency", type=int, default=8, help="episodes in flight (default 8)")
     r.add_argument("--data-files", nargs="+", metavar="F", help="the track's data files (tracks on data)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_connection_args(r)
     _tracks_arg(r)
     v = lb.add_parser("verify", help="re-play a submission offline; exit 1 with the reasons if it does not match")
     v.add_argument("submission", help="submission folder")
@@ -50,6 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--key", required=True,
                    help="the Ed25519 private key file (its public key pinned in collab_env.leaderboard.signing)")
     g.add_argument("--reverify", action="store_true", help="re-play every entry first")
+    _board_data_arg(g)
     _tracks_arg(g, "DIRECTORY/tracks")
     b = lb.add_parser("build", help="write the static HTML page of a folder of submissions")
     b.add_argument("directory", help="folder of submission folders (e.g. benchmarks/leaderboard)")
@@ -58,7 +61,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--reverify", action="store_true",
                    help="re-play every submission, ignoring the kept verdicts (in the user cache, keyed by "
                         "DIRECTORY's path) and the signed ones")
+    _board_data_arg(b)
     _tracks_arg(b, "DIRECTORY/tracks")
+
+
+def _board_data_arg(q: argparse.ArgumentParser) -> None:
+    q.add_argument("--data-files", nargs="+", metavar="F",
+                   help="data files of the entries on tracks that read data; each entry is re-played with the "
+                        "files whose SHA-256 it recorded")
 
 
 def _tracks_arg(q: argparse.ArgumentParser, default: str | None = None) -> None:
@@ -84,8 +94,9 @@ def run(args: argparse.Namespace, out: Writer) -> int:
         from collab_env.leaderboard.submission import load_submission, run_submission
         from collab_env.leaderboard.tracks import get_track
 
-        policies = parse_pairs(args.policy, "--policy", "--policy assistant=ask-then-answer")
         track = get_track(args.track, args.tracks)
+        _check_connection_roles(args, track)
+        policies, _ = parse_policies(args)
         path = run_submission(track, policies, out=args.out, name=args.name, model=args.model,
                               sampling=parse_sampling(args.sampling), data_files=args.data_files,
                               episodes=args.episodes, custom=args.custom or (),
@@ -116,7 +127,7 @@ def run(args: argparse.Namespace, out: Writer) -> int:
     from collab_env.leaderboard.board import board_data
 
     data = board_data(args.directory, verify=not args.no_verify, reverify=args.reverify, tracks_dir=args.tracks,
-                      progress=lambda line: print(line, file=sys.stderr, flush=True))
+                      data_files=args.data_files, progress=lambda line: print(line, file=sys.stderr, flush=True))
     target = Path(args.out) if args.out else Path(args.directory) / "index.html"
     try:
         from collab_env.leaderboard.page import build_page
@@ -132,6 +143,18 @@ def run(args: argparse.Namespace, out: Writer) -> int:
     return 0
 
 
+def _check_connection_roles(args: argparse.Namespace, track: Any) -> None:
+    """``--api-base``/``--api-key-env`` connect submitted players only: the server of a role the
+    track fixes (its user simulator, its judge) is the track file's (``api_base``, ``api_key_env``)."""
+    for flag, items in (("--api-base", args.api_base), ("--api-key-env", args.api_key_env)):
+        for item in items or ():
+            role = item.partition("=")[0]
+            if role in track.players or (role == "judge" and track.judge is not None):
+                raise ConfigError(f"{flag} {role}=...: track {track.id} fixes the {role}, and where it is served; "
+                                  f"its track file names the server ({role}: \"api_base\", \"api_key_env\"). "
+                                  f"{flag} connects the submitted players {list(track.submitted)}.")
+
+
 def _sign(args: argparse.Namespace, out: Writer) -> int:
     """``collab-env leaderboard sign DIRECTORY --key FILE``: verify the board (re-playing what this
     machine has not verified yet, every episode's calls regenerated on tracks with an LLM user or
@@ -143,7 +166,7 @@ def _sign(args: argparse.Namespace, out: Writer) -> int:
 
     directory = Path(args.directory)
     data = board_data(directory, verify=True, reverify=args.reverify, num_boot=10, full=True, tracks_dir=args.tracks,
-                      progress=lambda line: print(line, file=sys.stderr, flush=True))
+                      data_files=args.data_files, progress=lambda line: print(line, file=sys.stderr, flush=True))
     stamps, _ = read_stamps(directory)
     listed = {Path(e["path"]).resolve().relative_to(directory.resolve()).as_posix() for e in data["entries"]}
     signed = sign_verdicts({rel: s for rel, s in stamps.items() if rel in listed}, args.key)

@@ -8,7 +8,7 @@ import functools
 import sys
 from typing import TextIO
 
-from collab_env.cli._common import PROG, add_env_args, env_kwargs, parse_pairs, parse_sampling
+from collab_env.cli._common import PROG, add_connection_args, add_env_args, env_kwargs, parse_policies, parse_sampling
 from collab_env.cli.output import Writer
 from collab_env.errors import ConfigError, did_you_mean
 
@@ -26,6 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--index", type=int, help="task item index")
     q.add_argument("--sampling", action="append", metavar="PLAYER.KEY=VALUE",
                    help="sampling parameter for a policy, e.g. user.temperature=0.7; repeatable")
+    add_connection_args(q)
     add_env_args(q)
 
 
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace, out: Writer, inp: TextIO) -> int:
     if player not in s.players:
         raise ConfigError(f"--player {player!r} is not a player of {s.id}; players: {list(s.players)}."
                           + did_you_mean(player, s.players))
-    given = parse_pairs(args.policy, "--policy", "--policy user=default")
+    given, _ = parse_policies(args)
     if player in given:
         raise ConfigError(f"you play {player!r}; give policies only for the other players.")
     sampling = parse_sampling(args.sampling)  # before a policy (a model) is loaded

@@ -58,6 +58,7 @@ from collab_env.leaderboard.submission import (
     SUBMISSION_FILE,
     TRAJECTORIES_FILE,
     code_version,
+    data_file_digests,
     file_sha256,
     load_submission,
 )
@@ -321,7 +322,8 @@ def _failed_entry(eid: str, t: Track, folder: Path, sub: Mapping[str, Any], prob
 def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: int = 0,
                num_boot: int | None = None, reverify: bool = False,
                progress: Callable[[str], None] | None = None, workers: int | None = None,
-               tracks_dir: str | os.PathLike[str] | None = None, full: bool = False) -> dict[str, Any]:
+               tracks_dir: str | os.PathLike[str] | None = None, full: bool = False,
+               data_files: Sequence[str] | None = None) -> dict[str, Any]:
     """The board of every submission under ``directory`` (see the module docstring).
 
     The build is four named steps: read every folder (:func:`_read_folders`), re-play the
@@ -345,6 +347,9 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
         tracks_dir: The board's own track files (default ``<directory>/tracks``).
         full: On tracks with an LLM user or judge, regenerate every episode (what ``sign``
             does); a kept or signed verdict counts only if it regenerated all of them.
+        data_files: Data files for the entries on tracks that read data: each such entry is
+            re-played with the files among these whose SHA-256 its submission recorded (an
+            entry none of them matches cannot be re-played, and says which files it needs).
 
     Returns:
         The board dict (the shape of :func:`~collab_env.leaderboard.schema.validate_board_data`).
@@ -364,7 +369,10 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
     # 2. Re-play those entries, several at once; each verdict as it finishes.
     if verify:
         todo = [f for f in readable if not verdicts.covers(f.rel, f.track, full)]
-        verdicts.replayed = _replay_entries(todo, total, workers, say, full)
+        by_digest = {d["sha256"]: path for d, path in zip(data_file_digests(data_files), data_files or ())}
+        # an entry re-played without its data files is refused for that alone: not a verdict to keep
+        verdicts.unkept = {f.rel for f in todo if f.track.data and _entry_data_files(f.sub, by_digest) is None}
+        verdicts.replayed = _replay_entries(todo, total, workers, say, full, by_digest)
     # 3. Every entry's row, in folder order.
     entries: list[dict[str, Any]] = []
     records_of: dict[str, list[dict[str, Any]]] = {}
@@ -411,13 +419,15 @@ class _Verdicts:
     (``stamps``, from :func:`stamps_file`) and signed by the maintainers (``signed``), the digest
     each verdict must name to count (``keys``), this build's re-plays (``replayed``: relative
     path -> the :class:`~collab_env.leaderboard.verify.Verification` or the exception, and
-    seconds) and the stamps it writes back (``fresh``)."""
+    seconds) and the stamps it writes back (``fresh``; never those of ``unkept``: entries on a
+    track that reads data, re-played without their files)."""
 
     stamps: dict[str, Any] = field(default_factory=dict)
     signed: dict[str, Any] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)
     replayed: dict[str, tuple[Any, float]] = field(default_factory=dict)
     fresh: dict[str, Any] = field(default_factory=dict)
+    unkept: set[str] = field(default_factory=set)
 
     @classmethod
     def kept_in(cls, directory: Path, say: Callable[[str], None], *, stamps: bool = True,
@@ -522,26 +532,32 @@ def _read_folders(directory: Path, tracks: dict[str, Track], verdicts: _Verdicts
 
 
 def _replay_entries(todo: Sequence[_Folder], total: int, workers: int | None,
-                    say: Callable[[str], None], full: bool = False) -> dict[str, tuple[Any, float]]:
+                    say: Callable[[str], None], full: bool = False,
+                    by_digest: Mapping[str, str] | None = None) -> dict[str, tuple[Any, float]]:
     """Verify the entries ``todo``, ``workers`` at once (threads): relative path -> the
     verification (or the exception it raised, reported on the entry, never fatal) and its
-    seconds; one progress line per entry as it finishes."""
+    seconds; one progress line per entry as it finishes. An entry on a track that reads data
+    is given the data files it recorded, from ``by_digest`` (SHA-256 -> path;
+    :func:`_entry_data_files`)."""
     import time
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from collab_env.leaderboard.verify import verify_submission
 
-    def replay(folder: Path, t: Track) -> tuple[Any, float]:
+    by_digest = by_digest or {}
+
+    def replay(folder: Path, t: Track, sub: Mapping[str, Any]) -> tuple[Any, float]:
         t0 = time.perf_counter()
         try:
-            return verify_submission(folder, track=t, full=full), time.perf_counter() - t0
+            return (verify_submission(folder, track=t, full=full, data_files=_entry_data_files(sub, by_digest)),
+                    time.perf_counter() - t0)
         except Exception as exc:  # noqa: BLE001 - reported on the entry, never fatal
             return exc, time.perf_counter() - t0
 
     replayed: dict[str, tuple[Any, float]] = {}
     n_workers = max(1, workers if workers is not None else min(4, os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=n_workers) as pool:
-        futures = {pool.submit(replay, f.folder, f.track): f for f in todo}
+        futures = {pool.submit(replay, f.folder, f.track, f.sub): f for f in todo}
         for fut in as_completed(futures):
             f = futures[fut]
             replayed[f.rel] = fut.result()
@@ -551,6 +567,16 @@ def _replay_entries(todo: Sequence[_Folder], total: int, workers: int | None,
                    else "NOT verified: " + (v.problems[0] if v.problems else "")[:120])
             say(f"[{f.position}/{total}] {f.eid}: {how} ({dt:.1f} s)")
     return replayed
+
+
+def _entry_data_files(sub: Mapping[str, Any], by_digest: Mapping[str, str]) -> list[str] | None:
+    """The given data files an entry was played on, in its recorded order (matched by SHA-256),
+    or ``None`` when it recorded none or one of its files was not given."""
+    recorded = [d.get("sha256") for d in sub.get("data_files") or () if isinstance(d, Mapping)]
+    digests = [h for h in recorded if isinstance(h, str) and h in by_digest]
+    if not recorded or len(digests) != len(recorded):
+        return None
+    return [by_digest[h] for h in digests]
 
 
 def _entry_row(f: _Folder, verdicts: _Verdicts | None, seed: int,
@@ -568,7 +594,8 @@ def _entry_row(f: _Folder, verdicts: _Verdicts | None, seed: int,
         verified = False
         if verdicts is not None:
             stamp, how = verdicts.verdict(f.rel)
-            verdicts.fresh[f.rel] = stamp
+            if f.rel not in verdicts.unkept:
+                verdicts.fresh[f.rel] = stamp
             verified, problems = bool(stamp["ok"]), [_clip(str(p), 500) for p in list(stamp["problems"])[:5]]
             regenerated = stamp.get("regenerated") if needs_regeneration(f.track) else None
             if not verified and how:

@@ -45,6 +45,10 @@ TRUSTED_KEYS: dict[str, str] = {
     # Pinned in issue 26's change: the first key's private half did not reach the machine that
     # added the hidden-facts-copy entries, so the board was re-verified and re-signed with this one.
     "collab-env-board-2026-12b": "79ccdbedbc3ba122fbf1337534fb359b8009dfdacc3d8d463a4866a3bc56622b",
+    # Pinned in issue 42's change: neither private half above reached the machine that added the
+    # entries of the current tracks (v4 hidden-facts, the -mini CollabLLM twins, letter-requests@v2),
+    # so the board was re-verified and re-signed with this one.
+    "collab-env-board-2026-12c": "3f50c981a06019f7b285905ee26d041996cb31ed6c82a1c5603ca8adba629889",
 }
 
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from collab_env.errors import ConfigError, did_you_mean
-from collab_env.leaderboard.tracks import MIN_STANDARD_TRIALS, Track, get_track
+from collab_env.leaderboard.tracks import MIN_STANDARD_TRIALS, Track, fixed_spec, get_track
 
 __all__ = [
     "SUBMISSION_FILE",
@@ -84,16 +84,19 @@ _WRAPPED = re.compile(r"^(?P<wrapper>[a-z]+)\((?P<inner>.+)\)$")
 WRAPPERS = {"proactive": "the Proactive wrapper adds a collaborative system prompt to the policy's observations"}
 
 
-def build_policy(player: str, spec: str) -> tuple[Any, str | None]:
-    """The policy of a submitted player from its spec, and why it makes the entry custom
-    (``None`` for an unmodified policy).
+def build_policy(player: str, spec: Any) -> tuple[Any, str | None]:
+    """The policy of a submitted player from its spec (a string, or a
+    :class:`~collab_env.policy.PolicySpec` with connection settings: ``--api-base``), and why it
+    makes the entry custom (``None`` for an unmodified policy).
 
     Raises:
         ConfigError: An unknown wrapper or a policy that cannot be loaded.
     """
     from collab_env.eval import load_policy
+    from collab_env.policy import PolicySpec
 
-    m = _WRAPPED.match(spec.strip())
+    text = spec.spec_string if isinstance(spec, PolicySpec) else str(spec)
+    m = _WRAPPED.match(text.strip())
     if m is None:
         return load_policy(player, spec), None
     wrapper, inner = m["wrapper"], m["inner"]
@@ -102,7 +105,9 @@ def build_policy(player: str, spec: str) -> tuple[Any, str | None]:
                           f"{sorted(WRAPPERS)} (e.g. proactive(embedded))." + did_you_mean(wrapper, WRAPPERS))
     from collab_env.agents.proactive import Proactive
 
-    return Proactive(load_policy(player, inner), name=f"{wrapper}({inner})"), WRAPPERS[wrapper]
+    # a spec's connection settings reach the wrapped policy's backend
+    inner_spec = spec.replace(backend=inner) if isinstance(spec, PolicySpec) else inner
+    return Proactive(load_policy(player, inner_spec), name=f"{wrapper}({inner})"), WRAPPERS[wrapper]
 
 
 class _NoCalls:
@@ -169,8 +174,9 @@ def fixed_players(track: Track, cache_path: Path | None, *, mode: str = "record"
     cache = None
     loaded: dict[str, Any] = {}
 
-    def cached(ref: str) -> Any:
+    def cached(how: Mapping[str, Any]) -> Any:
         nonlocal cache
+        ref = str(how["backend"])  # the calls are keyed by the model, wherever it is served
         from collab_env.agents.base import can_score_continuations
         from collab_env.agents.cache import CachedPolicy, ResponseCache
 
@@ -187,7 +193,7 @@ def fixed_players(track: Track, cache_path: Path | None, *, mode: str = "record"
                 backend: Any = _NoCalls(ref, bool(caps.get("supports_prefill")), bool(caps.get("scores")))
                 loaded[ref] = CachedPolicy(backend, cache, name_for_key=ref, scoring=bool(caps.get("scores")))
             else:
-                backend = resolve_policy(ref)
+                backend = resolve_policy(fixed_spec(how))
                 loaded[ref] = CachedPolicy(backend, cache, name_for_key=ref)
             info[ref] = {"supports_prefill": bool(getattr(loaded[ref], "supports_prefill", False)),
                          "scores": bool(can_score_continuations(loaded[ref]))}
@@ -195,18 +201,18 @@ def fixed_players(track: Track, cache_path: Path | None, *, mode: str = "record"
 
     for player, how in track.players.items():
         if "policy" in how:
-            policies[player] = how["policy"]
+            policies[player] = fixed_spec(how)
         else:
             from collab_env.agents.users import LLMUserSimulator
 
-            policies[player] = LLMUserSimulator(cached(str(how["backend"])), **dict(how.get("options") or {}))
+            policies[player] = LLMUserSimulator(cached(how), **dict(how.get("options") or {}))
         if how.get("sampling"):
             sampling[player] = dict(how["sampling"])
     if track.judge is not None:
         env_kwargs["reward"] = track.judge.get("reward", "conversation")
         # the track's own reward keywords (weights, say) stay; the judge is the track's
         env_kwargs["reward_kwargs"] = {**dict(env_kwargs.get("reward_kwargs") or {}),
-                                       "judge": cached(str(track.judge["backend"])),
+                                       "judge": cached(track.judge),
                                        **dict(track.judge.get("options") or {})}
     return FixedPlayers(policies, sampling, env_kwargs, info, cache)
 
@@ -424,7 +430,7 @@ def check_page_fields(sub: Mapping[str, Any]) -> str | None:
 
 def run_submission(
     track: Track | str,
-    policies: Mapping[str, str],
+    policies: Mapping[str, Any],
     *,
     out: str | os.PathLike[str],
     name: str | None = None,
@@ -441,7 +447,9 @@ def run_submission(
 
     Args:
         track: A :class:`Track`, a track id, name or file.
-        policies: Submitted player -> policy spec (see the module docstring).
+        policies: Submitted player -> policy spec (see the module docstring): a string, or a
+            :class:`~collab_env.policy.PolicySpec` (how ``--api-base``/``--api-key-env`` reach
+            it); the submission records its text (the server and the key's variable, never a key).
         out: The submission folder (created; an unfinished one is resumed).
         name: The entry's name on the board (default: the policy specs).
         model: The model's name (default: the submitted policies' names).
@@ -470,14 +478,15 @@ def run_submission(
             raise ConfigError(f"--{key} is {len(given)} characters; the board shows at most {FIELD_LIMITS[key]}.")
     out = Path(out).resolve()
     sampling = {p: dict(kw) for p, kw in (sampling or {}).items()}
-    pols = dict(policies)
+    specs = dict(policies)
+    pols = {p: str(v) for p, v in specs.items()}  # recorded; a PolicySpec's text names no key
     _check_submitted_players(t, pols, sampling)
     _check_env_id_pinned(t)
     reasons = [str(r) for r in custom]
     if t.trials < MIN_STANDARD_TRIALS:
         reasons.append(f"{t.id} plays {t.trials} trials per task, under the {MIN_STANDARD_TRIALS} a standard "
                        "entry needs")
-    built = _build_submitted(t, pols, reasons)
+    built = _build_submitted(t, specs, reasons)
     data = _check_data_files(t, data_files)
     # A trajectories file that is not a result file is refused before anything in the folder
     # changes (its submission.json is removed below, while the run is unfinished).
@@ -569,7 +578,7 @@ def _check_env_id_pinned(t: Track) -> None:
         raise ConfigError(f"track {t.id} is played on {t.env_id}, but that id resolves to {s.id}.")
 
 
-def _build_submitted(t: Track, pols: Mapping[str, str], reasons: list[str]) -> dict[str, Any]:
+def _build_submitted(t: Track, pols: Mapping[str, Any], reasons: list[str]) -> dict[str, Any]:
     """The submitted players' policies, built from their specs; a wrapper that makes the entry
     custom adds its reason to ``reasons``."""
     built: dict[str, Any] = {}

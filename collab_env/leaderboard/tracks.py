@@ -64,6 +64,8 @@ __all__ = [
     "find_tracks_dir",
     "known_tracks",
     "resolve_track",
+    "fixed_spec",
+    "CONNECTION_FIELDS",
 ]
 
 #: Folder of the built-in track files.
@@ -81,6 +83,11 @@ FIXED_FIELDS = (
     "k", "success_threshold", "metrics",
 )
 _KINDS = ("offline", "api")
+#: Where a fixed role's backend is served: passed, as given, to the backend's
+#: :class:`~collab_env.policy.PolicySpec` (the key itself never: its variable's name).
+CONNECTION_FIELDS = ("api_base", "api_key_env")
+_PLAYER_KEYS = ("policy", "simulator", "backend", "options", "sampling", *CONNECTION_FIELDS)
+_JUDGE_KEYS = ("backend", "reward", "options", *CONNECTION_FIELDS)
 #: A track id: ``<name>@v<version>`` (what a submission's ``track`` field must be).
 TRACK_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,99}@v[1-9][0-9]{0,5}$")
 #: The folder of a board's own track files (``<board>/tracks/<id>.json``).
@@ -109,8 +116,12 @@ class Track:
         players: Every other player -> how it is played: ``{"policy": ref}`` (a scripted or
             registered policy), or ``{"simulator": "llm-user", "backend": ref, "options": {...},
             "sampling": {...}}`` (an LLM user simulator whose backend calls are recorded).
-        judge: ``None``, or ``{"backend": ref, "reward": "conversation", "options": {...}}``:
-            the judge model of the judge metrics, its calls recorded.
+            Either form may name the backend's server: ``"api_base": URL`` and
+            ``"api_key_env": VAR`` (the variable that holds the key, never the key), as
+            ``--api-base``/``--api-key-env`` do for a submitted player (:func:`fixed_spec`).
+        judge: ``None``, or ``{"backend": ref, "reward": "conversation", "options": {...}}``
+            (with ``api_base``/``api_key_env`` too): the judge model of the judge metrics, its
+            calls recorded.
         seed: Base seed: episode ``k`` resets with ``seed + k``.
         tasks: Distinct task items (the env must have exactly this many items), or ``None``
             for tracks on data files: every item of the files given (the submission records
@@ -170,6 +181,17 @@ class Track:
                                   f"{{'simulator': 'llm-user', 'backend': ref}}, got {how!r}.")
         if self.judge is not None and "backend" not in self.judge:
             raise ConfigError(f"{where}: judge must be null or {{'backend': ref, ...}}, got {self.judge!r}.")
+        for role, how, keys in [*((p, h, _PLAYER_KEYS) for p, h in self.players.items()),
+                                *([("judge", self.judge, _JUDGE_KEYS)] if self.judge is not None else [])]:
+            unknown = sorted(set(how) - set(keys))
+            if unknown:
+                hint = (" A track names the environment variable that holds the key (api_key_env), never the key."
+                        if "api_key" in unknown else did_you_mean(str(unknown[0]), keys))
+                raise ConfigError(f"{where}: {role} has unknown key(s) {unknown}; valid: {list(keys)}." + hint)
+            try:
+                fixed_spec(how)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {role}: {exc}") from None
         unknown = [m for m in self.metrics if m not in KNOWN_METRICS]
         if unknown or not self.metrics:
             raise ConfigError(f"{where}: unknown metrics {unknown}; known: {list(KNOWN_METRICS)}.")
@@ -240,6 +262,27 @@ class Track:
         kw["metrics"] = tuple(kw["metrics"])
         kw["success_threshold"] = float(kw["success_threshold"])
         return cls(**kw, source=source)
+
+
+def fixed_spec(how: Mapping[str, Any]) -> Any:
+    """The policy reference of a track's fixed role (a player's or the judge's mapping): its
+    ``backend`` (or ``policy``) string, or, when the mapping names a server (``api_base``,
+    ``api_key_env``: :data:`CONNECTION_FIELDS`), a :class:`~collab_env.policy.PolicySpec` with
+    them, the same path ``--api-base ROLE=URL`` takes on the command line.
+
+    Raises:
+        ConfigError: A connection setting that is not a non-empty string, or an ``api_base``
+            that is not an http(s) URL.
+    """
+    ref = str(how["backend"] if "backend" in how else how["policy"])
+    if not any(how.get(k) is not None for k in CONNECTION_FIELDS):
+        return ref
+    from collab_env.policy import policy_spec
+
+    for k in CONNECTION_FIELDS:
+        if k in how and (not isinstance(how[k], str) or not how[k].strip()):
+            raise ConfigError(f"{k} must be a non-empty string, got {how[k]!r}.")
+    return policy_spec(ref, api_base=how.get("api_base"), api_key_env=how.get("api_key_env"))
 
 
 def load_track_file(path: str | Path) -> Track:

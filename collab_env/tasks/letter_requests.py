@@ -98,6 +98,9 @@ class LetterRequestsConfig:
     """Shortest requested length (characters)."""
     max_length: int = 40
     """Longest requested length (characters)."""
+    num_items: int | None = None
+    """Make the suite finite (items ``0..num_items-1``, as a leaderboard track needs); ``None``
+    for unlimited. Items do not depend on it: item ``i`` is the same either way."""
 
     def __post_init__(self) -> None:
         for name in ("num_turns", "num_use", "num_avoid", "min_length", "max_length"):
@@ -107,6 +110,9 @@ class LetterRequestsConfig:
         if self.num_use + self.num_avoid > len(LETTERS):
             raise ConfigError(f"num_use + num_avoid must be at most {len(LETTERS)}, got "
                               f"{self.num_use} + {self.num_avoid}.")
+        if self.num_items is not None and (isinstance(self.num_items, bool) or not isinstance(self.num_items, int)
+                                           or self.num_items < 1):
+            raise ConfigError(f"num_items must be an int >= 1 or None, got {self.num_items!r}.")
         if self.min_length > self.max_length:
             raise ConfigError(f"min_length ({self.min_length}) must not exceed max_length ({self.max_length}).")
 
@@ -121,6 +127,9 @@ class LetterRequestsTask(Task):
     def __init__(self, config: LetterRequestsConfig | None = None) -> None:
         self.config = config or LetterRequestsConfig()
         self.default_max_steps = 2 * self.config.num_turns
+
+    def num_items(self) -> int | None:
+        return self.config.num_items
 
     def get_item(self, index: int) -> Mapping[str, Any]:
         cfg = self.config

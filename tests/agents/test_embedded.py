@@ -259,3 +259,17 @@ def test_embedded_log_prob_judges_never_fail_to_parse(embedded_env):
         assert i.score == pytest.approx(sum(i.components.values()) / 3)
     print("P(true):", [round(a.meta["probabilities"]["score"]["true"], 3) for a in acc],
           "interactivity:", [round(i.score, 3) for i in inter])
+
+
+@pytest.mark.slow
+@needs_weights
+def test_the_model_dir_command_prints_the_converted_folder_alone(embedded_env):
+    """``collab-env model-dir`` (issue 42): the folder a TRL script loads, on stdout alone, from a
+    process of its own (as ``MODEL=$(collab-env model-dir)`` runs it)."""
+    import os
+
+    run = subprocess.run([sys.executable, "-m", "collab_env.cli", "model-dir"], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "COLLAB_ENV_CACHE": str(embedded_env)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout == f"{embedded_env / embedded.MODEL_FOLDER}\n"
+    assert embedded._is_complete(embedded_env / embedded.MODEL_FOLDER)

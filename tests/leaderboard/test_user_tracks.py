@@ -111,3 +111,37 @@ def test_import_finds_a_module_in_the_current_folder_or_says_how(tmp_path):
                          timeout=120)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
     assert "nor in the current folder" in res.stderr and "PYTHONPATH=DIR" in res.stderr
+
+
+def test_build_re_plays_an_entry_on_data_with_the_files_it_recorded(tmp_path, capsys):
+    """``build --data-files``: an entry on a track that reads data is re-played with the given
+    file whose SHA-256 it recorded; without it the entry is listed unverified, saying what to
+    pass, and that refusal is not kept as a verdict (the next build with the file re-plays it).
+    The track: collabllm-math-hard-mini's env and rows with the scripted replay user and no
+    judge (12 scripted episodes: seconds)."""
+    rows = Path(__file__).resolve().parents[2] / "benchmarks" / "leaderboard" / "data" / "collabllm-fixture-rows.jsonl"
+    other = tmp_path / "other-rows.jsonl"
+    other.write_text(rows.read_text().replace("(conversation 0)", "(conversation zero)"))
+    d = {**get_track("collabllm-math-hard-mini@v1").to_dict(), "name": "my-data-track", "version": 1,
+         "players": {"user": {"policy": "collabllm-replay-user"}}, "judge": None,
+         "metrics": ["success", "reward", "turns", "tokens"], "success_threshold": 0.0}
+    (tmp_path / "tracks").mkdir()
+    (tmp_path / "tracks" / "my-data-track@v1.json").write_text(json.dumps(d))
+    out = tmp_path / "my-data-track" / "v1" / "replay"
+    assert main(["leaderboard", "run", "my-data-track@v1", "--tracks", str(tmp_path / "tracks"), "--data-files",
+                 str(rows), "--policy", "assistant=answer-at-once", "--out", str(out), "--no-progress"]) == 0
+    page = tmp_path / "page.html"
+    for files, verified in ((None, False), ([str(other)], False), ([str(other), str(rows)], True)):
+        capsys.readouterr()
+        assert main(["leaderboard", "build", str(tmp_path), "--out", str(page),
+                     *(["--data-files", *files] if files else [])]) == 0
+        err = capsys.readouterr().err
+        [entry] = board_data(tmp_path, verify=False)["entries"]  # the entry is read either way
+        assert entry["episodes"] == 12
+        assert ("my-data-track@v1/replay: verified (re-played)" in err) is verified, err
+        if not verified:
+            assert "reads data files; pass them (--data-files) to verify" in err
+    # the verdict of the build with the file is kept: the next build need not be given it
+    capsys.readouterr()
+    assert main(["leaderboard", "build", str(tmp_path), "--out", str(page)]) == 0
+    assert "my-data-track@v1/replay: verified (kept verdict)" in capsys.readouterr().err

@@ -122,3 +122,22 @@ def test_a_random_tiny_model_gets_a_non_zero_two_turn_magrpo_update(tiny_dir, tm
     rec = read_jsonl(tmp_path / "out" / "metrics.jsonl")[-1]
     assert "turn_2/reward_mean" in rec and rec["grad_norm"] > 0 and math.isfinite(rec["grad_norm"])
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.models[0].model.parameters(), strict=True))
+
+
+def test_num_items_makes_the_suite_finite_without_changing_an_item():
+    """A leaderboard track needs a finite suite (letter-requests@v1 named 25 tasks on the unlimited
+    env and could not be played; letter-requests@v2 passes num_items=25)."""
+    from collab_env.leaderboard.tracks import get_track
+
+    unlimited = collab_env.make("letter-requests-v0")
+    finite = collab_env.make("letter-requests-v0", num_items=25)
+    try:
+        assert unlimited.unwrapped.task.num_items() is None and finite.unwrapped.task.num_items() == 25
+        assert finite.unwrapped.task.get_item(7) == unlimited.unwrapped.task.get_item(7)
+    finally:
+        unlimited.close()
+        finite.close()
+    assert get_track("letter-requests").env_kwargs == {"num_items": 25}
+    for bad in (0, True, 2.5):
+        with pytest.raises(ConfigError, match="num_items must be an int"):
+            collab_env.make("letter-requests-v0", num_items=bad)
