@@ -181,6 +181,6 @@ def paired_difference(a: Mapping[Any, Mapping[Any, float]], b: Mapping[Any, Mapp
     if not diff:
         raise ConfigError("the two rows share no (seed, item) cell: a paired difference needs the same seeds "
                           "and items in both.")
-    return {"mean": seed_interval(diff, level)["mean"], "cells": sum(len(v) for v in diff.values()),
-            "seeds": seed_interval(diff, level),
+    seeds = seed_interval(diff, level)
+    return {"mean": seeds["mean"], "cells": sum(len(v) for v in diff.values()), "seeds": seeds,
             "bootstrap": hierarchical_bootstrap(diff, level=level, seed=seed, num_boot=num_boot)}
