@@ -249,7 +249,7 @@ class ServedEnv(Environment):
             while len(cls.parked) > self.config.max_sessions:
                 cls.parked.popitem(last=False)[1][1].close()
         st = self._view.env.unwrapped.episode
-        obs = self._observation(self._view._obs[self._view.player], 0.0, st.terminated, st.truncated, {})
+        obs = self._observation(self._view.observation, 0.0, st.terminated, st.truncated, {})
         obs.fork_token = token
         return obs
 
@@ -271,7 +271,7 @@ class ServedEnv(Environment):
         self._view, self._api_base, self._done = view, api_base, done
         self._state = State(episode_id=episode_id, step_count=steps)
         st = view.env.unwrapped.episode
-        return self._observation(view._obs[view.player], 0.0, st.terminated, st.truncated, {})
+        return self._observation(view.observation, 0.0, st.terminated, st.truncated, {})
 
     def _expire(self) -> None:
         """Drop the parked copies past their deadline (the caller holds the lock)."""

@@ -143,6 +143,11 @@ class SingleAgentEnv(gymnasium.Env[Conversation, str]):
     def render(self):
         return self.env.render()
 
+    @property
+    def observation(self) -> Conversation:
+        """The controlled player's latest observation (what the last reset or step returned)."""
+        return self._obs[self.player]
+
     def clone(self) -> SingleAgentEnv:
         """An independent copy with the episode state (the env cloned, the other players'
         policies shared: a policy is a function of what it sees), e.g. to branch an episode."""
