@@ -55,16 +55,41 @@ def test_trl_trains_on_two_ranks_under_torchrun(tiny_dir, tmp_path):
     _check(out, _initial_hash(tiny_dir), run)
 
 
+def _ray_run(tiny_dir: Path, out: Path, *env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), "--model", str(tiny_dir), "--out", str(out),
+                           "--ray-workers", "2", *env], capture_output=True, text=True, timeout=600, env=ENV)
+
+
+def _check_ray(out: Path, run: subprocess.CompletedProcess) -> None:
+    assert "Ray's checkpoint Checkpoint(" in run.stdout
+    ray_ckpts = list((out / "ray").rglob("checkpoint_*/model.safetensors"))
+    assert len(ray_ckpts) == 1
+
+
 @pytest.mark.slow
 def test_trl_trains_on_two_ray_train_workers(tiny_dir, tmp_path):
     pytest.importorskip("ray.train.torch")
     out = tmp_path / "out"
-    run = subprocess.run([sys.executable, str(SCRIPT), "--model", str(tiny_dir), "--out", str(out),
-                          "--ray-workers", "2"], capture_output=True, text=True, timeout=600, env=ENV)
+    run = _ray_run(tiny_dir, out)
     _check(out, _initial_hash(tiny_dir), run)
-    assert "Ray's checkpoint Checkpoint(" in run.stdout
-    ray_ckpts = list((out / "ray").rglob("checkpoint_*/model.safetensors"))
-    assert len(ray_ckpts) == 1
+    _check_ray(out, run)
+
+
+@pytest.mark.slow
+def test_trl_trains_on_two_ray_train_workers_against_a_served_env(tiny_dir, tmp_path):
+    """Ray Train's two workers play their episodes on one served multi-turn env (letter-requests,
+    collab-env serve in its own process, its user seat driven by the env's scripted user): the
+    workers end with the same parameters, both checkpoints exist, no session is left open."""
+    pytest.importorskip("ray.train.torch")
+    pytest.importorskip("openenv")
+    from collab_env.testing.served import open_sessions, served
+
+    out = tmp_path / "out"
+    with served("letter-requests") as url:
+        run = _ray_run(tiny_dir, out, "--env", url)
+        _check(out, _initial_hash(tiny_dir), run)
+        _check_ray(out, run)
+        assert open_sessions(url, settle=30.0) == 0
 
 
 @pytest.mark.slow
