@@ -35,7 +35,11 @@ Rewards: whatever ``collab_env.make`` builds for the trained player (the env's o
 multiturn-aware reward ``reward="mr"``, a joint reward option such as ``"joint-shared"``), paid
 per step (``reward_at="step"``: each move's ``StepResult.reward`` is the view's reward for it) or
 once per episode as the group reward (``reward_at="group"``: the steps pay 0 and
-``compute_group_rewards`` returns each episode's return).
+``compute_group_rewards`` returns each episode's return). MR's futures are rolled by the policies
+of ``reward_kwargs`` (``policy=``, ``user=``: specs, so the builder pickles), as for any
+Gymnasium view: tinker-cookbook hands its sampling client to its own sampler, not to envs, so
+the futures are not sampled from the model being trained (the recipe's rule); our own learners
+(``collab_env.adapters``) roll them with the live model.
 
 Needs the ``tinker`` extra (``pip install 'collab_env[tinker]'``: ``tinker`` and ``tinker-cookbook``).
 """

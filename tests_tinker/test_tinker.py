@@ -124,6 +124,53 @@ def test_a_joint_reward_option_is_paid_per_step_or_as_the_group_reward(tiny_qwen
     assert paid == pytest.approx((expected, 0.0) if reward_at == "step" else (0.0, expected), abs=1e-12)
 
 
+MR_ENV = "hidden-facts-easy"
+MR_KWARGS = {"reward": "mr", "reward_kwargs": {"weights": {"accuracy_rule": 1.0, "token_amount": -1e-2},
+                                              "policy": "ask-then-answer", "num_rollouts": 2,
+                                              "max_assistant_turns": 3}}
+MR_REPLIES = ["Before I compute the total, I need a few details. How much does each box of toys weigh?",
+              "\\boxed{7}", "\\boxed{7}"]
+
+
+def mr_replay(index, seed, replies):
+    """The same moves through collab_env's own Gymnasium view of the env under MR (the thin
+    wrapper: the futures are rolled by the fixed policy of reward_kwargs, ask-then-answer, with the
+    env's scripted user): each move's reward and its MR components."""
+    view = collab_env.make(MR_ENV, view="assistant", **MR_KWARGS)
+    view.reset(seed=seed, options={"index": index})
+    paid = []
+    for text in replies:
+        _, reward, terminated, truncated, info = view.step(text)
+        paid.append((reward, info["reward_components"]))
+        if terminated or truncated:
+            return paid
+    raise AssertionError("the episode did not end")
+
+
+@pytest.mark.parametrize("reward_at", ["step", "group"])
+def test_the_multiturn_aware_reward_is_paid_per_step_or_as_the_group_reward(tiny_qwen3, reward_at):
+    """reward='mr' through the pickled builder: each move is paid the MR value collab_env's own
+    view gives the same move (its futures rolled by the fixed policy in reward_kwargs: tinker-cookbook
+    gives envs no sampling client, so the futures cannot be the model being trained), or the
+    episode's MR return once as the group reward."""
+    played = mr_replay(1, 4, MR_REPLIES)
+    credits = [r for r, _ in played]
+    # the first move (the right question) earns its futures' accuracy, the wrong answer none
+    assert [c["accuracy_rule"] for _, c in played] == [1.0, 0.0] and credits[0] > 0.5 > credits[1], played
+    b = pickle.loads(pickle.dumps(CollabEnvGroupBuilder(
+        MR_ENV, index=1, seed=4, group_size=1, model_name_for_tokenizer=tiny_qwen3, renderer_name=RENDERER,
+        reward_at=reward_at, env_kwargs=MR_KWARGS)))
+    (env,) = asyncio.run(b.make_envs())
+    _, steps = asyncio.run(play(env, MR_REPLIES[:len(credits)]))
+    paid = [r.reward for _, r in steps[1:]]
+    ((group, _),) = asyncio.run(b.compute_group_rewards([None], [env]))
+    assert steps[-1][1].episode_done
+    if reward_at == "step":
+        assert paid == pytest.approx(credits, abs=1e-9) and group == 0.0
+    else:
+        assert paid == [0.0] * len(credits) and group == pytest.approx(sum(credits), abs=1e-9)
+
+
 def test_a_reply_cut_at_the_token_limit_is_still_a_move(tiny_qwen3):
     (env,) = asyncio.run(builder(tiny_qwen3, group_size=1).make_envs())
     _, steps = asyncio.run(play(env, REPLIES[:1], stop=False))
