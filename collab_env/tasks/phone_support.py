@@ -479,8 +479,8 @@ PHONE_SUPPORT_CARD = EnvCard(
          "faults among airplane mode, mobile data, data roaming, APN, and a suspended line (2/5)",
     licence="Apache-2.0 (written for this package)",
     baselines={
-        "phone-support-reference": baseline_text("1.000", 200),
-        "phone-support-naive": baseline_text("0.210", 200),
+        "phone-support-reference": baseline_text("1.000", 200, "1.000"),
+        "phone-support-naive": baseline_text("0.210", 200, "0.210"),
     },
     audit={"naive": {"assistant": "phone-support-naive"}},
     exploits=EXPLOIT_QUOTES.get(ENV_ID, ""),
