@@ -129,7 +129,8 @@ def _dual_control(scope: dict[str, Any], out: str, cwd: Path) -> None:
     assert ref.returns["assistant"] == 1.0 and ref.end_reason == "user_ended"
     assert naive.returns["assistant"] == 0.0 and naive.end_reason == "max_steps"
     # the transcript the README shows is the one the block prints
-    shown = README.read_text().split("## Tool use: dual control", 1)[1].split("It prints", 1)[1].split("```\n", 1)[1].split("```", 1)[0]
+    section = README.read_text().split("## Tool use: dual control", 1)[1]
+    shown = section.split("It prints", 1)[1].split("```\n", 1)[1].split("```", 1)[0]
     assert out == shown
 
 
