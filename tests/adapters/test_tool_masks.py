@@ -50,10 +50,10 @@ def test_sft_masks_the_call_and_never_the_tool_result(tiny_dir):
             assert m.content not in trained
 
 
-def test_magrpo_on_phone_support_trains_the_call_tokens_never_the_tool_result(tiny_dir, tmp_path, monkeypatch):
-    import collab_env.adapters.magrpo as magrpo
+@pytest.fixture(scope="module")
+def caller(tiny_dir, tmp_path_factory):
+    """``(model, tokenizer)``: the tiny model after SFT on the reference's first move (a call)."""
     from collab_env.adapters import SFTConfig, SFTTrainer
-    from collab_env.adapters.common.losses import pack_sequences
     from collab_env.testing.tiny_model import load_tiny_chat_model
 
     obs, call = _first_call_row()
@@ -62,8 +62,43 @@ def test_magrpo_on_phone_support_trains_the_call_tokens_never_the_tool_result(ti
                      train_dataset=[{"messages": obs.to_chat() + [{"role": "assistant", "content": call}]}],
                      args=SFTConfig(learning_rate=1e-2, num_train_epochs=80, per_device_train_batch_size=1,
                                     max_length=4096, eval_interval=0, logging_steps=80, plot=False,
-                                    output_dir=str(tmp_path / "sft")))
+                                    output_dir=str(tmp_path_factory.mktemp("sft"))))
     sft.train()
+    return sft.pm.model, tok
+
+
+def test_one_sequence_transcript_trains_the_calls_never_the_results(caller):
+    """The TRL ``rollout_func`` / verl agent-loop path: the player's prompts extend its exact token
+    history (TranscriptPolicy), and token_transcript's mask is 1 exactly on the generated ids."""
+    from collab_env.adapters.trl.generation import TrainerGenerator, TranscriptPolicy
+    from collab_env.agents.hf import HFPolicy
+    from collab_env.policy import SamplingParams
+    from collab_env.rollout import run_episode, token_transcript
+    from collab_env.tasks.phone_support import PhoneSupportUser
+
+    model, tok = caller
+    params = SamplingParams(temperature=0.5, max_new_tokens=40)
+    backend = HFPolicy(model, tok, device="cpu", dtype="float32")
+    policy = TranscriptPolicy(TrainerGenerator(backend, tok, params))
+    env = collab_env.make("phone-support-v0", num_items=1, max_steps=3)
+    ep = run_episode(env, {"assistant": policy, "user": PhoneSupportUser()}, seed=0)
+    moves = [t for t in ep.turns if t.player == "assistant"]
+    assert len(moves) >= 2 and moves[0].text.lstrip().startswith("{")  # it opened with a call
+    results = [m.content for m in ep.conversation if m.role == "tool" and m.audience == ("assistant",)]
+    assert len(results) == sum(t.text.lstrip().startswith("{") for t in moves)
+    tt = token_transcript(ep, "assistant")
+    trained = [t for t, k in zip(tt.response_ids, tt.mask, strict=True) if k]
+    assert trained == [i for t in moves for i in t.completion.token_ids]  # token by token
+    context = tok.decode([t for t, k in zip(tt.response_ids, tt.mask, strict=True) if not k])
+    # the first call's result came back before the next move: context, never a loss token
+    assert TOOL_HEADER + results[0] in context and results[0] not in tok.decode(trained)
+
+
+def test_magrpo_on_phone_support_trains_the_call_tokens_never_the_tool_result(caller, tmp_path, monkeypatch):
+    import collab_env.adapters.magrpo as magrpo
+    from collab_env.adapters.common.losses import pack_sequences
+
+    model, tok = caller
 
     seen: list[list[tuple]] = []
     real = magrpo.policy_update
@@ -76,7 +111,7 @@ def test_magrpo_on_phone_support_trains_the_call_tokens_never_the_tool_result(ti
     args = magrpo.MAGRPOConfig(num_agents=1, num_turns=2, num_generations=2, max_new_tokens=40, max_steps=1,
                                temperature=0.5, eval_interval=0, eval_num_samples=1, logging_steps=1,
                                learning_rate=1e-3, output_dir=str(tmp_path / "out"))
-    trainer = magrpo.MAGRPOTrainer(agent_model=sft.pm.model, tokenizer=tok, env="phone-support",
+    trainer = magrpo.MAGRPOTrainer(agent_model=model, tokenizer=tok, env="phone-support",
                                    env_kwargs={"num_items": 1}, args=args)
     trainer.train()
     samples = [s for batch in seen for s in batch]
