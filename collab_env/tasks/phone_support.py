@@ -65,7 +65,7 @@ from collab_env.registry import EnvCard
 from collab_env.tasks._common import build_config, split_env_kwargs
 from collab_env.tasks.cards import baseline_text, cards_section
 from collab_env.tasks.exploit_quotes import EXPLOIT_QUOTES
-from collab_env.types import TOOL_CALL_FORMAT, Conversation, Message, Tool, ToolCall
+from collab_env.types import Conversation, Message, Tool, ToolCall
 
 __all__ = [
     "PhoneSupportConfig",
@@ -269,8 +269,8 @@ def _assistant_prompt() -> str:
         "You work in customer support for the mobile network FastNet. A customer writes because mobile "
         "data on their phone does not work.\n"
         "Your tools act on the customer's account only:\n" + _tool_lines(ASSISTANT_TOOLS) + "\n"
-        f"To call a tool, reply with nothing but one JSON object: {TOOL_CALL_FORMAT}. Its result comes "
-        "back to you alone.\n"
+        "To call a tool, reply with nothing but one JSON object, e.g. "
+        f"{_call('lookup_account', {'phone_number': '555-0100'})}. Its result comes back to you alone.\n"
         "You cannot see or change the customer's phone. Only the customer can, and only when you tell "
         "them what to do: they can read the phone's status screen, switch airplane mode, mobile data "
         "and data roaming on or off, set the APN, restart the phone and run a speed test.\n"
@@ -284,7 +284,7 @@ def _user_prompt(phone: str) -> str:
         f"You are a customer of the mobile network FastNet; your phone number is {phone}. Mobile data on "
         "your phone stopped working and you are talking to FastNet support. You know nothing about "
         "phone settings. You can act on your phone only through these tools:\n" + _tool_lines(USER_TOOLS)
-        + f"\nTo use one, reply with nothing but one JSON object: {TOOL_CALL_FORMAT}.\n"
+        + f"\nTo use one, reply with nothing but one JSON object, e.g. {_call('check_status', {})}.\n"
         "Do what the support agent asks, one step at a time, then tell the agent what you did and "
         f"what the phone showed. When mobile data works again, thank the agent and write {END_MARK}."
     )
