@@ -18,6 +18,7 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from collab_env.errors import ConfigError, ServedEnvError, require
@@ -161,6 +162,11 @@ class RemoteTask(Task):
         result = self.client.step(moves[self.seat])
         obs = result.observation
         served = obs.get("messages", ())
+        k = len(state.messages) - 1  # the seat's move, as this env stored it
+        if 0 <= k < len(served) and served[k].get("tool_calls"):
+            # the server read it as a tool call (and ran it): keep its call, seen by the seat only
+            mine = Message.from_dict(served[k])
+            state.messages[k] = replace(state.messages[k], tool_calls=mine.tool_calls, audience=mine.audience)
         new = [Message.from_dict(m) for m in served[len(state.messages):]]
         done = bool(result.done)
         terminated = bool(obs.get("terminated")) or (done and not obs.get("truncated"))

@@ -106,3 +106,24 @@ def test_config_is_checked():
         collab_env.make("phone-support-v0", suspended_rate=2.0)
     with pytest.raises(ConfigError, match="unknown keyword"):
         collab_env.make("phone-support-v0", suspend_rate=0.5)
+
+
+def test_served_phone_support_carries_tool_calls_and_results_over_the_wire():
+    """The assistant's seat served over OpenEnv (a real server subprocess on 127.0.0.1): its calls
+    run on the server, and the results come back with their tool_call_id."""
+    pytest.importorskip("openenv")
+    from collab_env.serve import remote_env
+    from collab_env.testing.served import served
+
+    with served("phone-support") as url:
+        env = remote_env(url)
+        try:
+            ep = run_episode(env, {"assistant": PhoneSupportReference()}, seed=5)
+        finally:
+            env.close()
+    assert ep.returns["assistant"] == 1.0 and ep.end_reason == "user_ended"
+    calls = [m for m in ep.conversation if m.tool_calls]
+    results = [m for m in ep.conversation if m.role == "tool"]
+    assert [c.tool_calls[0].name for c in calls] == ["lookup_account", "resume_line"]
+    assert [r.tool_call_id for r in results] == [c.tool_calls[0].id for c in calls]
+    assert all(c.audience == ("assistant",) and c.trainable for c in calls)
