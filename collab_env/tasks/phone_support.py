@@ -482,7 +482,8 @@ PHONE_SUPPORT_CARD = EnvCard(
         "phone-support-reference": baseline_text("1.000", 200, "1.000"),
         "phone-support-naive": baseline_text("0.210", 200, "0.210"),
     },
-    audit={"naive": {"assistant": "phone-support-naive"}},
+    # 12 episodes: a failing naive episode plays to max_steps (about 7 rounds of tool calls)
+    audit={"naive": {"assistant": "phone-support-naive"}, "episodes": 12},
     exploits=EXPLOIT_QUOTES.get(ENV_ID, ""),
 )
 
