@@ -168,6 +168,11 @@ class RemoteTask(Task):
             mine = Message.from_dict(served[k])
             state.messages[k] = replace(state.messages[k], tool_calls=mine.tool_calls, audience=mine.audience)
         new = [Message.from_dict(m) for m in served[len(state.messages):]]
+        for m in new:  # the seat's tool results: counted here as the served env counted them
+            if m.role == "tool":
+                state.tool_calls[self.seat] = state.tool_calls.get(self.seat, 0) + 1
+                if not m.meta.get("ok", True):
+                    state.tool_errors[self.seat] = state.tool_errors.get(self.seat, 0) + 1
         done = bool(result.done)
         terminated = bool(obs.get("terminated")) or (done and not obs.get("truncated"))
         return Outcome(messages=new, rewards={self.seat: float(result.reward or 0.0)},

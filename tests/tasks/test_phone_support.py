@@ -127,3 +127,4 @@ def test_served_phone_support_carries_tool_calls_and_results_over_the_wire():
     assert [c.tool_calls[0].name for c in calls] == ["lookup_account", "resume_line"]
     assert [r.tool_call_id for r in results] == [c.tool_calls[0].id for c in calls]
     assert all(c.audience == ("assistant",) and c.trainable for c in calls)
+    assert ep.costs["tool_calls"] == 2.0 and ep.costs["tool_errors"] == 0.0
