@@ -147,7 +147,7 @@ def _on(flag: bool) -> str:
     return "on" if flag else "off"
 
 
-def status_text(device: Mapping[str, Any], line_active: bool) -> str:
+def _status_text(device: Mapping[str, Any], line_active: bool) -> str:
     """What ``check_status`` shows."""
     return (f"Status: airplane mode {_on(device['airplane'])} | mobile data {_on(device['data'])} | "
             f"data roaming {_on(device['roaming'])} | APN {device['apn']} | "
@@ -231,7 +231,7 @@ class PhoneSupportTask(Task):
             state.data["line_active"] = True
             return "The line is already active." if was else "The line is active again."
         if call.name == "check_status":
-            return status_text(device, state.data["line_active"])
+            return _status_text(device, state.data["line_active"])
         if call.name == "run_speed_test":
             return ("Speed test: 48 Mbps download." if _connected(device, state.data["line_active"])
                     else "Speed test: no connection.")
