@@ -449,7 +449,9 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 
 def _chat_text(tokenizer: Any, observation: Any) -> str:
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(observation.to_chat(), tokenize=False, add_generation_prompt=True)
+        from collab_env.agents.tokens import chat_prompt_text
+
+        return chat_prompt_text(tokenizer, observation)  # the policies' rendering: tool calls and tools= too
     return observation.render()
 
 

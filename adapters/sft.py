@@ -85,7 +85,7 @@ class SFTConfig(TrainerConfig):
 # ---------------------------------------------------------------------------------------------
 # Tokenisation with exact masks
 # ---------------------------------------------------------------------------------------------
-def _normalise_messages(messages: Any, where: str) -> list[dict[str, str]]:
+def _normalise_messages(messages: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)) or not messages:
         raise DataSchemaError(f"{where}: messages must be a non-empty list of {{'role', 'content'}} dicts, "
                               f"got {type(messages).__name__}.")
@@ -93,7 +93,9 @@ def _normalise_messages(messages: Any, where: str) -> list[dict[str, str]]:
     for k, m in enumerate(messages):
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise DataSchemaError(f"{where}: message {k} must be a dict with str 'role' and 'content', got {m!r}.")
-        out.append({"role": m["role"], "content": m["content"]})
+        # tool calls and results travel as Conversation.to_chat writes them (the template renders them)
+        out.append({"role": m["role"], "content": m["content"],
+                    **{key: m[key] for key in ("tool_calls", "tool_call_id") if key in m}})
     return out
 
 

@@ -27,6 +27,7 @@ Example, a local vLLM or other OpenAI-compatible server::
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import sys
@@ -399,8 +400,11 @@ class LiteLLMPolicy:
         )
 
     # -- helpers -------------------------------------------------------------------------------
-    def _messages(self, observation: Conversation) -> list[dict[str, str]]:
+    def _messages(self, observation: Conversation) -> list[dict[str, Any]]:
         chat = observation.to_chat()
+        for m in chat:  # OpenAI-style APIs take a tool call's arguments as a JSON string
+            for c in m.get("tool_calls", ()):
+                c["function"]["arguments"] = json.dumps(c["function"]["arguments"])
         if self.system_prompt is not None:
             chat.insert(0, {"role": "system", "content": self.system_prompt})
         return chat

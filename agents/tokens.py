@@ -73,11 +73,15 @@ def row_seed(seed: int, index: int) -> int:
 def chat_prompt_text(tokenizer: Any, observation: Conversation, system_prompt: str | None = None) -> str:
     """The prompt of one observation as text: the tokenizer's chat template rendering with the
     generation prompt (or the prefilled reply to continue, left open); ``system_prompt`` is put
-    first when the observation has no system message."""
+    first when the observation has no system message. Messages carry their ``tool_calls`` and
+    ``tool_call_id`` (:meth:`Conversation.to_chat`), and the tools the env declared for the
+    player (:attr:`Conversation.tools`) go to the template as ``tools=``."""
     chat = observation.to_chat()
     if system_prompt is not None and not any(m["role"] == "system" for m in chat):
         chat = [{"role": "system", "content": system_prompt}, *chat]
-    return tokenizer.apply_chat_template(chat, tokenize=False, **chat_template_mode(observation))
+    tools = observation.tools
+    extra: dict[str, Any] = {"tools": tools} if tools else {}
+    return tokenizer.apply_chat_template(chat, tokenize=False, **chat_template_mode(observation), **extra)
 
 
 def rendered_prompt_ids(tokenizer: Any, text: str) -> list[int]:

@@ -66,6 +66,10 @@ def baseline_runs() -> dict[str, dict[str, dict[str, object]]]:
         "letter-requests-solver": {"assistant": "letter-requests-solver"},
         "fixed text (naive)": {"assistant": FixedTextPolicy(NAIVE_TEXT)},
     }
+    runs["phone-support-v0"] = {
+        "phone-support-reference": {"assistant": "phone-support-reference"},
+        "phone-support-naive": {"assistant": "phone-support-naive"},
+    }
     return runs
 
 

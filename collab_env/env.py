@@ -21,6 +21,18 @@ Observations and actions
     any string is accepted: lone surrogates become U+FFFD and text over ``max_message_chars``
     is cut (``infos[a]["clipped"]`` says so).
 
+Tools
+    A task may declare tools per player (:meth:`Task.tools`, :class:`~collab_env.types.Tool`;
+    the player's system message lists them in its ``"tools"`` meta, so a policy passes
+    ``observation.tools`` to its chat template as ``tools=``). A move by such a player that
+    starts with ``{`` is a tool call in the one format of
+    :func:`~collab_env.types.parse_tool_call`: the env stores it as a message with
+    ``tool_calls`` (seen by the caller only), runs it (:meth:`Task.call_tool`) and appends the
+    result as a ``"tool"`` message for the caller; a malformed call gets the error as its result.
+    Either way the caller stays on turn (each call is one env step, so ``max_steps`` bounds the
+    calls) and ``infos[caller]["tool_call"]`` reports it; ``EpisodeState.tool_calls`` /
+    ``tool_errors`` count them. A move that is not a call ends the player's turn as usual.
+
 Episode end
     ``terminations`` when the conversation ends by protocol (the task says so: an answer was
     accepted, the user sent its termination signal); ``truncations`` when a budget runs out
@@ -45,7 +57,7 @@ from collab_env._async import run_sync
 from collab_env._json import check_depth
 from collab_env.errors import ActionError, ConfigError, EnvStateError, check_keyword_types, did_you_mean
 from collab_env.spaces import Chat, UnicodeText
-from collab_env.types import ENV_AUTHOR, Conversation, Message
+from collab_env.types import ENV_AUTHOR, Conversation, Message, Tool, ToolCall, ToolCallError, parse_tool_call
 
 __all__ = ["Task", "Start", "Outcome", "EpisodeState", "CollabEnv"]
 
@@ -110,6 +122,10 @@ class EpisodeState:
     seed: int | None = None
     """The seed the episode was reset with (``None``: unseeded); a reward stage seeds what it
     samples for this episode from it (the multiturn-aware reward's futures)."""
+    tool_calls: dict[str, int] = field(default_factory=dict)
+    """Per player, the tool calls it made (malformed ones included)."""
+    tool_errors: dict[str, int] = field(default_factory=dict)
+    """Per player, the tool calls that failed (malformed, unknown tool, bad arguments, refused)."""
 
     @property
     def conversation(self) -> Conversation:
@@ -139,6 +155,8 @@ class EpisodeState:
             truncated=self.truncated,
             end_reason=self.end_reason,
             seed=self.seed,
+            tool_calls=dict(self.tool_calls),
+            tool_errors=dict(self.tool_errors),
         )
 
 
@@ -202,6 +220,17 @@ class Task:
     def audience(self, player: str) -> tuple[str, ...] | None:
         """Who sees ``player``'s messages (``None``: everybody)."""
         return None
+
+    def tools(self, player: str) -> tuple[Tool, ...]:
+        """The tools ``player`` may call (none by default; see "Tools" in the module docstring)."""
+        return ()
+
+    def call_tool(self, state: EpisodeState, player: str, call: ToolCall) -> str:
+        """Run ``call`` (a call of one of ``tools(player)``, its arguments already checked
+        against the tool's schema) and return its result text. Raise
+        :class:`~collab_env.errors.ActionError` to refuse it: the message becomes the result and
+        the call counts as an error."""
+        raise ActionError(f"{type(self).__name__} declares tools but does not run them.")
 
     def global_view(self, state: EpisodeState) -> Conversation:
         """What ``CollabEnv.state()`` returns; by default the whole transcript."""
@@ -454,24 +483,37 @@ class CollabEnv(ParallelEnv[str, Conversation, str]):
             step_meta[p] = meta
         actors = state.on_turn
         agents = list(self.agents)
+        calls: dict[str, ToolCall | ToolCallError] = {}
         for p in actors:
+            tools = self.task.tools(p)
+            parsed = parse_tool_call(moves[p], tools, f"call_{state.step}_{p}") if tools else None
+            if parsed is not None:
+                calls[p] = parsed
+            call = parsed.call if isinstance(parsed, ToolCallError) else parsed
             state.messages.append(
                 Message(
                     role=self.task.role_of(p),
                     content=moves[p],
                     author=p,
                     trainable=self.task.is_trainable(p),
-                    audience=self.task.audience(p),
+                    # a tool call is the caller's business: nobody else sees it
+                    audience=(p,) if call is not None else self.task.audience(p),
                     meta=step_meta[p],
+                    tool_calls=(call,) if call is not None else (),
                 )
             )
             state.moves[p] += 1
             state.chars[p] += len(moves[p])
+        tool_info = {p: self._run_tool(state, p, c) for p, c in calls.items()}
         state.last_moves = moves
         state.step += 1
         over_steps = state.step >= self.max_steps
         over_chars = self.max_total_chars is not None and state.total_chars >= self.max_total_chars
-        outcome = self.task.step(state, moves, final=over_steps or over_chars)
+        final = over_steps or over_chars
+        if calls and len(calls) == len(actors) and not final:
+            outcome = Outcome(next_on_turn=actors)  # every caller stays on turn for its result
+        else:
+            outcome = self.task.step(state, moves, final=final)
         state.messages.extend(outcome.messages)
 
         terminated = bool(outcome.terminated)
@@ -499,6 +541,8 @@ class CollabEnv(ParallelEnv[str, Conversation, str]):
             info: dict[str, Any] = {"on_turn": a in state.on_turn, "step": state.step, **outcome.info}
             if a in outcome.components:
                 info["reward_components"] = dict(outcome.components[a])
+            if a in tool_info:
+                info["tool_call"] = tool_info[a]
             if step_meta.get(a):
                 info.update(step_meta[a])
                 if "clipped_from" in step_meta[a]:
@@ -511,6 +555,23 @@ class CollabEnv(ParallelEnv[str, Conversation, str]):
         if self.render_mode == "human":
             self.render()
         return obs, rewards, terms, truncs, infos
+
+    def _run_tool(self, state: EpisodeState, player: str, parsed: ToolCall | ToolCallError) -> dict[str, Any]:
+        """Run one parsed call, append its result for ``player`` and count it; the info entry."""
+        state.tool_calls[player] = state.tool_calls.get(player, 0) + 1
+        if isinstance(parsed, ToolCallError):
+            call, result, ok = parsed.call, parsed.reason, False
+        else:
+            call = parsed
+            try:
+                result, ok = self.task.call_tool(state, player, call), True
+            except ActionError as exc:
+                result, ok = f"error: {exc}", False
+        if not ok:
+            state.tool_errors[player] = state.tool_errors.get(player, 0) + 1
+        state.messages.append(Message(role="tool", content=result, author=ENV_AUTHOR, audience=(player,),
+                                      meta={"name": call.name, "ok": ok}, tool_call_id=call.id))
+        return {"name": call.name, "id": call.id, "ok": ok, **({} if ok else {"error": result})}
 
     def _observations(self, agents: list[str] | None = None) -> dict[str, Conversation]:
         conv = self._state.conversation  # type: ignore[union-attr]

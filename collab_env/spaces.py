@@ -15,6 +15,10 @@ from gymnasium.spaces import Space
 
 from collab_env.types import ROLES, Conversation, Message
 
+#: The roles ``Chat.sample`` draws: the chat roles (a ``"tool"`` message answers a tool call, so it
+#: is not drawn alone); the same draws as before tool messages existed.
+_SAMPLED_ROLES = tuple(r for r in ROLES if r != "tool")
+
 __all__ = ["UnicodeText", "Chat"]
 
 # Pools sampled by UnicodeText.sample(): what LLM text really contains.
@@ -143,7 +147,7 @@ class Chat(Space[Conversation]):
         n = int(rng.integers(0, min(4, self.max_messages) + 1))
         msgs = []
         for _ in range(n):
-            role = ROLES[int(rng.integers(0, len(ROLES)))]
+            role = _SAMPLED_ROLES[int(rng.integers(0, len(_SAMPLED_ROLES)))]
             msgs.append(Message(role=role, content=self._text.sample(), author=role))
         return Conversation(tuple(msgs))
 

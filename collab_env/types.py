@@ -11,27 +11,237 @@ Everything a player sees or produces is one of these plain, picklable dataclasse
   exact token ids and log-probs a learner needs.
 * :class:`Episode` — a finished (or interrupted) episode: the transcript, every completion with
   its player and step, rewards per player and step, reward components, costs and how it ended.
+* :class:`Tool` and :class:`ToolCall` — a tool an env declares for a player (name, description,
+  JSON-schema parameters) and one call of it. An assistant message may carry ``tool_calls``; a
+  message of role ``"tool"`` carries one result and the ``tool_call_id`` it answers, as
+  OpenAI-style APIs and Hugging Face chat templates represent them (:meth:`Conversation.to_chat`).
+  :func:`parse_tool_call` reads a reply in the one documented tool-call format.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, overload
 
 from collab_env.errors import ConfigError
 
-__all__ = ["ROLES", "ENV_AUTHOR", "FAULT", "Message", "Conversation", "Completion", "TurnRecord", "Episode"]
+__all__ = ["ROLES", "ENV_AUTHOR", "FAULT", "Message", "Conversation", "Completion", "TurnRecord", "Episode",
+           "Tool", "ToolCall", "ToolCallError", "parse_tool_call"]
 
-Role = Literal["system", "user", "assistant"]
-ROLES: tuple[str, ...] = ("system", "user", "assistant")
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 #: Author id of messages the environment itself writes (task prompts, feedback, hidden goals).
 ENV_AUTHOR = "env"
 #: ``Completion.finish_reason`` of a policy that could not produce a valid message after its own
 #: retries and whose fault policy is to end the episode: the runner then truncates the episode
 #: (``end_reason="fault:<player>"``) and counts the fault; the text is never used as a message.
 FAULT = "fault"
+
+
+#: The JSON-Schema keywords a :class:`Tool`'s parameters may use (checked by :meth:`Tool.check`).
+SCHEMA_KEYWORDS = frozenset({"type", "properties", "required", "enum", "description", "items",
+                             "additionalProperties"})
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
+    "array": (list, tuple), "object": (dict, Mapping), "null": (type(None),),
+}
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _check_schema(schema: Any, where: str) -> None:
+    if not isinstance(schema, Mapping):
+        raise ConfigError(f"{where} must be a JSON-schema object (a mapping), got {type(schema).__name__}.")
+    unknown = set(schema) - SCHEMA_KEYWORDS
+    if unknown:
+        raise ConfigError(f"{where} uses JSON-schema keyword(s) {sorted(unknown)} that tool calls are not "
+                          f"checked against; use only {sorted(SCHEMA_KEYWORDS)}.")
+    kind = schema.get("type")
+    if kind is not None and kind not in _JSON_TYPES:
+        raise ConfigError(f"{where}: type {kind!r} is not one of {sorted(_JSON_TYPES)}.")
+    for name, sub in dict(schema.get("properties") or {}).items():
+        _check_schema(sub, f"{where}.properties.{name}")
+    if "items" in schema:
+        _check_schema(schema["items"], f"{where}.items")
+
+
+def _schema_errors(value: Any, schema: Mapping[str, Any], path: str) -> str | None:
+    """The first way ``value`` breaks ``schema`` (the :data:`SCHEMA_KEYWORDS` subset), or ``None``."""
+    kind = schema.get("type")
+    if kind is not None:
+        ok = isinstance(value, _JSON_TYPES[kind]) and not (kind in ("integer", "number") and isinstance(value, bool))
+        if not ok:
+            return f"{path} must be of type {kind}, got {json.dumps(value)[:60]}"
+    if "enum" in schema and value not in list(schema["enum"]):
+        return f"{path} must be one of {json.dumps(list(schema['enum']))}, got {json.dumps(value)[:60]}"
+    if isinstance(value, Mapping):
+        props = dict(schema.get("properties") or {})
+        missing = [k for k in schema.get("required") or () if k not in value]
+        if missing:
+            return f"{path} is missing the required argument(s) {missing}"
+        if schema.get("additionalProperties", True) is False:
+            extra = sorted(set(value) - set(props))
+            if extra:
+                return f"{path} has unknown argument(s) {extra}; the arguments are {sorted(props)}"
+        for k, v in value.items():
+            if k in props:
+                err = _schema_errors(v, props[k], f"{path}.{k}")
+                if err:
+                    return err
+    if isinstance(value, (list, tuple)) and "items" in schema:
+        for i, v in enumerate(value):
+            err = _schema_errors(v, schema["items"], f"{path}[{i}]")
+            if err:
+                return err
+    return None
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool an environment declares for a player: what a function-calling model is shown.
+
+    Args:
+        name: The name a call gives (letters, digits, ``_`` and ``-``, at most 64: OpenAI's rule).
+        description: What the tool does, for the model.
+        parameters: A JSON-schema object for the arguments, in the subset :data:`SCHEMA_KEYWORDS`
+            (calls are checked against it before the env runs them; any other keyword is refused
+            here rather than silently unchecked). Tools declare ``"additionalProperties": False``
+            to refuse unknown arguments.
+    """
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}},
+                                          hash=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _TOOL_NAME.fullmatch(self.name):
+            raise ConfigError(f"a tool name is 1-64 letters, digits, '_' or '-', got {self.name!r}.")
+        if not isinstance(self.description, str):
+            raise ConfigError(f"the description of tool {self.name!r} must be str.")
+        _check_schema(self.parameters, f"the parameters of tool {self.name!r}")
+        if self.parameters.get("type") != "object":
+            raise ConfigError(f"the parameters of tool {self.name!r} must have type 'object'.")
+
+    def check(self, arguments: Any) -> str | None:
+        """Why ``arguments`` do not fit :attr:`parameters`, or ``None`` when they do."""
+        return _schema_errors(arguments, self.parameters, "arguments")
+
+    def to_openai(self) -> dict[str, Any]:
+        """``{"type": "function", "function": {name, description, parameters}}``: an entry of the
+        ``tools=`` list of OpenAI-style APIs and of ``tokenizer.apply_chat_template``."""
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": json.loads(json.dumps(self.parameters))}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Tool:
+        """Inverse of :meth:`to_openai`; also takes the bare ``{name, description, parameters}``."""
+        f = d["function"] if d.get("type") == "function" and "function" in d else d
+        return cls(name=f["name"], description=f.get("description", ""),
+                   parameters=f.get("parameters") or {"type": "object", "properties": {}})
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call of a :class:`Tool`, as an assistant message carries it.
+
+    Args:
+        id: The call's id; the ``"tool"`` message with its result gives the same ``tool_call_id``.
+        name: The tool called.
+        arguments: The arguments (a JSON object). Compared for equality, ignored for hashing.
+    """
+
+    id: str
+    name: str
+    arguments: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "arguments": dict(self.arguments)}
+
+    def to_chat(self) -> dict[str, Any]:
+        """The OpenAI-style entry ``{"id", "type": "function", "function": {"name", "arguments"}}``
+        with the arguments as a dict (what Hugging Face chat templates read; an OpenAI API client
+        takes them as a JSON string, which :meth:`from_dict` also reads)."""
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": dict(self.arguments)}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ToolCall:
+        """Inverse of :meth:`to_dict` and of :meth:`to_chat` (arguments as a dict or a JSON string)."""
+        f = d["function"] if "function" in d else d
+        args = f.get("arguments") or {}
+        if isinstance(args, str):
+            args = json.loads(args) if args.strip() else {}
+        if not isinstance(args, Mapping):
+            raise ConfigError(f"tool call arguments must be a JSON object, got {type(args).__name__}.")
+        return cls(id=str(d.get("id") or ""), name=str(f["name"]), arguments=dict(args))
+
+
+@dataclass(frozen=True)
+class ToolCallError:
+    """A reply that tried to call a tool and could not (:func:`parse_tool_call`): ``reason`` is
+    the one-line error the caller gets back as the tool's result; ``call`` is the call as far as
+    it could be read (name ``"invalid_tool_call"`` when none), so the result has a call to answer."""
+
+    reason: str
+    call: ToolCall
+
+
+#: The one tool-call format (:func:`parse_tool_call`), as the envs' prompts state it.
+TOOL_CALL_FORMAT = '{"name": "<tool name>", "arguments": {<arguments as a JSON object>}}'
+
+
+def parse_tool_call(text: str, tools: Sequence[Tool], call_id: str) -> ToolCall | ToolCallError | None:
+    """Read a reply as a tool call, in the one documented format: the whole reply (surrounding
+    whitespace aside) is one OpenAI-style JSON call ``{"name": ..., "arguments": {...}}``
+    (:data:`TOOL_CALL_FORMAT`; ``arguments`` may also be a JSON string, as OpenAI's API writes
+    it, or left out when the tool takes none).
+
+    Returns:
+        ``None`` when the reply does not start with ``{`` (a plain message); the
+        :class:`ToolCall` (id ``call_id``) when it is a valid call of one of ``tools``; else a
+        :class:`ToolCallError` saying what is wrong and how to write the call.
+    """
+    raw = text.strip()
+    if not raw.startswith("{"):
+        return None
+    names = [t.name for t in tools]
+    how = f" Write one JSON object: {TOOL_CALL_FORMAT}; tools: {', '.join(names) or 'none'}."
+
+    def bad(reason: str, name: str = "invalid_tool_call", arguments: Any = None) -> ToolCallError:
+        args = dict(arguments) if isinstance(arguments, Mapping) else {}
+        return ToolCallError(reason + how, ToolCall(call_id, name, args))
+
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        return bad(f"error: the tool call is not valid JSON ({str(exc).splitlines()[0][:80]}).")
+    if not isinstance(obj, dict):
+        return bad("error: the tool call must be a JSON object.")
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        return bad("error: the tool call has no \"name\".")
+    shown = name if _TOOL_NAME.fullmatch(name) else "invalid_tool_call"
+    extra = sorted(set(obj) - {"name", "arguments"})
+    if extra:
+        return bad(f"error: the tool call has unknown key(s) {extra}.", shown)
+    args = obj.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            return bad(f"error: the arguments of {name!r} are a string that is not JSON.", shown)
+    if not isinstance(args, dict):
+        return bad(f"error: the arguments of {name!r} must be a JSON object.", shown)
+    tool = next((t for t in tools if t.name == name), None)
+    if tool is None:
+        return bad(f"error: there is no tool {name!r}.", shown, args)
+    problem = tool.check(args)
+    if problem is not None:
+        return bad(f"error: {name}: {problem}.", shown, args)
+    return ToolCall(call_id, name, args)
 
 
 @dataclass(frozen=True)
@@ -49,6 +259,11 @@ class Message:
             goals and per-player system prompts use it.
         meta: Free-form, JSON-friendly extras (e.g. the structured hidden facts a scripted user
             reads). Compared for equality, ignored for hashing.
+        tool_calls: The tool calls this message makes (a player's move that is a call; see
+            :func:`parse_tool_call`). ``content`` keeps the reply's text exactly as written, so
+            the token ids of the move still match it.
+        tool_call_id: On a ``"tool"`` message (a tool's result, written by the env), the id of
+            the call it answers.
     """
 
     role: str
@@ -57,6 +272,8 @@ class Message:
     trainable: bool = False
     audience: tuple[str, ...] | None = None
     meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -68,6 +285,17 @@ class Message:
             )
         if self.audience is not None and not isinstance(self.audience, tuple):
             object.__setattr__(self, "audience", tuple(self.audience))
+        if not isinstance(self.tool_calls, tuple):
+            object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+        if self.tool_calls:
+            if self.role in ("system", "tool"):
+                raise ConfigError(f"a {self.role!r} message cannot make tool calls.")
+            if not all(isinstance(c, ToolCall) for c in self.tool_calls):
+                raise ConfigError("Message.tool_calls holds ToolCall objects (ToolCall.from_dict reads dicts).")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise ConfigError("a 'tool' message (a tool's result) needs the tool_call_id of the call it answers, "
+                              f"and only a 'tool' message has one (role {self.role!r}, "
+                              f"tool_call_id {self.tool_call_id!r}).")
 
     def visible_to(self, player: str) -> bool:
         """Whether ``player`` may see this message."""
@@ -78,19 +306,41 @@ class Message:
         d = asdict(self)
         d["audience"] = list(self.audience) if self.audience is not None else None
         d["meta"] = dict(self.meta)
+        # Written only when set, so messages without tools read and write as they always did.
+        if self.tool_calls:
+            d["tool_calls"] = [c.to_dict() for c in self.tool_calls]
+        else:
+            del d["tool_calls"]
+        if self.tool_call_id is None:
+            del d["tool_call_id"]
+        return d
+
+    def to_chat(self) -> dict[str, Any]:
+        """This message as chat templates and OpenAI-style clients take it: ``{"role",
+        "content"}``, plus ``"tool_calls"`` (:meth:`ToolCall.to_chat`) and ``"tool_call_id"``
+        where set."""
+        d: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            d["tool_calls"] = [c.to_chat() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            d["tool_call_id"] = self.tool_call_id
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Message:
-        """Inverse of :meth:`to_dict`; also accepts plain ``{"role", "content"}`` dicts."""
+        """Inverse of :meth:`to_dict` and of :meth:`to_chat`; also accepts plain ``{"role",
+        "content"}`` dicts (a ``None`` content, as an API writes beside tool calls, is ``""``)."""
         audience = d.get("audience")
+        role = d["role"]
         return cls(
-            role=d["role"],
+            role=role,
             content=d["content"] if d.get("content") is not None else "",
-            author=d.get("author", d["role"] if d["role"] != "system" else ENV_AUTHOR),
+            author=d.get("author", role if role not in ("system", "tool") else ENV_AUTHOR),
             trainable=bool(d.get("trainable", False)),
             audience=tuple(audience) if audience is not None else None,
             meta=dict(d.get("meta") or {}),
+            tool_calls=tuple(ToolCall.from_dict(c) for c in d.get("tool_calls") or ()),
+            tool_call_id=d.get("tool_call_id"),
         )
 
 
@@ -147,20 +397,24 @@ class Conversation(Sequence[Message]):
 
         Messages whose audience excludes ``player`` are dropped. Roles are remapped to the
         player's side: its own messages become ``"assistant"``, everything written by anyone
-        else becomes ``"user"``, system messages stay ``"system"``. Authors are kept, so a
-        policy that talks to several others can still tell them apart.
+        else becomes ``"user"``, system and tool-result messages keep their role. Authors are
+        kept, so a policy that talks to several others can still tell them apart. Tool calls
+        stay on the caller's own messages only (another player's message reads as its text).
         """
         out = []
         for m in self.messages:
             if not m.visible_to(player):
                 continue
-            if m.role == "system":
-                role = "system"
+            if m.role in ("system", "tool"):
+                role = m.role
             elif m.author == player:
                 role = "assistant"
             else:
                 role = "user"
-            out.append(m if role == m.role else replace(m, role=role))
+            if role == "user" and m.tool_calls:
+                out.append(replace(m, role=role, tool_calls=()))
+            else:
+                out.append(m if role == m.role else replace(m, role=role))
         return Conversation._of_messages(tuple(out), player)
 
     @classmethod
@@ -173,9 +427,22 @@ class Conversation(Sequence[Message]):
         object.__setattr__(conv, "viewer", viewer)
         return conv
 
-    def to_chat(self) -> list[dict[str, str]]:
-        """``[{"role", "content"}]`` for chat templates and OpenAI-style clients."""
-        return [{"role": m.role, "content": m.content} for m in self.messages]
+    def to_chat(self) -> list[dict[str, Any]]:
+        """``[{"role", "content"}]`` for chat templates and OpenAI-style clients, with
+        ``tool_calls`` and ``tool_call_id`` where a message has them (:meth:`Message.to_chat`);
+        :meth:`from_chat` reads it back."""
+        return [m.to_chat() for m in self.messages]
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The tools the viewer may call, as the ``tools=`` list of chat templates and
+        OpenAI-style APIs (:meth:`Tool.to_openai`): an env declares them in the ``"tools"`` meta
+        of the player's system message; empty when there are none."""
+        out: list[dict[str, Any]] = []
+        for m in self.messages:
+            if m.role == "system" and m.meta.get("tools"):
+                out.extend(dict(t) for t in m.meta["tools"])
+        return out
 
     # -- queries -------------------------------------------------------------------------
     def last(self, *, author: str | None = None, role: str | None = None) -> Message | None:

@@ -124,9 +124,20 @@ def _serve(scope: dict[str, Any], out: str, cwd: Path) -> None:
     assert out.rstrip().endswith("open sessions: 0")
 
 
+def _dual_control(scope: dict[str, Any], out: str, cwd: Path) -> None:
+    ref, naive = scope["episodes"]["phone-support-reference"], scope["episodes"]["phone-support-naive"]
+    assert ref.returns["assistant"] == 1.0 and ref.end_reason == "user_ended"
+    assert naive.returns["assistant"] == 0.0 and naive.end_reason == "max_steps"
+    # the transcript the README shows is the one the block prints
+    section = README.read_text().split("## Tool use: dual control", 1)[1]
+    shown = section.split("It prints", 1)[1].split("```\n", 1)[1].split("```", 1)[0]
+    assert out == shown
+
+
 CHECKS: dict[str, Callable[[dict[str, Any], str, Path], None]] = {
     "Quickstart": _quickstart,
     "Exploit audit": _exploit_audit,
+    "Tool use: dual control": _dual_control,
     "Policies and simulators": _policies,
     "Rewards": _rewards,
     "Rollouts": _rollouts,

@@ -99,7 +99,7 @@ def read_joint_pairs(data: Any, what: str, num_agents: int | None) -> list[Joint
 # ---------------------------------------------------------------------------------------------
 # Chat pairs
 # ---------------------------------------------------------------------------------------------
-def as_messages(value: Any, role: str, where: str) -> list[dict[str, str]]:
+def as_messages(value: Any, role: str, where: str) -> list[dict[str, Any]]:
     """``value`` as chat messages: a string is one message of ``role``; a list of
     ``{"role", "content"}`` dicts is copied (other keys dropped).
 
@@ -111,7 +111,9 @@ def as_messages(value: Any, role: str, where: str) -> list[dict[str, str]]:
     if isinstance(value, Sequence) and value and all(
             isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in value):
-        return [{"role": m["role"], "content": m["content"]} for m in value]
+        # tool calls and results travel as Conversation.to_chat writes them (the template renders them)
+        return [{"role": m["role"], "content": m["content"],
+                 **{key: m[key] for key in ("tool_calls", "tool_call_id") if key in m}} for m in value]
     raise DataSchemaError(f"{where} must be a string or a non-empty list of {{'role', 'content'}} dicts, "
                           f"got {value!r}.")
 

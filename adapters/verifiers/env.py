@@ -129,7 +129,7 @@ def _num_items(env_id: str, env_kwargs: Mapping[str, Any]) -> int | None:
     return getattr(env, "unwrapped", env).task.num_items()
 
 
-def new_messages(observation: Any, player: str) -> list[dict[str, str]]:
+def new_messages(observation: Any, player: str) -> list[dict[str, Any]]:
     """The messages of ``player``'s observation since its last reply (all of them before its
     first), system prompts left out before the first reply, as ``{"role", "content"}`` dicts.
 
@@ -145,7 +145,7 @@ def new_messages(observation: Any, player: str) -> list[dict[str, str]]:
     tail = msgs[last + 1:]
     if last < 0:
         tail = [m for m in tail if m.role != "system"]
-    return [{"role": m.role, "content": m.content} for m in tail]
+    return [m.to_chat() for m in tail]  # tool calls and results with their ids, as chat templates read them
 
 
 class CollabEnvBase:

@@ -596,6 +596,9 @@ async def arun_episode(
     if run.scores:
         ep.info["scores"] = run.scores
     state = env.episode
+    if state.tool_calls:  # counted, never dropped: a malformed call is a tool error
+        ep.costs["tool_calls"] = float(sum(state.tool_calls.values()))
+        ep.costs["tool_errors"] = float(sum(state.tool_errors.values()))
     ep.conversation = state.conversation
     ep.terminated, ep.truncated, ep.end_reason = state.terminated, state.truncated, state.end_reason
     return ep

@@ -18,6 +18,7 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from collab_env.errors import ConfigError, ServedEnvError, require
@@ -161,7 +162,17 @@ class RemoteTask(Task):
         result = self.client.step(moves[self.seat])
         obs = result.observation
         served = obs.get("messages", ())
+        k = len(state.messages) - 1  # the seat's move, as this env stored it
+        if 0 <= k < len(served) and served[k].get("tool_calls"):
+            # the server read it as a tool call (and ran it): keep its call, seen by the seat only
+            mine = Message.from_dict(served[k])
+            state.messages[k] = replace(state.messages[k], tool_calls=mine.tool_calls, audience=mine.audience)
         new = [Message.from_dict(m) for m in served[len(state.messages):]]
+        for m in new:  # the seat's tool results: counted here as the served env counted them
+            if m.role == "tool":
+                state.tool_calls[self.seat] = state.tool_calls.get(self.seat, 0) + 1
+                if not m.meta.get("ok", True):
+                    state.tool_errors[self.seat] = state.tool_errors.get(self.seat, 0) + 1
         done = bool(result.done)
         terminated = bool(obs.get("terminated")) or (done and not obs.get("truncated"))
         return Outcome(messages=new, rewards={self.seat: float(result.reward or 0.0)},

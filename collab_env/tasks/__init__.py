@@ -5,6 +5,7 @@
 * ``cooperative``: CoMLRL-style suites where several agents answer the same prompt and share one
   joint reward (e.g. the length-ratio task).
 * ``collabllm``: the CollabLLM multiturn datasets (Hugging Face hub or local files).
+* ``phone_support``: dual control with tools (the user's phone, the assistant's account).
 * :func:`from_dataset`: any dataset + per-agent formatters + a reward function is an env.
 
 Registering imports nothing heavy: entry points are strings.
@@ -314,6 +315,32 @@ def register_builtin() -> None:
             ),
             suite="builtin",
             card=LETTER_REQUESTS_CARD,
+        )
+    )
+
+    # phone-support (issue 46): dual control with tools; card in collab_env.tasks.phone_support.
+    from collab_env.tasks.phone_support import PHONE_POLICIES, PHONE_SUPPORT_CARD
+
+    for name, entry_point in PHONE_POLICIES.items():
+        register_policy(name, entry_point)
+    register(
+        EnvSpec(
+            id="phone-support-v0",
+            entry_point="collab_env.tasks.phone_support:make_env",
+            players=("assistant", "user"),
+            turn_order=_CHAT,
+            trainable=("assistant",),
+            default_policies={"user": "collab_env.tasks.phone_support:PhoneSupportUser"},
+            reward={"resolved": 1.0},
+            reward_range=(0.0, 1.0),
+            limits={"max_steps": 40},
+            description=(
+                "Dual control with tools: a scripted user holds a phone whose settings only the user's "
+                "tools change, the assistant holds the account (its own tools); the assistant must "
+                "look up the account and guide the user; success is the final state matching the goal."
+            ),
+            suite="builtin",
+            card=PHONE_SUPPORT_CARD,
         )
     )
 

@@ -75,6 +75,26 @@ def test_normal_call_returns_text_usage_and_meta(server):
                                  "prompt_tokens": 5, "completion_tokens": 4, "cost": 0.0}
 
 
+def test_tool_calls_and_results_reach_the_api_in_its_shape(server):
+    """A transcript with a tool call and its result goes out as OpenAI's API takes it: the call's
+    arguments as a JSON string, the result with its tool_call_id."""
+    from collab_env.types import ToolCall
+
+    obs = Conversation((
+        Message("user", "hi, my number is 555-1234", author="user"),
+        Message("assistant", '{"name": "lookup_account", "arguments": {"phone_number": "555-1234"}}',
+                author="assistant", tool_calls=(ToolCall("c1", "lookup_account", {"phone_number": "555-1234"}),)),
+        Message("tool", '{"line": "active"}', tool_call_id="c1"),
+    ), viewer="assistant")
+    [c] = asyncio.run(policy(server).act([obs]))
+    assert not c.is_fault
+    sent = server.requests[-1]["messages"]
+    assert sent[1]["tool_calls"] == [{"id": "c1", "type": "function", "function": {
+        "name": "lookup_account", "arguments": '{"phone_number": "555-1234"}'}}]
+    assert sent[2] == {"role": "tool", "content": '{"line": "active"}', "tool_call_id": "c1"}
+    assert obs[1].tool_calls[0].arguments == {"phone_number": "555-1234"}  # the observation is untouched
+
+
 def test_defaults_omit_unset_parameters(server):
     act(policy(server), ["hi"])
     body = server.requests[-1]

@@ -6,7 +6,8 @@ opening, the user's hidden goal with every fact) is checked:
 
 * a clock time is an hour of the clock, 1..12 ("The courier comes at 41 o'clock" was found);
 * the number 1 takes the singular ("1 dollars", "bakes 1 trays", "1 of the lemons are");
-* no template field is left unfilled (no ``{`` or ``}`` outside ``\\boxed{...}``);
+* no template field is left unfilled (no ``{`` or ``}`` outside ``\\boxed{...}`` and the JSON
+  objects a prompt shows, such as a tool's arguments or an example tool call);
 * no ``None``, ``nan``, ``null`` or ``inf`` stands in for a value;
 * no doubled space and no space before punctuation (what an empty field leaves behind).
 
@@ -25,6 +26,7 @@ defect fails at once.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from functools import cache
@@ -43,6 +45,7 @@ GENERATED: dict[str, tuple[dict, ...]] = {
     "collab_env.tasks.chats:make_math_chat": ({"problem_seed": 0}, {"problem_seed": 1}, {"problem_seed": 7}),
     "collab_env.tasks.cooperative:make_length_ratio_env": ({"split": "all"},),
     "collab_env.tasks.letter_requests:make_env": ({},),
+    "collab_env.tasks.phone_support:make_env": ({"abroad_rate": 0.0}, {"abroad_rate": 1.0}),
 }
 
 #: entry point -> why its text is not generated here.
@@ -97,12 +100,34 @@ def problems(text: str) -> list[tuple[str, str]]:
         if word.endswith("s") and not word.endswith("ss") and word not in _NOT_PLURAL:
             out.append(("plural", m.group(0)))
     out += [("plural", m.group(0)) for m in _ONE_OF_ARE.finditer(text)]
-    unboxed = _BOXED.sub("", text)
+    unboxed = _without_json(_BOXED.sub("", text))
     out += [("brace", unboxed[max(0, m.start() - 30):m.end() + 30]) for m in re.finditer(r"[{}]", unboxed)]
     out += [("missing", text[max(0, m.start() - 30):m.end() + 10]) for m in _MISSING.finditer(text)]
     for line in text.splitlines():
         out += [("spacing", line[max(0, m.start() - 30):m.end() + 10]) for m in _SPACING.finditer(line)]
     return out
+
+
+def _without_json(text: str) -> str:
+    """``text`` without its JSON objects (each outermost ``{...}`` that parses as JSON)."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "{":
+            depth = 0
+            for j in range(i, len(text)):
+                depth += {"{": 1, "}": -1}.get(text[j], 0)
+                if depth == 0:
+                    break
+            try:
+                json.loads(text[i:j + 1])
+            except ValueError:
+                pass
+            else:
+                i = j + 1
+                continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
 
 
 def _generated_ids() -> list[str]:
