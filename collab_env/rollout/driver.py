@@ -596,6 +596,9 @@ async def arun_episode(
     if run.scores:
         ep.info["scores"] = run.scores
     state = env.episode
+    task_info = env.task.episode_info(state)
+    if task_info:
+        ep.info["task"] = task_info
     ep.conversation = state.conversation
     ep.terminated, ep.truncated, ep.end_reason = state.terminated, state.truncated, state.end_reason
     return ep
