@@ -40,6 +40,20 @@ Levels
     its count withheld, two distractor numbers that are never the answer), so a small model that
     cannot multiply succeeds exactly when it asks for the count and copies it into the box;
     answering at once is right only by a lucky guess (1 in 29).
+    ``hidden-facts-choose`` (issue 45, v0; the syntax rule, text that reads as sense): the model
+    must choose what to ask, with no arithmetic. One object; either its count is withheld (its
+    unit value stated as 1) or its unit value is (its count stated as 1, "I need 1 apple."),
+    drawn per item (``stated_one``), the withheld value from 2..30, two distractors that are
+    never the answer. The answer is the one number the user reveals, but the question that gets
+    it differs per item: "how many X?" is right on about half the items. Its splits
+    (``split="train"``, ``"validation"``, ``"test"``; ``split_scenarios``) draw from disjoint
+    scenarios (:data:`SPLIT_SCENARIOS`): train shopping/baking/shipping (dollars, grams,
+    kilograms), validation knitting (meters of yarn), test gardening/printing (liters of water,
+    sheets of paper), so no object, unit or phrasing of the test split occurs in training.
+Metrics
+    :func:`collaboration_stats` reports questions asked and facts obtained; the facts are the
+    env's own record of what the user revealed (:func:`revealed_facts`, kept in the episode's
+    state and reported as ``Episode.info["task"]["revealed"]``), in whatever words the user used.
 Version history
     v3 (issue 43; ``hidden-facts``, ``-easy``, ``-hard``; ``hidden-facts-copy-v2``): v2's items
     (v1's for -copy) with the syntax rule (``user_rule="syntax"``,
@@ -96,6 +110,7 @@ from collab_env.types import Conversation, Message
 
 # The env cards: data in collab_env.tasks.cards (the registry's), text here for help() and pydoc.
 __doc__ = (__doc__ or "") + docstring_cards(
+    "hidden-facts-choose-v0",
     "hidden-facts-v3", "hidden-facts-easy-v3", "hidden-facts-hard-v3", "hidden-facts-copy-v2",
     "hidden-facts-v2", "hidden-facts-easy-v2", "hidden-facts-hard-v2",
     "hidden-facts-v1", "hidden-facts-easy-v1", "hidden-facts-hard-v1", "hidden-facts-copy-v1",
