@@ -67,7 +67,7 @@ class AskThenMiscount(AskThenAnswer):
 
     def respond(self, observation, rng):
         text = super().respond(observation, rng)
-        return re.sub(r"\\boxed\{(\d+)\}", lambda m: "\\boxed{%d}" % (int(m.group(1)) + 7), text)
+        return re.sub(r"\\boxed\{(\d+)\}", lambda m: f"\\boxed{{{int(m.group(1)) + 7}}}", text)
 
 
 @dataclass(frozen=True)

@@ -139,7 +139,8 @@ _HF_TESTS = {
        _HF_LEVEL_TESTS.items() if name not in ("hidden-facts-copy", "hidden-facts-choose")},
     # issue 43: the syntax rule (collab_env.tasks.questions), on v2's items (v1's for -copy).
     **{f"{name}-v3": text + " The user answers questions only, judged by their syntax. v3: v2's "
-       "items, the syntax rule." for name, text in _HF_LEVEL_TESTS.items() if name not in ("hidden-facts-copy", "hidden-facts-choose")},
+       "items, the syntax rule." for name, text in _HF_LEVEL_TESTS.items()
+       if name not in ("hidden-facts-copy", "hidden-facts-choose")},
     "hidden-facts-copy-v2": _HF_LEVEL_TESTS["hidden-facts-copy"] + " The user answers questions only, "
                             "judged by their syntax. v2: v1's items, the syntax rule.",
     "hidden-facts-choose-v0": _HF_LEVEL_TESTS["hidden-facts-choose"] + " The user answers questions only, "
