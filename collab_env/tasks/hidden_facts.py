@@ -1015,6 +1015,7 @@ class AskThenAnswer(_ReadsFacts):
     """
 
     name = "ask-then-answer"
+    varied = False
 
     def __init__(self, varied: bool = False) -> None:
         self.varied = bool(varied)
