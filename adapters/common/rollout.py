@@ -269,7 +269,7 @@ async def expand_tree(
                             ja.child.env.close()
                         ja.child = None
         if follow == "best":
-            nxt = []
+            nxt: list[TreeNode] = []
             for node in frontier:
                 kids = [ja for ja in node.joint if ja.child is not None]
                 if not kids:
@@ -279,7 +279,8 @@ async def expand_tree(
                     if ja is not best and ja.child is not None:
                         ja.child.env.close()
                         ja.child = None
-                nxt.append(best.child)
+                if best.child is not None:
+                    nxt.append(best.child)
             frontier = nxt
         else:
             frontier = [ja.child for node in frontier for ja in node.joint if ja.child is not None]

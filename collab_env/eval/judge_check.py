@@ -100,7 +100,8 @@ def judged_conversations(n: int, *, first_seed: int = 0) -> list[JudgedConversat
     out = []
     for i in range(n):
         kind = KINDS[i % len(KINDS)]
-        env = collab_env.make("hidden-facts", **({"vagueness": 0.0} if kind == "direct-correct" else {}))
+        overrides: dict[str, Any] = {"vagueness": 0.0} if kind == "direct-correct" else {}
+        env = collab_env.make("hidden-facts", **overrides)
         assistant = {"ask-correct": AskThenAnswer, "ask-wrong": AskThenMiscount}.get(kind, AnswerAtOnce)()
         ep = run_episode(env, {"assistant": assistant, "user": HiddenFactsUser()}, seed=first_seed + i)
         item = env.unwrapped.task.get_item(ep.index)
