@@ -45,12 +45,10 @@ def test_reference_wins_naive_loses_and_one_template_is_right_on_about_half():
         """Always asks for the count (the hidden-facts-copy template), then boxes the number told."""
 
         def respond(self, observation, rng):
-            known = hf.visible_facts(observation)
+            seen = hf.visible_facts(observation)
             if not any(m.role == "assistant" for m in observation):
-                one, many = next((o, m) for o, m in
-                                 [(o, m) for sc in hf._SCENARIOS + hf._HELD_OUT_SCENARIOS for o, m in sc.objects]
-                                 if m in known["objects"])
-                return ASK_PHRASINGS[known["scenario"]]["count"][0].format(one=one, many=many)
+                one, many = seen["missing"][0][0], seen["objects"][0]
+                return ASK_PHRASINGS[seen["scenario"]]["count"][0].format(one=one, many=many)
             nums = re.findall(r"\d+", observation[-1].content)
             return f"\\boxed{{{nums[-1] if nums else 1}}}"
 
