@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(f"{out}.json").write_text(json.dumps(doc, indent=1) + "\n")
     md = ["# Judge validity: can the judge tell a right final answer from a wrong one?", "",
           f"Command: `{command}`  ",
-          f"Wall time: {wall:.0f} s; machine: {os.cpu_count()} CPUs, {load.describe()}.  ",
+          f"Wall time: {wall:.0f} s; machine: {load.describe()}.  ",
           f"{len(convs)} rule-labelled hidden-facts conversations ({doc['conversations']['correct']} correct by the "
           "env's rule; kinds ask-correct, ask-wrong, direct-correct, direct-wrong), judged with the `accuracy` "
           "rubric. AUC: P(a correct conversation scores above a wrong one); calibration error: expected "
