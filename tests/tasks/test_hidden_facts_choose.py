@@ -13,8 +13,14 @@ from collab_env.eval import evaluate
 from collab_env.policy import ScriptedPolicy
 from collab_env.rollout import run_episode
 from collab_env.tasks import hidden_facts as hf
-from collab_env.tasks.hidden_facts import (ASK_PHRASINGS, SPLIT_SCENARIOS, AskThenAnswer, HiddenFactsUser,
-                                           collaboration_stats, revealed_facts)
+from collab_env.tasks.hidden_facts import (
+    ASK_PHRASINGS,
+    SPLIT_SCENARIOS,
+    AskThenAnswer,
+    HiddenFactsUser,
+    collaboration_stats,
+    revealed_facts,
+)
 
 ID = "hidden-facts-choose-v0"
 SPLITS = ("train", "validation", "test")
