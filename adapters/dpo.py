@@ -26,8 +26,9 @@ pairs in one optimiser step.
 
 **Online** (:class:`OnlineDPOTrainer`, the CollabLLM paper's strongest setting): for each
 training item of a registered environment (``collabllm-*`` with ``data_files``, ``hidden-facts``,
-or any env object) the current policy samples ``num_candidates`` replies at the item's first
-trained turn; each reply is applied to its own clone of the env and scored by the env's reward
+or any env object) the current policy samples ``num_candidates`` replies at each of the item's
+first ``num_turns`` trained turns (default 1), the conversation going on from the best reply;
+each reply is applied to its own clone of the env and scored by the env's reward
 (wrap the env in :class:`~collab_env.rewards.mr.MultiturnAwareReward` to rank by the
 multiturn-aware reward); the best and the worst reply form a pair when their reward gap is at
 least ``min_gap``; the pairs of a batch take one DPO step. ``evaluate(num_eval_samples=...)``
@@ -367,6 +368,10 @@ class OnlineDPOConfig(DPOConfig):
     eval_num_turns: int = 1
     """Trained turns rolled per evaluation item (the env's reward of each is summed into
     ``eval/return_mean``)."""
+    num_turns: int = 1
+    """Trained turns per item with a pair each: at every turn ``num_candidates`` replies are
+    sampled and scored, the best and the worst form that turn's pair, and the conversation goes
+    on from the best (1: the item's first trained turn only)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -377,6 +382,7 @@ class OnlineDPOConfig(DPOConfig):
         check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
         check_int("top_k", self.top_k, 1, allow_none=True)
         check_int("eval_num_turns", self.eval_num_turns, 1)
+        check_int("num_turns", self.num_turns, 1)
 
 
 class OnlineDPOTrainer(TaskLearner, _Base):
@@ -421,35 +427,43 @@ class OnlineDPOTrainer(TaskLearner, _Base):
                                 / self._items_per_update()))
 
     def _rollout(self, env: Any, indices: Sequence[int], g: int, depth: int, sampling: SamplingParams,
-                 seeds: Callable[[int], list[int]]):
+                 seeds: Callable[[int], list[int]], every_turn: bool = False):
+        """The levels of the items' trees: ``g`` replies at the first turn and one after it, or
+        (``every_turn``) ``g`` replies at every turn, going on from each turn's best."""
+        if every_turn:
+            return grow_trees(self.task, env, indices, self.models, branching=lambda d: g, max_depth=depth,
+                              sampling=sampling, seeds=seeds, follow="best")[1]
         return grow_trees(self.task, env, indices, self.models, branching=lambda d: g if d == 0 else 1,
                           max_depth=depth, sampling=sampling, seeds=seeds)[1]
 
     def collect_pairs(self, indices: Sequence[int]) -> tuple[dict[int, list[Pair]], list[dict[str, Any]], int]:
-        """Sample ``num_candidates`` replies per trained agent at each item's first trained turn,
-        score each on a clone of the env, and pair the best against the worst.
+        """Sample ``num_candidates`` replies per trained agent at each of an item's first
+        ``num_turns`` trained turns, score each on a clone of the env, and pair the best against
+        the worst; the conversation goes on from the best reply to the next turn.
 
         Returns:
             ``(pairs, records, reward_evaluations)``: pairs per distinct model index; one record
-            per (item, agent) with ``agent``, ``texts``, ``rewards`` and the chosen pair
+            per (item, turn, agent) with ``agent``, ``turn`` (1-based), ``texts``, ``rewards`` and the chosen pair
             (``chosen`` / ``rejected`` candidate indices, ``None`` when the rewards gave no pair;
             ``dropped: True`` when the prompt alone reaches ``max_length``, counted in
             ``skipped``).
         """
 
         a = self.args
-        levels = self._rollout(self.train_env, indices, a.num_candidates, 1, learner_sampling(a), self.task.seeds)
+        levels = self._rollout(self.train_env, indices, a.num_candidates, a.num_turns, learner_sampling(a),
+                               self.task.seeds, every_turn=True)
         pairs: dict[int, list[Pair]] = {}
         records: list[dict[str, Any]] = []
         evals = 0
-        for node in levels[0] if levels else []:
+        for node in (n for level in levels for n in level):
             evals += len(node.joint)
             for agent in node.acting:
                 comps = node.completions[agent]
                 scores = completion_values(node, agent)
                 ids = [tuple(c.token_ids or ()) for c in comps]
                 picked = select_pair(scores, a.min_gap, keys=ids)
-                records.append({"agent": agent, "texts": [c.text for c in comps], "rewards": list(scores),
+                records.append({"agent": agent, "turn": node.depth + 1, "texts": [c.text for c in comps],
+                                "rewards": list(scores),
                                 "chosen": picked[0] if picked else None,
                                 "rejected": picked[1] if picked else None})
                 if picked is None:

@@ -15,7 +15,8 @@ Scores only (no timing), so no load check is needed::
 are kept; the episode count must match the file's). On the hidden-facts v1 ids the generic
 gaming policies of :mod:`collab_env.exploits.policies` (a keyword dump, the task restated) are
 measured too (and on the v2 ids, v1 in text that reads as sense; on the v3 ids, the syntax rule): the user answers questions
-only, so they must score no better than the naive set.
+only, so they must score no better than the naive set (and on hidden-facts-choose-v0, issue 45, with
+the held-out scenarios' words added to the dump's vocabulary).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ OUT = Path(__file__).resolve().parent / "results" / "card_baselines.json"
 HF_VOCABULARY = ("how many", "number of", "quantity", "count", "price", "cost", "how much", "each",
                  "per", "batches", "sugar", "grams", "per batch", "each batch", "boxes", "weigh",
                  "weight", "kg", "what items", "which items", "what exactly")
+#: hidden-facts-choose (issue 45) adds the held-out scenarios' attribute words.
+HF_CHOOSE_VOCABULARY = HF_VOCABULARY + ("yarn", "meters", "rows", "water", "liters", "copies", "sheets", "paper")
 
 
 def baseline_runs() -> dict[str, dict[str, dict[str, object]]]:
@@ -56,6 +59,12 @@ def baseline_runs() -> dict[str, dict[str, dict[str, object]]]:
             "keyword-dump (gaming)": {"assistant": KeywordDump("what", vocabulary=HF_VOCABULARY)},
             "restate-task (gaming)": {"assistant": RestateTask("one-clause")},
         }
+    runs["hidden-facts-choose-v0"] = {
+        "ask-then-answer": {"assistant": "ask-then-answer"},
+        "answer-at-once": {"assistant": "answer-at-once"},
+        "keyword-dump (gaming)": {"assistant": KeywordDump("what", vocabulary=HF_CHOOSE_VOCABULARY)},
+        "restate-task (gaming)": {"assistant": RestateTask("one-clause")},
+    }
     runs["length-ratio-v0"] = {
         "length-ratio-partner x2": {"agent_0": "length-ratio-partner", "agent_1": "length-ratio-partner"},
         "same text x2": {"agent_0": FixedTextPolicy(SAME_TEXT), "agent_1": FixedTextPolicy(SAME_TEXT)},

@@ -236,6 +236,12 @@ class Task:
         """What ``CollabEnv.state()`` returns; by default the whole transcript."""
         return state.conversation
 
+    def episode_info(self, state: EpisodeState) -> dict[str, Any]:
+        """JSON-friendly facts of the episode's state that no transcript reader should have to
+        reconstruct (hidden-facts: which withheld facts the user revealed); the episode driver
+        stores a non-empty result as ``Episode.info["task"]``. By default none."""
+        return {}
+
 
 # ---------------------------------------------------------------------------------------------
 # CollabEnv: the PettingZoo parallel environment

@@ -36,6 +36,7 @@ __all__ = [
     "FatalPolicyError",
     "ServedEnvError",
     "JudgeError",
+    "JudgeValidityError",
     "CacheMissError",
     "TaskFunctionError",
     "SandboxError",
@@ -104,6 +105,12 @@ class CredentialsError(FatalPolicyError):
 
 class JudgeError(CollabEnvError, RuntimeError):
     """An LLM judge could not produce a valid score after its retries (never a default score)."""
+
+
+class JudgeValidityError(JudgeError):
+    """A judge failed its validity check (:mod:`collab_env.eval.judge_check`: it cannot tell a
+    right answer from a wrong one on rule-labelled conversations), so what it judges is not
+    reported."""
 
 
 class CacheMissError(CollabEnvError, LookupError):

@@ -595,7 +595,8 @@ class Episode:
         end_reason: Short machine-readable reason (``"user_terminated"``, ``"max_steps"``...).
         costs: Counters: ``model_calls``, ``prompt_tokens``, ``completion_tokens``,
             ``policy_failures``, ``simulator_faults``...
-        info: Extra JSON-friendly data (task metadata, policy names, timings).
+        info: Extra JSON-friendly data (task metadata, policy names, timings); ``info["task"]``
+            is the task's record of the finished state (``Task.episode_info``), where it keeps one.
     """
 
     env_id: str | None

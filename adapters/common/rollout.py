@@ -145,7 +145,8 @@ def grow_trees(task: Any, env: Any, indices: Sequence[int], models: Sequence[Any
                branching: Callable[[int], int], max_depth: int, sampling: SamplingParams,
                seeds: Callable[[int], list[int]], joint_mode: Literal["aligned", "cross"] = "aligned",
                prompt_format: Literal["chat", "raw"] = "chat", stop_above: float | None = None,
-               discount: float = 1.0) -> tuple[list[TreeNode], list[list[TreeNode]]]:
+               discount: float = 1.0, follow: Literal["all", "best"] = "all",
+               ) -> tuple[list[TreeNode], list[list[TreeNode]]]:
     """The rollout trees of the task items ``indices`` on ``env``, returns filled: the roots
     (:func:`start_roots`), the levels (:func:`expand_tree`, whose arguments these are) and
     :func:`compute_returns` with ``discount``. ``task`` gives the players: ``players``,
@@ -158,7 +159,7 @@ def grow_trees(task: Any, env: Any, indices: Sequence[int], models: Sequence[Any
         levels = await expand_tree(roots, players=task.players, models=models, others=task.others,
                                    branching=branching, max_depth=max_depth, joint_mode=joint_mode,
                                    sampling=sampling, seeds=seeds, prompt_format=prompt_format,
-                                   stop_above=stop_above, others_sampling=others_sampling)
+                                   stop_above=stop_above, others_sampling=others_sampling, follow=follow)
         return roots, levels
 
     roots, levels = run_sync(go())
@@ -216,6 +217,7 @@ async def expand_tree(
     prompt_format: Literal["chat", "raw"] = "chat",
     stop_above: float | None = None,
     others_sampling: Mapping[str, Mapping[str, Any]] | None = None,
+    follow: Literal["all", "best"] = "all",
 ) -> list[list[TreeNode]]:
     """Grow the trees level by level; return the nodes of every depth (``levels[d]``).
 
@@ -238,6 +240,11 @@ async def expand_tree(
         stop_above: CoMLRL's early termination: a node whose joint actions' mean reward (over
             joint actions and trained agents) exceeds this value gets no children.
         others_sampling: Player -> sampling keywords for the untrained players' policies.
+        follow: ``"all"``: every joint action's child is expanded (a full tree). ``"best"``: of
+            each node, only the child of its best joint action (highest mean reward over the
+            trained agents; the first on a tie) is expanded, the others' envs are closed: one
+            path per item, the conversation going on with its best reply, and ``branching``
+            candidates at every turn of it (online DPO's pairs at every trained turn).
     """
     levels: list[list[TreeNode]] = []
     frontier = list(roots)
@@ -261,7 +268,22 @@ async def expand_tree(
                         if ja.child is not None:
                             ja.child.env.close()
                         ja.child = None
-        frontier = [ja.child for node in frontier for ja in node.joint if ja.child is not None]
+        if follow == "best":
+            nxt: list[TreeNode] = []
+            for node in frontier:
+                kids = [ja for ja in node.joint if ja.child is not None]
+                if not kids:
+                    continue
+                best = max(kids, key=lambda ja: sum(ja.rewards) / len(ja.rewards) if ja.rewards else 0.0)
+                for ja in kids:
+                    if ja is not best and ja.child is not None:
+                        ja.child.env.close()
+                        ja.child = None
+                if best.child is not None:
+                    nxt.append(best.child)
+            frontier = nxt
+        else:
+            frontier = [ja.child for node in frontier for ja in node.joint if ja.child is not None]
         depth += 1
     return levels
 

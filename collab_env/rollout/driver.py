@@ -599,6 +599,9 @@ async def arun_episode(
     if state.tool_calls:  # counted, never dropped: a malformed call is a tool error
         ep.costs["tool_calls"] = float(sum(state.tool_calls.values()))
         ep.costs["tool_errors"] = float(sum(state.tool_errors.values()))
+    task_info = env.task.episode_info(state)
+    if task_info:
+        ep.info["task"] = task_info
     ep.conversation = state.conversation
     ep.terminated, ep.truncated, ep.end_reason = state.terminated, state.truncated, state.end_reason
     return ep

@@ -69,6 +69,21 @@ _HIDDEN_FACTS: dict[str, dict[str, Any]] = {
         ),
         versions=(1, 2),
     ),
+    # Issue 45: the model must choose what to ask; held-out splits of their own scenarios.
+    "hidden-facts-choose": dict(
+        kwargs={"num_objects": 1, "vagueness": 0.5, "stated_one": True, "max_count": 30, "max_unit": 30,
+                "num_distractors": 2, "distractors_avoid_answer": True, "split_scenarios": True,
+                "sensible_numbers": True, "user_rule": "syntax"},
+        description=(
+            "hidden-facts where the model must choose what to ask, with no arithmetic: one object, "
+            "either its count withheld (its unit value stated as 1) or its unit value withheld (its "
+            "count stated as 1), so the answer is the one number the user reveals but the question "
+            "that gets it differs per item; two distractors. split='train' | 'validation' | 'test' "
+            "draw from disjoint scenarios, objects and units."
+        ),
+        versions=(0,),
+        fresh=True,
+    ),
 }
 
 # Default metric weights per CollabLLM dataset, from the paper and the verl recipe (``bleu_score``
@@ -95,6 +110,7 @@ _HF_V3 = {"sensible_numbers": True, "user_rule": "syntax"}
 _HF_RULES: dict[str, dict[int, dict[str, Any]]] = {
     "default": {0: _HF_LEGACY, 1: {}, 2: _HF_V2, 3: _HF_V3},
     "hidden-facts-copy": {1: {}, 2: {"user_rule": "syntax"}},
+    "hidden-facts-choose": {0: {}},
 }
 #: The opener rule's hole (issue 43), named in every superseded note of a version that has it.
 _OPENER_HOLE = ("the user reveals a fact only to a clause that is a question by its syntax "
@@ -158,12 +174,12 @@ def _register_hidden_facts(register, EnvSpec, cards, name, d, version, rule, ver
             reward={"accuracy": 1.0},
             reward_range=(0.0, 1.0),
             limits={"max_steps": 12},
-            description=d["description"] + {
+            description=d["description"] + ("" if d.get("fresh") else {
                 0: " Legacy v0: the user reveals to any clause naming the object and an attribute keyword.",
                 2: " v2: v1's rules in text that reads as sense (a value of 1 in the singular, clock hours "
                    "2..12)." if name != "hidden-facts-copy" else " v2: the syntax rule (issue 43).",
                 3: " v3: v2's items; the user answers only a clause that is a question by its syntax.",
-            }.get(version, ""),
+            }.get(version, "")),
             suite="builtin",
             card=cards[f"{name}-v{version}"],
             superseded=_superseded("hidden-facts-copy" if name == "hidden-facts-copy" else "hidden-facts",

@@ -40,6 +40,20 @@ Levels
     its count withheld, two distractor numbers that are never the answer), so a small model that
     cannot multiply succeeds exactly when it asks for the count and copies it into the box;
     answering at once is right only by a lucky guess (1 in 29).
+    ``hidden-facts-choose`` (issue 45, v0; the syntax rule, text that reads as sense): the model
+    must choose what to ask, with no arithmetic. One object; either its count is withheld (its
+    unit value stated as 1) or its unit value is (its count stated as 1, "I need 1 apple."),
+    drawn per item (``stated_one``), the withheld value from 2..30, two distractors that are
+    never the answer. The answer is the one number the user reveals, but the question that gets
+    it differs per item: "how many X?" is right on about half the items. Its splits
+    (``split="train"``, ``"validation"``, ``"test"``; ``split_scenarios``) draw from disjoint
+    scenarios (:data:`SPLIT_SCENARIOS`): train shopping/baking/shipping (dollars, grams,
+    kilograms), validation knitting (meters of yarn), test gardening/printing (liters of water,
+    sheets of paper), so no object, unit or phrasing of the test split occurs in training.
+Metrics
+    :func:`collaboration_stats` reports questions asked and facts obtained; the facts are the
+    env's own record of what the user revealed (:func:`revealed_facts`, kept in the episode's
+    state and reported as ``Episode.info["task"]["revealed"]``), in whatever words the user used.
 Version history
     v3 (issue 43; ``hidden-facts``, ``-easy``, ``-hard``; ``hidden-facts-copy-v2``): v2's items
     (v1's for -copy) with the syntax rule (``user_rule="syntax"``,
@@ -96,6 +110,7 @@ from collab_env.types import Conversation, Message
 
 # The env cards: data in collab_env.tasks.cards (the registry's), text here for help() and pydoc.
 __doc__ = (__doc__ or "") + docstring_cards(
+    "hidden-facts-choose-v0",
     "hidden-facts-v3", "hidden-facts-easy-v3", "hidden-facts-hard-v3", "hidden-facts-copy-v2",
     "hidden-facts-v2", "hidden-facts-easy-v2", "hidden-facts-hard-v2",
     "hidden-facts-v1", "hidden-facts-easy-v1", "hidden-facts-hard-v1", "hidden-facts-copy-v1",
@@ -114,6 +129,10 @@ __all__ = [
     "make_env",
     "extract_boxed",
     "visible_facts",
+    "revealed_facts",
+    "reworded",
+    "ASK_PHRASINGS",
+    "SPLIT_SCENARIOS",
     "collaboration_stats",
     "TERMINATION_SIGNAL",
 ]
@@ -148,6 +167,8 @@ class _Attr:
     parse: str  # regex (with {one}/{many}) that reads the number back out of that sentence
     # (plural unit, singular unit) said of the value 1 (with unit_value or sensible_numbers)
     singular: tuple[str, str] = ("", "")
+    # the sentence of a count of 1 ({one}: "I need 1 apple."), said only by a ``stated_one`` level
+    say_one: str = ""
 
 
 @dataclass(frozen=True)
@@ -174,7 +195,7 @@ _SCENARIOS: tuple[_Scenario, ...] = (
         vague="I'm buying a few things for {occasion}.",
         question="How much will it all cost, in dollars?",
         count=_Attr("how many {many} I need", ("how many", "number of", "quantity", "count"),
-                    "I need {n} {many}.", r"I need (\d+) {many}\b"),
+                    "I need {n} {many}.", r"I need (\d+) {many}\b", say_one="I need 1 {one}."),
         unit=_Attr("the price of one {one}", ("price", "cost", "how much", "each", "per"),
                    "Each {one} costs {v} dollars.", r"Each {one} costs (\d+) dollars?\b",
                    (" dollars.", " dollar.")),
@@ -193,7 +214,8 @@ _SCENARIOS: tuple[_Scenario, ...] = (
         vague="I'm baking a few different treats for {occasion}.",
         question="How many grams of sugar do I need in total?",
         count=_Attr("how many batches of {many} I make", ("how many", "batches", "number of", "batch count"),
-                    "I'm making {n} batches of {many}.", r"making (\d+) batches of {many}\b"),
+                    "I'm making {n} batches of {many}.", r"making (\d+) batches of {many}\b",
+                    say_one="I'm making 1 batch of {many}."),
         unit=_Attr("the sugar in one batch of {many}", ("sugar", "grams", "per batch", "each batch", "how much"),
                    "Each batch of {many} needs {v} grams of sugar.", r"batch of {many} needs (\d+) grams?\b",
                    (" grams of", " gram of")),
@@ -212,7 +234,8 @@ _SCENARIOS: tuple[_Scenario, ...] = (
         vague="I'm shipping some boxes to {occasion}.",
         question="What is the total weight, in kilograms?",
         count=_Attr("how many boxes of {many} I ship", ("how many", "number of", "boxes", "count"),
-                    "I have {n} boxes of {many}.", r"I have (\d+) boxes of {many}\b"),
+                    "I have {n} boxes of {many}.", r"I have (\d+) boxes of {many}\b",
+                    say_one="I have 1 box of {many}."),
         unit=_Attr("the weight of one box of {many}", ("weigh", "weight", "heavy", "kg", "kilogram", "how much"),
                    "Each box of {many} weighs {v} kilograms.", r"box of {many} weighs (\d+) kilograms?\b",
                    (" kilograms.", " kilogram.")),
@@ -225,6 +248,78 @@ _SCENARIOS: tuple[_Scenario, ...] = (
     ),
 )
 _SCENARIO_BY_NAME = {s.name: s for s in _SCENARIOS}
+
+#: Scenarios of the held-out splits of ``hidden-facts-choose`` (issue 45): their objects, units,
+#: openings, attribute words and questions occur in no train scenario. The three scenarios above
+#: stay the only vocabulary of the older levels (their users' notion of a foreign object).
+_HELD_OUT_SCENARIOS: tuple[_Scenario, ...] = (
+    _Scenario(
+        name="knitting",
+        objects=(("scarf", "scarves"), ("hat", "hats"), ("sweater", "sweaters"), ("blanket", "blankets"),
+                 ("mitten", "mittens"), ("shawl", "shawls"), ("cardigan", "cardigans")),
+        intro="I'm knitting {objects} for {occasion}.",
+        vague="I'm knitting a few things for {occasion}.",
+        question="How many meters of yarn do I need altogether?",
+        count=_Attr("how many {many} I knit", ("how many", "number of"),
+                    "I'm knitting {n} {many}.", r"knitting (\d+) {many}\b", say_one="I'm knitting 1 {one}."),
+        unit=_Attr("the yarn one {one} takes", ("yarn", "meters", "metres", "how much", "each", "per"),
+                   "Each {one} takes {v} meters of yarn.", r"Each {one} takes (\d+) meters? of yarn\b",
+                   (" meters of", " meter of")),
+        list_keywords=("what are you knitting", "which pieces", "what pieces", "what exactly", "which items"),
+        list_say="I'm knitting {objects}.",
+        occasions=("the winter market", "my nephews", "a charity drive", "the family reunion"),
+        distractors=("My needles are {d} centimeters long.", "The market opens at {d} o'clock.",
+                     "I own {d} knitting patterns.", "I bought {d} buttons last week."),
+    ),
+    _Scenario(
+        name="gardening",
+        objects=(("tulip", "tulips"), ("rose", "roses"), ("fern", "ferns"), ("orchid", "orchids"),
+                 ("daisy", "daisies"), ("lily", "lilies"), ("cactus", "cacti")),
+        intro="I'm watering rows of {objects} in {occasion}.",
+        vague="I'm watering some rows of plants in {occasion}.",
+        question="How many liters of water does that take in total?",
+        count=_Attr("how many rows of {many} there are", ("how many", "rows", "number of"),
+                    "There are {n} rows of {many}.", r"There are (\d+) rows of {many}\b",
+                    say_one="There is 1 row of {many}."),
+        unit=_Attr("the water one row of {many} needs", ("water", "liters", "litres", "how much", "each row",
+                                                          "per row"),
+                   "Each row of {many} needs {v} liters of water.", r"row of {many} needs (\d+) liters? of water\b",
+                   (" liters of", " liter of")),
+        list_keywords=("what are you watering", "which plants", "what plants", "what exactly", "what grows"),
+        list_say="The rows are {objects}.",
+        occasions=("the community garden", "my backyard", "the school greenhouse", "the park"),
+        distractors=("The hose is {d} meters long.", "The garden opens at {d} o'clock.",
+                     "I planted {d} trees last spring.", "The shed is {d} steps from the gate."),
+    ),
+    _Scenario(
+        name="printing",
+        objects=(("flyer", "flyers"), ("poster", "posters"), ("menu", "menus"), ("ticket", "tickets"),
+                 ("brochure", "brochures"), ("booklet", "booklets"), ("leaflet", "leaflets")),
+        intro="I'm printing copies of the {objects} for {occasion}.",
+        vague="I'm printing a few documents for {occasion}.",
+        question="How many sheets of paper will the printing use overall?",
+        count=_Attr("how many copies of the {many} I print", ("how many", "copies", "number of"),
+                    "I'm printing {n} copies of the {many}.", r"printing (\d+) copies of the {many}\b",
+                    say_one="I'm printing 1 copy of the {many}."),
+        unit=_Attr("the sheets one copy of the {many} uses", ("sheets", "paper", "pages", "how much", "each copy",
+                                                              "per copy"),
+                   "Each copy of the {many} uses {v} sheets of paper.",
+                   r"copy of the {many} uses (\d+) sheets? of paper\b", (" sheets of", " sheet of")),
+        list_keywords=("what are you printing", "which documents", "what documents", "what exactly", "which items"),
+        list_say="I'm printing the {objects}.",
+        occasions=("the town festival", "our open day", "a concert", "the library sale"),
+        distractors=("The printer prints {d} pages a minute.", "The festival starts at {d} o'clock.",
+                     "The shop is open {d} hours a week.", "The copy shop is {d} minutes away."),
+    ),
+)
+_SCENARIO_BY_NAME.update({s.name: s for s in _HELD_OUT_SCENARIOS})
+#: The scenarios of each split of a ``split_scenarios`` level (hidden-facts-choose): disjoint
+#: scenarios, hence disjoint objects, units and phrasings.
+SPLIT_SCENARIOS: dict[str, tuple[str, ...]] = {
+    "train": ("shopping", "baking", "shipping"),
+    "validation": ("knitting",),
+    "test": ("gardening", "printing"),
+}
 
 
 def _join(words: Sequence[str]) -> str:
@@ -263,7 +358,8 @@ class HiddenFactsConfig:
         max_count: Counts are drawn from ``[2, max_count]``.
         max_unit: Unit values are drawn from ``[1, max_unit]``.
         scenarios: Scenario names to draw from (``shopping``, ``baking``, ``shipping``).
-        split: ``"train"`` or ``"test"``: disjoint item streams from the same generator.
+        split: ``"train"``, ``"validation"`` or ``"test"``: disjoint item streams from the same
+            generator (with ``split_scenarios``, disjoint scenarios too).
         num_items: Make the suite finite (items ``0..num_items-1``); ``None`` for unlimited.
         cost_per_turn: Subtracted from the reward for every assistant turn after the first.
         assistant_system_prompt: The assistant's system prompt (``None`` for none).
@@ -295,6 +391,16 @@ class HiddenFactsConfig:
             rules are unchanged; only the words of a stated 1 and the clock hours differ. Off by
             default: the items of the released v0/v1 ids are locked (their hashes, the
             leaderboard's recorded episodes), so the fix is a new version, not an edit.
+        stated_one: One object, one fact withheld, the other stated as 1 (issue 45,
+            ``hidden-facts-choose``): which fact is withheld (among ``withhold``) is drawn per
+            item, and its value from ``[2, max_count]`` (a count) or ``[2, max_unit]`` (a unit
+            value), so the answer is the one withheld number but the question that gets it
+            differs per item. Needs ``num_objects=1``, ``vagueness=0.5``, no ``unit_value``.
+        split_scenarios: The split also picks the scenarios (:data:`SPLIT_SCENARIOS`: train
+            shopping/baking/shipping, validation knitting, test gardening/printing), so the
+            splits share no scenario, object, unit or phrasing; ``scenarios`` must then be left
+            at its default. Questions naming an object of any scenario are understood (a train
+            object named on a test item is a foreign object).
     """
 
     num_objects: int = 2
@@ -303,7 +409,7 @@ class HiddenFactsConfig:
     num_distractors: int = 1
     max_count: int = 9
     max_unit: int = 12
-    scenarios: tuple[str, ...] = ("shopping", "baking", "shipping")
+    scenarios: tuple[str, ...] = ("shopping", "baking", "shipping")  # = _DEFAULT_SCENARIOS
     split: str = "train"
     num_items: int | None = None
     cost_per_turn: float = 0.0
@@ -315,6 +421,8 @@ class HiddenFactsConfig:
     unit_value: int | None = None
     distractors_avoid_answer: bool = False
     sensible_numbers: bool = False
+    stated_one: bool = False
+    split_scenarios: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_objects <= 4:
@@ -331,8 +439,18 @@ class HiddenFactsConfig:
                 raise ConfigError(f"unknown scenario {s!r}; choose from {sorted(_SCENARIO_BY_NAME)}.")
         if not self.scenarios:
             raise ConfigError("scenarios must name at least one scenario.")
-        if self.split not in ("train", "test"):
-            raise ConfigError(f"split must be 'train' or 'test', got {self.split!r}.")
+        if self.split not in _SPLIT_STREAM:
+            raise ConfigError(f"split must be one of {tuple(_SPLIT_STREAM)}, got {self.split!r}.")
+        if self.split_scenarios:
+            if self.scenarios != _DEFAULT_SCENARIOS and self.scenarios not in SPLIT_SCENARIOS.values():
+                raise ConfigError("with split_scenarios=True the split picks the scenarios "
+                                  f"({SPLIT_SCENARIOS}); leave scenarios at its default.")
+            object.__setattr__(self, "scenarios", SPLIT_SCENARIOS[self.split])
+        if self.stated_one and (self.num_objects != 1 or abs(self.vagueness - 0.5) > 1e-9
+                                or self.unit_value is not None):
+            raise ConfigError("stated_one needs num_objects=1, vagueness=0.5 and unit_value=None (one "
+                              f"fact withheld, the other stated as 1); got num_objects={self.num_objects}, "
+                              f"vagueness={self.vagueness}, unit_value={self.unit_value!r}.")
         if self.num_items is not None and self.num_items < 1:
             raise ConfigError(f"num_items must be >= 1 or None, got {self.num_items}.")
         if self.cost_per_turn < 0:
@@ -359,7 +477,8 @@ class HiddenFactsConfig:
                               "has no notion of a guess); pass guess_is_wrong=False.")
 
 
-_SPLIT_STREAM = {"train": 0x7A11, "test": 0x7E57}
+_SPLIT_STREAM = {"train": 0x7A11, "validation": 0x7A1D, "test": 0x7E57}
+_DEFAULT_SCENARIOS = ("shopping", "baking", "shipping")
 
 
 def _distractor_top(sentence: str) -> int:
@@ -375,15 +494,23 @@ def generate_item(config: HiddenFactsConfig, index: int) -> dict[str, Any]:
     picks = rng.choice(len(sc.objects), size=config.num_objects, replace=False)
     objects = [sc.objects[int(i)] for i in sorted(picks)]
     facts: list[dict[str, Any]] = []
+    chosen = None  # stated_one: the kind withheld
     for one, many in objects:
         n = int(rng.integers(2, config.max_count + 1))
         v = int(rng.integers(1, config.max_unit + 1))
         if config.unit_value is not None:
             v = config.unit_value
+        if config.stated_one:  # one fact withheld, drawn from 2..max, the other stated as 1
+            chosen = config.withhold[int(rng.integers(len(config.withhold)))]
+            n, v = (int(rng.integers(2, config.max_count + 1)), 1) if chosen == "count" else \
+                (1, int(rng.integers(2, config.max_unit + 1)))
         for kind, attr, value in (("count", sc.count, n), ("unit", sc.unit, v)):
             sentence = attr.say.format(n=value, v=value, one=one, many=many)
-            if kind == "unit" and value == 1 and (config.unit_value is not None or config.sensible_numbers):
+            if kind == "unit" and value == 1 and (config.unit_value is not None or config.sensible_numbers
+                                                  or config.stated_one):
                 sentence = sentence.replace(*attr.singular)  # "costs 1 dollar", not "1 dollars"
+            if kind == "count" and value == 1:  # only a stated_one level states a count of 1
+                sentence = attr.say_one.format(one=one, many=many)
             facts.append({
                 "object": one,
                 "plural": many,
@@ -394,7 +521,9 @@ def generate_item(config: HiddenFactsConfig, index: int) -> dict[str, Any]:
             })
     answer = sum(facts[2 * i]["value"] * facts[2 * i + 1]["value"] for i in range(len(objects)))
     n_hidden = math.ceil(config.vagueness * len(facts) - 1e-9)
-    if set(config.withhold) == {"count", "unit"}:
+    if chosen is not None:
+        hidden = {0 if chosen == "count" else 1}
+    elif set(config.withhold) == {"count", "unit"}:
         hidden = set(int(i) for i in rng.choice(len(facts), size=n_hidden, replace=False))
     else:  # draw among the facts of the kinds that may be withheld
         eligible = [i for i, f in enumerate(facts) if f["kind"] in config.withhold]
@@ -483,6 +612,7 @@ class HiddenFactsTask(Task):
             "distractors": item["distractors"],
             "termination_signal": cfg.termination_signal,
             "user_rule": cfg.user_rule,
+            **({"all_scenarios": True} if cfg.split_scenarios else {}),
         }
         messages.append(env_message(goal, role="system", audience=("user",), meta={"hidden": hidden}))
         # The opening request is the user's line, written from the item (not by a policy).
@@ -491,6 +621,11 @@ class HiddenFactsTask(Task):
 
     def step(self, state: EpisodeState, moves: Mapping[str, str], final: bool) -> Outcome:
         cfg = self.config
+        if "user" in moves:  # what the user revealed, kept in the state (episode_info reports it)
+            told = state.data.setdefault("revealed", [])
+            for key in revealed_facts(state.item, moves["user"]):
+                if list(key) not in told:
+                    told.append(list(key))
         if "assistant" in moves:
             guess = extract_boxed(moves["assistant"])
             if guess is not None:
@@ -522,6 +657,13 @@ class HiddenFactsTask(Task):
             comp = {"accuracy": 0.0, "turn_cost": 0.0}
             return Outcome(components={"assistant": comp, "user": comp})
         return Outcome()
+
+
+    def episode_info(self, state: EpisodeState) -> dict[str, Any]:
+        """``revealed``: the withheld facts the user's replies stated, as ``[object, kind]`` pairs in
+        the order told (:func:`revealed_facts`), and ``withheld``: how many the opening withheld."""
+        return {"revealed": [list(k) for k in state.data.get("revealed", [])],
+                "withheld": sum(1 for f in state.item["facts"] if f["hidden"])}
 
 
 def make_env(**kwargs: Any) -> CollabEnv:
@@ -566,10 +708,17 @@ _ALL_OBJECTS = tuple(w for sc in _SCENARIOS for pair in sc.objects for w in pair
 MAX_OBJECTS_PER_QUESTION = 2
 
 
-def _objects_named(clause: questions.Clause) -> set[str]:
-    """The singular forms of the objects (of any scenario) a clause names in its own words."""
+def _vocabulary(hidden: Mapping[str, Any]) -> tuple[_Scenario, ...]:
+    """The scenarios whose objects the user recognises: every scenario on a ``split_scenarios``
+    level (a train object named on a test item is foreign), the three train scenarios on the
+    older levels (their users' behaviour is locked)."""
+    return _SCENARIOS + _HELD_OUT_SCENARIOS if hidden.get("all_scenarios") else _SCENARIOS
+
+
+def _objects_named(clause: questions.Clause, scenarios: Sequence[_Scenario] = _SCENARIOS) -> set[str]:
+    """The singular forms of the objects (of ``scenarios``) a clause names in its own words."""
     out = set()
-    for sc in _SCENARIOS:
+    for sc in scenarios:
         for one, many in sc.objects:
             if clause.names(one) or clause.names(many):
                 out.add(one)
@@ -637,6 +786,36 @@ def guessed_facts(item: Mapping[str, Any], text: str, user_texts: Sequence[str],
     return out
 
 
+def revealed_facts(item: Mapping[str, Any], text: str) -> list[tuple[str, str]]:
+    """The withheld quantities a user message states, whatever its words (the env's record of
+    what the user revealed, :meth:`HiddenFactsTask.episode_info`; issue 45).
+
+    A withheld fact ``(object, kind)`` is stated when the message holds its sentence, or a
+    sentence of the message (the item's distractor sentences left out) holds its value (digits,
+    or a word two..twenty: :func:`collab_env.tasks.questions.numbers_in`; a value of 1 only as
+    the digit) and names its object (singular or plural), or the item has one object. So a user
+    that rewords its replies ("As for the price of one apple: 3.", "Three of them, I think")
+    reveals as much as the scripted one, and a number that answers nothing (a distractor) reveals
+    nothing.
+    """
+    for d in item.get("distractors", ()):
+        text = text.replace(d, " ")
+    sentences = [c for c in re.split(r"(?<=[.!?;])\s+|\n+", text) if c.strip()]
+    single = len(item.get("objects", ())) == 1
+    out: list[tuple[str, str]] = []
+    for f in item["facts"]:
+        if not f.get("hidden"):
+            continue
+        for c in sentences:
+            words = questions.words_of(c)
+            values = questions.numbers_in(c) | ({1} if "1" in words else set())
+            named = f["object"] in words or f["plural"] in words
+            if f["sentence"] in c or (f["value"] in values and (named or single)):
+                out.append((f["object"], f["kind"]))
+                break
+    return out
+
+
 class HiddenFactsUser(ScriptedPolicy):
     """The scripted user of hidden-facts (deterministic under a seed).
 
@@ -671,17 +850,21 @@ class HiddenFactsUser(ScriptedPolicy):
     Args:
         patience: Unhelpful assistant turns tolerated before the user gives up.
         chattiness: Probability of adding an irrelevant sentence to a reply.
+        paraphrase: State a fact in other words than the item's sentence (:func:`reworded`:
+            "As for the price of one apple: 3."), the rules unchanged: a user whose replies a
+            policy or a metric cannot match by the sentence (issue 45's paraphrasing user).
     """
 
     name = "hidden-facts-user"
 
-    def __init__(self, patience: int = 3, chattiness: float = 0.0) -> None:
+    def __init__(self, patience: int = 3, chattiness: float = 0.0, paraphrase: bool = False) -> None:
         if patience < 1:
             raise ConfigError(f"patience must be >= 1, got {patience}.")
         if not 0.0 <= chattiness <= 1.0:
             raise ConfigError(f"chattiness must be in [0, 1], got {chattiness}.")
         self.patience = patience
         self.chattiness = chattiness
+        self.paraphrase = bool(paraphrase)
 
     def respond(self, observation: Conversation, rng: np.random.Generator) -> str:
         hidden = _hidden_of(observation)
@@ -697,6 +880,9 @@ class HiddenFactsUser(ScriptedPolicy):
             reply = self._question_reveal(hidden, asked, _user_texts(list(observation)),
                                           _clause_rule(hidden.get("user_rule", "question")))
         if reply and not reply[0].startswith(_UNHELPFUL):
+            if self.paraphrase:
+                by_sentence = {f["sentence"]: f for f in hidden["facts"]}
+                reply = [reworded(hidden["scenario"], by_sentence[r]) if r in by_sentence else r for r in reply]
             if self.chattiness and rng.random() < self.chattiness and hidden["distractors"]:
                 reply.append(hidden["distractors"][int(rng.integers(len(hidden["distractors"])))])
             return " ".join(reply)
@@ -732,9 +918,10 @@ class HiddenFactsUser(ScriptedPolicy):
         said = " ".join(user_texts)
         asking = questions.request_clauses(asked, quoted=user_texts, rule=rule)
         mine = set(hidden["objects"])
-        foreign = sorted({o for c in asking for o in _objects_named(c)} - mine)
+        vocabulary = _vocabulary(hidden)
+        foreign = sorted({o for c in asking for o in _objects_named(c, vocabulary)} - mine)
         if foreign:
-            many = {one: m for sc in _SCENARIOS for one, m in sc.objects}
+            many = {one: m for sc in vocabulary for one, m in sc.objects}
             return [_NOT_MINE.format(objects=_join([many[o] for o in foreign]))]
         reply = []
         names_known = hidden["objects_named"] or hidden["list_sentence"] in said
@@ -742,7 +929,7 @@ class HiddenFactsUser(ScriptedPolicy):
             reply.append(hidden["list_sentence"])
         targets = set()
         for c in asking:
-            objs = _objects_named(c)
+            objs = _objects_named(c, vocabulary)
             if len(objs) > MAX_OBJECTS_PER_QUESTION:
                 continue
             for one in objs:
@@ -750,13 +937,26 @@ class HiddenFactsUser(ScriptedPolicy):
                     if c.names_any(_attr_keywords(hidden["scenario"], kind)):
                         targets.add((one, kind))
         for f in hidden["facts"]:
-            if f["sentence"] not in said and (f["object"], f["kind"]) in targets:
+            if not _said(hidden, f, said) and (f["object"], f["kind"]) in targets:
                 reply.append(f["sentence"])
         if not reply:
             item = {"scenario": hidden["scenario"], "facts": hidden["facts"]}
             if guessed_facts(item, asked, user_texts, rule=rule):
                 return [_NOT_TOLD]
         return reply
+
+
+def reworded(scenario: str, fact: Mapping[str, Any]) -> str:
+    """A fact in other words than its sentence (what :class:`HiddenFactsUser` says with
+    ``paraphrase=True``): ``"As for <the fact's label>: <value>."``."""
+    sc = _SCENARIO_BY_NAME[scenario]
+    attr = sc.count if fact["kind"] == "count" else sc.unit
+    return f"As for {attr.label.format(one=fact['object'], many=fact['plural'])}: {fact['value']}."
+
+
+def _said(hidden: Mapping[str, Any], fact: Mapping[str, Any], said: str) -> bool:
+    """Whether the user has stated ``fact`` (its sentence, or its reworded form)."""
+    return fact["sentence"] in said or reworded(hidden["scenario"], fact) in said
 
 
 _NOT_TOLD = "Hmm, I haven't told you that, and I won't confirm a guess."
@@ -785,7 +985,7 @@ class _ReadsFacts(ScriptedPolicy):
 
     def _state(self, observation: Conversation):
         chat = " ".join(m.content for m in observation if m.role != "system" and m.author == "user")
-        for sc in _SCENARIOS:
+        for sc in _SCENARIOS + _HELD_OUT_SCENARIOS:
             if sc.question in chat:
                 break
         else:
@@ -797,6 +997,8 @@ class _ReadsFacts(ScriptedPolicy):
                 m = re.search(attr.parse.format(one=re.escape(one), many=re.escape(many)), chat)
                 if m:
                     known[(one, kind)] = int(m.group(1))
+                elif attr.say_one and attr.say_one.format(one=one, many=many) in chat:
+                    known[(one, kind)] = 1
         return sc, objs, known, chat
 
 
@@ -805,9 +1007,18 @@ class AskThenAnswer(_ReadsFacts):
 
     It first asks which objects are involved if the opening does not name them, then asks about
     every unknown count and unit value in one message, then computes the total and boxes it.
+
+    Args:
+        varied: Word each question, and the sentence before it, in one of several phrasings
+            (:data:`ASK_PHRASINGS`, drawn with the reply's seed), as SFT data should (issue 45);
+            by default always the first one.
     """
 
     name = "ask-then-answer"
+    varied = False
+
+    def __init__(self, varied: bool = False) -> None:
+        self.varied = bool(varied)
 
     def respond(self, observation: Conversation, rng: np.random.Generator) -> str:
         sc, objs, known, _ = self._state(observation)
@@ -815,25 +1026,57 @@ class AskThenAnswer(_ReadsFacts):
             return "Could you tell me exactly what you need me to compute?"
         if not objs:
             return "Happy to help. Which items exactly are involved?"
+
+        def pick(options: Sequence[str]) -> str:
+            return options[int(rng.integers(len(options)))] if self.varied else options[0]
+
         questions = []
         for one, many in objs:
-            if (one, "count") not in known:
-                questions.append(_ASK[sc.name]["count"].format(one=one, many=many))
-            if (one, "unit") not in known:
-                questions.append(_ASK[sc.name]["unit"].format(one=one, many=many))
+            for kind in ("count", "unit"):
+                if (one, kind) not in known:
+                    questions.append(pick(ASK_PHRASINGS[sc.name][kind]).format(one=one, many=many))
         if questions:
-            return "Before I compute the total, I need a few details. " + " ".join(questions)
+            return pick(_PREFACES) + " " + " ".join(questions)
         total = sum(known[(one, "count")] * known[(one, "unit")] for one, _ in objs)
         return f"Thanks! The total is \\boxed{{{total}}}."
 
 
-_ASK = {
-    "shopping": {"count": "How many {many} do you need?", "unit": "What is the price of one {one}?"},
-    "baking": {"count": "How many batches of {many} are you making?",
-               "unit": "How many grams of sugar does each batch of {many} need?"},
-    "shipping": {"count": "How many boxes of {many} do you have?",
-                 "unit": "How much does each box of {many} weigh?"},
+#: The reference questions, per scenario and kind, in several phrasings (the first is the one
+#: :class:`AskThenAnswer` asks by default, and :func:`visible_facts` names); every one is a
+#: question the scripted user answers (tests/tasks/test_hidden_facts_choose.py).
+ASK_PHRASINGS: dict[str, dict[str, tuple[str, ...]]] = {
+    "shopping": {"count": ("How many {many} do you need?", "How many {many} are you buying?",
+                           "Could you tell me how many {many} you need?"),
+                 "unit": ("What is the price of one {one}?", "How much does one {one} cost?",
+                          "Could you tell me the price of each {one}?")},
+    "baking": {"count": ("How many batches of {many} are you making?", "How many batches of {many} will you bake?",
+                         "Can you tell me the number of batches of {many}?"),
+               "unit": ("How many grams of sugar does each batch of {many} need?",
+                        "How much sugar goes into one batch of {many}?",
+                        "Could you tell me the grams of sugar per batch of {many}?")},
+    "shipping": {"count": ("How many boxes of {many} do you have?", "How many boxes of {many} are you shipping?",
+                           "Could you tell me the number of boxes of {many}?"),
+                 "unit": ("How much does each box of {many} weigh?", "What is the weight of one box of {many}?",
+                          "How heavy is a box of {many}?")},
+    "knitting": {"count": ("How many {many} are you knitting?", "Could you tell me how many {many} you will knit?",
+                           "What number of {many} do you plan to knit?"),
+                 "unit": ("How many meters of yarn does each {one} take?", "How much yarn goes into one {one}?",
+                          "Could you tell me the meters of yarn per {one}?")},
+    "gardening": {"count": ("How many rows of {many} are there?", "How many rows of {many} do you water?",
+                            "Could you tell me the number of rows of {many}?"),
+                  "unit": ("How many liters of water does each row of {many} need?",
+                           "How much water does one row of {many} take?",
+                           "Could you tell me the liters of water per row of {many}?")},
+    "printing": {"count": ("How many copies of the {many} are you printing?",
+                           "How many copies of the {many} do you need?",
+                           "Could you tell me the number of copies of the {many}?"),
+                 "unit": ("How many sheets of paper does each copy of the {many} use?",
+                          "How much paper does one copy of the {many} take?",
+                          "Could you tell me the sheets of paper per copy of the {many}?")},
 }
+_ASK = {name: {kind: p[0] for kind, p in kinds.items()} for name, kinds in ASK_PHRASINGS.items()}
+_PREFACES = ("Before I compute the total, I need a few details.", "I can work that out once I know a bit more.",
+             "Let me check one thing first.")
 
 
 def visible_facts(observation: Conversation) -> dict[str, Any] | None:
@@ -871,7 +1114,8 @@ class AnswerAtOnce(_ReadsFacts):
 
 
 def collaboration_stats(conversation: Conversation, item: Mapping[str, Any],
-                        rule: str = questions.OPENER) -> dict[str, float]:
+                        rule: str = questions.OPENER,
+                        revealed: Sequence[Sequence[str]] | None = None) -> dict[str, float]:
     """What an episode shows of collaboration, read from its transcript (a report, not a reward).
 
     Returns:
@@ -879,9 +1123,11 @@ def collaboration_stats(conversation: Conversation, item: Mapping[str, Any],
         assistant's own words, :func:`collab_env.tasks.questions.request_clauses`, the rule the
         scripted user follows) and give no boxed answer; a ``?`` alone, the opening pasted
         back or a keyword dump is no question.
-        ``facts``: the share of the facts the opening withheld that a later user message
-        states (the user states a fact by its sentence, and only when asked for it; 0.0 for an
-        item that withholds none).
+        ``facts``: the share of the facts the opening withheld that the user revealed: the
+        env's record (``revealed``: ``Episode.info["task"]["revealed"]``,
+        :meth:`HiddenFactsTask.episode_info`) when given, else the same rule
+        (:func:`revealed_facts`) applied to the user's replies; in any words, so a paraphrasing
+        user's facts count (0.0 for an item that withholds none).
         ``answered``: 1.0 when an assistant message holds a boxed number, else 0.0.
 
     ``rule``: the :mod:`collab_env.tasks.questions` rule that counts a question (``"opener"``,
@@ -889,19 +1135,21 @@ def collaboration_stats(conversation: Conversation, item: Mapping[str, Any],
     """
     user_texts: list[str] = []
     asked = answered = 0
-    told = ""
+    told: set[tuple[str, str]] = set()
     for m in conversation:
         if m.role == "system":
             continue
         if m.author == "user":
             user_texts.append(m.content)
-            if len(user_texts) > 1:
-                told += " " + m.content
+            if len(user_texts) > 1 and revealed is None:
+                told.update(revealed_facts(item, m.content))
         elif m.role == "assistant" or m.author == "assistant":
             if extract_boxed(m.content) is not None:
                 answered = 1
             elif questions.request_clauses(m.content, quoted=user_texts, rule=rule):
                 asked += 1
-    hidden = [f["sentence"] for f in item.get("facts", ()) if f.get("hidden")]
+    if revealed is not None:
+        told = {(str(o), str(k)) for o, k in revealed}
+    hidden = [(f["object"], f["kind"]) for f in item.get("facts", ()) if f.get("hidden")]
     facts = sum(1 for h in hidden if h in told) / len(hidden) if hidden else 0.0
     return {"questions": float(asked), "facts": float(facts), "answered": float(answered)}

@@ -1,85 +1,42 @@
 """hidden-facts conversations whose accuracy is known by rule, for judge tests and benchmarks.
 
-Scripted assistants play the built-in ``hidden-facts`` suite against its scripted user, in four
-kinds that cross asking with answering correctly:
-
-=================  ======================================================================
-``ask-correct``    :class:`~collab_env.tasks.hidden_facts.AskThenAnswer`: asks for every
-                   missing quantity, then boxes the exact total.
-``ask-wrong``      :class:`AskThenMiscount`: asks the same questions, then boxes a wrong total.
-``direct-correct`` :class:`~collab_env.tasks.hidden_facts.AnswerAtOnce` on items with nothing
-                   hidden (``vagueness=0``): answers at once, correctly.
-``direct-wrong``   ``AnswerAtOnce`` on the default items: answers at once, guessing 1 for every
-                   withheld quantity.
-=================  ======================================================================
-
-Whether an answer is correct is the env's own rule (the ``accuracy`` reward component: the
-boxed number equals the item's answer), never the kind's label.
+The conversations and their scripted assistants live in the library
+(:mod:`collab_env.eval.judge_check`, which scores a judge on them); this module keeps the names
+tests and benchmarks import.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-import collab_env
-from collab_env.rollout import run_episode
-from collab_env.tasks.hidden_facts import AnswerAtOnce, AskThenAnswer, HiddenFactsUser
-from collab_env.types import Conversation
+from collab_env.eval.judge_check import KINDS, AskThenMiscount, JudgedConversation, judged_conversations
 
-__all__ = ["KINDS", "AskThenMiscount", "JudgedConversation", "judged_conversations"]
-
-KINDS = ("ask-correct", "ask-wrong", "direct-correct", "direct-wrong")
+__all__ = ["KINDS", "AskThenMiscount", "JudgedConversation", "judged_conversations", "ReferenceReadingJudge"]
 
 
-class AskThenMiscount(AskThenAnswer):
-    """Asks like :class:`AskThenAnswer`, then boxes the total plus 7 (always wrong)."""
-
-    name = "ask-then-miscount"
-
-    def respond(self, observation, rng):
-        text = super().respond(observation, rng)
-        return re.sub(r"\\boxed\{(\d+)\}", lambda m: "\\boxed{%d}" % (int(m.group(1)) + 7), text)
-
-
-@dataclass(frozen=True)
-class JudgedConversation:
-    """One finished conversation and what a judge is asked about it.
-
-    Args:
-        kind: One of :data:`KINDS`.
-        conversation: The whole transcript (judges render its public messages only).
-        problem: The full problem, every fact included (the accuracy rubric's ``problem``).
-        reference: The correct answer, as text.
-        correct: The env's rule-based accuracy of the final answer.
-        asked: Whether the assistant asked a question before answering.
+class ReferenceReadingJudge:
+    """A deterministic judge backend that does what the accuracy rubric asks, by rule: it reads
+    the last ``\\boxed{N}`` of the conversation and the reference answer out of the rubric prompt
+    and answers ``{"score": true}`` when they are the same number, else ``false``. The valid
+    judge of tests: :func:`collab_env.eval.judge_check.check_judge` passes it (AUC 1), where
+    :class:`~collab_env.testing.judge_injection.FenceReadingJudge`, which never reads the
+    conversation, fails (AUC 0.5).
     """
 
-    kind: str
-    conversation: Conversation
-    problem: str
-    reference: str
-    correct: bool
-    asked: bool
+    name = "reference-reading-judge"
 
+    async def act(self, observations, **sampling):
+        import json
 
-def judged_conversations(n: int, *, first_seed: int = 0) -> list[JudgedConversation]:
-    """``n`` conversations cycling through :data:`KINDS` (seeds ``first_seed``, ``first_seed+1``...)."""
-    out = []
-    for i in range(n):
-        kind = KINDS[i % len(KINDS)]
-        env = collab_env.make("hidden-facts", **({"vagueness": 0.0} if kind == "direct-correct" else {}))
-        assistant = {"ask-correct": AskThenAnswer, "ask-wrong": AskThenMiscount}.get(kind, AnswerAtOnce)()
-        ep = run_episode(env, {"assistant": assistant, "user": HiddenFactsUser()}, seed=first_seed + i)
-        item = env.unwrapped.task.get_item(ep.index)
-        said = [m.content for m in ep.conversation if m.author == "assistant"]
-        out.append(JudgedConversation(
-            kind=kind,
-            conversation=ep.conversation,
-            problem=item["single_turn_prompt"],
-            reference=str(item["answer"]),
-            correct=ep.components["assistant"]["accuracy"] == 1.0,
-            asked=any("?" in s for s in said[:-1]),
-        ))
-        env.close()
-    return out
+        from collab_env.types import Completion
+
+        out = []
+        for obs in observations:
+            prompt = "\n".join(m.content for m in obs if m.role != "assistant")
+            chat, _, rest = prompt.partition("The reference answer:")
+            boxes = re.findall(r"\\boxed\{\s*(-?\d+)\s*\}", chat)
+            ref = re.findall(r"-?\d+", re.sub(r"<<<[^>]*>>>", " ", rest.split("Find the assistant")[0]))
+            ok = bool(boxes and ref and int(boxes[-1]) == int(ref[0]))
+            reply = {"reason": "the boxed answer matches the reference" if ok else "it does not", "score": ok}
+            out.append(Completion(text=json.dumps(reply), finish_reason="stop", usage={"model_calls": 1}))
+        return out

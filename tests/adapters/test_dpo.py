@@ -260,6 +260,36 @@ def test_online_dpo_pairs_by_the_env_reward_and_trains(tiny_dir, tmp_path):
     assert trainer.state.evaluations == 2  # the scheduled one before the first update, the manual one
 
 
+def test_online_dpo_pairs_at_every_trained_turn_going_on_from_the_best(tiny_dir, tmp_path):
+    """num_turns=2 (issue 45): candidates, scores and a pair at the second trained turn too, the
+    conversation going on from the first turn's best reply (not only each item's first turn)."""
+    model, tok = _tiny(tiny_dir)
+    args = _cfg(tmp_path, OnlineDPOConfig, num_candidates=4, max_new_tokens=10, max_steps=2, num_turns=2,
+                per_device_train_batch_size=2, max_length=1024)
+    trainer = OnlineDPOTrainer(agent_model=model, tokenizer=tok, env=_short_is_better_env(), args=args)
+    pairs, records, evals = trainer.collect_pairs([0, 1])
+    assert sorted(r["turn"] for r in records) == [1, 1, 2, 2] and evals == 16
+    kept = [r for r in records if r["chosen"] is not None]
+    assert {r["turn"] for r in kept} == {1, 2}, "no pair at one of the turns; change the seed"
+    assert len(pairs[0]) == len(kept)
+    for rec in records:
+        if rec["chosen"] is not None:
+            assert rec["rewards"][rec["chosen"]] == max(rec["rewards"]) > min(rec["rewards"])
+    # the second turn goes on from the first turn's best reply: one path per item
+    from collab_env.adapters.common.config import learner_sampling
+
+    levels = trainer._rollout(trainer.train_env, [0, 1], 4, 2, learner_sampling(args), trainer.task.seeds,
+                              every_turn=True)
+    assert [len(level) for level in levels] == [2, 2]
+    for first, second in zip(levels[0], levels[1], strict=True):
+        best = max(first.joint, key=lambda ja: ja.rewards[0])
+        assert best.child is second
+        said = [m.content for m in second.obs["assistant"] if m.role == "assistant"]
+        assert said == [first.completions[0][best.choice[0]].text]
+    out = trainer.train()
+    assert out["pairs"] >= 1 and math.isfinite(out["loss"])
+
+
 def test_online_dpo_argument_errors(tiny_dir, tmp_path):
     model, tok = _tiny(tiny_dir)
     with pytest.raises(ConfigError, match="env="):

@@ -1,0 +1,314 @@
+"""Is a judge valid? Score it on conversations whose verdict is known by rule, before any judged number.
+
+A judged column (interactivity, judged accuracy, a multiturn-aware reward with an LLM metric)
+means something only if the judge can tell right from wrong. This module measures that on
+**rule-labelled conversations**: scripted assistants play the built-in ``hidden-facts`` suite
+against its scripted user in four kinds that cross asking with answering correctly, and whether
+the final answer is correct is the env's own rule (the ``accuracy`` reward component), never the
+kind's label:
+
+=================  ======================================================================
+``ask-correct``    :class:`~collab_env.tasks.hidden_facts.AskThenAnswer`: asks for every
+                   missing quantity, then boxes the exact total.
+``ask-wrong``      :class:`AskThenMiscount`: asks the same questions, then boxes a wrong total.
+``direct-correct`` :class:`~collab_env.tasks.hidden_facts.AnswerAtOnce` on items with nothing
+                   hidden (``vagueness=0``): answers at once, correctly.
+``direct-wrong``   ``AnswerAtOnce`` on the default items: answers at once, guessing 1 for every
+                   withheld quantity.
+=================  ======================================================================
+
+:func:`check_judge` asks an accuracy judge (``LLMJudge.preset("accuracy", backend)`` or any
+object with ``score_many``) about each conversation and reports:
+
+* ``auc``: the probability that a correct conversation gets a higher score than a wrong one
+  (ties count half), from ``P(true)`` where the judge reports its log-prob verdict's
+  probabilities, else from its score;
+* ``ece`` (calibration): the expected calibration error of that probability over 10 equal-width
+  bins (the mean gap between the predicted probability and the share of correct conversations,
+  weighted by the bin's size), and ``brier``, the mean squared error;
+* ``agreement``: the share of verdicts equal to the rule; ``errors``: items the judge could not
+  score (:class:`~collab_env.errors.JudgeError`), counted as wrong verdicts.
+
+The bar (:data:`MIN_AUC` 0.8 and :data:`MAX_ECE` 0.25 by default) is stated in the result;
+:meth:`JudgeValidity.require` (or :func:`require_valid_judge`) raises
+:class:`~collab_env.errors.JudgeValidityError` for a judge below it, so a results file can refuse
+to report judged columns from a judge that measures nothing. ``benchmarks/judge_validity.py``
+writes the table (``benchmarks/results/judge_validity.{md,json}``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from collab_env.errors import ConfigError, JudgeError, JudgeValidityError
+from collab_env.tasks.hidden_facts import AnswerAtOnce, AskThenAnswer, HiddenFactsUser
+from collab_env.types import Conversation
+
+__all__ = ["KINDS", "MIN_AUC", "MAX_ECE", "AskThenMiscount", "JudgedConversation", "judged_conversations",
+           "JudgeValidity", "check_judge", "acheck_judge", "require_valid_judge", "auc", "calibration",
+           "validity_table"]
+
+KINDS = ("ask-correct", "ask-wrong", "direct-correct", "direct-wrong")
+#: The default bar: a judge below it refuses to report judged columns.
+MIN_AUC = 0.8
+MAX_ECE = 0.25
+
+
+class AskThenMiscount(AskThenAnswer):
+    """Asks like :class:`~collab_env.tasks.hidden_facts.AskThenAnswer`, then boxes the total
+    plus 7 (always wrong)."""
+
+    name = "ask-then-miscount"
+
+    def respond(self, observation, rng):
+        text = super().respond(observation, rng)
+        return re.sub(r"\\boxed\{(\d+)\}", lambda m: f"\\boxed{{{int(m.group(1)) + 7}}}", text)
+
+
+@dataclass(frozen=True)
+class JudgedConversation:
+    """One finished conversation and what a judge is asked about it.
+
+    Args:
+        kind: One of :data:`KINDS`.
+        conversation: The whole transcript (judges render its public messages only).
+        problem: The full problem, every fact included (the accuracy rubric's ``problem``).
+        reference: The correct answer, as text.
+        correct: The env's rule-based accuracy of the final answer.
+        asked: Whether the assistant asked a question before answering.
+    """
+
+    kind: str
+    conversation: Conversation
+    problem: str
+    reference: str
+    correct: bool
+    asked: bool
+
+
+def judged_conversations(n: int, *, first_seed: int = 0) -> list[JudgedConversation]:
+    """``n`` conversations cycling through :data:`KINDS` (seeds ``first_seed``, ``first_seed+1``...),
+    played through the episode driver on ``hidden-facts``."""
+    import collab_env
+    from collab_env.rollout import run_episode
+
+    out = []
+    for i in range(n):
+        kind = KINDS[i % len(KINDS)]
+        overrides: dict[str, Any] = {"vagueness": 0.0} if kind == "direct-correct" else {}
+        env = collab_env.make("hidden-facts", **overrides)
+        assistant = {"ask-correct": AskThenAnswer, "ask-wrong": AskThenMiscount}.get(kind, AnswerAtOnce)()
+        ep = run_episode(env, {"assistant": assistant, "user": HiddenFactsUser()}, seed=first_seed + i)
+        item = env.unwrapped.task.get_item(ep.index)
+        said = [m.content for m in ep.conversation if m.author == "assistant"]
+        out.append(JudgedConversation(
+            kind=kind,
+            conversation=ep.conversation,
+            problem=item["single_turn_prompt"],
+            reference=str(item["answer"]),
+            correct=ep.components["assistant"]["accuracy"] == 1.0,
+            asked=any("?" in s for s in said[:-1]),
+        ))
+        env.close()
+    return out
+
+
+def auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
+    """P(a positive scores above a negative), ties half; NaN without both classes."""
+    pos = [s for s, y in zip(scores, labels, strict=True) if y]
+    neg = [s for s, y in zip(scores, labels, strict=True) if not y]
+    if not pos or not neg:
+        return float("nan")
+    wins = sum((p > q) + 0.5 * (p == q) for p in pos for q in neg)
+    return wins / (len(pos) * len(neg))
+
+
+def calibration(probs: Sequence[float], labels: Sequence[bool], bins: int = 10) -> dict[str, Any]:
+    """Expected calibration error over ``bins`` equal-width bins, the Brier score, and the
+    reliability table (per non-empty bin: its range, size, mean probability, share correct)."""
+    p, y = np.asarray(probs, dtype=float), np.asarray(labels, dtype=float)
+    if len(p) == 0:
+        return {"ece": float("nan"), "brier": float("nan"), "bins": []}
+    which = np.minimum((p * bins).astype(int), bins - 1)
+    table, ece = [], 0.0
+    for b in range(bins):
+        mask = which == b
+        if not mask.any():
+            continue
+        gap = abs(float(p[mask].mean()) - float(y[mask].mean()))
+        ece += mask.sum() / len(p) * gap
+        table.append({"range": [b / bins, (b + 1) / bins], "n": int(mask.sum()),
+                      "mean_probability": float(p[mask].mean()), "share_correct": float(y[mask].mean())})
+    return {"ece": float(ece), "brier": float(np.mean((p - y) ** 2)), "bins": table}
+
+
+@dataclass(frozen=True)
+class JudgeValidity:
+    """A judge's scores on rule-labelled conversations, and whether it clears the bar.
+
+    Args:
+        judge: The judge's name (its backend's, where it has one).
+        items: Conversations judged; ``correct``: how many the rule says are correct.
+        auc: See the module docstring (NaN when one class is missing).
+        ece: Expected calibration error of the judge's probability of "correct".
+        brier: Mean squared error of that probability.
+        agreement: Share of verdicts equal to the rule (an unscored item counts as wrong).
+        errors: Items the judge could not score.
+        probability: ``"p_true"`` (the log-prob verdict's probability) or ``"score"``.
+        min_auc: The bar's AUC; ``max_ece``: the bar's calibration error.
+        passed: ``auc >= min_auc`` and ``ece <= max_ece`` and every item scored.
+        reason: Why it failed (``""`` when it passed).
+        per_kind: Per kind of conversation: items and mean probability of "correct".
+        reliability: The calibration bins (:func:`calibration`).
+        seconds: Wall time of the judging.
+    """
+
+    judge: str
+    items: int
+    correct: int
+    auc: float
+    ece: float
+    brier: float
+    agreement: float
+    errors: int
+    probability: str
+    min_auc: float
+    max_ece: float
+    passed: bool
+    reason: str
+    per_kind: dict[str, dict[str, float]] = field(default_factory=dict)
+    reliability: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def require(self, what: str = "judged columns") -> None:
+        """Raise :class:`~collab_env.errors.JudgeValidityError` unless the judge passed."""
+        if not self.passed:
+            raise JudgeValidityError(
+                f"{what} refused: judge {self.judge!r} fails the validity check ({self.reason}, on "
+                f"{self.items} rule-labelled conversations; bar AUC >= {self.min_auc}, calibration error "
+                f"<= {self.max_ece}); use a judge that passes collab_env.eval.judge_check.check_judge.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def require_valid_judge(validity: JudgeValidity, what: str = "judged columns") -> None:
+    """:meth:`JudgeValidity.require` as a function."""
+    validity.require(what)
+
+
+def _name(judge: Any) -> str:
+    backend = getattr(judge, "backend", None)
+    for obj in (backend, judge):
+        if obj is None:
+            continue
+        name = getattr(obj, "model_name", None) or getattr(obj, "name", None)
+        if isinstance(name, str) and name:
+            return name
+    return type(judge).__name__
+
+
+async def acheck_judge(judge: Any, conversations: Sequence[JudgedConversation] | None = None, *, n: int = 40,
+                       first_seed: int = 0, min_auc: float = MIN_AUC, max_ece: float = MAX_ECE,
+                       batch: int = 10) -> JudgeValidity:
+    """Async :func:`check_judge` (same arguments)."""
+    import time
+
+    if not 0.5 <= min_auc <= 1.0 or not 0.0 <= max_ece <= 1.0:
+        raise ConfigError(f"min_auc must be in [0.5, 1] and max_ece in [0, 1]; got {min_auc}, {max_ece}.")
+    if not hasattr(judge, "score_many"):
+        raise ConfigError(f"check_judge needs a judge with score_many (an LLMJudge, e.g. "
+                          f"LLMJudge.preset('accuracy', backend)); got {type(judge).__name__}.")
+    convs = list(conversations) if conversations is not None else judged_conversations(n, first_seed=first_seed)
+    labels = [c.correct for c in convs]
+    if not any(labels) or all(labels):
+        raise ConfigError("check_judge needs correct and wrong conversations both; pass n >= 4 (the kinds cycle).")
+    items = [dict(problem=c.problem, conversation=c.conversation, reference=c.reference) for c in convs]
+    results: list[Any] = []
+    t0 = time.perf_counter()
+    for i in range(0, len(items), batch):
+        chunk = items[i:i + batch]
+        try:
+            results.extend(await judge.score_many(chunk))
+        except JudgeError:  # one unreadable item fails its batch: judge these one by one
+            for it in chunk:
+                try:
+                    results.append(await judge.score(**it))
+                except JudgeError:
+                    results.append(None)
+    seconds = time.perf_counter() - t0
+    uses_p = all(r is not None and "true" in (r.meta.get("probabilities", {}).get("score") or {})
+                 for r in results)
+    probs = []
+    for r in results:
+        if r is None:
+            probs.append(0.5)  # no verdict: no information
+        elif uses_p:
+            probs.append(float(r.meta["probabilities"]["score"]["true"]))
+        else:
+            probs.append(float(bool(r.score)) if isinstance(r.score, bool) else float(r.score))
+    verdicts = [None if r is None else bool(r.score) for r in results]
+    agreement = sum(v is not None and v == y for v, y in zip(verdicts, labels, strict=True)) / len(convs)
+    a = auc(probs, labels)
+    cal = calibration(probs, labels)
+    errors = sum(r is None for r in results)
+    fails = []
+    if not a >= min_auc:
+        fails.append(f"AUC {a:.2f} < {min_auc}")
+    if not cal["ece"] <= max_ece:
+        fails.append(f"calibration error {cal['ece']:.2f} > {max_ece}")
+    if errors:
+        fails.append(f"{errors} item(s) unscored")
+    per_kind = {k: {"items": float(sum(c.kind == k for c in convs)),
+                    "mean_probability_correct": float(np.mean([p for p, c in zip(probs, convs, strict=True)
+                                                               if c.kind == k]))}
+                for k in KINDS if any(c.kind == k for c in convs)}
+    return JudgeValidity(judge=_name(judge), items=len(convs), correct=sum(labels), auc=a, ece=cal["ece"],
+                         brier=cal["brier"], agreement=agreement, errors=errors,
+                         probability="p_true" if uses_p else "score", min_auc=min_auc, max_ece=max_ece,
+                         passed=not fails, reason="; ".join(fails), per_kind=per_kind, reliability=cal["bins"],
+                         seconds=seconds)
+
+
+def check_judge(judge: Any, conversations: Sequence[JudgedConversation] | None = None, *, n: int = 40,
+                first_seed: int = 0, min_auc: float = MIN_AUC, max_ece: float = MAX_ECE,
+                batch: int = 10) -> JudgeValidity:
+    """Score an accuracy judge on rule-labelled conversations (module docstring).
+
+    Args:
+        judge: An accuracy judge (``LLMJudge.preset("accuracy", backend)``; anything with
+            ``score_many`` over ``problem``/``conversation``/``reference`` items).
+        conversations: The labelled conversations (default: :func:`judged_conversations`).
+        n: How many to make when none are given (the four kinds cycle).
+        first_seed: Their first episode seed.
+        min_auc: The bar's AUC. ``max_ece``: the bar's calibration error.
+        batch: Items per ``score_many`` call.
+
+    Returns:
+        A :class:`JudgeValidity`; call :meth:`~JudgeValidity.require` before reporting judged
+        columns.
+
+    Raises:
+        ConfigError: A bar out of range, no ``score_many``, or conversations of one class only.
+    """
+    from collab_env._async import run_sync
+
+    return run_sync(acheck_judge(judge, conversations, n=n, first_seed=first_seed, min_auc=min_auc,
+                                 max_ece=max_ece, batch=batch))
+
+
+def validity_table(rows: Sequence[JudgeValidity] | Sequence[Mapping[str, Any]]) -> str:
+    """A Markdown table of validity results (judge, items, AUC, ECE, Brier, agreement, verdict)."""
+    lines = ["| judge | items (correct) | AUC | calibration error | Brier | agreement | unscored | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        d = r.to_dict() if isinstance(r, JudgeValidity) else dict(r)
+        lines.append(f"| {d['judge']} | {d['items']} ({d['correct']}) | {d['auc']:.3f} | {d['ece']:.3f} | "
+                     f"{d['brier']:.3f} | {d['agreement']:.3f} | {d['errors']} | "
+                     f"{'passes' if d['passed'] else 'fails: ' + d['reason']} |")
+    return "\n".join(lines) + "\n"
