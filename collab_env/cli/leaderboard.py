@@ -37,7 +37,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_connection_args(r)
     _tracks_arg(r)
-    v = lb.add_parser("verify", help="re-play a submission offline; exit 1 with the reasons if it does not match")
+    v = lb.add_parser("verify", help="re-play a submission offline; exit 1 with the reasons if it does not match "
+                                     "(a passing verdict is kept in the user cache for `build`, keyed by the files' "
+                                     "digest)")
     v.add_argument("submission", help="submission folder")
     v.add_argument("--track", help="track file to check against (default: the track whose id it names)")
     v.add_argument("--data-files", nargs="+", metavar="F", help="the track's data files (tracks on data)")
@@ -118,7 +120,7 @@ def run(args: argparse.Namespace, out: Writer) -> int:
         from collab_env.leaderboard.verify import verify_submission
 
         v = verify_submission(args.submission, track=args.track, data_files=args.data_files,
-                              regenerate=args.regenerate, full=args.full, tracks_dir=args.tracks)
+                              regenerate=args.regenerate, full=args.full, tracks_dir=args.tracks, keep=True)
         print(v.report(), file=out)
         return 0 if v.ok else 1
     if args.lb_command == "sign":
