@@ -61,8 +61,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--out", help="HTML file (default DIRECTORY/index.html)")
     b.add_argument("--no-verify", action="store_true", help="do not re-play the submissions (marks them unverified)")
     b.add_argument("--reverify", action="store_true",
-                   help="re-play every submission, ignoring the kept verdicts (in the user cache, keyed by "
-                        "DIRECTORY's path) and the signed ones")
+                   help="re-play every submission, ignoring the kept verdicts (in the user cache: the builds', "
+                        "keyed by DIRECTORY's path, and verify's, keyed by the files' digest) and the signed ones")
     _board_data_arg(b)
     _tracks_arg(b, "DIRECTORY/tracks")
 

@@ -378,7 +378,8 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
         directory: Folder of submission folders.
         verify: Verify each submission (re-play offline); ``False`` marks them unverified.
         reverify: Re-play every submission, ignoring the kept verdicts (:func:`stamps_file`,
-            which are then rewritten) and the signed ones.
+            which are then rewritten, and those of ``leaderboard verify``, :func:`verdicts_dir`)
+            and the signed ones.
         seed: Seed of the bootstrap intervals.
         num_boot: Bootstrap resamples (default :data:`~collab_env.leaderboard.stats.NUM_BOOT`).
         progress: Called with one line per entry (``[i/N] entry: verdict (time)``) and a
