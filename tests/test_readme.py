@@ -209,7 +209,7 @@ def _check_imports(code: str, missing_extra: tuple[str, ...]) -> None:
 
 # -- the tests -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("block_id", "line", "code"),
-                         [pytest.param(*b, id=b[0], marks=[pytest.mark.slow] if b[0] in LONG_BLOCKS - set(NOT_RUN) else [])
+                         [pytest.param(*b, id=b[0], marks=[pytest.mark.slow] * (b[0] in LONG_BLOCKS - set(NOT_RUN)))
                           for b in BLOCKS])
 def test_readme_python_block(block_id, line, code, tmp_path, monkeypatch, capsys):
     compiled = compile(code, f"README.md:{line} ({block_id})", "exec")

@@ -14,7 +14,7 @@ import pytest
 from collab_env.cli import main
 from collab_env.leaderboard import board_data, validate_board_data
 from collab_env.leaderboard.stats import paired_comparison
-from collab_env.leaderboard.submission import load_submission, run_submission
+from collab_env.leaderboard.submission import load_submission
 from collab_env.leaderboard.verify import verify_submission
 
 REPO = Path(__file__).resolve().parents[2]
