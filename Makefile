@@ -24,7 +24,8 @@ demo: $(STAMP)
 # Tests run in a random order (pytest-randomly); the seed is printed first, so a failure can be
 # replayed with `make test SEED=<n>`. They run in WORKERS parallel processes (pytest-xdist; `auto`:
 # one per core; tests/conftest.py gives each worker one torch/OpenMP thread); an idle worker takes
-# tests queued for a busy one (--dist worksteal). `make test WORKERS=0` runs them in this process.
+# tests queued for a busy one (--dist worksteal); the files holding a test marked slow start first, so
+# the run does not end on one long test (tests/conftest.py). `make test WORKERS=0` runs them in this process.
 ifndef SEED
 SEED := $(shell $(PYTHON) -c 'import random; print(random.randrange(1, 2**31))')
 endif

@@ -12,8 +12,9 @@
 5. **board**: ``collab-env leaderboard run`` of the collabllm track with the GRPO model as the
    assistant, on ``rl_validation.parquet`` (held out: never trained on), then
    ``collab-env leaderboard verify`` of that submission.
-6. **build**: ``collab-env leaderboard build`` of a board holding that entry (given the held-out
-   file, which it re-plays the entry on): the static page, ``<work>/board.html``.
+6. **build**: ``collab-env leaderboard build`` of a board holding that entry: the static page,
+   ``<work>/board.html``. The entry's verdict is the one ``verify`` kept for its files (had a
+   file changed since, build would re-play it on the held-out file it is given).
 
 It shows the path works; it makes no learning claim (a few steps of a tiny or small model).
 Each stage prints one line (``[stage] ... (N s)``) and the run writes ``summary.json`` in

@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(_var, "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -14,3 +16,42 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 # The tiny model's fixtures (tiny_dir, tiny) come from collab_env.testing.pytest_fixtures, loaded
 # as a plugin by pyproject.toml's addopts.
+
+
+def _xdist_chunks(total: int, workers: int) -> list[int]:
+    """How many of ``total`` tests each of ``workers`` workers is first sent under
+    ``--dist worksteal`` (xdist hands the queue out in order, an even share each)."""
+    sizes, left = [], total
+    for i in range(workers):
+        sizes.append(left // (workers - i))
+        left -= sizes[-1]
+    return sizes
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-randomly's shuffle
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, the test files that hold a long test (marked ``slow``) go first in the
+    workers' shares, dealt round-robin, so the run never ends on one worker still busy with a
+    long test while the others are done (a worker that runs out steals from the end of another's
+    queue: short tests). A file moves whole, so its module fixtures are still built once per
+    worker. Every group keeps the seed's random order; a run in one process is not reordered."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 2:
+        return
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    heavy = [group for group in files.values() if any(i.get_closest_marker("slow") for i in group)]
+    if not heavy:
+        return
+    moved = {id(item) for group in heavy for item in group}
+    rest = [item for item in items if id(item) not in moved]
+    heads: list[list] = [[] for _ in range(workers)]
+    for k, group in enumerate(heavy):
+        heads[k % workers] += group
+    ordered = []
+    for head, size in zip(heads, _xdist_chunks(len(items), workers)):
+        take = max(0, size - len(head))
+        ordered += head + rest[:take]
+        rest = rest[take:]
+    items[:] = ordered + rest

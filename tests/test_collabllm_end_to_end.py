@@ -42,8 +42,11 @@ def test_the_tiny_form_runs_every_stage_and_the_entry_verifies(tmp_path):
     # run and verify from the command line on one local file (taken as the track's split)
     assert f"row: {submitted['track']}/entry (custom, 1 episodes" in run.stdout
     assert f"verified (1 episodes of {submitted['track']} re-played" in run.stdout
-    # build: the entry, re-played on the held-out file given to build, is a verified row of the page
+    # build: the entry is a verified row of the page ...
     assert "1 entries (1 verified) on " in run.stdout, run.stdout[-2000:]
+    # ... by the verdict `verify` kept for these very files (build does not re-play it again)
+    kept = f"{submitted['track']}/entry: verified (kept verdict of leaderboard verify)"
+    assert kept in run.stderr, run.stderr[-2000:]
     page = (work / "board.html").read_text()
     board = json.loads(page.split('<script type="application/json" id="board-data">', 1)[1].split("</script>", 1)[0])
     [row] = board["entries"]

@@ -62,6 +62,18 @@ def python_blocks(text: str | None = None) -> list[tuple[str, int, str]]:
 BLOCKS = python_blocks()
 
 
+def time_lines(text: str | None = None) -> list[str]:
+    """The paragraph before each ```` ```python ```` block (where its time line belongs), in order."""
+    text = README.read_text() if text is None else text
+    return [text[:m.start()].rstrip("\n").split("\n\n")[-1].strip() for m in _FENCE.finditer(text)]
+
+
+#: Blocks whose time line states 20 s or more: marked ``slow`` (under xdist, tests/conftest.py
+#: starts their file first).
+LONG_BLOCKS = {b[0] for b, before in zip(BLOCKS, time_lines(), strict=True)
+               if (m := re.match(r"_Runs in about (\d+) s", before)) and int(m.group(1)) >= 20}
+
+
 # -- per-block assertions ------------------------------------------------------------------------
 def _quickstart(scope: dict[str, Any], out: str, cwd: Path) -> None:
     ep = scope["episode"]
@@ -207,7 +219,9 @@ def _check_imports(code: str, missing_extra: tuple[str, ...]) -> None:
 
 
 # -- the tests -------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("block_id", "line", "code"), BLOCKS, ids=[b[0] for b in BLOCKS])
+@pytest.mark.parametrize(("block_id", "line", "code"),
+                         [pytest.param(*b, id=b[0], marks=[pytest.mark.slow] * (b[0] in LONG_BLOCKS - set(NOT_RUN)))
+                          for b in BLOCKS])
 def test_readme_python_block(block_id, line, code, tmp_path, monkeypatch, capsys):
     compiled = compile(code, f"README.md:{line} ({block_id})", "exec")
     if block_id in NOT_RUN:
@@ -248,9 +262,7 @@ def test_no_python_fence_escapes_the_parser():
 def test_every_python_block_states_its_time():
     """The line before each block says how long it took (or, for a NOT_RUN block, that it was not
     measured)."""
-    text = README.read_text()
-    for (block_id, line, _), m in zip(BLOCKS, _FENCE.finditer(text), strict=True):
-        before = text[:m.start()].rstrip("\n").split("\n\n")[-1].strip()
+    for (block_id, line, _), before in zip(BLOCKS, time_lines(), strict=True):
         if block_id in NOT_RUN:
             assert before.startswith("_Not measured") or _TIME_LINE.match(before), (block_id, before)
         else:

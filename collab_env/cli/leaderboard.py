@@ -37,7 +37,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_connection_args(r)
     _tracks_arg(r)
-    v = lb.add_parser("verify", help="re-play a submission offline; exit 1 with the reasons if it does not match")
+    v = lb.add_parser("verify", help="re-play a submission offline; exit 1 with the reasons if it does not match "
+                                     "(a passing verdict is kept in the user cache for `build`, keyed by the files' "
+                                     "digest)")
     v.add_argument("submission", help="submission folder")
     v.add_argument("--track", help="track file to check against (default: the track whose id it names)")
     v.add_argument("--data-files", nargs="+", metavar="F", help="the track's data files (tracks on data)")
@@ -59,8 +61,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--out", help="HTML file (default DIRECTORY/index.html)")
     b.add_argument("--no-verify", action="store_true", help="do not re-play the submissions (marks them unverified)")
     b.add_argument("--reverify", action="store_true",
-                   help="re-play every submission, ignoring the kept verdicts (in the user cache, keyed by "
-                        "DIRECTORY's path) and the signed ones")
+                   help="re-play every submission, ignoring the kept verdicts (in the user cache: the builds', "
+                        "keyed by DIRECTORY's path, and verify's, keyed by the files' digest) and the signed ones")
     _board_data_arg(b)
     _tracks_arg(b, "DIRECTORY/tracks")
 
@@ -118,7 +120,7 @@ def run(args: argparse.Namespace, out: Writer) -> int:
         from collab_env.leaderboard.verify import verify_submission
 
         v = verify_submission(args.submission, track=args.track, data_files=args.data_files,
-                              regenerate=args.regenerate, full=args.full, tracks_dir=args.tracks)
+                              regenerate=args.regenerate, full=args.full, tracks_dir=args.tracks, keep=True)
         print(v.report(), file=out)
         return 0 if v.ok else 1
     if args.lb_command == "sign":

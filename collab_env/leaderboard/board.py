@@ -40,6 +40,15 @@ Kept verdicts
     (:mod:`collab_env.leaderboard.signing`, committed with the entries) count for the folders
     whose digest they name: so a fresh clone builds the seeded board without re-playing it, and
     an edited file still re-plays its entry.
+
+Verdicts of ``leaderboard verify``
+    ``collab-env leaderboard verify FOLDER`` (``verify_submission(..., keep=True)``) keeps a
+    passing verdict beside the builds' ones, in ``<user cache>/leaderboard/verdicts/``, one file
+    named by the folder's digest (:func:`verification_key`, taken before the re-play and
+    unchanged after it), when it regenerated at least what a build would (:func:`keep_verdict`).
+    A build finds it by the digest of the folder as it is (wherever the folder sits in the
+    board), so building after verifying does not re-play the entry again, and a file edited
+    since the verification changes the digest: that entry is re-played.
 """
 
 from __future__ import annotations
@@ -66,7 +75,7 @@ from collab_env.leaderboard.tracks import TRACKS_FOLDER, Track, known_tracks, re
 
 __all__ = ["board_data", "entry_row_text", "track_row", "board_trajectory", "verification_key", "simulator_identity",
            "MAX_TRAJECTORIES", "STAMPS_FILE", "STAMPS_DIR", "stamps_file", "read_stamps", "entry_id",
-           "MAX_TEXT_CHARS", "needs_regeneration"]
+           "MAX_TEXT_CHARS", "needs_regeneration", "verdicts_dir", "keep_verdict", "stamp_of"]
 
 #: Where builds kept their verdicts before they moved out of the board folder: such a file is
 #: ignored (see the module docstring).
@@ -212,14 +221,48 @@ def stamps_file(directory: str | os.PathLike[str]) -> Path:
     :func:`collab_env.agents.embedded.default_cache_root`), one file per board, named by the
     SHA-256 of the board's absolute path."""
     resolved = Path(directory).resolve()
-    if STAMPS_DIR is not None:
-        root = Path(STAMPS_DIR)
-    else:
-        from collab_env.agents.embedded import default_cache_root
-
-        root = default_cache_root() / "leaderboard"
     digest = hashlib.sha256(str(resolved).encode("utf-8", "surrogatepass")).hexdigest()[:24]
-    return root / f"{resolved.name or 'board'}-{digest}.verified.json"
+    return _cache_root() / f"{resolved.name or 'board'}-{digest}.verified.json"
+
+
+def _cache_root() -> Path:
+    """:data:`STAMPS_DIR`, default ``<user cache>/leaderboard``."""
+    if STAMPS_DIR is not None:
+        return Path(STAMPS_DIR)
+    from collab_env.agents.embedded import default_cache_root
+
+    return default_cache_root() / "leaderboard"
+
+
+def verdicts_dir() -> Path:
+    """Where ``collab-env leaderboard verify`` keeps its passing verdicts (see the module
+    docstring): ``verdicts/`` in the folder of :func:`stamps_file`, one file per digest."""
+    return _cache_root() / "verdicts"
+
+
+def stamp_of(v: Any, key: str) -> dict[str, Any]:
+    """The kept form of the :class:`~collab_env.leaderboard.verify.Verification` ``v`` of the
+    folder whose digest (:func:`verification_key`) is ``key``."""
+    return {"key": key, "ok": v.ok, "episodes": v.episodes, "problems": v.problems[:5],
+            "regenerated": len(v.regenerated) if v.needs_regeneration else None}
+
+
+def keep_verdict(v: Any, key: str) -> Path | None:
+    """Keep the verdict ``v`` of the folder whose digest is ``key`` (:func:`verification_key`)
+    for later builds, in :func:`verdicts_dir`; returns the file, or ``None`` when it is not
+    kept: a failed verdict (a build re-plays that entry and says why), or one that regenerated
+    fewer episodes than a build's re-play would
+    (:func:`~collab_env.leaderboard.verify.regeneration_count`)."""
+    from collab_env.leaderboard.verify import regeneration_count
+
+    if not v.ok or not key or (v.needs_regeneration and len(v.regenerated) < regeneration_count(v.episodes)):
+        return None
+    path = verdicts_dir() / f"{key}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(stamp_of(v, key), indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path
 
 
 def _git_tracks(path: Path) -> bool:
@@ -335,7 +378,8 @@ def board_data(directory: str | os.PathLike[str], *, verify: bool = True, seed: 
         directory: Folder of submission folders.
         verify: Verify each submission (re-play offline); ``False`` marks them unverified.
         reverify: Re-play every submission, ignoring the kept verdicts (:func:`stamps_file`,
-            which are then rewritten) and the signed ones.
+            which are then rewritten, and those of ``leaderboard verify``, :func:`verdicts_dir`)
+            and the signed ones.
         seed: Seed of the bootstrap intervals.
         num_boot: Bootstrap resamples (default :data:`~collab_env.leaderboard.stats.NUM_BOOT`).
         progress: Called with one line per entry (``[i/N] entry: verdict (time)``) and a
@@ -419,8 +463,10 @@ class _Verdicts:
     (``stamps``, from :func:`stamps_file`) and signed by the maintainers (``signed``), the digest
     each verdict must name to count (``keys``), this build's re-plays (``replayed``: relative
     path -> the :class:`~collab_env.leaderboard.verify.Verification` or the exception, and
-    seconds) and the stamps it writes back (``fresh``; never those of ``unkept``: entries on a
-    track that reads data, re-played without their files)."""
+    seconds), the stamps it writes back (``fresh``; never those of ``unkept``: entries on a
+    track that reads data, re-played without their files) and the passing verdicts
+    ``collab-env leaderboard verify`` kept for the entries' digests (``verified``, read from
+    ``verdicts_from``, :func:`verdicts_dir`; ``None``: not read)."""
 
     stamps: dict[str, Any] = field(default_factory=dict)
     signed: dict[str, Any] = field(default_factory=dict)
@@ -428,6 +474,8 @@ class _Verdicts:
     replayed: dict[str, tuple[Any, float]] = field(default_factory=dict)
     fresh: dict[str, Any] = field(default_factory=dict)
     unkept: set[str] = field(default_factory=set)
+    verified: dict[str, Any] = field(default_factory=dict)
+    verdicts_from: Path | None = None
 
     @classmethod
     def kept_in(cls, directory: Path, say: Callable[[str], None], *, stamps: bool = True,
@@ -444,9 +492,16 @@ class _Verdicts:
         if signed:
             good, more = signed_verdicts(directory)
             notes += more
+        verdicts_from = None
+        if stamps:  # the verdicts of `leaderboard verify`, trusted as the kept ones are
+            refusal = _stamps_refusal(directory, verdicts_dir())
+            if refusal:
+                notes.append(refusal)
+            else:
+                verdicts_from = verdicts_dir()
         for note in notes:
             say(note)
-        return cls(stamps=kept, signed=good)
+        return cls(stamps=kept, signed=good, verdicts_from=verdicts_from)
 
     def kept(self, source: Mapping[str, Any], rel: str) -> bool:
         """``source`` holds a verdict of ``rel`` that names its current digest."""
@@ -463,7 +518,8 @@ class _Verdicts:
                 return True
             return isinstance(n, int) and n == stamp.get("episodes")
 
-        return any(self.kept(source, rel) and enough(source[rel]) for source in (self.stamps, self.signed))
+        return any(self.kept(source, rel) and enough(source[rel])
+                   for source in (self.stamps, self.verified, self.signed))
 
     def verdict(self, rel: str) -> tuple[dict[str, Any], str]:
         """The stamp of ``rel`` (this build's re-play first, then a kept, then a signed verdict)
@@ -473,11 +529,30 @@ class _Verdicts:
             v, _ = self.replayed[rel]
             if isinstance(v, Exception):
                 raise v
-            return {"key": self.keys[rel], "ok": v.ok, "episodes": v.episodes, "problems": v.problems[:5],
-                    "regenerated": len(v.regenerated) if v.needs_regeneration else None}, ""
+            return stamp_of(v, self.keys[rel]), ""
         if self.kept(self.stamps, rel):
             return self.stamps[rel], "verified (kept verdict)"
+        if self.kept(self.verified, rel):
+            return self.verified[rel], "verified (kept verdict of leaderboard verify)"
         return dict(self.signed[rel]), "verified (signed verdict)"
+
+    def read_verified(self, rel: str) -> None:
+        """Read the verdict ``collab-env leaderboard verify`` kept for ``rel``'s digest
+        (:func:`keep_verdict`) into ``verified``, when verdicts are read from
+        :func:`verdicts_dir` (``verdicts_from``) and there is one (a damaged file only costs a
+        re-play)."""
+        from collab_env._json import loads
+
+        key = self.keys.get(rel)
+        if self.verdicts_from is None or not key:
+            return
+        path = self.verdicts_from / f"{key}.json"
+        try:
+            stamp = loads(path.read_bytes(), str(path)) if path.is_file() else None
+        except (OSError, ValueError):
+            return
+        if isinstance(stamp, dict) and stamp.get("key") == key and stamp.get("ok") is True:
+            self.verified[rel] = stamp
 
 
 def _read_folders(directory: Path, tracks: dict[str, Track], verdicts: _Verdicts,
@@ -510,6 +585,7 @@ def _read_folders(directory: Path, tracks: dict[str, Track], verdicts: _Verdicts
             verdicts.keys[rel] = verification_key(folder, t)
         except OSError:
             verdicts.keys[rel] = ""  # an unreadable file: re-played, and the replay says what is wrong
+        verdicts.read_verified(rel)
     claims: dict[str, list[_Folder]] = {}
     for f in found:
         claims.setdefault(f.eid, []).append(f)

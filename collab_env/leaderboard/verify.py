@@ -282,7 +282,7 @@ def regeneration_count(episodes: int, probability: float = CATCH_PROBABILITY) ->
 def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | None = None,
                       data_files: Sequence[str] | None = None, regenerate: int | None = None,
                       full: bool = False, sample_seed: int | None = None,
-                      tracks_dir: str | os.PathLike[str] | None = None) -> Verification:
+                      tracks_dir: str | os.PathLike[str] | None = None, keep: bool = False) -> Verification:
     """Re-score a submission offline and replay its recorded calls (see the module docstring).
 
     The checks run in the module docstring's order, each a named function below: those that
@@ -303,6 +303,10 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
             beside the submission or its ancestors, :func:`~collab_env.leaderboard.tracks.find_tracks_dir`).
         sample_seed: Seed of the draw (default: drawn from the system, so a submitter cannot
             know which episodes are regenerated).
+        keep: Keep a passing verdict for later builds of a board holding this folder
+            (:func:`~collab_env.leaderboard.board.keep_verdict`, what ``collab-env leaderboard
+            verify`` does), keyed by the digest of the folder's files taken before the re-play;
+            nothing is kept if a file changed while it ran.
 
     Returns:
         The :class:`Verification` (``ok`` or the problems).
@@ -318,6 +322,7 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
     try:
         # 1. The track.
         t = _check_track(sub, track, tracks_dir if tracks_dir is not None else find_tracks_dir(folder))
+        key = _folder_key(folder, t) if keep else ""
         # 2. Files and the episode set.
         _check_plain_files(folder)
         digests = _check_digests(folder, sub)
@@ -353,7 +358,21 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
     v.problems.extend(_check_aggregates(t, sub, by_id))
     if "trajectories" in digests.changed and v.ok:
         v.problems.append(f"files: {TRAJECTORIES_FILE} is not the file recorded in submission.json (SHA-256 differs)")
+    if key and _folder_key(folder, t) == key:
+        from collab_env.leaderboard.board import keep_verdict
+
+        keep_verdict(v, key)
     return v
+
+
+def _folder_key(folder: Path, t: Track) -> str:
+    """The digest a kept verdict of ``folder`` names (``""`` when a file cannot be read)."""
+    from collab_env.leaderboard.board import verification_key
+
+    try:
+        return verification_key(folder, t)
+    except OSError:
+        return ""
 
 
 class _Rejected(Exception):

@@ -216,14 +216,16 @@ def test_llm_user_simulator_on_the_embedded_model_records_and_replays(embedded_e
                                 sampling={"max_new_tokens": 128, "temperature": 0.0})
         return {"assistant": assistant, "user": user}
 
-    env = collab_env.make("hidden-facts", max_steps=6)
+    # 4 steps: assistant, user, assistant, user (the assistant moves first), so the simulator
+    # answers twice; a longer episode only repeats what these show, at the model's cost.
+    env = collab_env.make("hidden-facts", max_steps=4)
     recorded = run_episode(env, players(model, "record"), seed=0)
     user_turns = [t for t in recorded.turns if t.player == "user"]
     # a whole conversation: the simulator spoke at every user turn until the step budget
     assert recorded.end_reason in ("max_steps", "user_terminated", "answered"), recorded.end_reason
     assert len(user_turns) >= 2 and all(t.text.strip() for t in user_turns)
     assert recorded.costs["model_calls"] >= 4  # the model really ran, for both players
-    replayed = run_episode(collab_env.make("hidden-facts", max_steps=6),
+    replayed = run_episode(collab_env.make("hidden-facts", max_steps=4),
                            players(_Unloaded("embedded"), "replay"), seed=0)
     assert replayed.to_dict() == recorded.to_dict()
 

@@ -9,8 +9,10 @@ case below was tried as a hostile submitter would, and got through before this c
 * an 80 MB ``name`` was carried to the page and a 200k-deep ``submission.json`` was a traceback;
 * a trajectory's text of any length was embedded in the page.
 
-The regeneration cases (one forged user reply caught by the default ``verify``, the page saying
-how many episodes were regenerated) are in ``test_a_forged_reply_is_caught_by_the_default_verify``.
+The regeneration cases (one forged user reply, unseen by the replay of the recorded calls, caught
+by the default ``verify``; the page saying how many episodes were regenerated) are in
+``test_a_forged_reply_is_caught_by_the_default_verify`` and
+``test_the_page_says_how_many_episodes_were_regenerated``.
 """
 
 from __future__ import annotations
@@ -114,6 +116,39 @@ def test_kept_verdicts_inside_the_board_or_tracked_by_git_are_refused(tmp_path, 
     lines.clear()
     board_data(root, num_boot=20, progress=lines.append)
     assert replayed == ["p", "p", "p"] and any("git tracks" in x and "refused" in x for x in lines), lines
+
+
+def test_a_verdict_of_leaderboard_verify_spares_the_build_a_replay_until_a_file_changes(tmp_path, monkeypatch):
+    from collab_env.leaderboard.board import keep_verdict, verdicts_dir
+    from collab_env.leaderboard.verify import Verification
+
+    root = tmp_path / "board"
+    folder = root / "length-ratio" / "mine"
+    shutil.copytree(PARTNER, folder)
+    assert main(["leaderboard", "verify", str(folder)]) == 0
+    t = get_track("length-ratio@v1")
+    assert json.loads((verdicts_dir() / f"{verification_key(folder, t)}.json").read_text())["ok"] is True
+    # the build takes verify's verdict for the folder as it is: no second re-play
+    replayed = _counting(monkeypatch)
+    lines: list[str] = []
+    [entry] = board_data(root, num_boot=20, progress=lines.append)["entries"]
+    assert entry["verified"] and replayed == []
+    assert any("verified (kept verdict of leaderboard verify)" in x for x in lines), lines
+    # an edited file changes the digest: the next build re-plays the entry and rejects it ...
+    _tamper_a_return(folder)
+    [entry] = board_data(root, num_boot=20, progress=lines.append)["entries"]
+    assert replayed == ["mine"] and not entry["verified"] and entry["problems"]
+    # ... and verify keeps no failed verdict, nor one weaker than a build's re-play
+    assert main(["leaderboard", "verify", str(folder)]) == 1
+    assert not (verdicts_dir() / f"{verification_key(folder, t)}.json").exists()
+    weak = Verification(folder, t.id, episodes=4, needs_regeneration=True, regenerated=[0, 1])
+    assert keep_verdict(weak, "k") is None and keep_verdict(Verification(folder, t.id, episodes=4), "k") is not None
+    # --reverify ignores it
+    shutil.rmtree(folder)
+    shutil.copytree(PARTNER, folder)
+    replayed.clear()
+    board_data(root, num_boot=20, reverify=True)
+    assert replayed == ["mine"]
 
 
 # --- entry ids ------------------------------------------------------------------------------
@@ -257,9 +292,12 @@ def test_the_default_regeneration_catches_one_forged_episode_with_the_stated_pro
 def test_a_forged_reply_is_caught_by_the_default_verify(tmp_path, honest_llm_user_entry):
     """The LLM-user track (the embedded model plays the user): the submitter forges the user's
     last reply of episode 0 in calls.sqlite and in the trajectory and rewrites the digests.
-    Before, ``verify`` regenerated 2 episodes: with this draw (seed 0: episodes 1 and 2) the
-    forgery passed. Now the default draw covers at least 95% of the episodes (here all 3), and
-    ``verify`` finds the track in the board's own ``tracks/`` folder."""
+    Replaying the recorded calls verifies it (no later call depends on that reply); regenerating
+    the episode with the track's own model names the episode and the message. Before,
+    ``verify`` regenerated 2 episodes: with this draw (seed 0: episodes 1 and 2) the forgery
+    passed. Now the default draw covers at least 95% of the episodes (here all 3), and
+    ``verify`` finds the track in the board's own ``tracks/`` folder. (This was two tests, the
+    other in test_tamper.py with ``full=True``: the same forgery caught on the same path.)"""
     import random
 
     from tests.leaderboard.forgery import copy_entry, forge_last_user_reply, forgery_track
@@ -278,10 +316,16 @@ def test_a_forged_reply_is_caught_by_the_default_verify(tmp_path, honest_llm_use
     sub["files"] = submission_files(folder)
     sub["cache"]["sha256"] = sub["files"]["cache"]["sha256"]
     (folder / "submission.json").write_text(json.dumps(sub))
+    # No later call depends on the last reply, so the replay of the recorded calls cannot see it:
+    # the hole that regeneration closes.
+    replayed = verify_submission(folder, regenerate=0)
+    assert replayed.ok and replayed.regenerated == [], replayed.problems[:3]
     v = verify_submission(folder, sample_seed=0)  # the track from the tracks/ folder beside it
     assert not v.ok and v.regenerated == [0, 1, 2] and "probability 1.00" in v.regeneration
     assert any(p.startswith("episode 0 ") and "regenerated with the track's own pinned models" in p
-               for p in v.problems), v.problems
+               and ("user's message" in p or "conversation message" in p) for p in v.problems), v.problems
+    # the honest episodes 1 and 2, regenerated too, match: the forged one alone is named
+    assert all(p.startswith("episode 0 ") for p in v.problems), v.problems
     # The page's count of regenerated episodes: test_the_page_says_how_many_episodes_were_regenerated.
 
 

@@ -14,7 +14,7 @@ import pytest
 from collab_env.cli import main
 from collab_env.leaderboard import board_data, validate_board_data
 from collab_env.leaderboard.stats import paired_comparison
-from collab_env.leaderboard.submission import load_submission, run_submission
+from collab_env.leaderboard.submission import load_submission
 from collab_env.leaderboard.verify import verify_submission
 
 REPO = Path(__file__).resolve().parents[2]
@@ -148,23 +148,21 @@ def test_verify_rejects_a_changed_track_version(board, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_verify_rejects_a_changed_cached_call(tmp_path):
+def test_verify_rejects_a_changed_cached_call(tmp_path, honest_llm_user_entry):
     """The LLM-user track (embedded SmolLM2 plays the user): its calls are recorded; verify
     replays them without the model; one byte changed in a recorded reply is caught in the
-    episode that used it."""
+    episode that used it. The entry is the honest one the forgery tests copy (3 episodes of 4
+    steps, played once per run); no episode is regenerated here, so what catches the change is
+    the replay of the recorded calls alone."""
     import sqlite3
 
-    from collab_env.leaderboard.tracks import Track, get_track
+    from tests.leaderboard.forgery import copy_entry, forgery_track
 
-    # The registered LLM-user track, shortened (4 steps: 2 user replies) to keep the test short.
-    base = get_track("hidden-facts-easy-llm-user@v1")
-    track = Track.from_dict({**base.to_dict(), "name": "llm-user-test",
-                             "env_kwargs": {**base.env_kwargs, "max_steps": 4}})
-    folder = tmp_path / "llm"
-    run_submission(track, {"assistant": "ask-then-answer"}, out=folder, episodes=1, progress=False)
+    track = forgery_track()
+    folder = copy_entry(honest_llm_user_entry, tmp_path / "llm")
     sub = load_submission(folder)
     assert sub["kind"] == "custom" and sub["cache"]["responses"] > 0
-    assert verify_submission(folder, track=track).ok
+    assert verify_submission(folder, track=track, regenerate=0).ok
     users = {}
     for r in _records(folder):
         for t in r["turns"]:
@@ -181,8 +179,8 @@ def test_verify_rejects_a_changed_cached_call(tmp_path):
     con.execute("UPDATE responses SET completion = ? WHERE key = ?", (json.dumps(d), key))
     con.commit()
     con.close()
-    v = verify_submission(folder, track=track)
-    assert not v.ok
+    v = verify_submission(folder, track=track, regenerate=0)
+    assert not v.ok and v.regenerated == []
     k = users[text]
     # The changed reply either reads back as another user message, or (when a later prompt
     # contains it) makes that prompt miss the recorded calls: both name the episode.

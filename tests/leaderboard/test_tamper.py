@@ -3,8 +3,8 @@ anyone can: ``verify`` must still reject it, naming the episode and the field, a
 build`` must still write the page with that entry marked.
 
 The submission is the seeded board's embedded SmolLM2 entry on hidden-facts-easy@v2 (100
-episodes, every move with its token ids and usage), copied; the LLM-user forgery plays the
-embedded model as the track's user.
+episodes, every move with its token ids and usage), copied. The LLM-user forgery (the embedded
+model as the track's user) is in test_board_trust.py.
 """
 
 import json
@@ -227,28 +227,6 @@ def test_the_build_still_writes_the_page_with_every_tampered_entry_marked(tamper
     assert f"{len(expect) + 1} entries (1 verified" in capsys.readouterr().out
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(2400)  # the first test of a run to ask for the honest entry also plays it
-def test_a_forged_user_reply_in_the_calls_is_caught_by_regenerating(tmp_path, honest_llm_user_entry):
-    """The LLM-user track: the submitter edits the embedded user's *last* reply in calls.sqlite
-    and in the trajectory alike (no later call depends on it, so the replay of the recorded calls
-    cannot see it), and rewrites the digests. Replaying the cache verifies it; regenerating the
-    episode with the track's own model names the episode and the message."""
-
-    from tests.leaderboard.forgery import copy_entry, forge_last_user_reply, forgery_track
-
-    track = forgery_track()
-    folder = copy_entry(honest_llm_user_entry, tmp_path / "llm")
-    assert verify_submission(folder, track=track, full=True).ok
-    recs = _lines(folder)
-    r = recs[0]
-    forge_last_user_reply(folder, r, "I have 3 boxes. Each box weighs 4 kilograms.")
-    _write(folder, recs)
-    _rehash(folder)
-    replayed = verify_submission(folder, track=track, regenerate=0)
-    assert replayed.ok, replayed.problems[:3]  # the hole regeneration closes
-    v = verify_submission(folder, track=track, full=True)
-    assert not v.ok and v.regenerated == [0, 1, 2]
-    k = r["episode_id"]
-    assert any(p.startswith(f"episode {k} ") and "regenerated with the track's own pinned models" in p
-               and ("user's message" in p or "conversation message" in p) for p in v.problems), v.problems
+# The LLM-user forgery (one user reply forged in calls.sqlite and the trajectory alike, unseen by
+# the replay of the recorded calls, caught by regenerating): test_board_trust.py,
+# test_a_forged_reply_is_caught_by_the_default_verify.
