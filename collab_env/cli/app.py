@@ -29,7 +29,8 @@ from collab_env.policy import SPEC_HELP
 __all__ = ["main", "build_parser", "import_user_module"]
 
 #: The command modules, in the order ``collab-env --help`` lists them.
-COMMANDS = (list_cmd, data_cmd, info_cmd, check_cmd, check_user_cmd, play_cmd, eval_cmd, serve_cmd, leaderboard_cmd, model_dir_cmd)
+COMMANDS = (list_cmd, data_cmd, info_cmd, check_cmd, check_user_cmd, play_cmd, eval_cmd, serve_cmd, leaderboard_cmd,
+            model_dir_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,7 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="flag a measure when its 95%% interval's lower bound is above this rate (default 0.1)")
     q.add_argument("--sampling", action="append", metavar="user.KEY=VALUE",
                    help="sampling parameter of the simulator, e.g. user.temperature=0; repeatable")
-    q.add_argument("--concurrency", type=int, default=4, help="episodes in flight per probe (default 4)")
+    q.add_argument("--concurrency", type=int, default=None,
+                   help="episodes in flight per probe (default: all of them; the probes play at the same time)")
     q.add_argument("--out", metavar="FILE.json", help="write the card as JSON (and its table beside it, FILE.md)")
     q.add_argument("--no-progress", action="store_true", help="no progress lines")
     add_connection_args(q)

@@ -49,6 +49,7 @@ facts are those whose sentence is not in the opening.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import time
@@ -61,11 +62,11 @@ import numpy as np
 from collab_env.errors import ConfigError
 from collab_env.eval.stats import interval
 from collab_env.exploits.policies import USER_INJECTIONS
-from collab_env.policy import ScriptedPolicy, describe, resolve_policy
+from collab_env.policy import PolicySpec, ScriptedPolicy, describe, resolve_policy
 from collab_env.tasks.hidden_facts import AskThenAnswer, HiddenFactsUser, visible_facts
 from collab_env.types import Conversation, Episode
 
-__all__ = ["check_user", "UserCard", "MEASURES", "Measure", "PROBES", "DEFAULT_ENV", "CODE_WORD",
+__all__ = ["check_user", "acheck_user", "UserCard", "MEASURES", "Measure", "PROBES", "DEFAULT_ENV", "CODE_WORD",
            "states_fact", "breaks_role", "episode_measures", "AskOneProbe", "NoAskProbe", "ReAskProbe",
            "InjectProbe", "card_rows"]
 
@@ -431,7 +432,8 @@ class UserCard:
             rows.append(f"| {m.name} | {m.probe} | {_num(r['mean'])} | [{_num(r['lo'])}, {_num(r['hi'])}] | "
                         f"{r['n']} | {flag} |")
         for name, r in self.scripted.items():
-            rows.append(f"| {name} (scripted user{'; difference' if name == 'difference' else ''}) | reference | "
+            what = "simulator - scripted user" if name == "difference" else "scripted user"
+            rows.append(f"| {name} ({what}) | reference | "
                         f"{_num(r['mean'])} | [{_num(r['lo'])}, {_num(r['hi'])}] | {r['n']} | |")
         return "\n".join(rows)
 
@@ -444,7 +446,15 @@ def _pct(r: Mapping[str, Any] | None) -> str:
     return "n/a" if not r or r.get("mean") != r.get("mean") else f"{100 * float(r['mean']):.0f}%"
 
 
-def check_user(
+def check_user(spec: Any, **kwargs: Any) -> UserCard:
+    """Measure the fidelity card of the user simulator ``spec`` (sync :func:`acheck_user`, with
+    the same arguments)."""
+    from collab_env._async import run_sync
+
+    return run_sync(acheck_user(spec, **kwargs))
+
+
+async def acheck_user(
     spec: Any,
     *,
     env_id: str = DEFAULT_ENV,
@@ -453,10 +463,12 @@ def check_user(
     tolerance: float = 0.1,
     sampling: Mapping[str, Any] | None = None,
     env_kwargs: Mapping[str, Any] | None = None,
-    concurrency: int = 4,
+    concurrency: int | None = None,
     progress: bool = True,
 ) -> UserCard:
-    """Measure the fidelity card of the user simulator ``spec``.
+    """Measure the fidelity card of the user simulator ``spec``. The probes play at the same
+    time, so a local model's backend batches their calls together (several cards measured with
+    ``asyncio.gather`` over one shared backend batch across cards too).
 
     Args:
         spec: The simulator: a policy spec (``"llm-user:embedded"``, a config file, a
@@ -470,43 +482,46 @@ def check_user(
             exceeds this rate.
         sampling: The simulator's sampling keywords (e.g. ``{"temperature": 0.0}``).
         env_kwargs: Keywords of :func:`collab_env.make`.
-        concurrency: Episodes in flight per probe.
+        concurrency: Episodes in flight per probe (default: all of them).
         progress: Progress lines on stderr (:mod:`collab_env._progress`).
 
     Raises:
         ConfigError: ``episodes < 1``, a tolerance outside [0, 1), an env that is not a
-            hidden-facts level with named objects, or a spec that does not resolve.
+            hidden-facts level with named objects, a spec that does not resolve, or an episode
+            that failed (its error).
     """
-    from collab_env.eval.run import evaluate
+    from collab_env.eval.run import aevaluate
 
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ConfigError(f"episodes must be an int >= 1 (episodes per probe), got {episodes!r}.")
-    if not isinstance(tolerance, (int, float)) or not 0.0 <= tolerance < 1.0:
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0.0 <= tolerance < 1.0:
         raise ConfigError(f"tolerance must be a rate in [0, 1), got {tolerance!r}.")
-    if not (env_id.startswith("hidden-facts") and "hard" not in env_id):
+    if not (isinstance(env_id, str) and env_id.startswith("hidden-facts") and "hard" not in env_id):
         raise ConfigError(f"check_user plays hidden-facts levels whose opening names the objects (hidden-facts-v3, "
                           f"hidden-facts-easy-v3, hidden-facts-copy-v2), got {env_id!r}.")
     start = time.perf_counter()
     user = resolve_policy(spec)
-    label = spec if isinstance(spec, str) else describe(user)
+    label = spec if isinstance(spec, str) else str(spec) if isinstance(spec, PolicySpec) else describe(user)
     probes: dict[str, Any] = {"ask-one": AskOneProbe(), "no-ask": NoAskProbe(), "re-ask": ReAskProbe(),
                               "inject": InjectProbe(), "reference": AskThenAnswer()}
+    common: dict[str, Any] = {"num_episodes": episodes, "seed": seed, "concurrency": concurrency or episodes,
+                              "env_kwargs": env_kwargs}
+    results = await asyncio.gather(
+        *(aevaluate(env_id, {"assistant": probe, "user": user}, **common,
+                    sampling={"user": dict(sampling)} if sampling else None, progress=progress,
+                    label=f"check-user {name}") for name, probe in probes.items()),
+        aevaluate(env_id, {"assistant": AskThenAnswer()}, **common, progress=False,
+                  label="check-user reference (scripted user)"))
     runs: dict[str, dict[int, Episode]] = {}
     faults = 0
-    for name, probe in probes.items():
-        result = evaluate(env_id, {"assistant": probe, "user": user}, num_episodes=episodes, seed=seed,
-                          concurrency=concurrency, env_kwargs=env_kwargs,
-                          sampling={"user": dict(sampling)} if sampling else None, progress=progress,
-                          label=f"check-user {name}")
+    for name, result in zip(probes, results, strict=False):
         if result.failures:
             first = result.failures[0]
             raise ConfigError(f"check_user: {len(result.failures)} episode(s) of the {name} probe failed; first: "
                               f"{first.error}")
         runs[name] = result.episodes
         faults += sum(1 for e in result.episodes.values() if str(e.end_reason or "").startswith("fault"))
-    scripted = evaluate(env_id, {"assistant": AskThenAnswer()}, num_episodes=episodes, seed=seed,
-                        concurrency=concurrency, env_kwargs=env_kwargs, progress=False,
-                        label="check-user reference (scripted user)").episodes
+    scripted = results[-1].episodes
     values: dict[str, list[float]] = {m.name: [] for m in MEASURES}
     for name in PROBES:
         for k, ep in sorted(runs[name].items()):
