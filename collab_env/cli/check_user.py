@@ -47,6 +47,9 @@ def run(args: argparse.Namespace, out: Writer) -> int:
     other = sorted(set(sampling) - {"user"})
     if other:
         raise ConfigError(f"--sampling {other[0]}.*: check-user samples only the simulator; write user.KEY=VALUE.")
+    if args.out:  # a path that cannot be written fails now, not after the episodes
+        for path in (Path(args.out), Path(args.out).with_suffix(".md")):
+            path.open("a", encoding="utf-8").close()
     card = check_user(specs["user"], env_id=args.env or DEFAULT_ENV, episodes=args.episodes, seed=args.seed,
                       tolerance=args.tolerance, sampling=sampling.get("user"), env_kwargs=env_kwargs(args),
                       concurrency=args.concurrency, progress=not args.no_progress)

@@ -123,3 +123,12 @@ def test_check_user_command_refuses_bad_input_in_one_line(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("collab-env: error:") for line in err)
     assert "user.KEY=VALUE" in err[1]
+
+
+def test_check_user_command_checks_its_output_path_first(tmp_path, capsys):
+    from collab_env.cli import main
+
+    bad = tmp_path / "no-such-folder" / "card.json"
+    assert main(["check-user", "hidden-facts-user", "--episodes", "1", "--no-progress", "--out", str(bad)]) == 3
+    err = capsys.readouterr().err
+    assert "no-such-folder" in err and len(err.strip().splitlines()) == 1
