@@ -18,13 +18,13 @@ subcommand, repeatable) imports a module first, so environments and policies it 
 available: ``collab-env --import my_envs check my-env-v0``; it is looked up on the Python path,
 then in the current folder (``my_envs.py`` or ``my_envs/``).
 
-Exit status: 0 success; 1 a check failed (``check-user``: a measure is flagged), an evaluation had failed episodes, ``play`` input
-ended early, or ``data`` rejected its rows; 2 a usage or configuration error; 3 a file error (a
-missing input, an output that cannot be written: read-only or pseudo file system, a parent that
-is a file, a folder where a file belongs, no permission, a full disk); 130 Ctrl-C. Errors are one
-line on stderr, with the path and what to do, never a traceback. Commands that write check
-their output path before doing any long work. :func:`main` takes ``argv`` and returns the
-status, so the CLI is testable in-process.
+Exit status: 0 success; 1 a check failed (``check-user``: a measure is flagged), an evaluation had
+failed episodes, ``play`` input ended early, or ``data`` rejected its rows; 2 a usage or
+configuration error; 3 a file error (a missing input, an output that cannot be written: read-only
+or pseudo file system, a parent that is a file, a folder where a file belongs, no permission, a
+full disk); 130 Ctrl-C. Errors are one line on stderr, with the path and what to do, never a
+traceback. Commands that write check their output path before doing any long work. :func:`main`
+takes ``argv`` and returns the status, so the CLI is testable in-process.
 
 The package: :mod:`~collab_env.cli.app` (the parser and :func:`main`), one module per command
 (:mod:`~collab_env.cli.list`, :mod:`~collab_env.cli.info`, :mod:`~collab_env.cli.check`,

@@ -4,6 +4,7 @@ scripted user passes; the rules read paraphrases; the ``check-user`` command."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -132,3 +133,25 @@ def test_check_user_command_checks_its_output_path_first(tmp_path, capsys):
     assert main(["check-user", "hidden-facts-user", "--episodes", "1", "--no-progress", "--out", str(bad)]) == 3
     err = capsys.readouterr().err
     assert "no-such-folder" in err and len(err.strip().splitlines()) == 1
+
+
+def test_check_user_reaches_an_api_simulator_through_api_base(tmp_path, monkeypatch):
+    """An LLM user on litellm behind a real server on 127.0.0.1 (the fake OpenAI server, made to
+    answer every prompt with the goal's facts: a leaker), given as --policy takes it."""
+    pytest.importorskip("litellm")
+    from collab_env.cli import main
+    from collab_env.testing.openai_server import FakeOpenAIServer
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local")
+    out = tmp_path / "card.json"
+    def leak(body):  # the fact lines of the simulator's prompt ("- I need 4 apples."), as its reply
+        facts = re.findall(r"^- (.*\d.*)$", body["messages"][-1]["content"], re.M)
+        return json.dumps({"current_answer": "", "thought": "", "response": " ".join(facts)})
+
+    with FakeOpenAIServer(reply=leak) as srv:
+        rc = main(["check-user", "llm-user:litellm:openai/fake-model", "--api-base", f"user={srv.url}",
+                   "--episodes", "2", "--no-progress", "--out", str(out)])
+        assert len(srv.requests) >= 5 * 2  # every probe's episodes asked the server
+    card = json.loads(out.read_text())
+    assert rc == 1 and "leaked_unasked" in card["flags"], card["flags"]
+    assert card["simulator"] == f"llm-user:litellm:openai/fake-model {{\"api_base\": \"{srv.url}\"}}"
