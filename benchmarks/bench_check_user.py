@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                during, base)
         _write(out / "check_user_personas", "the embedded LLM user's personas", command, wall,
                str(args.persona_episodes), args.seed, load, during, personas)
-        _record_board_cards(base + personas, "benchmarks/results/check_user_embedded.json, check_user_personas.json")
+        _record_board_cards(base, "benchmarks/results/check_user_embedded.json")
+        _record_board_cards(personas, "benchmarks/results/check_user_personas.json")
         return 0
     cards = []
     for label, spec, env_id in _subjects(args.which):
