@@ -87,6 +87,7 @@ from collab_env.agents.base import (
     stop_list,
     usable_prefill,
 )
+from collab_env.agents.personas import persona_text
 from collab_env.agents.reference_prompts import (
     PromptSet,
     describe_prompts,
@@ -288,8 +289,10 @@ class LLMUserSimulator:
         on_failure: ``"truncate"``: return a :data:`~collab_env.types.FAULT` completion (the
             rollout ends the episode as a counted truncation). ``"raise"``: raise
             :class:`~collab_env.errors.PolicyError`.
-        persona: Free text describing who the user is (a busy engineer, a student...); added
-            to the prompt.
+        persona: Who the user is, added to the prompt: a persona name of
+            :data:`~collab_env.agents.personas.PERSONAS` (``"terse"``, ``"verbose"``,
+            ``"impatient"``, ``"non-native"``, ``"changes-mind"``: its profile text), or free
+            text describing the user (a busy engineer, a student...).
         patience: The most messages the user writes. Its ``patience``-th message always ends
             the chat: the prompt says it is the last one, and the signal is appended if the
             model left it out. ``None``: no limit of its own (the env's budgets still apply).
@@ -441,7 +444,7 @@ class LLMUserSimulator:
             parts.append(f"## Your situation\nYou are a user asking an AI assistant for help with {goal.task_desc}.")
         parts.append("## What you want (the assistant cannot see this)\n" + goal.problem)
         if self.persona:
-            parts.append("## Who you are\n" + self.persona)
+            parts.append("## Who you are\n" + persona_text(self.persona))
         parts.append(_RULES.format(signal=goal.termination_signal))
         if not opening:
             transcript = render_transcript(observation, me=me)

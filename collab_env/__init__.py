@@ -53,6 +53,7 @@ __all__ = [
     "PolicyError",
     "FatalPolicyError",
     "check_env",
+    "check_user",
 ]
 
 
@@ -61,6 +62,10 @@ def __getattr__(name):
         from collab_env.checker import check_env
 
         return check_env
+    if name == "check_user":
+        from collab_env.eval.check_user import check_user
+
+        return check_user
     raise AttributeError(f"module 'collab_env' has no attribute {name!r}")
 
 

@@ -127,8 +127,8 @@ COMMANDS = list(_commands(build_parser()))
 
 
 def test_the_help_loop_sees_every_command():
-    assert {c[0] for c in COMMANDS} == {"list", "info", "check", "play", "eval", "data", "serve", "leaderboard",
-                                        "model-dir"}
+    assert {c[0] for c in COMMANDS} == {"list", "info", "check", "check-user", "play", "eval", "data", "serve",
+                                        "leaderboard", "model-dir"}
     assert {c[1] for c in COMMANDS if len(c) == 2} == {"tracks", "run", "verify", "sign", "build"}
 
 

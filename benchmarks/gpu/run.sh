@@ -16,6 +16,11 @@
 # Qwen2.5-0.5B stand-in unless --model names a 0.5B-1.5B instruct model folder):
 #   benchmarks/gpu/run.sh --table --model /models/Qwen2.5-0.5B-Instruct
 #
+# The fidelity card of an LLM user simulator on a real model (collab_env.eval.check_user: probes on
+# hidden-facts-v3, docs/check_user.md), the model an instruct folder loaded by the HF backend on the GPU;
+# writes benchmarks/gpu/results/check_user_gpu.{json,md} (exit 1 when a measure is flagged):
+#   benchmarks/gpu/run.sh check-user --model /models/Qwen2.5-1.5B-Instruct [--episodes 10]
+#
 # Python: $PYTHON, else the repository's .venv, else python3 (a GPU machine here has torch and
 # transformers preinstalled). The SmolLM2 tokenizer for the random stand-in model: pass
 # --tokenizer DIR (export it where the embedded model is installed with --export-tokenizer DIR).
@@ -39,6 +44,25 @@ if [ "${1:-}" = "collabllm-e2e" ]; then
   shift
   export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
   exec "$PYTHON" "$root/examples/collabllm_end_to_end.py" "$@"
+fi
+if [ "${1:-}" = "check-user" ]; then
+  shift
+  if [ "${1:-}" != "--model" ] || [ -z "${2:-}" ]; then
+    echo "usage: benchmarks/gpu/run.sh check-user --model MODEL_DIR [collab-env check-user options]" >&2; exit 2
+  fi
+  model="$2"; shift 2
+  export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 LITELLM_LOCAL_MODEL_COST_MAP=True
+  export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+  out="$root/benchmarks/gpu/results"
+  mkdir -p "$out"
+  # The simulator as a policy config file (the spec grammar's file form): the LLM user, JSON replies,
+  # greedy, on the HF backend on the GPU. json.dumps quotes the folder whatever its characters.
+  "$PYTHON" -c 'import json, sys; json.dump({"kind": "llm-user", "backend": "hf:" + sys.argv[1],
+    "backend_options": {"device": "cuda"}, "options": {"reply_format": "json", "max_retries": 2},
+    "sampling": {"temperature": 0.0, "max_new_tokens": 256}}, open(sys.argv[2], "w"), indent=2)' \
+    "$model" "$out/check_user_gpu_spec.json"
+  exec "$PYTHON" -m collab_env.cli check-user "$out/check_user_gpu_spec.json" --episodes 10 --no-progress \
+    --out "$out/check_user_gpu.json" "$@"
 fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 LITELLM_LOCAL_MODEL_COST_MAP=True
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"

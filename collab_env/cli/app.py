@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from collab_env.cli import check as check_cmd
+from collab_env.cli import check_user as check_user_cmd
 from collab_env.cli import data as data_cmd
 from collab_env.cli import eval as eval_cmd
 from collab_env.cli import info as info_cmd
@@ -28,7 +29,8 @@ from collab_env.policy import SPEC_HELP
 __all__ = ["main", "build_parser", "import_user_module"]
 
 #: The command modules, in the order ``collab-env --help`` lists them.
-COMMANDS = (list_cmd, data_cmd, info_cmd, check_cmd, play_cmd, eval_cmd, serve_cmd, leaderboard_cmd, model_dir_cmd)
+COMMANDS = (list_cmd, data_cmd, info_cmd, check_cmd, check_user_cmd, play_cmd, eval_cmd, serve_cmd, leaderboard_cmd,
+            model_dir_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,7 +145,8 @@ def _main(argv: list[str] | None, *, stdin: TextIO | None, stdout: TextIO | None
             import_user_module(mod)
         data_argv = [] if at is None else argv[at + 1:]
         commands = {"list": lambda: list_cmd.run(args, out), "info": lambda: info_cmd.run(args, out),
-                    "check": lambda: check_cmd.run(args, out), "eval": lambda: eval_cmd.run(args, out),
+                    "check": lambda: check_cmd.run(args, out),
+                    "check-user": lambda: check_user_cmd.run(args, out), "eval": lambda: eval_cmd.run(args, out),
                     "serve": lambda: serve_cmd.run(args, out),
                     "play": lambda: play_cmd.run(args, out, stdin or sys.stdin),
                     "leaderboard": lambda: leaderboard_cmd.run(args, out),

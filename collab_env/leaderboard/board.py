@@ -75,7 +75,8 @@ from collab_env.leaderboard.tracks import TRACKS_FOLDER, Track, known_tracks, re
 
 __all__ = ["board_data", "entry_row_text", "track_row", "board_trajectory", "verification_key", "simulator_identity",
            "MAX_TRAJECTORIES", "STAMPS_FILE", "STAMPS_DIR", "stamps_file", "read_stamps", "entry_id",
-           "MAX_TEXT_CHARS", "needs_regeneration", "verdicts_dir", "keep_verdict", "stamp_of"]
+           "MAX_TEXT_CHARS", "needs_regeneration", "verdicts_dir", "keep_verdict", "stamp_of", "user_card",
+           "USER_CARDS_FILE"]
 
 #: Where builds kept their verdicts before they moved out of the board folder: such a file is
 #: ignored (see the module docstring).
@@ -134,6 +135,33 @@ def simulator_identity(t: Track) -> dict[str, str | None]:
     return {"user": "; ".join(players) or "none (no simulated player)", "judge": judge}
 
 
+#: The fidelity cards measured for LLM user simulators (``benchmarks/bench_check_user.py``
+#: writes them): ``{"cards": [{"spec": policy spec mapping, "summary": ..., "source": ...}]}``.
+USER_CARDS_FILE = Path(__file__).with_name("user_cards.json")
+
+
+def user_card(t: Track) -> str | None:
+    """The fidelity card (:func:`collab_env.eval.check_user.check_user`) of each LLM user
+    simulator ``t`` pins, as one line: the card whose spec is the player's own (kind
+    ``llm-user``, backend, options, sampling and connection), from :data:`USER_CARDS_FILE`, or
+    a note that none was measured. ``None`` for a track without an LLM user."""
+    from collab_env.policy import PolicySpec
+
+    llm = [(p, how) for p, how in sorted(t.players.items()) if "simulator" in how]
+    if not llm:
+        return None
+    cards = json.loads(USER_CARDS_FILE.read_text(encoding="utf-8"))["cards"] if USER_CARDS_FILE.exists() else []
+    parts = []
+    for p, how in llm:
+        key = PolicySpec(backend=str(how["backend"]), kind="llm-user", api_base=how.get("api_base"),
+                         api_key_env=how.get("api_key_env"), options=how.get("options") or {},
+                         sampling=how.get("sampling") or {}).to_dict()
+        card = next((c for c in cards if c.get("spec") == key), None)
+        parts.append(f"{p}: {card['summary']} ({card['source']})" if card is not None else
+                     f"{p}: no fidelity card measured for this simulator (collab-env check-user SPEC)")
+    return "; ".join(parts)
+
+
 def track_row(t: Track, tracks: Mapping[str, Track] | None = None) -> dict[str, Any]:
     """One track as a row of ``board["tracks"]``."""
     ident = simulator_identity(t)
@@ -143,7 +171,7 @@ def track_row(t: Track, tracks: Mapping[str, Track] | None = None) -> dict[str, 
         "title": t.title, "description": t.description, "metrics": list(t.metrics), "k": t.k,
         "seeds": t.trials, "episodes": t.episodes if t.episodes is not None else 0,
         "user": t.user, "judge": t.judge_name, "kind": t.kind, "hash": t.content_hash(),
-        "user_identity": ident["user"], "judge_identity": ident["judge"],
+        "user_identity": ident["user"], "judge_identity": ident["judge"], "user_card": user_card(t),
     }
 
 

@@ -363,6 +363,8 @@ def _track_section(board: _Board, index: int, track: Mapping[str, Any]) -> str:
         ("user simulator", track["user"]), ("judge", judge if judge is not None else "none"),
         ("seeds", track["seeds"]), ("episodes", track["episodes"]), ("k", track["k"]),
     ]
+    if track.get("user_card"):
+        facts.insert(3, ("user simulator card", track["user_card"]))
     facts_html = "".join(f"<div><dt>{_e(name)}</dt><dd>{_e(value)}</dd></div>"
                          for name, value in facts)
     badge = ' <span class="badge">legacy</span>' if status == "legacy" else ""
