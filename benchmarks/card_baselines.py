@@ -66,6 +66,13 @@ def baseline_runs() -> dict[str, dict[str, dict[str, object]]]:
         "letter-requests-solver": {"assistant": "letter-requests-solver"},
         "fixed text (naive)": {"assistant": FixedTextPolicy(NAIVE_TEXT)},
     }
+    # issue 46: the sharded envs in their default mode ('sharded'): the reference waits for every
+    # shard, the naive one answers every turn from what it has.
+    for env_id in ("sharded-math-v0", "sharded-humaneval-v0"):
+        runs[env_id] = {
+            "sharded-solver": {"assistant": "sharded-solver"},
+            "sharded-answer-now (naive)": {"assistant": "sharded-answer-now"},
+        }
     return runs
 
 
