@@ -328,8 +328,7 @@ def register_builtin() -> None:
         register(
             EnvSpec(
                 id=f"sharded-{suite}-v0",
-                entry_point="collab_env.tasks.sharded:make_env",
-                kwargs={"suite": suite},
+                entry_point=f"collab_env.tasks.sharded:make_sharded_{suite}",
                 players=("assistant", "user"),
                 turn_order=_CHAT,
                 trainable=("assistant",),

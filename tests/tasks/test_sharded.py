@@ -231,3 +231,12 @@ def test_collab_env_list_shows_the_family(capsys):
     assert main(["info", MATH]) == 0
     info = capsys.readouterr().out
     assert "sharded-solver" in info and "exploits tried" in info
+
+
+def test_the_audit_plays_the_hostile_programs_on_the_code_suite_only():
+    """sharded-humaneval's reward runs the assistant's code (under its own name, sharded_score), so
+    its card asks the audit for the hostile programs; the maths suite runs no code."""
+    from collab_env.exploits.audit import exploit_library
+
+    assert any(name.startswith("hostile:") for name in exploit_library(CODE))
+    assert not any(name.startswith("hostile:") for name in exploit_library(MATH))
