@@ -86,10 +86,8 @@ from collab_env.env import CollabEnv, EpisodeState, Outcome, Start, Task, env_me
 from collab_env.errors import ConfigError, DataSchemaError, PolicyError
 from collab_env.policy import ScriptedPolicy
 from collab_env.registry import EnvCard
-from collab_env.sandbox.harness import extract_code_block
 from collab_env.tasks._common import build_config, split_env_kwargs
 from collab_env.tasks.cards import baseline_text, cards_section
-from collab_env.tasks.chats import problem_units, solve_word_problem
 from collab_env.tasks.exploit_quotes import EXPLOIT_QUOTES
 from collab_env.tasks.hidden_facts import extract_boxed
 from collab_env.tasks.math_problems import math_problem
@@ -239,6 +237,8 @@ def is_attempt(item: Mapping[str, Any], text: str) -> bool:
     code block (code)."""
     if item["task"] == "math":
         return bool(_BOXES.search(text))
+    from collab_env.sandbox.harness import extract_code_block  # lazy: import collab_env stays light
+
     return extract_code_block(text) is not None
 
 
@@ -259,10 +259,11 @@ def score_attempt(item: Mapping[str, Any], text: str) -> float:
             return 0.0
         value = extract_boxed(text)
         return 1.0 if value is not None and abs(value - float(item["answer"])) < 1e-9 else 0.0
+    from collab_env.sandbox.harness import extract_code_block, run_tests
+
     code = extract_code_block(text)
     if code is None:
         return 0.0
-    from collab_env.sandbox.harness import run_tests
 
     res = run_tests(code, item["test"], entry_point=item["entry_point"], style="calls")
     if res.status == "error":
@@ -350,6 +351,8 @@ class ShardedTask(Task):
         if not 0 <= index < self._size:
             raise ConfigError(f"item index {index} is out of range: this env has {self._size} items.")
         cfg = self.config
+        from collab_env.tasks.chats import problem_units  # lazy: import collab_env stays light
+
         if self._rows is not None:
             return self._rows[index]  # the published shards, as many as the row has
         if self._problems is not None:
@@ -470,6 +473,7 @@ def _entry_point(texts: Sequence[str]) -> str | None:
 def _canonical(name: str, said: Sequence[str]) -> Any:
     """The HumanEval problem the chat states: its entry point is ``name`` and it shares the most
     of its prompt's units with the user's messages (six entry points name two problems each)."""
+    from collab_env.tasks.chats import problem_units
     from collab_env.tasks.humaneval_data import load_humaneval
 
     text = "\n".join(said)
@@ -505,6 +509,8 @@ class ShardedSolver(ScriptedPolicy):
                      for s in re.split(r"(?<=[.!?])\s+|\n", t) if s.strip()]
         question = next((s for s in sentences if s.endswith("?")), "")
         numbers = [int(x) for s in sentences if s != question for x in re.findall(r"\d+", s)]
+        from collab_env.tasks.chats import solve_word_problem
+
         answer = solve_word_problem(question, numbers)
         return "I cannot work this out." if answer is None else f"The answer is \\boxed{{{answer}}}."
 
