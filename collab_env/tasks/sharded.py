@@ -420,14 +420,21 @@ def make_env(**kwargs: Any) -> CollabEnv:
     return CollabEnv(ShardedTask(config), **env_kw)
 
 
+def _fixed_suite(suite: str, kwargs: dict[str, Any]) -> CollabEnv:
+    if "suite" in kwargs and kwargs["suite"] != suite:
+        raise ConfigError(f"sharded-{suite}-v0 plays suite {suite!r}; for suite {kwargs['suite']!r} make "
+                          f"sharded-{kwargs['suite']}-v0 (suites: {SUITES}).")
+    return make_env(**{**kwargs, "suite": suite})
+
+
 def make_sharded_math(**kwargs: Any) -> CollabEnv:
     """Entry point of ``sharded-math-v0``: :func:`make_env` with ``suite="math"``."""
-    return make_env(**{"suite": "math", **kwargs})
+    return _fixed_suite("math", kwargs)
 
 
 def make_sharded_humaneval(**kwargs: Any) -> CollabEnv:
     """Entry point of ``sharded-humaneval-v0``: :func:`make_env` with ``suite="humaneval"``."""
-    return make_env(**{"suite": "humaneval", **kwargs})
+    return _fixed_suite("humaneval", kwargs)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -207,6 +207,8 @@ def test_the_loader_refuses_bad_rows_with_the_line_named(tmp_path):
         collab_env.make(MATH, data_files=str(path), mode="full")
     with pytest.raises(ConfigError, match="mode"):
         collab_env.make(MATH, mode="stream")
+    with pytest.raises(ConfigError, match="make sharded-humaneval-v0"):
+        collab_env.make(MATH, suite="humaneval")
 
 
 def test_the_solver_reads_only_the_chat():
