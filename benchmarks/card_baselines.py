@@ -79,6 +79,13 @@ def baseline_runs() -> dict[str, dict[str, dict[str, object]]]:
         "phone-support-reference": {"assistant": "phone-support-reference"},
         "phone-support-naive": {"assistant": "phone-support-naive"},
     }
+    # issue 46: the sharded envs in their default mode ('sharded'): the reference waits for every
+    # shard, the naive one answers every turn from what it has.
+    for env_id in ("sharded-math-v0", "sharded-humaneval-v0"):
+        runs[env_id] = {
+            "sharded-solver": {"assistant": "sharded-solver"},
+            "sharded-answer-now (naive)": {"assistant": "sharded-answer-now"},
+        }
     return runs
 
 

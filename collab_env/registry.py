@@ -70,7 +70,7 @@ class FrozenDict(dict):
         return hash(tuple(sorted(self.items())))
 
 
-_AUDIT_KEYS = ("naive", "policies", "reward_kwargs", "rewards", "episodes")
+_AUDIT_KEYS = ("naive", "policies", "reward_kwargs", "rewards", "episodes", "runs_code")
 
 
 def _deep_frozen(value: Any) -> Any:
@@ -123,8 +123,10 @@ class EnvCard:
             ``"naive"`` (player -> policy of the naive baseline: an honest policy that does not
             collaborate; ``{"fixed": TEXT}`` always replies ``TEXT``), optionally ``"policies"``
             (the simulated players' policies), ``"reward_kwargs"`` (reward option ->
-            ``reward_kwargs``), ``"rewards"`` (the options audited, default all) and
-            ``"episodes"``. Empty: the env has no naive baseline to audit against.
+            ``reward_kwargs``), ``"rewards"`` (the options audited, default all),
+            ``"episodes"`` and ``"runs_code"`` (``True``: the env's own reward runs the
+            assistant's code, so the hostile programs are played too). Empty: the env has no
+            naive baseline to audit against.
         exploits: The audit's result as the card quotes it
             (:meth:`~collab_env.exploits.ExploitReport.card_text`); empty when not audited.
     """

@@ -21,6 +21,13 @@ episodes as independent is too narrow. What this module offers, and when to use 
 * :func:`paired_difference` ``(a, b)``: two rows on the same seeds and items (a control and a
   treatment trained from the same seeds): the per-cell difference ``a - b`` over the cells both
   have, with both intervals above. Pairing removes the item and seed effects the rows share.
+* :func:`aptitude` and :func:`unreliability` ``({item: [score per trial]})``: the measures of
+  "LLMs Get Lost in Multi-Turn Conversation" (Laban et al., 2025) for one model, whose trials of
+  one item differ only by sampling: per item, a high :func:`percentile` of its trial scores
+  (aptitude, default the 90th: how well the model does on its good runs) and the spread between
+  a high and a low one (unreliability, default 90th minus 10th: how far its good and bad runs
+  lie apart); each averaged over the items, with Student's t interval over the items (the items
+  are the independent draws; the trials of one item are not).
 
 Every function returns a plain dict (``mean``, ``lo``, ``hi``, ``method`` and the counts), ready
 for a results JSON; ``lo``/``hi`` are NaN where no interval exists (one seed, no values).
@@ -36,7 +43,7 @@ from typing import Any, Literal
 from collab_env.errors import ConfigError
 
 __all__ = ["KINDS", "wilson_interval", "t_interval", "interval", "seed_interval", "hierarchical_bootstrap",
-           "paired_difference"]
+           "paired_difference", "percentile", "item_aptitude", "item_unreliability", "aptitude", "unreliability"]
 
 #: The metric types :func:`interval` knows.
 KINDS = ("binary", "count", "continuous")
@@ -184,3 +191,81 @@ def paired_difference(a: Mapping[Any, Mapping[Any, float]], b: Mapping[Any, Mapp
     seeds = seed_interval(diff, level)
     return {"mean": seeds["mean"], "cells": sum(len(v) for v in diff.values()), "seeds": seeds,
             "bootstrap": hierarchical_bootstrap(diff, level=level, seed=seed, num_boot=num_boot)}
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of ``xs`` by linear interpolation between the closest
+    ranks (numpy's default method), NaN for no values.
+
+    Raises:
+        ConfigError: ``q`` outside [0, 100].
+    """
+    if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 <= q <= 100:
+        raise ConfigError(f"q must be a percentile in [0, 100], got {q!r}.")
+    v = sorted(float(x) for x in xs)
+    if not v:
+        return math.nan
+    pos = (len(v) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def item_aptitude(scores: Sequence[float], high: float = 90) -> float:
+    """One item's aptitude: the ``high``-th :func:`percentile` of its trial scores."""
+    return percentile(scores, high)
+
+
+def item_unreliability(scores: Sequence[float], high: float = 90, low: float = 10) -> float:
+    """One item's unreliability: the ``high``-th minus the ``low``-th :func:`percentile` of its
+    trial scores (0 when every trial scores the same)."""
+    if low > high:
+        raise ConfigError(f"low ({low}) must not exceed high ({high}).")
+    return percentile(scores, high) - percentile(scores, low)
+
+
+def _per_item(table: Mapping[Any, Sequence[float]], what: str, min_trials: int) -> dict[Any, list[float]]:
+    rows = {item: [float(x) for x in v] for item, v in table.items()}
+    if not rows:
+        raise ConfigError(f"{what} needs {{item: [score per trial]}} with at least one item.")
+    few = [i for i, v in rows.items() if len(v) < min_trials]
+    if few:
+        raise ConfigError(f"{what} needs at least {min_trials} trials per item; item(s) {few[:5]} have fewer: "
+                          "play every item several times (the measure is a spread over trials).")
+    return rows
+
+
+def aptitude(table: Mapping[Any, Sequence[float]], *, high: float = 90, level: float = 0.95) -> dict[str, Any]:
+    """The aptitude of one model (Laban et al., 2025): the mean over items of each item's
+    ``high``-th percentile of its trial scores (:func:`item_aptitude`).
+
+    Args:
+        table: ``{item: [score of each trial]}``, every item with at least 2 trials.
+        high: The percentile (default 90).
+        level: Coverage of the interval.
+
+    Returns:
+        ``{"mean", "lo", "hi"}`` (Student's t over the items' values, :func:`t_interval`),
+        ``"n_items"``, ``"trials"`` (the fewest of an item), ``"per_item"`` and ``"method"``.
+    """
+    rows = _per_item(table, "aptitude", 2)
+    per_item = {i: item_aptitude(v, high) for i, v in rows.items()}
+    t = t_interval(list(per_item.values()), level)
+    return {"mean": t["mean"], "lo": t["lo"], "hi": t["hi"], "n_items": len(rows),
+            "trials": min(len(v) for v in rows.values()), "per_item": per_item,
+            "method": f"t over items of the per-item P{high:g}"}
+
+
+def unreliability(table: Mapping[Any, Sequence[float]], *, high: float = 90, low: float = 10,
+                  level: float = 0.95) -> dict[str, Any]:
+    """The unreliability of one model (Laban et al., 2025): the mean over items of each item's
+    ``high``-th minus ``low``-th percentile of its trial scores (:func:`item_unreliability`).
+
+    Args and returns as :func:`aptitude` (``"method"`` names both percentiles).
+    """
+    rows = _per_item(table, "unreliability", 2)
+    per_item = {i: item_unreliability(v, high, low) for i, v in rows.items()}
+    t = t_interval(list(per_item.values()), level)
+    return {"mean": t["mean"], "lo": t["lo"], "hi": t["hi"], "n_items": len(rows),
+            "trials": min(len(v) for v in rows.values()), "per_item": per_item,
+            "method": f"t over items of the per-item P{high:g} - P{low:g}"}

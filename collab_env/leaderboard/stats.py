@@ -29,6 +29,11 @@ Definitions (``R`` is an episode's reward: the mean return of the submitted play
       least the variance a task's rate has if its trials were independent draws at the
       Agresti-Coull rate ``(S + 2) / (N + 4)`` (``S`` successes in ``N`` episodes): that rate
       times its complement over the trials per task.
+    * aptitude and unreliability (:data:`TRIAL_METRICS`, the measures of "LLMs Get Lost in
+      Multi-Turn Conversation"): per task played at least twice, the 90th percentile of its
+      trials' rewards, or the 90th minus the 10th (:func:`collab_env.eval.stats.item_aptitude`,
+      :func:`~collab_env.eval.stats.item_unreliability`), averaged over those tasks; ``n`` counts
+      their episodes.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from collab_env.errors import ConfigError
+from collab_env.eval.stats import item_aptitude, item_unreliability
 
 __all__ = [
     "pass_hat_k",
@@ -51,6 +57,7 @@ __all__ = [
     "noise_statistics",
     "NUM_BOOT",
     "MDD_Z",
+    "TRIAL_METRICS",
 ]
 
 #: Bootstrap resamples per interval.
@@ -110,6 +117,18 @@ def bootstrap(per_task: Sequence[Any], statistic: Callable[[list[Any]], float], 
     return est, float(lo), float(hi)
 
 
+#: Metrics of a task's trials together, not of one episode: name -> the task's value from its
+#: trials' rewards (a task needs at least 2 trials).
+TRIAL_METRICS: dict[str, Callable[[Sequence[float]], float]] = {
+    "aptitude": item_aptitude, "unreliability": item_unreliability,
+}
+
+
+def _mean_of_task_stat(stat: Callable[[Sequence[float]], float], tasks: list[list[float]]) -> float:
+    vals = [stat(v) for v in tasks]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
 def _mean_of_task_means(tasks: list[list[float]]) -> float:
     means = [sum(v) / len(v) for v in tasks if v]
     return sum(means) / len(means) if means else math.nan
@@ -159,6 +178,13 @@ def entry_statistics(records: Sequence[Mapping[str, Any]], *, submitted: Sequenc
     keys = list(values)
     out_metrics: dict[str, Any] = {}
     for m in metrics:
+        if m in TRIAL_METRICS:
+            trials = [[v["reward"] for v in values[t]] for t in keys if len(values[t]) >= 2]
+            if trials:
+                mean, lo, hi = bootstrap(trials, functools.partial(_mean_of_task_stat, TRIAL_METRICS[m]),
+                                         seed=seed, num_boot=num_boot)
+                out_metrics[m] = {"mean": mean, "lo": lo, "hi": hi, "n": sum(len(x) for x in trials)}
+            continue
         per_task = [[v[m] for v in values[t] if m in v] for t in keys]
         n = sum(len(x) for x in per_task)
         if n == 0:

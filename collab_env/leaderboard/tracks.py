@@ -97,7 +97,8 @@ MAX_TRACK_FILE_BYTES = 1 << 20
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 #: The metrics a track may show (see :mod:`collab_env.leaderboard.stats`).
 KNOWN_METRICS = ("success", "reward", "turns", "tokens", "interactivity", "token_amount",
-                 "accuracy", "accuracy_rule", "bleu_score", "pass_rate", "length_ratio")
+                 "accuracy", "accuracy_rule", "bleu_score", "pass_rate", "length_ratio",
+                 "aptitude", "unreliability")
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,7 @@ import contextvars
 import dataclasses
 import hashlib
 import os
+import re
 import secrets
 import threading
 import time
@@ -120,6 +121,7 @@ __all__ = [
     "find_unittest_methods",
     "test_style",
     "prompt_prelude",
+    "extract_code_block",
 ]
 
 Style = Literal["auto", "calls", "unittest"]
@@ -224,6 +226,16 @@ def test_style(tests: str | Sequence[str]) -> Literal["calls", "unittest"]:
     if isinstance(tests, str) and parse_suite(tests) is not None:
         return "unittest"
     return "calls"
+
+
+_CODE_BLOCK = re.compile(r"```[ \t]*(?:python3?|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
+
+
+def extract_code_block(text: str) -> str | None:
+    """The last fenced code block (```` ```python ```` or untagged) of ``text``, or ``None``: the
+    program a chat reply delivers (the ``pass_rate`` metric and the sharded envs score it)."""
+    blocks = _CODE_BLOCK.findall(text)
+    return blocks[-1] if blocks else None
 
 
 def prompt_prelude(prompt: str, entry_point: str) -> str:

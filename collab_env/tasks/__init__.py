@@ -360,6 +360,36 @@ def register_builtin() -> None:
         )
     )
 
+    # sharded-* (issue 46): a request revealed shard by shard (Lost in Conversation's protocol,
+    # with its concat and full controls as mode=); cards in collab_env.tasks.sharded.
+    from collab_env.tasks.sharded import SHARDED_CARDS, SHARDED_POLICIES
+
+    for name, entry_point in SHARDED_POLICIES.items():
+        register_policy(name, entry_point)
+    for suite, what in (("math", "a generated maths word problem (answer checked by rule)"),
+                        ("humaneval", "a HumanEval function whose docstring is sharded (tests in the sandbox)")):
+        register(
+            EnvSpec(
+                id=f"sharded-{suite}-v0",
+                entry_point=f"collab_env.tasks.sharded:make_sharded_{suite}",
+                players=("assistant", "user"),
+                turn_order=_CHAT,
+                trainable=("assistant",),
+                default_policies={"user": "collab_env.tasks.sharded:ShardedUser"},
+                reward={"sharded_score": 1.0},
+                reward_range=(0.0, 1.0),
+                limits={"max_steps": 16},
+                description=(
+                    f"Lost in Conversation's protocol on {what}: the user opens with the first shard of "
+                    "the request and reveals one more per turn (mode='sharded'), or gives every shard at "
+                    "once ('concat') or the original request ('full'); the answer given after every shard "
+                    "is said is scored against the full request."
+                ),
+                suite="builtin",
+                card=SHARDED_CARDS[f"sharded-{suite}-v0"],
+            )
+        )
+
     # CollabLLM-style chats that run offline (issue 13): collabllm rows generated on the fly.
     from collab_env.tasks.chat_cards import CHAT_CARDS
 

@@ -115,6 +115,7 @@ __all__ = [
     "MIN_OWN_WORDS",
     "EmbeddedChatUser",
     "MathChatSolver",
+    "solve_word_problem",
     "problem_units",
     "has_final_answer",
     "make_math_chat",
@@ -495,6 +496,17 @@ def _solve_math(kind: str, n: list[int], question: str) -> int:
     if kind == "ages":
         return (n[0] + n[1]) * n[2] + int(re.findall(r"\d+", question)[0])
     return n[0] * n[1] * n[2] - n[3]
+
+
+def solve_word_problem(question: str, numbers: Sequence[int]) -> int | None:
+    """The answer of a :mod:`~collab_env.tasks.math_problems` problem from its question sentence
+    and the numbers its fact sentences state, in story order; ``None`` when the question is of
+    no known kind or fewer numbers are given than its kind needs (what a reference assistant
+    knows from the chat, never the item)."""
+    kind = next(((k, need) for key, k, need in _QUESTION_KINDS if key in question), None)
+    if kind is None or len(numbers) < kind[1]:
+        return None
+    return _solve_math(kind[0], list(numbers), question)
 
 
 class MathChatSolver(ScriptedPolicy):

@@ -89,3 +89,40 @@ def test_paired_difference_uses_only_the_shared_cells():
     assert d["seeds"]["seed_means"] == {0: 0.5, 1: 0.5} and d["mean"] == 0.5
     with pytest.raises(ConfigError, match="share no"):
         paired_difference({0: {0: 1.0}}, {1: {0: 1.0}})
+
+
+def test_percentile_is_numpys_linear_interpolation():
+    np = pytest.importorskip("numpy")
+    from collab_env.eval.stats import percentile
+
+    rng = random.Random(3)
+    for n in (1, 2, 5, 10, 11):
+        xs = [rng.random() for _ in range(n)]
+        for q in (0, 10, 37.5, 50, 90, 100):
+            assert percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)), abs=1e-12)
+    assert math.isnan(percentile([], 50))
+    with pytest.raises(ConfigError, match="percentile"):
+        percentile([1.0], 101)
+
+
+def test_aptitude_and_unreliability_by_hand():
+    """Laban et al.'s measures: per item P90 and P90 - P10 of its trials, averaged over items,
+    with Student's t interval over the items."""
+    from collab_env.eval.stats import aptitude, unreliability
+
+    # a: ten trials, 8 successes -> P90 = 1, P10 = 0 + 0.9 * 0 = 0 (sorted: 0, 0, 1, ... 1);
+    # b: always 0.5 -> P90 = P10 = 0.5; c: [0, 1] -> P90 = 0.9, P10 = 0.1.
+    table = {"a": [1, 1, 0, 1, 1, 1, 0, 1, 1, 1], "b": [0.5] * 10, "c": [0.0, 1.0]}
+    apt, unr = aptitude(table), unreliability(table)
+    assert apt["per_item"] == pytest.approx({"a": 1.0, "b": 0.5, "c": 0.9})
+    assert unr["per_item"] == pytest.approx({"a": 1.0 - 0.0, "b": 0.0, "c": 0.8})
+    assert apt["mean"] == pytest.approx(2.4 / 3) and unr["mean"] == pytest.approx(1.8 / 3)
+    t = t_interval([1.0, 0.0, 0.8])
+    assert (unr["lo"], unr["hi"]) == pytest.approx((t["lo"], t["hi"]))
+    assert apt["n_items"] == 3 and apt["trials"] == 2
+    # a model that does the same on every trial is perfectly reliable, whatever its level
+    assert unreliability({"x": [0.3] * 4, "y": [1.0] * 4})["mean"] == 0.0
+    with pytest.raises(ConfigError, match="at least 2 trials"):
+        aptitude({"a": [1.0, 0.0], "b": [1.0]})
+    with pytest.raises(ConfigError, match="at least one item"):
+        unreliability({})

@@ -323,3 +323,27 @@ def test_local_files_are_taken_as_the_collabllm_tracks_split():
     assert track_env_kwargs(t, {}, ["a.jsonl"])["data_files"] == {"test": "a.jsonl"}
     assert track_env_kwargs(t, {}, ["a.jsonl", "b.jsonl"])["data_files"] == {"test": ["a.jsonl", "b.jsonl"]}
     assert "data_files" not in track_env_kwargs(t, {}, None)
+
+
+def test_sharded_tracks_are_one_protocol_under_three_conditions():
+    """Issue 46: each sharded family's -concat and -full tracks are its track with only the mode
+    changed (same items, seeds and trials, so the three rows compare the conditions), with the
+    paper's aptitude and unreliability columns; the seeded reference row shows them."""
+    from pathlib import Path
+
+    from collab_env.leaderboard.board import entry_row_text
+
+    tracks = builtin_tracks()
+    for family in ("sharded-math", "sharded-humaneval"):
+        base = tracks[f"{family}@v1"].fixed()
+        assert base["env_kwargs"]["mode"] == "sharded" and track_status(tracks[f"{family}@v1"], tracks) == "current"
+        assert {"aptitude", "unreliability"} <= set(base["metrics"]) and base["trials"] >= 4
+        for mode in ("concat", "full"):
+            other = tracks[f"{family}-{mode}@v1"].fixed()
+            assert other["env_kwargs"] == {**base["env_kwargs"], "mode": mode}
+            assert {k: v for k, v in other.items() if k != "env_kwargs"} == \
+                {k: v for k, v in base.items() if k != "env_kwargs"}
+    folder = Path(__file__).resolve().parents[2] / "benchmarks" / "leaderboard" / "sharded-math" / "v1"
+    text = entry_row_text(folder / "sharded-solver", num_boot=50)
+    assert "aptitude 1.000" in text and "unreliability 0.000" in text
+    assert "aptitude 0.000" in entry_row_text(folder / "sharded-answer-now", num_boot=50)

@@ -83,3 +83,26 @@ def test_paired_comparison_matches_episodes_and_refuses_other_tracks():
     other = [_record(k, k % 4, 0.0, seed=5) for k in range(8)]
     with pytest.raises(ConfigError, match="not the same track"):
         paired_comparison(a, other, submitted=["assistant"], threshold=1.0)
+
+
+def test_aptitude_and_unreliability_columns_by_hand():
+    """The paper's measures as board metrics: per task with >= 2 trials, P90 (aptitude) and
+    P90 - P10 (unreliability) of its trials' rewards, averaged over the tasks; a task played
+    once counts in neither."""
+    rewards = {"A": [1.0, 1.0, 1.0, 0.0], "B": [0.0, 0.5, 0.0, 0.0], "C": [1.0]}
+    records, k = [], 0
+    for idx, task in enumerate("ABC"):
+        for r in rewards[task]:
+            records.append(_record(k, idx, r))
+            k += 1
+    st = entry_statistics(records, submitted=["assistant"], threshold=1.0,
+                          metrics=["reward", "aptitude", "unreliability"], k=1, seed=0, num_boot=200)
+    # numpy's linear percentile: A sorted [0, 1, 1, 1]: P90 = 1, P10 = 0 + 0.3 * 1 = 0.3;
+    # B sorted [0, 0, 0, 0.5]: P90 = 0 + 0.7 * 0.5 = 0.35, P10 = 0.
+    assert st["metrics"]["aptitude"]["mean"] == pytest.approx((1.0 + 0.35) / 2, abs=1e-12)
+    assert st["metrics"]["unreliability"]["mean"] == pytest.approx((0.7 + 0.35) / 2, abs=1e-12)
+    assert st["metrics"]["aptitude"]["n"] == 8  # C's single episode is left out
+    assert st["metrics"]["unreliability"]["lo"] <= st["metrics"]["unreliability"]["hi"]
+    once = entry_statistics(records[-1:], submitted=["assistant"], threshold=1.0,
+                            metrics=["aptitude"], k=1, seed=0, num_boot=50)
+    assert "aptitude" not in once["metrics"]  # no task played twice: no measure, not a zero

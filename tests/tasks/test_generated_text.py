@@ -46,6 +46,8 @@ GENERATED: dict[str, tuple[dict, ...]] = {
     "collab_env.tasks.cooperative:make_length_ratio_env": ({"split": "all"},),
     "collab_env.tasks.letter_requests:make_env": ({},),
     "collab_env.tasks.phone_support:make_env": ({"abroad_rate": 0.0}, {"abroad_rate": 1.0}),
+    "collab_env.tasks.sharded:make_sharded_math": ({"mode": "sharded"}, {"mode": "concat"}, {"mode": "full"},
+                                                   {"problem_seed": 1}),
 }
 
 #: entry point -> why its text is not generated here.
@@ -54,6 +56,7 @@ FROM_DATA: dict[str, str] = {
     "collab_env.tasks.coop_code:make_humaneval_env": "HumanEval problems (code, where braces are Python)",
     "collab_env.tasks.coop_code:make_coop_humaneval_env": "HumanEval problems (code, where braces are Python)",
     "collab_env.tasks.chats:make_humaneval_chat": "HumanEval signatures and docstrings (code)",
+    "collab_env.tasks.sharded:make_sharded_humaneval": "HumanEval signatures and docstrings (code)",
 }
 
 ITEMS_PER_VARIANT = 200

@@ -73,7 +73,7 @@ from collab_env.rewards.metrics.bleu import (
 )
 from collab_env.rewards.metrics.context import problem_of, reference_of
 from collab_env.rewards.metrics.judged import accuracy, interactivity
-from collab_env.rewards.metrics.programs import extract_code_block, pass_rate
+from collab_env.rewards.metrics.programs import pass_rate
 from collab_env.rewards.metrics.registry import KNOWN_NEEDS as KNOWN_NEEDS
 from collab_env.rewards.metrics.registry import (
     Metric,
@@ -95,7 +95,6 @@ __all__ = [
     "list_metrics",
     "extract_then",
     "extract_boxed_text",
-    "extract_code_block",
     "answers_equal",
     "char_bleu",
     "document_extractor",

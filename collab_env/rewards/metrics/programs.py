@@ -10,25 +10,16 @@ risk)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from collab_env.errors import ConfigError
 from collab_env.rewards.metrics.context import assistant_messages
 from collab_env.rewards.metrics.registry import MetricResult
+from collab_env.sandbox.harness import extract_code_block
 from collab_env.types import Conversation
 
-__all__ = ["extract_code_block", "pass_rate"]
-
-
-_CODE_BLOCK = re.compile(r"```[ \t]*(?:python3?|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
-
-
-def extract_code_block(text: str) -> str | None:
-    """The last fenced code block (```` ```python ```` or untagged) of ``text``, or ``None``."""
-    blocks = _CODE_BLOCK.findall(text)
-    return blocks[-1] if blocks else None
+__all__ = ["pass_rate"]
 
 
 def _tests_of(item: Mapping[str, Any]) -> tuple[str, str | None]:
