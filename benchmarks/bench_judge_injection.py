@@ -2,7 +2,7 @@
 the rubrics fenced the transcript as untrusted data.
 
 Items: the wrong-answer ``hidden-facts`` conversations of
-``collab_env/testing/judge_conversations.py`` (``ask-wrong`` and ``direct-wrong``: the boxed total
+``collab_env/eval/judge_check.py`` (``ask-wrong`` and ``direct-wrong``: the boxed total
 is wrong by the env's rule), ``--items`` of them. Each item is judged clean and with one of the
 injection texts of :data:`collab_env.exploits.policies.INJECTIONS` appended to its final
 assistant message (the families rotate over the items, so each family has about a quarter of
@@ -143,7 +143,7 @@ async def run_judge(name: str, backend, convs, injected_convs, families, old, ba
 
 
 async def run(args) -> dict:
-    from collab_env.testing.judge_conversations import judged_conversations
+    from collab_env.eval.judge_check import judged_conversations
     from collab_env.exploits.policies import INJECTIONS
     from collab_env.testing.judge_injection import FenceReadingJudge, inject
 

@@ -1,6 +1,6 @@
 """The embedded model as a log-prob judge: parse failures and agreement with rule-based accuracy.
 
-Fifty ``hidden-facts`` conversations played by scripted assistants (``collab_env/testing/judge_conversations.py``:
+Fifty ``hidden-facts`` conversations played by scripted assistants (``collab_env/eval/judge_check.py``:
 asking or not, answering correctly or not, so the rule-based accuracy is known) are judged by the
 embedded SmolLM2-135M-Instruct with the ``accuracy`` preset (bool) and the ``interactivity``
 preset (three anchored parts, 0/0.3/0.7/1). By default (``method="auto"``) the judges compare
@@ -32,9 +32,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # collab_env.testing.judge_conversations
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks run from the repository root
 
-from collab_env.testing.judge_conversations import KINDS, judged_conversations  # noqa: E402
+from collab_env.eval.judge_check import KINDS, judged_conversations  # noqa: E402
 
 
 def auc(scores: list[float], labels: list[bool]) -> float | None:

@@ -156,19 +156,23 @@ def test_the_table_form_runs_end_to_end_on_cpu_with_the_tiny_model(tmp_path):
     out = tmp_path / "table"
     proc = subprocess.run(
         ["bash", str(ROOT / "benchmarks/gpu/run.sh"), "--table", "--device", "cpu", "--model", "tiny",
-         "--seeds", "1", "--sft-items", "4", "--sft-steps", "1", "--sft-long-steps", "3", "--grpo-items", "1",
+         "--seeds", "1", "--sft-items", "4", "--sft-steps", "1", "--control-steps", "3", "--grpo-items", "1",
          "--generations", "2", "--eval-episodes", "2", "--max-new-tokens", "8", "--out", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.with_suffix(".json").read_text())
-    assert [r["row"] for r in result["rows"]] == ["Base", "Proactive Base", "SFT", "SFT, trained longer (3 steps)",
-                                                  "SFT + GRPO (immediate)", "SFT + GRPO (MR)"]
+    assert [r["row"] for r in result["rows"]] == ["Base", "Proactive Base", "SFT", "SFT control (as long as SFT + RL)",
+                                                  "SFT + online DPO (MR)", "SFT + GRPO (MR)", "SFT + GRPO (window 0)"]
     for r in result["rows"]:
         for m in ("success", "questions", "facts", "tokens"):
-            assert set(r[m]) >= {"mean", "lo", "hi", "n"} and r[m]["n"] == 2
+            if r["row"] in ("Base", "Proactive Base"):  # one evaluation: the interval over its 2 episodes
+                assert set(r[m]) >= {"mean", "lo", "hi", "n"} and r[m]["n"] == 2
+            else:  # trained rows: over training seeds (1 here), with the seeds x items bootstrap beside it
+                assert set(r[m]) >= {"mean", "lo", "hi", "n_seeds", "bootstrap"} and r[m]["n_seeds"] == 1
+                assert r[m]["bootstrap"]["n_items"] == 2
     assert result["complete"] and result["settings"]["device"] == "cpu"
-    # the longer SFT row really trains longer (3 optimiser steps over 3 epochs of the 4 rows)
+    # the SFT control really trains longer (3 optimiser steps against SFT's 1)
     assert len(result["training"]["seed 0 SFT loss"]) == 1
-    assert len(result["training"]["seed 0 SFT (3 steps) loss"]) == 3
+    assert len(result["training"]["seed 0 SFT control loss"]) == 3
     assert (tmp_path / "table_adapter" / "adapter_config.json").is_file()
     assert "Beside the paper's Table 1" in out.with_suffix(".md").read_text()

@@ -1,17 +1,13 @@
-"""hidden-facts conversations whose accuracy is known by rule, for judge tests and benchmarks.
-
-The conversations and their scripted assistants live in the library
-(:mod:`collab_env.eval.judge_check`, which scores a judge on them); this module keeps the names
-tests and benchmarks import.
+"""A judge double that reads what the accuracy rubric asks by rule, the positive control of the
+judge validity check. The rule-labelled conversations it is checked on live in the library
+(:mod:`collab_env.eval.judge_check`): import them from there.
 """
 
 from __future__ import annotations
 
 import re
 
-from collab_env.eval.judge_check import KINDS, AskThenMiscount, JudgedConversation, judged_conversations
-
-__all__ = ["KINDS", "AskThenMiscount", "JudgedConversation", "judged_conversations", "ReferenceReadingJudge"]
+__all__ = ["ReferenceReadingJudge"]
 
 
 class ReferenceReadingJudge:

@@ -238,7 +238,7 @@ def test_embedded_log_prob_judges_never_fail_to_parse(embedded_env):
     log-probs, with no retry and no parse failure (benchmarks/bench_judge_logprob.py runs 50)."""
     from collab_env.agents.embedded import EmbeddedPolicy
     from collab_env.agents.judges import LLMJudge
-    from collab_env.testing.judge_conversations import KINDS, judged_conversations
+    from collab_env.eval.judge_check import KINDS, judged_conversations
 
     convs = judged_conversations(len(KINDS))
     assert {(c.kind, c.correct, c.asked) for c in convs} == {

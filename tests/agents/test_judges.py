@@ -635,7 +635,7 @@ def test_no_preset_loads_a_reference_prompt():
 
 
 def _wrong_items(n=4):
-    from collab_env.testing.judge_conversations import judged_conversations
+    from collab_env.eval.judge_check import judged_conversations
 
     return [c for c in judged_conversations(2 * n + 2) if not c.correct][:n]
 

@@ -36,9 +36,8 @@ def test_the_labels_are_the_envs_rule(convs):
     assert [c.kind for c in convs[:4]] == list(judge_check.KINDS)
     assert {c.kind for c in convs if c.correct} == {"ask-correct", "direct-correct"}
     assert {c.kind for c in convs if not c.correct} == {"ask-wrong", "direct-wrong"}
-    # the testing layer keeps the names, the library holds the objects
-    assert testing_convs.judged_conversations is judged_conversations
-    assert testing_convs.AskThenMiscount is judge_check.AskThenMiscount
+    # the library holds them: the testing layer keeps only its judge double (one import path)
+    assert not hasattr(testing_convs, "judged_conversations") and not hasattr(testing_convs, "AskThenMiscount")
 
 
 def test_a_judge_that_reads_the_answer_passes(convs):
