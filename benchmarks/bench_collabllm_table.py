@@ -56,6 +56,11 @@ Outputs: ``<out>.{json,md,png}``, ``<out>_transcripts.md`` and the seed-0 MR-GRP
 
     python benchmarks/bench_collabllm_table.py --eval-split validation --out /tmp/val   # settings
     python benchmarks/bench_collabllm_table.py                                          # the table (5 seeds)
+    python benchmarks/bench_collabllm_table.py --resume                                 # after a stop: the same run
+
+A run keeps what it finished in ``<out>_state.json`` after every stage (an evaluation, a row of a
+seed); ``--resume`` with the same options continues it, and the results file lists each sitting
+(start, stages kept, load average) and counts the seconds of the finished stages in its wall time.
     nice -n 10 python benchmarks/bench_collabllm_table.py --seeds 1 --sft-items 8 --sft-steps 2 \\
         --grpo-items 1 --generations 2 --eval-episodes 2 --out /tmp/smoke                 # a smoke run
 """
@@ -439,6 +444,9 @@ def main_parser() -> argparse.ArgumentParser:
     p.add_argument("--lora-modules", default="q_proj,k_proj,v_proj,o_proj")
     p.add_argument("--eval-episodes", type=int, default=32, help="evaluation episodes per row and seed")
     p.add_argument("--eval-max-steps", type=int, default=4, help="env steps per evaluation episode (two assistant turns)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run whose state is <out>_state.json: finished stages (an evaluation, "
+                        "a row of a seed) are kept, the rest run; the settings must be the same")
     p.add_argument("--out", default=str(RESULTS / "collabllm_table_cpu"),
                    help="output prefix: <out>.json/.md/.png, <out>_transcripts.md, <out>_adapter/")
     return p
@@ -466,6 +474,12 @@ def main(argv: list[str] | None = None) -> int:
     episodes: dict[str, list[dict[str, Any]]] = {name: [] for name in ROWS}
     flags: dict[str, list[int]] = {name: [] for name in ROWS[2:]}
     train_log: dict[str, Any] = {}
+    state = RunState(Path(f"{out}_state.json"), a, command, work, episodes, flags, train_log, timings)
+    if a.resume:
+        state.load()
+    elif state.path.exists():
+        raise SystemExit(f"error: {state.path} holds an unfinished run's state: add --resume to continue it, or "
+                         f"delete it (and {out}.json) to start again")
 
     # Base and Proactive Base: greedy and untrained, the same for every seed: evaluated once,
     # with the token cap raised.
@@ -478,11 +492,15 @@ def main(argv: list[str] | None = None) -> int:
         base = HFPolicy(a.model, a.tokenizer, device=a.device, dtype=a.dtype, max_batch_size=64, temperature=0.0,
                         max_new_tokens=a.base_max_new_tokens)
     tok = base.tokenizer
-    episodes[BASE] = evaluate_policy(base, tok, a, BASE, None, a.base_max_new_tokens)
-    timings[BASE] = time.perf_counter() - ts
-    ts = time.perf_counter()
-    episodes[PROACTIVE] = evaluate_policy(Proactive(base), tok, a, PROACTIVE, None, a.base_max_new_tokens)
-    timings[PROACTIVE] = time.perf_counter() - ts
+    if not state.done(BASE):
+        episodes[BASE] = evaluate_policy(base, tok, a, BASE, None, a.base_max_new_tokens)
+        timings[BASE] = time.perf_counter() - ts
+        state.finish(BASE)
+    if not state.done(PROACTIVE):
+        ts = time.perf_counter()
+        episodes[PROACTIVE] = evaluate_policy(Proactive(base), tok, a, PROACTIVE, None, a.base_max_new_tokens)
+        timings[PROACTIVE] = time.perf_counter() - ts
+        state.finish(PROACTIVE)
     adapter_dir = Path(f"{out}_adapter")
 
     def write() -> list[dict[str, Any]]:
@@ -508,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
                 comparisons[f"{treat} minus {ctrl}"] = {
                     k: paired_difference(cells(episodes[treat], k), cells(episodes[ctrl], k))
                     for k in ("success", "success_sampled", "success_paraphrase", "questions")}
-        wall = time.perf_counter() - t0
+        wall = state.earlier_seconds + time.perf_counter() - t0
         complete = all(len(flags[name]) == a.seeds for name in flags)
         result = {
             "benchmark": "collabllm_table_cpu", "command": command, "env": ENV_ID, "model": a.model,
@@ -532,6 +550,8 @@ def main(argv: list[str] | None = None) -> int:
                          "learning") if stand_in else None,
             "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "torch_threads": _torch_threads(),
                         "load_average_before": load_before, "load_average_after": os.getloadavg()},
+            # one line per sitting of a resumed run: when it started, what it kept, its load
+            "sittings": state.sittings,
             "adapter": str(adapter_dir.relative_to(ROOT)) if adapter_dir.is_relative_to(ROOT) else str(adapter_dir),
         }
         Path(f"{out}.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
@@ -549,40 +569,58 @@ def main(argv: list[str] | None = None) -> int:
         Path(f"{out}_transcripts.md").write_text("\n".join(tr))
         return rows
 
+    import torch
+
     for seed in range(a.seeds):
-        ts = time.perf_counter()
-        print(f"seed {seed}: SFT on {a.sft_items} scripted conversations, {a.sft_steps} steps...", flush=True)
-        sft, losses = run_sft(seed, a, work, a.sft_steps)
-        train_log[f"seed {seed} SFT loss"] = [round(x, 4) for x in losses]
-        sft_state = {k: v.detach().clone() for k, v in peft.get_peft_model_state_dict(sft.pm.model).items()}
-        episodes[SFT] += evaluate_policy(sft.pm.generator, tok, a, f"SFT (seed {seed})", seed, a.max_new_tokens)
-        flags[SFT].append(collapse_flags(sft.logger.records))
-        timings[SFT] += time.perf_counter() - ts
-        del sft
+        sft_path = work / f"seed_{seed}" / "sft_adapter_state.pt"
+        if not state.done(SFT, seed):
+            ts = time.perf_counter()
+            print(f"seed {seed}: SFT on {a.sft_items} scripted conversations, {a.sft_steps} steps...", flush=True)
+            sft, losses = run_sft(seed, a, work, a.sft_steps)
+            train_log[f"seed {seed} SFT loss"] = [round(x, 4) for x in losses]
+            sft_state = {k: v.detach().clone() for k, v in peft.get_peft_model_state_dict(sft.pm.model).items()}
+            sft_path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(sft_state, sft_path)
+            episodes[SFT] += evaluate_policy(sft.pm.generator, tok, a, f"SFT (seed {seed})", seed, a.max_new_tokens)
+            flags[SFT].append(collapse_flags(sft.logger.records))
+            timings[SFT] += time.perf_counter() - ts
+            del sft
+            state.finish(SFT, seed)
+        elif sft_path.exists():
+            sft_state = torch.load(sft_path)
+        else:
+            raise SystemExit(f"error: seed {seed}'s SFT finished but its adapter {sft_path} is gone: run from the "
+                             "folder (and COLLAB_ENV_OUTPUT) of the stopped run, or start a new run with another --out")
 
-        ts = time.perf_counter()
-        print(f"seed {seed}: {CONTROL}: {a.control_steps} SFT steps...", flush=True)
-        ctl, losses = run_sft(seed, a, work, a.control_steps)
-        train_log[f"seed {seed} SFT control loss"] = [round(x, 4) for x in losses]
-        episodes[CONTROL] += evaluate_policy(ctl.pm.generator, tok, a, f"{CONTROL} (seed {seed})", seed,
+        if not state.done(CONTROL, seed):
+            ts = time.perf_counter()
+            print(f"seed {seed}: {CONTROL}: {a.control_steps} SFT steps...", flush=True)
+            ctl, losses = run_sft(seed, a, work, a.control_steps)
+            train_log[f"seed {seed} SFT control loss"] = [round(x, 4) for x in losses]
+            episodes[CONTROL] += evaluate_policy(ctl.pm.generator, tok, a, f"{CONTROL} (seed {seed})", seed,
+                                                 a.max_new_tokens)
+            flags[CONTROL].append(collapse_flags(ctl.logger.records))
+            timings[CONTROL] += time.perf_counter() - ts
+            del ctl
+            state.finish(CONTROL, seed)
+
+        if not state.done(DPO, seed):
+            ts = time.perf_counter()
+            print(f"seed {seed}: online DPO (MR, window {a.window}), {a.grpo_items} items x {a.generations} "
+                  f"candidates per turn...", flush=True)
+            dpo = run_online_dpo(seed, a, copy.deepcopy(sft_state), work)
+            recs = list(dpo.logger.records)
+            train_log[f"seed {seed} {DPO} pairs"] = [r.get("pairs") for r in recs if "pairs" in r]
+            flags[DPO].append(collapse_flags(recs))
+            episodes[DPO] += evaluate_policy(dpo.models[0].generator, tok, a, f"{DPO} (seed {seed})", seed,
                                              a.max_new_tokens)
-        flags[CONTROL].append(collapse_flags(ctl.logger.records))
-        timings[CONTROL] += time.perf_counter() - ts
-        del ctl
-
-        ts = time.perf_counter()
-        print(f"seed {seed}: online DPO (MR, window {a.window}), {a.grpo_items} items x {a.generations} "
-              f"candidates per turn...", flush=True)
-        dpo = run_online_dpo(seed, a, copy.deepcopy(sft_state), work)
-        recs = list(dpo.logger.records)
-        train_log[f"seed {seed} {DPO} pairs"] = [r.get("pairs") for r in recs if "pairs" in r]
-        flags[DPO].append(collapse_flags(recs))
-        episodes[DPO] += evaluate_policy(dpo.models[0].generator, tok, a, f"{DPO} (seed {seed})", seed,
-                                         a.max_new_tokens)
-        timings[DPO] += time.perf_counter() - ts
-        del dpo
+            timings[DPO] += time.perf_counter() - ts
+            del dpo
+            state.finish(DPO, seed)
 
         for window, name in ((0, IMM), (a.window, MR)):
+            if state.done(name, seed):
+                continue
             ts = time.perf_counter()
             print(f"seed {seed}: GRPO, window {window}, {a.grpo_items} items x {a.generations} replies...", flush=True)
             trainer = run_grpo(seed, window, a, copy.deepcopy(sft_state), work)
@@ -600,15 +638,86 @@ def main(argv: list[str] | None = None) -> int:
                     {"base": a.model, "env": ENV_ID, "seed": seed, "row": name, "command": command,
                      "settings": vars(a)}, indent=1) + "\n")
             del trainer, pm
+            state.finish(name, seed)
         write()
-        print(f"seed {seed} done ({(time.perf_counter() - t0) / 60:.1f} min so far)", flush=True)
+        print(f"seed {seed} done ({(state.earlier_seconds + time.perf_counter() - t0) / 60:.1f} min so far)",
+              flush=True)
     rows = write()
+    state.path.unlink()  # the run is whole: its results are <out>.json
     for r in rows:
         print(f"{r['row']:36s} success {fmt(r['success'])}  paraphrasing user {fmt(r['success_paraphrase'])}  "
               f"questions {fmt(r['questions'])}  flags {r['collapse_flags']}")
     print(f"wall time {(time.perf_counter() - t0) / 60:.1f} min; stage seconds "
           + ", ".join(f"{k}: {v:.0f}" for k, v in timings.items()) + f"; results in {out}.json/.md/.png")
     return 0
+
+
+class RunState:
+    """What a run has finished, kept in ``<out>_state.json`` after every stage (an evaluation, a
+    row of a seed) so that ``--resume`` continues where a stopped run ended: the episodes, flags,
+    training logs and stage seconds of the finished stages, and each seed's SFT adapter
+    (``<work>/seed_N/sft_adapter_state.pt``, which the later rows of that seed start from). A
+    resumed run must have the same settings (a stage of other settings is another experiment)."""
+
+    #: settings that do not change what the run computes
+    FREE = ("resume", "out")
+
+    def __init__(self, path: Path, a: argparse.Namespace, command: str, work: Path,
+                 episodes: dict[str, list[dict[str, Any]]], flags: dict[str, list[int]], train_log: dict[str, Any],
+                 timings: dict[str, float]):
+        self.path, self.a, self.command, self.work = path, a, command, work
+        self.episodes, self.flags, self.train_log, self.timings = episodes, flags, train_log, timings
+        self.finished: list[str] = []
+        self.earlier_seconds = 0.0
+        self.sittings: list[dict[str, Any]] = []
+        self.t0 = time.perf_counter()
+        self._sitting(kept=0)
+
+    def _settings(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self.a).items() if k not in self.FREE}
+
+    def _sitting(self, kept: int) -> None:
+        self.sittings.append({"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": self.command,
+                              "stages_kept": kept, "load_average_start": list(os.getloadavg())})
+
+    @staticmethod
+    def key(name: str, seed: int | None = None) -> str:
+        return name if seed is None else f"seed {seed}: {name}"
+
+    def done(self, name: str, seed: int | None = None) -> bool:
+        return self.key(name, seed) in self.finished
+
+    def finish(self, name: str, seed: int | None = None) -> None:
+        self.finished.append(self.key(name, seed))
+        self.sittings[-1]["seconds"] = time.perf_counter() - self.t0
+        self.sittings[-1]["load_average_last"] = list(os.getloadavg())
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({
+            "settings": self._settings(), "finished": self.finished, "episodes": self.episodes, "flags": self.flags,
+            "train_log": self.train_log, "timings": self.timings, "sittings": self.sittings,
+            "earlier_seconds": self.earlier_seconds}, default=float) + "\n")
+        tmp.replace(self.path)
+
+    def load(self) -> None:
+        if not self.path.exists():
+            raise SystemExit(f"error: --resume found no run state at {self.path}: run without --resume to start")
+        saved = json.loads(self.path.read_text())
+        differ = {k: (saved["settings"].get(k), v) for k, v in self._settings().items()
+                  if saved["settings"].get(k) != v}
+        if differ:
+            raise SystemExit(f"error: --resume with other settings than the stopped run ({differ}, as (then, now)): "
+                             "give the same options, or start a new run with another --out")
+        self.finished = list(saved["finished"])
+        for name, eps in saved["episodes"].items():
+            self.episodes[name][:] = eps
+        for name, fl in saved["flags"].items():
+            self.flags[name][:] = fl
+        self.train_log.update(saved["train_log"])
+        self.timings.update(saved["timings"])
+        self.earlier_seconds = sum(s.get("seconds", 0.0) for s in saved["sittings"])
+        self.sittings[:0] = saved["sittings"]
+        self.sittings[-1]["stages_kept"] = len(self.finished)
+        print(f"resuming {self.path}: {len(self.finished)} stages kept ({', '.join(self.finished)})", flush=True)
 
 
 def markdown(result: dict[str, Any], rows: list[dict[str, Any]], a: argparse.Namespace) -> str:
