@@ -197,11 +197,13 @@ def _number(word: str) -> int | None:
     return _NUMBER_WORDS.get(word)
 
 
-def numbers_in(text: str) -> set[int]:
+def numbers_in(text: str, *, digit_one: bool = False) -> set[int]:
     """Every whole number written in ``text``, as digits or as a word two..twenty (``one`` and
-    ``1`` are left out: "the price of one apple" states no value)."""
-    out = {n for n in (_number(w) for w in words_of(text.replace(",", ""))) if n is not None}
-    return out - {1}
+    ``1`` are left out: "the price of one apple" states no value; ``digit_one``: the digit
+    ``1`` counts, the word ``one`` still does not)."""
+    words = words_of(text.replace(",", ""))
+    out = {n for n in (_number(w) for w in words) if n is not None} - {1}
+    return out | {1} if digit_one and "1" in words else out
 
 
 def _word_matches(pattern: str, word: str) -> bool:
