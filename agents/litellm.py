@@ -197,8 +197,8 @@ class LiteLLMPolicy:
             ``meta["text_beside_tool_call"]``. Earlier calls go back as ``tool_calls`` with
             ``content`` ``None`` and the results as ``"tool"`` messages with their
             ``tool_call_id`` (:func:`~collab_env.types.api_chat`). ``"text"``: no ``tools=``
-            (servers without function calling, such as vLLM started without
-            ``--enable-auto-tool-choice``, refuse it with a 400): the model reads the tools as
+            (for servers without function calling, which refuse it with a 400, as vLLM
+            can when started without ``--enable-auto-tool-choice``): the model reads the tools as
             the env's system prompt describes them and writes a call as text, sent back as it
             wrote it (:func:`~collab_env.types.template_chat`).
         completion_kwargs: Extra keyword arguments passed as they are to
