@@ -111,3 +111,24 @@ def test_bad_tool_call_mode_is_a_one_line_error():
         LiteLLMPolicy("openai/x", tool_calls="json")
     with pytest.raises(ConfigError, match="completion_kwargs may not set"):
         LiteLLMPolicy("openai/x", completion_kwargs={"tools": []})
+
+
+def test_the_fake_server_answers_tool_calls_plain_and_streamed():
+    import urllib.request
+
+    call = {"id": "c9", "type": "function", "function": {"name": "resume_line", "arguments": "{}"}}
+    with FakeOpenAIServer(reply=lambda body: {"content": None, "tool_calls": [call]}) as srv:
+        def post(stream):
+            req = urllib.request.Request(srv.url + "/chat/completions", method="POST",
+                                         headers={"Content-Type": "application/json"},
+                                         data=json.dumps({"model": "m", "messages": [], "stream": stream}).encode())
+            with urllib.request.urlopen(req, timeout=5) as r:  # noqa: S310 (127.0.0.1)
+                return r.read().decode()
+
+        plain = json.loads(post(False))["choices"][0]
+        chunks = [json.loads(line[6:]) for line in post(True).splitlines()
+                  if line.startswith("data: {")]
+    assert plain["message"]["tool_calls"] == [call] and plain["finish_reason"] == "tool_calls"
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert [d["tool_calls"] for d in deltas if "tool_calls" in d] == [[{"index": 0, **call}]]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
