@@ -704,9 +704,6 @@ def _user_texts(messages: Sequence[Message]) -> list[str]:
     return [m.content for m in messages if m.author == "user" and m.role != "system"]
 
 
-#: Every object word of every scenario (singular and plural): a question naming one the user
-#: does not hold is a guess at the objects.
-_ALL_OBJECTS = tuple(w for sc in _SCENARIOS for pair in sc.objects for w in pair)
 #: A question may target the quantities of at most this many objects (both attributes each).
 MAX_OBJECTS_PER_QUESTION = 2
 
