@@ -170,7 +170,8 @@ JUDGE_CARDS_FILE = Path(__file__).with_name("judge_cards.json")
 def judge_card(t: Track) -> dict[str, Any] | None:
     """The validity check of the LLM judge ``t`` pins, shown beside its identity as a user's
     fidelity card is (:func:`user_card`): ``{"text": one line, "passed": bool | None, "judged":
-    the track's metrics the judge decides, "refusal": what the page prints instead of them}``, from the card in :data:`JUDGE_CARDS_FILE` whose
+    the track's metrics the judge decides, "refusal": what the page prints instead of them}``,
+    from the card in :data:`JUDGE_CARDS_FILE` whose
     spec is the track's judge (backend, options, connection; the reward it serves aside).
     ``passed`` is ``None`` when no check was measured for it. The judged metrics (the judged
     reward components, and ``reward`` and ``success``, which sum and threshold them) are shown
