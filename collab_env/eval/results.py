@@ -210,8 +210,7 @@ class EvalResult:
             if comps:
                 shown = ", ".join(f"{k} {v:.3f}" for k, v in comps.items() if k not in refused)
                 gone = [k for k in comps if k in refused]
-                if gone:
-                    assert check is not None
+                if gone and check is not None:
                     shown += ("; " if shown else "") + f"{', '.join(gone)}: {check.refusal()}"
                 lines.append(f"{p} reward components (mean per episode): {shown}")
         lines += [f"note: {n}" for n in self.notes]
