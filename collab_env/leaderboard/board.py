@@ -76,7 +76,7 @@ from collab_env.leaderboard.tracks import TRACKS_FOLDER, Track, known_tracks, re
 __all__ = ["board_data", "entry_row_text", "track_row", "board_trajectory", "verification_key", "simulator_identity",
            "MAX_TRAJECTORIES", "STAMPS_FILE", "STAMPS_DIR", "stamps_file", "read_stamps", "entry_id",
            "MAX_TEXT_CHARS", "needs_regeneration", "verdicts_dir", "keep_verdict", "stamp_of", "user_card",
-           "USER_CARDS_FILE"]
+           "USER_CARDS_FILE", "judge_card", "JUDGE_CARDS_FILE"]
 
 #: Where builds kept their verdicts before they moved out of the board folder: such a file is
 #: ignored (see the module docstring).
@@ -162,6 +162,44 @@ def user_card(t: Track) -> str | None:
     return "; ".join(parts)
 
 
+#: The validity checks measured for LLM judges (:mod:`collab_env.eval.judge_check`):
+#: ``{"cards": [{"spec": judge mapping, "passed": bool, "auc", "ece", "items", "summary", "source"}]}``.
+JUDGE_CARDS_FILE = Path(__file__).with_name("judge_cards.json")
+
+
+def judge_card(t: Track) -> dict[str, Any] | None:
+    """The validity check of the LLM judge ``t`` pins, shown beside its identity as a user's
+    fidelity card is (:func:`user_card`): ``{"text": one line, "passed": bool | None, "judged":
+    the track's metrics the judge decides, "refusal": what the page prints instead of them}``,
+    from the card in :data:`JUDGE_CARDS_FILE` whose
+    spec is the track's judge (backend, options, connection; the reward it serves aside).
+    ``passed`` is ``None`` when no check was measured for it. The judged metrics (the judged
+    reward components, and ``reward`` and ``success``, which sum and threshold them) are shown
+    as numbers only for a judge that passed. ``None`` for a track without a judge."""
+    if t.judge is None:
+        return None
+    from collab_env.eval.judge_check import judged_metrics
+    from collab_env.registry import spec
+    from collab_env.rewards.aggregation import DEFAULT_WEIGHTS
+
+    weights = (dict(t.env_kwargs.get("reward_kwargs") or {}).get("weights") or dict(spec(t.env_id).reward)
+               or DEFAULT_WEIGHTS)
+    judged = judged_metrics(weights)
+    totals = ["reward", "success"] if judged else []
+    shown = [m for m in t.metrics if m in {*judged, *totals}]
+    key = {k: v for k, v in sorted(t.judge.items()) if k != "reward"}
+    cards = json.loads(JUDGE_CARDS_FILE.read_text(encoding="utf-8"))["cards"] if JUDGE_CARDS_FILE.exists() else []
+    card = next((c for c in cards if c.get("spec") == key), None)
+    if card is None:
+        return {"text": "no validity check measured for this judge (collab_env.eval.judge_check.check_judge): "
+                        "its judged metrics are not shown as numbers", "passed": None, "judged": shown,
+                "refusal": "judge not checked for validity"}
+    why = [f"AUC {card['auc']:.3f} < {card['min_auc']}"] if not card["auc"] >= card["min_auc"] else []
+    why += [f"calibration error {card['ece']:.3f} > {card['max_ece']}"] if not card["ece"] <= card["max_ece"] else []
+    return {"text": f"{card['summary']} ({card['source']})", "passed": bool(card["passed"]), "judged": shown,
+            "refusal": "" if card["passed"] else f"judge failed validity check ({'; '.join(why) or 'unscored items'})"}
+
+
 def track_row(t: Track, tracks: Mapping[str, Track] | None = None) -> dict[str, Any]:
     """One track as a row of ``board["tracks"]``."""
     ident = simulator_identity(t)
@@ -172,6 +210,7 @@ def track_row(t: Track, tracks: Mapping[str, Track] | None = None) -> dict[str, 
         "seeds": t.trials, "episodes": t.episodes if t.episodes is not None else 0,
         "user": t.user, "judge": t.judge_name, "kind": t.kind, "hash": t.content_hash(),
         "user_identity": ident["user"], "judge_identity": ident["judge"], "user_card": user_card(t),
+        "judge_card": judge_card(t),
     }
 
 
