@@ -54,6 +54,7 @@ Verdicts of ``leaderboard verify``
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import json
 import os
@@ -140,6 +141,21 @@ def simulator_identity(t: Track) -> dict[str, str | None]:
 USER_CARDS_FILE = Path(__file__).with_name("user_cards.json")
 
 
+def _cards(path: Path) -> list[dict[str, Any]]:
+    """The cards of a committed card file (:data:`USER_CARDS_FILE`, :data:`JUDGE_CARDS_FILE`),
+    read once per version of the file (a board of many tracks reads it once)."""
+    try:
+        stamp = path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return []
+    return _cards_at(path, stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _cards_at(path: Path, stamp: int) -> list[dict[str, Any]]:
+    return list(json.loads(path.read_text(encoding="utf-8"))["cards"])
+
+
 def user_card(t: Track) -> str | None:
     """The fidelity card (:func:`collab_env.eval.check_user.check_user`) of each LLM user
     simulator ``t`` pins, as one line: the card whose spec is the player's own (kind
@@ -150,7 +166,7 @@ def user_card(t: Track) -> str | None:
     llm = [(p, how) for p, how in sorted(t.players.items()) if "simulator" in how]
     if not llm:
         return None
-    cards = json.loads(USER_CARDS_FILE.read_text(encoding="utf-8"))["cards"] if USER_CARDS_FILE.exists() else []
+    cards = _cards(USER_CARDS_FILE)
     parts = []
     for p, how in llm:
         key = PolicySpec(backend=str(how["backend"]), kind="llm-user", api_base=how.get("api_base"),
@@ -188,7 +204,7 @@ def judge_card(t: Track) -> dict[str, Any] | None:
     totals = ["reward", "success"] if judged else []
     shown = [m for m in t.metrics if m in {*judged, *totals}]
     key = {k: v for k, v in sorted(t.judge.items()) if k != "reward"}
-    cards = json.loads(JUDGE_CARDS_FILE.read_text(encoding="utf-8"))["cards"] if JUDGE_CARDS_FILE.exists() else []
+    cards = _cards(JUDGE_CARDS_FILE)
     card = next((c for c in cards if c.get("spec") == key), None)
     if card is None:
         return {"text": "no validity check measured for this judge (collab_env.eval.judge_check.check_judge): "
