@@ -414,15 +414,14 @@ def _stopped_run(exc: FatalPolicyError, s: EnvSpec, result: EvalResult) -> Fatal
     done = len(result.episodes)
     if result.out is not None:
         kept = (f"The {done} finished episode(s) of {result.num_episodes} are kept in {result.out}; after "
-                f"fixing it, run the same command again with --resume (resume=True) to run the other "
-                f"{result.num_episodes - done}.")
+                f"fixing it, continue the run to play the other {result.num_episodes - done} (collab-env eval: the "
+                "same command with --resume; evaluate(): resume=True; collab-env leaderboard run: the same "
+                "command, which resumes by itself).")
     else:
         kept = "No result file was given (out=None), so nothing was kept; pass --out to keep finished episodes."
-    if isinstance(exc, CredentialsError):
-        fix = ("Fix the credentials: set the provider's API key variable (e.g. OPENAI_API_KEY, ANTHROPIC_API_KEY) in "
-               "the environment, or give the policy api_key= (a spec's api_key_env, --api-key-env ROLE=VAR).")
+    if isinstance(exc, CredentialsError):  # the policy's own message says how to give the key
         return CredentialsError(f"evaluation of {s.id} stopped: a policy's provider refused the credentials, and "
-                                f"every other episode would be refused the same way. {exc} {fix} {kept}")
+                                f"every other episode would be refused the same way. {exc} {kept}")
     return FatalPolicyError(
         f"evaluation of {s.id} stopped: a policy's provider rejected a request, and every other episode "
         f"would be rejected the same way. {exc} Fix what it names (the model name, the api_base, a parameter) "
