@@ -647,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['row']:36s} success {fmt(r['success'])}  paraphrasing user {fmt(r['success_paraphrase'])}  "
               f"questions {fmt(r['questions'])}  flags {r['collapse_flags']}")
-    print(f"wall time {(time.perf_counter() - t0) / 60:.1f} min; stage seconds "
+    print(f"wall time {(state.earlier_seconds + time.perf_counter() - t0) / 60:.1f} min (every sitting); stage seconds "
           + ", ".join(f"{k}: {v:.0f}" for k, v in timings.items()) + f"; results in {out}.json/.md/.png")
     return 0
 
