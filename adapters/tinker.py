@@ -216,7 +216,7 @@ class CollabTinkerEnv(Env):
     def _text(self, action: Action) -> str:
         """The text of ``action``'s tokens, without the stop token it ended on."""
         ids = list(action)
-        stop = self.renderer.get_stop_sequences()
+        stop = self._stop()
         if ids and stop and isinstance(stop[0], int) and ids[-1] in stop:
             ids = ids[:-1]
         return str(self.renderer.tokenizer.decode(ids))

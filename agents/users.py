@@ -75,7 +75,6 @@ The conversation is data (issue 43)
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -83,6 +82,7 @@ from typing import Any, Literal
 from collab_env.agents.base import (
     add_prefill,
     check_prefix,
+    is_embedded,
     prefill_reply,
     prefill_sampling,
     stop_list,
@@ -278,15 +278,6 @@ _OPENING = {
 }
 
 
-def _is_embedded(backend: Any) -> bool:
-    """Whether ``backend`` is the embedded SmolLM2-135M itself (:class:`~collab_env.agents.embedded.EmbeddedPolicy`,
-    LoRA-adapted or not; its module is imported whenever such a policy exists). A wrapper around
-    it (a response cache, whose replay may run without the model) is not: its format stays what
-    the caller gives, so that a recording and its replay send the same prompts."""
-    mod = sys.modules.get("collab_env.agents.embedded")
-    return mod is not None and isinstance(backend, mod.EmbeddedPolicy)
-
-
 class LLMUserSimulator:
     """A simulated user driven by an LLM backend (CollabLLM semantics).
 
@@ -370,7 +361,7 @@ class LLMUserSimulator:
         if reply_format is None:
             # The embedded 135M model cannot keep the recipe's JSON format: it writes plain text
             # (the reference's template asks for its JSON reply: json with prompts=).
-            reply_format = "plain" if prompts is None and _is_embedded(self.backend) else "json"
+            reply_format = "plain" if prompts is None and is_embedded(self.backend) else "json"
         if reply_format not in ("json", "plain"):
             raise ConfigError(f"reply_format must be 'json' or 'plain', got {reply_format!r}.")
         self.reply_format = reply_format

@@ -357,7 +357,9 @@ def judge_identity(judge: Any) -> dict[str, Any]:
     backend: dict[str, Any] = {"class": f"{cls.__module__}:{cls.__qualname__}", "name": _name(judge)}
     if getattr(b, "api_base", None):
         backend["api_base"] = str(b.api_base)
-    if any(c.__name__ == "EmbeddedPolicy" for c in cls.__mro__):
+    from collab_env.agents.base import is_embedded
+
+    if is_embedded(b):
         from collab_env.agents.embedded import embedded_weights_identity
 
         backend["weights"] = embedded_weights_identity()
