@@ -53,7 +53,8 @@ from collab_env.types import Conversation
 __all__ = ["KINDS", "MIN_AUC", "MAX_ECE", "AskThenMiscount", "JudgedConversation", "judged_conversations",
            "JudgeValidity", "check_judge", "acheck_judge", "require_valid_judge", "auc", "calibration",
            "validity_table", "CACHE_DIR", "CHECK_ITEMS", "JudgeCheck", "judged_metrics", "judge_identity",
-           "identity_key", "cache_dir", "checked_validity", "reward_judges", "run_judge_check"]
+           "identity_key", "cache_dir", "checked_validity", "reward_judges", "run_judge_check",
+           "failure_reasons", "refusal_text"]
 
 KINDS = ("ask-correct", "ask-wrong", "direct-correct", "direct-wrong")
 #: The default bar: a judge below it refuses to report judged columns.
@@ -259,13 +260,7 @@ async def acheck_judge(judge: Any, conversations: Sequence[JudgedConversation] |
     a = auc(probs, labels)
     cal = calibration(probs, labels)
     errors = sum(r is None for r in results)
-    fails = []
-    if not a >= min_auc:
-        fails.append(f"AUC {a:.2f} < {min_auc}")
-    if not cal["ece"] <= max_ece:
-        fails.append(f"calibration error {cal['ece']:.2f} > {max_ece}")
-    if errors:
-        fails.append(f"{errors} item(s) unscored")
+    fails = failure_reasons(a, cal["ece"], errors, min_auc=min_auc, max_ece=max_ece, digits=2)
     per_kind = {k: {"items": float(sum(c.kind == k for c in convs)),
                     "mean_probability_correct": float(np.mean([p for p, c in zip(probs, convs, strict=True)
                                                                if c.kind == k]))}
@@ -275,6 +270,27 @@ async def acheck_judge(judge: Any, conversations: Sequence[JudgedConversation] |
                          probability="p_true" if uses_p else "score", min_auc=min_auc, max_ece=max_ece,
                          passed=not fails, reason="; ".join(fails), per_kind=per_kind, reliability=cal["bins"],
                          seconds=seconds)
+
+
+def failure_reasons(auc: float, ece: float, errors: int, *, min_auc: float, max_ece: float,
+                    digits: int = 3) -> list[str]:
+    """Why a judge with these measures misses the bar (empty when it meets it): the AUC below
+    ``min_auc``, the calibration error above ``max_ece``, items it could not score."""
+    why = []
+    if not auc >= min_auc:
+        why.append(f"AUC {auc:.{digits}f} < {min_auc}")
+    if not ece <= max_ece:
+        why.append(f"calibration error {ece:.{digits}f} > {max_ece}")
+    if errors:
+        why.append(f"{errors} item(s) unscored")
+    return why
+
+
+def refusal_text(auc: float, ece: float, errors: int, *, min_auc: float, max_ece: float) -> str:
+    """What a table or the board prints instead of a judged number of a judge below the bar:
+    ``judge failed validity check (AUC 0.398 < 0.8; calibration error 0.271 > 0.25)``."""
+    why = failure_reasons(auc, ece, errors, min_auc=min_auc, max_ece=max_ece)
+    return f"judge failed validity check ({'; '.join(why) or 'unscored items'})"
 
 
 def check_judge(judge: Any, conversations: Sequence[JudgedConversation] | None = None, *, n: int = 40,
@@ -484,14 +500,7 @@ class JudgeCheck:
         v = self.validity
         if v is None or v.passed:
             return ""
-        why = []
-        if not v.auc >= v.min_auc:
-            why.append(f"AUC {v.auc:.3f} < {v.min_auc}")
-        if not v.ece <= v.max_ece:
-            why.append(f"calibration error {v.ece:.3f} > {v.max_ece}")
-        if v.errors:
-            why.append(f"{v.errors} item(s) unscored")
-        return f"judge failed validity check ({'; '.join(why)})"
+        return refusal_text(v.auc, v.ece, v.errors, min_auc=v.min_auc, max_ece=v.max_ece)
 
     def note(self) -> str:
         """One line for the notes under a table."""

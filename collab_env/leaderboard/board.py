@@ -194,7 +194,7 @@ def judge_card(t: Track) -> dict[str, Any] | None:
     as numbers only for a judge that passed. ``None`` for a track without a judge."""
     if t.judge is None:
         return None
-    from collab_env.eval.judge_check import judged_metrics
+    from collab_env.eval.judge_check import judged_metrics, refusal_text
     from collab_env.registry import spec
     from collab_env.rewards.aggregation import DEFAULT_WEIGHTS
 
@@ -210,10 +210,10 @@ def judge_card(t: Track) -> dict[str, Any] | None:
         return {"text": "no validity check measured for this judge (collab_env.eval.judge_check.check_judge): "
                         "its judged metrics are not shown as numbers", "passed": None, "judged": shown,
                 "refusal": "judge not checked for validity"}
-    why = [f"AUC {card['auc']:.3f} < {card['min_auc']}"] if not card["auc"] >= card["min_auc"] else []
-    why += [f"calibration error {card['ece']:.3f} > {card['max_ece']}"] if not card["ece"] <= card["max_ece"] else []
+    refusal = "" if card["passed"] else refusal_text(card["auc"], card["ece"], card.get("errors", 0),
+                                                     min_auc=card["min_auc"], max_ece=card["max_ece"])
     return {"text": f"{card['summary']} ({card['source']})", "passed": bool(card["passed"]), "judged": shown,
-            "refusal": "" if card["passed"] else f"judge failed validity check ({'; '.join(why) or 'unscored items'})"}
+            "refusal": refusal}
 
 
 def track_row(t: Track, tracks: Mapping[str, Track] | None = None) -> dict[str, Any]:
