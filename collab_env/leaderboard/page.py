@@ -295,6 +295,7 @@ def _overview(board: _Board) -> str:
     rows = []
     for i, t in shown:
         metric = str(t["metrics"][0])
+        refused = _refused(t)
         cells = []
         for m in models:
             items = []
@@ -304,9 +305,8 @@ def _overview(board: _Board) -> str:
                 ci = e["metrics"].get(metric)
                 value = (f"{ci['mean']:.3f} <small>[{ci['lo']:.3f}, {ci['hi']:.3f}]</small>" if ci
                          else _DASH)
-                if metric in _refused(t):
-                    value = f'<small class="refused">{_e(_refused(t)[metric])}</small>'
-
+                if metric in refused:
+                    value = f'<small class="refused">{_e(refused[metric])}</small>'
                 mark = ('<span class="ok" title="verified">&#10003;</span>' if e["verified"] and not e.get("failed")
                         else '<span class="warn" title="not verified">&#10007;</span>')
                 # the entry's name above its value: a column per model stays narrow enough that
@@ -478,14 +478,6 @@ def _refused_cell(text: str) -> str:
     return f'<td class="num refused" data-value="">{_e(text)}</td>'
 
 
-def _rest_cells(entry: Mapping[str, Any]) -> list[str]:
-    """The cost and the pinned identities of an entry's row."""
-    cost, unit = entry["cost_per_episode"], _unit(entry)
-    cost_key = "" if cost is None else repr(float(cost))
-    return [f'<td class="num" data-value="{cost_key}" data-unit="{_e(unit)}">{_e(_cost(cost, unit))}</td>',
-            _simulator_cell(entry)]
-
-
 def _table(board: _Board, index: int, track: Mapping[str, Any],
            entries: Sequence[Mapping[str, Any]]) -> str:
     metrics = [str(m) for m in track["metrics"]]
@@ -518,22 +510,22 @@ def _table(board: _Board, index: int, track: Mapping[str, Any],
             cells.append(_refused_cell(refused[metric]) if metric in refused
                          else _ci_cell(ci, f"n={_count(ci['n'])}" if ci else ""))
         if "success" in refused:  # pass^k, the flip rate and the MDD count judged successes
-            cells.append(_refused_cell(refused["success"]))
-            cells.append(_refused_cell(refused["success"]))
-            cells += _rest_cells(entry)
-            rows.append(f'<tr class="{_kind_class(entry)}" data-entry="{_e(entry["id"])}">'
-                        + "".join(cells) + "</tr>\n")
-            continue
-        top = entry["pass_k"].get(ks[-1])
-        lines = "".join(
-            f'<span class="pk">^{k} {entry["pass_k"][k]["mean"]:.3f} '
-            f'<small>[{entry["pass_k"][k]["lo"]:.2f}, {entry["pass_k"][k]["hi"]:.2f}]</small></span>'
-            if k in entry["pass_k"] else f'<span class="pk">^{k} {_DASH}</span>' for k in ks)
-        cells.append(f'<td class="num passk" data-value="{"" if top is None else repr(float(top["mean"]))}">'
-                     f'{lines}<small class="n">{_e(_count(entry["seeds"]))} seeds, '
-                     f'{_e(_count(entry["episodes"]))} ep</small></td>')
-        cells.append(_noise_cell(entry))
-        cells += _rest_cells(entry)
+            cells += [_refused_cell(refused["success"])] * 2
+        else:
+            top = entry["pass_k"].get(ks[-1])
+            lines = "".join(
+                f'<span class="pk">^{k} {entry["pass_k"][k]["mean"]:.3f} '
+                f'<small>[{entry["pass_k"][k]["lo"]:.2f}, {entry["pass_k"][k]["hi"]:.2f}]</small></span>'
+                if k in entry["pass_k"] else f'<span class="pk">^{k} {_DASH}</span>' for k in ks)
+            cells.append(f'<td class="num passk" data-value="{"" if top is None else repr(float(top["mean"]))}">'
+                         f'{lines}<small class="n">{_e(_count(entry["seeds"]))} seeds, '
+                         f'{_e(_count(entry["episodes"]))} ep</small></td>')
+            cells.append(_noise_cell(entry))
+        cost, unit = entry["cost_per_episode"], _unit(entry)
+        cost_key = "" if cost is None else repr(float(cost))
+        cells.append(f'<td class="num" data-value="{cost_key}" data-unit="{_e(unit)}">'
+                     f'{_e(_cost(cost, unit))}</td>')
+        cells.append(_simulator_cell(entry))
         rows.append(f'<tr class="{_kind_class(entry)}" data-entry="{_e(entry["id"])}">'
                     + "".join(cells) + "</tr>\n")
     return (f'<div class="scroll"><table class="board sortable" id="{_ids("table", index)}">\n'
