@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -210,3 +211,37 @@ def test_a_stopped_table_run_resumes_its_finished_stages_and_refuses_other_setti
     (tmp_path / "t_state.json").unlink()
     with pytest.raises(SystemExit, match="found no run state"):
         state().load()
+
+
+@pytest.mark.slow
+def test_a_settings_sweep_runs_only_the_rows_and_modes_it_names(tmp_path):
+    """``--rows mr --eval-modes greedy`` (a validation sweep of the RL row's settings): SFT runs
+    because the RL row starts from it, nothing else does, and the modes not run are reported as
+    not measured rather than as zeros."""
+    import bench_collabllm_table as bench
+
+    out = tmp_path / "sweep"
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    old = os.environ.get("COLLAB_ENV_OUTPUT")
+    os.environ["COLLAB_ENV_OUTPUT"] = str(tmp_path / "work")
+    try:
+        assert bench.main(["--eval-split", "validation", "--model", "tiny", "--rows", "mr", "--eval-modes", "greedy",
+                           "--seeds", "1", "--sft-items", "4", "--sft-steps", "1", "--grpo-items", "1",
+                           "--generations", "2", "--eval-episodes", "2", "--max-new-tokens", "8",
+                           "--out", str(out)]) == 0
+    finally:
+        if old is None:
+            del os.environ["COLLAB_ENV_OUTPUT"]
+        else:
+            os.environ["COLLAB_ENV_OUTPUT"] = old
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert [r["row"] for r in result["rows"]] == [bench.SFT, bench.MR] == result["rows_run"]
+    assert result["complete"]
+    for r in result["rows"]:
+        assert r["success"]["n_seeds"] == 1
+        assert r["success_paraphrase"]["method"] == "not measured" and math.isnan(r["success_sampled"]["mean"])
+    assert "Beside the paper's Table 1" not in out.with_suffix(".md").read_text()  # no Proactive Base to compare
+    with pytest.raises(SystemExit, match="unknown row 'ppo'"):
+        bench.main(["--rows", "ppo", "--out", str(tmp_path / "x")])
+    with pytest.raises(SystemExit, match="give greedy"):
+        bench.main(["--eval-modes", "sampled", "--out", str(tmp_path / "y")])
