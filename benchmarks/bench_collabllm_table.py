@@ -196,10 +196,9 @@ def evaluate_policy(policy: Any, tokenizer: Any, a: argparse.Namespace, desc: st
     from collab_env.tasks.hidden_facts import HiddenFactsUser, collaboration_stats
 
     t0 = time.perf_counter()
-    print(f"  evaluating {desc}: {a.eval_episodes} {a.eval_split} episodes (greedy, sampled, paraphrasing user)...",
-          flush=True)
-    runs = {}
     modes = a.eval_modes.split(",")
+    print(f"  evaluating {desc}: {a.eval_episodes} {a.eval_split} episodes ({', '.join(modes)})...", flush=True)
+    runs = {}
     for mode in modes:
         temperature, paraphrase = MODES[mode]
         user = HiddenFactsUser(paraphrase=paraphrase)
