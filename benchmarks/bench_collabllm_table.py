@@ -93,6 +93,10 @@ EVAL_SEED = 10_000
 #: trainers' own item streams: all in the train split, whose scenarios no other split has.
 SFT_SEED = 50_000
 METRICS = ("success", "success_sampled", "success_paraphrase", "questions", "facts", "tokens", "capped")
+#: The fact an item withholds (collab_env.tasks.hidden_facts, hidden-facts-choose).
+WITHHELD = ("count", "unit")
+#: What the results file keeps of each evaluated episode.
+CELL = ("index", "seed", "train_seed", "scenario", "withheld", *METRICS, "end_reason")
 #: Each metric's declared type, which picks its interval (collab_env.eval.stats.interval).
 KIND = {"success": "binary", "success_sampled": "binary", "success_paraphrase": "binary", "questions": "count",
         "facts": "continuous", "tokens": "count", "capped": "binary"}
@@ -350,6 +354,7 @@ def run_online_dpo(seed: int, a: argparse.Namespace, sft_state: dict[str, Any], 
     config = OnlineDPOConfig(
         num_candidates=a.generations, num_turns=a.turns, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
         max_steps=a.grpo_items, per_device_train_batch_size=1, learning_rate=a.dpo_lr, beta=a.dpo_beta,
+        min_gap=a.dpo_min_gap,
         max_grad_norm=1.0, seed=seed, eval_interval=0, logging_steps=1, max_length=1024,
         output_dir=str(work / f"seed_{seed}" / "online_dpo"), plot=False, device=a.device, dtype=a.dtype,
         **lora_fields(a))
@@ -437,6 +442,9 @@ def main_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpo-lr", type=float, default=5e-4)
     p.add_argument("--dpo-lr", type=float, default=5e-4)
     p.add_argument("--dpo-beta", type=float, default=0.1)
+    p.add_argument("--dpo-min-gap", type=float, default=0.0,
+                   help="online DPO keeps a pair only when its MR gap is at least this (0: any unequal rewards, "
+                        "so a token-penalty difference alone makes a pair)")
     p.add_argument("--generations", type=int, default=3,
                    help="GRPO group size per node of the tree; online DPO's candidates per turn")
     p.add_argument("--turns", type=int, default=2, help="assistant turns trained per item (the question and the answer)")
@@ -578,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
             # one line per sitting of a resumed run: when it started, what it kept, its load
             "sittings": state.sittings,
             "adapter": str(adapter_dir.relative_to(ROOT)) if adapter_dir.is_relative_to(ROOT) else str(adapter_dir),
+            # every evaluated episode's cell (transcripts left out): any interval here can be recomputed
+            "episodes": {name: [{k: e[k] for k in CELL} for e in eps] for name, eps in episodes.items() if eps},
         }
         Path(f"{out}.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
         plot(Path(f"{out}.png"), rows)
@@ -771,6 +781,13 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], a: argparse.Nam
                   f"{fmt(r['success_paraphrase'])} | {fmt(r['questions'], 2)} | {fmt(r['facts'], 2)} | "
                   f"{r['tokens_uncapped']['mean']:.1f} (n={r['tokens_uncapped']['n']}) | {r['capped']['mean']:.2f} | "
                   f"{'-' if r['collapse_flags'] is None else r['collapse_flags']} | {r['seconds']:.0f} |")
+    md += ["", "Success by the withheld fact (the level's point: the right question differs per item):", "",
+           "| row | " + " | ".join(f"{w} withheld (n)" for w in WITHHELD) + " |", "|---|" + "---|" * len(WITHHELD)]
+    for r in rows:
+        eps = result["episodes"][r["row"]]
+        md.append(f"| {r['row']} | " + " | ".join(
+            f"{_mean([e['success'] for e in eps if e['withheld'] == w]):.3f} "
+            f"({sum(1 for e in eps if e['withheld'] == w)})" for w in WITHHELD) + " |")
     md += ["", "## Paired differences (same training seeds, same items)", "",
            "Mean of the per-cell differences; interval: t over the seeds' mean differences (bootstrap beside).", "",
            "| comparison | metric | mean | t over seeds | crossed bootstrap |", "|---|---|---|---|---|"]

@@ -36,14 +36,18 @@ SETTINGS: dict[str, tuple[str, list[str]]] = {
 }
 
 
-def rl_setting(name: str, sft: list[str], lr: str) -> None:
-    SETTINGS[name] = (f"RL rows' learning rate {lr} from SFT ({' '.join(sft)})",
-                      ["--rows", "dpo,mr,imm", *sft, "--grpo-lr", lr, "--dpo-lr", lr])
+def rl_setting(name: str, sft: str, lr: str, rows: str = "dpo,mr,imm", extra: tuple[str, ...] = ()) -> None:
+    """RL rows (``rows``) at learning rate ``lr`` from the SFT of setting ``sft``."""
+    sft_opts = [x for x in SETTINGS[sft][1] if x not in ("--rows", "sft")]
+    SETTINGS[name] = (f"{rows} at learning rate {lr} from {sft}" + (f", {' '.join(extra)}" if extra else ""),
+                      ["--rows", rows, *sft_opts, "--grpo-lr", lr, "--dpo-lr", lr, *extra])
 
 
-for _sft_name in ("sft32", "sft48x128", "sft64x128"):
+for _sft in ("sft32", "sft48x128", "sft64x128"):
     for _lr in ("1e-4", "5e-4"):
-        rl_setting(f"rl_{_sft_name}_lr{_lr}", [x for x in SETTINGS[_sft_name][1] if x not in ("--rows", "sft")], _lr)
+        rl_setting(f"rl_{_sft}_lr{_lr}", _sft, _lr)
+    # online DPO whose pairs differ by more than the token penalty (a pair per solved-vs-not)
+    rl_setting(f"dpo_{_sft}_lr1e-4_gap0.5", _sft, "1e-4", rows="dpo", extra=("--dpo-min-gap", "0.5"))
 
 
 def summary() -> Path:
