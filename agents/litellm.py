@@ -359,7 +359,7 @@ class LiteLLMPolicy:
                 continue
             except GiveUp as exc:
                 return self._give_up(index, attempt, exc.reason, usage, start, fatal=exc.fatal,
-                                     rejected=exc.rejected, auth=exc.auth)
+                                     rejected=exc.rejected, auth=exc.auth, tools="tools" in request)
             self._count(completions=1)
             return Completion(
                 text=text,
@@ -403,7 +403,7 @@ class LiteLLMPolicy:
 
     def _give_up(
         self, index: int, attempts: int, reason: str, usage: dict[str, Any], start: float, *, fatal: bool,
-        rejected: bool = True, auth: bool = False,
+        rejected: bool = True, auth: bool = False, tools: bool = False,
     ) -> Completion:
         self._count(failures=1)
         where = f" at {self.api_base}" if self.api_base else ""
@@ -414,10 +414,15 @@ class LiteLLMPolicy:
                 "OPENAI_API_KEY, ANTHROPIC_API_KEY), or pass api_key= / a spec's api_key_env, and run again."
             )
         if fatal and rejected:
+            hint = ("fix the model name, api_base or the request's parameters and run again." if not tools else
+                    "the request carried the env's tools as tools= (tool_calls='api'), which a server without "
+                    "function calling refuses: start it with function calling on (vLLM: --enable-auto-tool-choice "
+                    "--tool-call-parser <the model's parser>), or give the policy tool_calls='text' (a spec's "
+                    "options), which sends no tools= and reads calls from the reply's text; else fix the model "
+                    "name, api_base or parameters.")
             raise FatalPolicyError(
                 f"{self.name}: model {self.model!r}{where} rejected the request for observation "
-                f"{index} ({reason}). Not retried: fix the model name, api_base or the request's "
-                "parameters and run again."
+                f"{index} ({reason}). Not retried: {hint}"
             )
         if fatal:
             raise FatalPolicyError(

@@ -49,3 +49,24 @@ def test_litellm_policy_against_vllm_serve(server, policy):
     ref = act(policy, obs, temperature=0, max_new_tokens=16)
     assert [c.text for c in out] == [c.text for c in ref]
     assert all(c.usage["completion_tokens"] > 0 for c in out)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("litellm") is None, reason="litellm not installed")
+def test_a_tool_env_against_vllm_serve_without_function_calling(server):
+    """``vllm serve`` as users start it (no ``--enable-auto-tool-choice``) refuses a request that
+    carries the env's tools: the policy stops with vLLM's own reason and both fixes in one line,
+    and ``tool_calls="text"`` (no ``tools=``; calls read from the reply's text) is served."""
+    import collab_env
+    from collab_env.agents.litellm import LiteLLMPolicy
+    from collab_env.errors import FatalPolicyError
+
+    obs, _ = collab_env.make("phone-support-v0").reset(seed=0)
+    lp = LiteLLMPolicy(f"openai/{SERVED_NAME}", api_base=server.base + "/v1", max_retries=1, timeout=120)
+    with pytest.raises(FatalPolicyError) as err:
+        asyncio.run(lp.act([obs["assistant"]], temperature=0, max_new_tokens=16))
+    msg = str(err.value)
+    assert "tool choice requires --enable-auto-tool-choice" in msg and "tool_calls='text'" in msg, msg
+    text = LiteLLMPolicy(f"openai/{SERVED_NAME}", api_base=server.base + "/v1", max_retries=1, timeout=120,
+                         tool_calls="text")
+    [c] = asyncio.run(text.act([obs["assistant"]], temperature=0, max_new_tokens=16))
+    assert not c.is_fault and c.usage["completion_tokens"] > 0

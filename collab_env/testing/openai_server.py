@@ -19,6 +19,8 @@ queue, consumed in arrival order) or, when the queue is empty, :attr:`FakeOpenAI
 ``"400"``          400 bad request (``error.message`` says why)
 ``"401"``          401 invalid API key
 ``"context"``      400 saying the prompt is longer than the model's context window
+``"no-tools"``     a request that carries ``tools`` gets vLLM's 400 of a server started without
+                   function calling (``--enable-auto-tool-choice``); others answer normally
 ``"hang"``         never answers (until ``hang_s`` passes or the server stops)
 ``"malformed"``    200 with a body that is not JSON
 ``"no-choices"``   200 with JSON that has no ``choices``
@@ -72,7 +74,7 @@ __all__ = ["FakeOpenAIServer", "FAULTS", "free_port", "COLLABLLM_REPLY", "CANNED
 
 FAULTS = (
     "429", "429-after", "429-after-ms", "500", "503", "400", "401", "context",
-    "hang", "malformed", "no-choices", "empty", "drop",
+    "hang", "malformed", "no-choices", "empty", "drop", "no-tools",
 )
 
 
@@ -298,6 +300,9 @@ class FakeOpenAIServer:
             return _error(503, "The engine is currently overloaded.", "server_error")
         if fault == "400":
             return _error(400, "Invalid value for 'messages': fake bad request.", "invalid_request_error")
+        if fault == "no-tools" and body.get("tools"):
+            return _error(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+                          "BadRequestError")
         if fault == "401":
             return _error(401, "Incorrect API key provided: sk-fake.", "invalid_request_error")
         if fault == "context":

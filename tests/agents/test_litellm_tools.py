@@ -89,6 +89,27 @@ def test_without_api_tools_the_same_model_fails():
     assert requests and not any("tools" in r for r in requests)
 
 
+def test_a_server_without_function_calling_gets_a_one_line_error_that_names_both_fixes():
+    """A server that refuses ``tools=`` (vLLM started without ``--enable-auto-tool-choice``, its
+    very message) stops the run at once with the server's reason and both ways out: function
+    calling on the server, or ``tool_calls="text"``, which the same server then answers."""
+    from collab_env.errors import FatalPolicyError
+
+    env = collab_env.make("phone-support-v0")
+    obs, _ = env.reset(seed=0)
+    with FakeOpenAIServer(reply=reference_over_the_api) as srv:
+        srv.always = "no-tools"
+        with pytest.raises(FatalPolicyError) as err:
+            asyncio.run(policy(srv).act([obs["assistant"]]))
+        [c] = asyncio.run(policy(srv, tool_calls="text").act([obs["assistant"]]))
+        requests = list(srv.requests)
+    msg = str(err.value)
+    assert '"auto" tool choice requires --enable-auto-tool-choice' in msg and "\n" not in msg
+    assert "tool_calls='text'" in msg and "--tool-call-parser" in msg
+    assert not c.is_fault and c.text
+    assert [("tools" in r) for r in requests] == [True, False]  # refused once, not retried
+
+
 def test_api_call_arguments_that_are_not_json_get_the_envs_one_line_error():
     def bad(body):
         return {"content": "Let me look.", "tool_calls": [
