@@ -98,8 +98,8 @@ def check_against_driver(env_id: str, episodes: list[dict], server) -> list[floa
                                       if m.author in s.players]
             rewards.append(t["rewards"][REWARD_NAME]["score"])
         # The model saw exactly the chats collab_env's policy saw (its view of the env).
-        for chat in replay.chats:
-            assert json.dumps(chat) in sent
+        for chat in replay.chats:  # as text (a tool call's fields and ids are checked where there are tools)
+            assert json.dumps(plain(chat)) in sent
     return rewards
 
 
@@ -184,3 +184,20 @@ def test_team_facts_agents_and_user_end_to_end(tmp_path, model_server):
     # the served agents never saw the user's hidden facts; their chats hold the private answers
     assert not any("You know these facts" in json.dumps(body["messages"]) for body in model_server.requests)
     assert any("The user (to you):" in json.dumps(body["messages"]) for body in model_server.requests)
+
+
+def test_phone_support_tool_calls_end_to_end(tmp_path, model_server):
+    """A tool env under verifiers: the served model writes its calls as text (the env's one
+    format; verifiers is given no tools), the env answers each with a ``tool`` message that goes
+    back with the call's id, and every episode's rewards, moves and prompts equal collab_env's
+    own rollout; the reference wins every item."""
+    model_server.reset()
+    episodes = vf_eval("phone-support", tmp_path, model_server, num_tasks=3, seed=2)
+    rewards = check_against_driver("phone-support", episodes, model_server)
+    assert rewards == [1.0] * 3
+    tool_msgs = [m for body in model_server.requests for m in body["messages"] if m["role"] == "tool"]
+    assert tool_msgs and all(m.get("tool_call_id") for m in tool_msgs)
+    assert not any("tools" in body for body in model_server.requests)
+    for e in episodes:  # the moves hold the calls as the model wrote them, and the results
+        moves = e["traces"][0]["info"]["collab_env"]["moves"]
+        assert any(text.startswith('{"name": "lookup_account"') for who, text in moves if who == "assistant")
