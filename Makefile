@@ -44,7 +44,7 @@ test: $(STAMP)
 	$(PY) -m mypy
 	@echo "test order: --randomly-seed=$(SEED) (replay: make test SEED=$(SEED))"
 	COLLAB_ENV_EXTRAS=$(EXTRAS) $(OFFLINE) $(PY) -m pytest -q -n $(WORKERS) --dist worksteal -p randomly \
-		--randomly-seed=$(SEED) --durations=15
+		--randomly-seed=$(SEED) --durations=60
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache

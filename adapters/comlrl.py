@@ -55,6 +55,7 @@ from typing import Any
 
 from collab_env._async import run_sync
 from collab_env.errors import ConfigError, EnvStateError
+from collab_env.types import template_chat
 
 __all__ = ["ComlrlExport", "export", "render_prompt"]
 
@@ -67,7 +68,7 @@ def render_prompt(chat: Sequence[Mapping[str, str]], tokenizer: Any = None) -> s
     ``"<role>: <text>"`` blocks separated by blank lines, ending with ``"assistant:"``.
     """
     if tokenizer is not None:
-        return tokenizer.apply_chat_template(list(chat), tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(template_chat(chat), tokenize=False, add_generation_prompt=True)
     if len(chat) == 1 and chat[0]["role"] == "user":
         return chat[0]["content"]
     return "\n\n".join([f"{m['role']}: {m['content']}" for m in chat] + ["assistant:"])

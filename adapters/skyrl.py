@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any, SupportsInt
 
 from collab_env.errors import ConfigError, EnvStateError, require
+from collab_env.types import template_chat
 
 _skyrl_gym = require("skyrl_gym", "skyrl", "collab_env.adapters.skyrl")
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput  # noqa: E402
@@ -155,7 +156,7 @@ class CollabTextEnv(BaseTextEnv):
         obs, info = self.view.reset(seed=self.seed, options=options)
         self.turns, self._return, self._components = 0, 0.0, {}
         self._started, self._end_reason = True, None
-        self._chat = obs.to_chat()
+        self._chat = template_chat(obs.to_chat())
         # A fault in the other players' opening moves ends the episode before the model acts.
         self._done = not self.view.env.agents
         if self._done:
@@ -172,7 +173,7 @@ class CollabTextEnv(BaseTextEnv):
             raise ConfigError(f"the action must be the reply text (str), got {type(action).__name__}.")
         obs, reward, terminated, truncated, info = self.view.step(action)
         self.turns += 1
-        chat = obs.to_chat()
+        chat = template_chat(obs.to_chat())
         before = len(self._chat)
         # The view gained our reply (as the env stored it) and then everything the others and the
         # env wrote; SkyRL already appended the raw reply, so only the rest is new.

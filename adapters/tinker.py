@@ -46,10 +46,12 @@ Needs the ``tinker`` extra (``pip install 'collab_env[tinker]'``: ``tinker`` and
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from collab_env.errors import ConfigError, EnvStateError, require
+from collab_env.types import ToolCall, template_chat
 
 _cookbook = require("tinker_cookbook", "tinker", "collab_env.adapters.tinker")
 import chz  # noqa: E402
@@ -173,7 +175,25 @@ class CollabMessageEnv(MessageEnv):
 
 
 def _messages(obs: Any) -> list[renderers.Message]:
-    return [renderers.Message(role=m["role"], content=m["content"]) for m in obs.to_chat()]
+    """The view as cookbook messages, tool calls and results included. A call is given as the
+    text the model wrote (:func:`~collab_env.types.template_chat`: the renderer renders it once,
+    from those tokens, so an observation extends the previous observation and action token by
+    token and the cookbook trains the episode as one sequence); a call with no text keeps its
+    ``tool_calls``. A ``"tool"`` result keeps its ``tool_call_id`` and the called tool's ``name``."""
+    names = {c.id: c.name for m in obs for c in m.tool_calls}
+    out: list[renderers.Message] = []
+    for m in template_chat(obs.to_chat()):
+        msg = renderers.Message(role=m["role"], content=m["content"])
+        calls = [ToolCall.from_dict(c) for c in m.get("tool_calls") or ()]
+        if calls:
+            msg["tool_calls"] = [renderers.ToolCall(id=c.id, function=renderers.ToolCall.FunctionBody(
+                name=c.name, arguments=json.dumps(dict(c.arguments)))) for c in calls]
+        if m.get("tool_call_id") is not None:
+            msg["tool_call_id"] = m["tool_call_id"]
+            if m["tool_call_id"] in names:
+                msg["name"] = names[m["tool_call_id"]]
+        out.append(msg)
+    return out
 
 
 class CollabTinkerEnv(Env):
@@ -193,6 +213,14 @@ class CollabTinkerEnv(Env):
     def _stop(self) -> StopCondition:
         return self.renderer.get_stop_sequences()
 
+    def _text(self, action: Action) -> str:
+        """The text of ``action``'s tokens, without the stop token it ended on."""
+        ids = list(action)
+        stop = self._stop()
+        if ids and stop and isinstance(stop[0], int) and ids[-1] in stop:
+            ids = ids[:-1]
+        return str(self.renderer.tokenizer.decode(ids))
+
     async def initial_observation(self) -> tuple[tinker.ModelInput, StopCondition]:
         messages = await self.message_env.initial_observation()
         if self.message_env.done:
@@ -202,6 +230,10 @@ class CollabTinkerEnv(Env):
 
     async def step(self, action: Action, *, extra: ActionExtra | None = None) -> StepResult:
         message, _termination = self.renderer.parse_response(action)
+        if message.get("tool_calls") or message.get("unparsed_tool_calls"):
+            # The renderer took the reply's tool-call blocks out of its text; the move is the
+            # text the model wrote, all of it (collab_env's env reads the calls from it).
+            message = renderers.Message(role="assistant", content=self._text(action))
         result = await self.message_env.step(message)
         nxt = (tinker.ModelInput.empty() if result.episode_done
                else self.renderer.build_generation_prompt(result.next_messages))

@@ -8,6 +8,7 @@ there only.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -22,6 +23,7 @@ __all__ = [
     "continuation_token_ids",
     "continuation_jobs",
     "EMBEDDED_NAMES",
+    "is_embedded",
 ]
 
 
@@ -138,6 +140,15 @@ def continuation_jobs(name: str, tokenizer: Any, prompt_text: Any, observations:
 #: Values of a model argument (``model=``, ``agent_model=``, ``judge=``, ``user=``) that mean the
 #: embedded SmolLM2-135M-Instruct (see :mod:`collab_env.agents.embedded`).
 EMBEDDED_NAMES: tuple[str, ...] = ("embedded", "smollm2")
+
+
+def is_embedded(policy: Any) -> bool:
+    """Whether ``policy`` is the embedded SmolLM2-135M itself
+    (:class:`~collab_env.agents.embedded.EmbeddedPolicy`, LoRA-adapted or not), without
+    importing its module (transformers): that module is imported whenever such a policy exists.
+    A wrapper around it (a response cache, whose replay may run without the model) is not."""
+    mod = sys.modules.get("collab_env.agents.embedded")
+    return mod is not None and isinstance(policy, mod.EmbeddedPolicy)
 
 
 #: ``Message.meta`` key marking a final assistant message as a *prefill*: the start of the reply

@@ -42,12 +42,14 @@ from collab_env.agents.limiter import ConcurrencyLimiter, shared_limiter
 from collab_env.agents.retries import GiveUp, Retry, backoff_delay, classify_error
 from collab_env.errors import ConfigError, CredentialsError, FatalPolicyError, PolicyError, require
 from collab_env.policy import SamplingParams
-from collab_env.types import FAULT, Completion, Conversation
+from collab_env.types import FAULT, Completion, Conversation, ToolCall, api_chat, template_chat
 
 __all__ = ["LiteLLMPolicy", "LiteLLMStats"]
 
 FaultPolicy = Literal["raise", "fault"]
 FAULT_POLICIES: tuple[str, ...] = ("raise", "fault")
+ToolCallMode = Literal["api", "text"]
+TOOL_CALL_MODES: tuple[str, ...] = ("api", "text")
 
 #: Providers whose servers take ``top_k`` as an extra JSON field (vLLM, SGLang, llama.cpp and
 #: most OpenAI-compatible servers read it; the OpenAI API itself rejects it with a 400).
@@ -56,7 +58,7 @@ _OPENAI_COMPATIBLE = ("openai", "hosted_vllm", "text-completion-openai")
 #: Request keywords the policy sets itself; ``completion_kwargs`` may not override them.
 _RESERVED_KWARGS = frozenset({
     "model", "messages", "api_base", "api_key", "timeout", "max_retries", "num_retries",
-    "temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "logprobs", "stream",
+    "temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "logprobs", "stream", "tools",
 })
 
 
@@ -78,6 +80,25 @@ def _supported_params(model: str) -> frozenset[str] | None:
     except Exception:  # litellm does not know the model: send the request and let the provider decide
         return None
     return frozenset(params) if params else None
+
+
+def _call_move(calls: Sequence[Any], content: Any) -> tuple[str, dict[str, Any]]:
+    """The move of a reply that makes API tool calls: the first call in the one format the env
+    reads (:func:`~collab_env.types.parse_tool_call`), and the meta saying what else came."""
+    first = calls[0]
+    fn = getattr(first, "function", None)
+    name, raw = getattr(fn, "name", None) or "", getattr(fn, "arguments", None)
+    try:
+        call = ToolCall.from_dict({"function": {"name": name, "arguments": raw}})
+        arguments: Any = dict(call.arguments)
+    except (ValueError, TypeError, ConfigError):
+        arguments = raw  # not a JSON object: the env's parser says so, in its one error line
+    extra: dict[str, Any] = {}
+    if len(calls) > 1:
+        extra["tool_calls_dropped"] = len(calls) - 1
+    if isinstance(content, str) and content.strip():
+        extra["text_beside_tool_call"] = content
+    return json.dumps({"name": name, "arguments": arguments}), extra
 
 
 def _litellm():
@@ -165,6 +186,21 @@ class LiteLLMPolicy:
         logprobs: Ask for the log-probability of each generated token; the completion carries
             them when the server returns them, else ``None``. API servers do not return token
             ids, so ``token_ids`` stays ``None``.
+        tool_calls: How the tools an env declares for the player (:attr:`Conversation.tools
+            <collab_env.types.Conversation.tools>`) reach the model. ``"api"``: as the request's
+            ``tools=`` (OpenAI-style function schemas); a reply that makes a call (the API's
+            ``tool_calls``) is the move ``{"name": ..., "arguments": {...}}``, the one format the
+            env reads (:func:`~collab_env.types.parse_tool_call`; arguments that are not a JSON
+            object reach it as the API's string, and the env answers with its one-line error);
+            when the API returns several calls the first is the move and
+            ``meta["tool_calls_dropped"]`` counts the others; text beside a call is kept in
+            ``meta["text_beside_tool_call"]``. Earlier calls go back as ``tool_calls`` with
+            ``content`` ``None`` and the results as ``"tool"`` messages with their
+            ``tool_call_id`` (:func:`~collab_env.types.api_chat`). ``"text"``: no ``tools=``
+            (for servers without function calling, which refuse it with a 400, as vLLM
+            can when started without ``--enable-auto-tool-choice``): the model reads the tools as
+            the env's system prompt describes them and writes a call as text, sent back as it
+            wrote it (:func:`~collab_env.types.template_chat`).
         completion_kwargs: Extra keyword arguments passed as they are to
             ``litellm.acompletion`` (``extra_headers``, ``extra_body``, provider options...).
         **default_sampling: Default :class:`~collab_env.policy.SamplingParams` values;
@@ -201,6 +237,7 @@ class LiteLLMPolicy:
         name: str | None = None,
         fault_policy: FaultPolicy = "raise",
         logprobs: bool = False,
+        tool_calls: ToolCallMode = "api",
         completion_kwargs: Mapping[str, Any] | None = None,
         **default_sampling: Any,
     ) -> None:
@@ -208,6 +245,8 @@ class LiteLLMPolicy:
             raise ConfigError(f"model must be a non-empty litellm model string, got {model!r}.")
         if fault_policy not in FAULT_POLICIES:
             raise ConfigError(f"fault_policy must be one of {FAULT_POLICIES}, got {fault_policy!r}.")
+        if tool_calls not in TOOL_CALL_MODES:
+            raise ConfigError(f"tool_calls must be one of {TOOL_CALL_MODES}, got {tool_calls!r}.")
         if not timeout > 0:
             raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}.")
         if not isinstance(max_retries, int) or max_retries < 0:
@@ -239,6 +278,7 @@ class LiteLLMPolicy:
         self.name = name or f"litellm:{model}"
         self.fault_policy = fault_policy
         self.logprobs = logprobs
+        self.tool_calls = tool_calls
         self.completion_kwargs = dict(completion_kwargs or {})
         self.default_sampling = dict(default_sampling)
         self.stats = LiteLLMStats()
@@ -285,7 +325,7 @@ class LiteLLMPolicy:
             await asyncio.to_thread(_litellm)
         request = self._provider_kwargs(self._request_kwargs(params))
         tasks = [
-            asyncio.ensure_future(self._complete(i, self._messages(obs), request))
+            asyncio.ensure_future(self._complete(i, self._messages(obs), self._with_tools(request, obs)))
             for i, obs in enumerate(observations)
         ]
         try:
@@ -309,7 +349,7 @@ class LiteLLMPolicy:
             self._count(calls=1)
             try:
                 async with self.limiter:
-                    text, finish_reason, logprobs = await self._attempt(messages, request, usage)
+                    text, finish_reason, logprobs, extra = await self._attempt(messages, request, usage)
             except Retry as exc:
                 if attempt > self.max_retries:
                     return self._give_up(index, attempt, exc.reason, usage, start, fatal=False)
@@ -326,13 +366,13 @@ class LiteLLMPolicy:
                 logprobs=logprobs,
                 finish_reason=finish_reason,
                 usage=usage,
-                meta={"model": self.model, "latency_s": time.perf_counter() - start},
+                meta={"model": self.model, "latency_s": time.perf_counter() - start, **extra},
             )
 
     async def _attempt(
         self, messages: list[dict[str, str]], request: dict[str, Any], usage: dict[str, Any]
-    ) -> tuple[str, str | None, tuple[float, ...] | None]:
-        """One request; returns (text, finish_reason, logprobs) or raises Retry / GiveUp."""
+    ) -> tuple[str, str | None, tuple[float, ...] | None, dict[str, Any]]:
+        """One request; returns (text, finish_reason, logprobs, meta extras) or raises Retry / GiveUp."""
         litellm = _litellm()
         try:
             # litellm's own timeout covers the HTTP exchange; wait_for also bounds everything
@@ -352,10 +392,14 @@ class LiteLLMPolicy:
         choice = choices[0]
         message = getattr(choice, "message", None)
         text = getattr(message, "content", None)
+        extra: dict[str, Any] = {}
+        calls = getattr(message, "tool_calls", None) if "tools" in request else None
+        if calls:
+            text, extra = _call_move(calls, text)
         if not isinstance(text, str) or not text.strip():
             # An empty reply is a fault, never a move: retry it, and report it if it persists.
             raise Retry(f"empty content (finish_reason={getattr(choice, 'finish_reason', None)!r})")
-        return text, getattr(choice, "finish_reason", None), self._logprobs(choice)
+        return text, getattr(choice, "finish_reason", None), self._logprobs(choice), extra
 
     def _give_up(
         self, index: int, attempts: int, reason: str, usage: dict[str, Any], start: float, *, fatal: bool,
@@ -401,13 +445,16 @@ class LiteLLMPolicy:
 
     # -- helpers -------------------------------------------------------------------------------
     def _messages(self, observation: Conversation) -> list[dict[str, Any]]:
-        chat = observation.to_chat()
-        for m in chat:  # OpenAI-style APIs take a tool call's arguments as a JSON string
-            for c in m.get("tool_calls", ()):
-                c["function"]["arguments"] = json.dumps(c["function"]["arguments"])
+        chat = (api_chat if self.tool_calls == "api" else template_chat)(observation.to_chat())
         if self.system_prompt is not None:
             chat.insert(0, {"role": "system", "content": self.system_prompt})
         return chat
+
+    def _with_tools(self, request: dict[str, Any], observation: Conversation) -> dict[str, Any]:
+        """``request`` with the player's tools as ``tools=`` (``tool_calls="api"`` and an env that
+        declares tools for the player)."""
+        tools = observation.tools if self.tool_calls == "api" else []
+        return {**request, "tools": tools} if tools else request
 
     def _request_kwargs(self, p: SamplingParams) -> dict[str, Any]:
         kw: dict[str, Any] = dict(self.completion_kwargs)

@@ -25,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 from collab_env.agents.base import chat_template_mode
 from collab_env.errors import ConfigError
 from collab_env.policy import SamplingParams
-from collab_env.types import Completion, Conversation
+from collab_env.types import Completion, Conversation, template_chat
 
 __all__ = ["TokenGenerator", "TokenHistory", "row_seed", "chat_prompt_text", "rendered_prompt_ids"]
 
@@ -75,8 +75,10 @@ def chat_prompt_text(tokenizer: Any, observation: Conversation, system_prompt: s
     generation prompt (or the prefilled reply to continue, left open); ``system_prompt`` is put
     first when the observation has no system message. Messages carry their ``tool_calls`` and
     ``tool_call_id`` (:meth:`Conversation.to_chat`), and the tools the env declared for the
-    player (:attr:`Conversation.tools`) go to the template as ``tools=``."""
-    chat = observation.to_chat()
+    player (:attr:`Conversation.tools`) go to the template as ``tools=``. A call is rendered once,
+    from the text the model wrote (:func:`~collab_env.types.template_chat`), so the ids of a
+    reply that made it stay the ones generated."""
+    chat = template_chat(observation.to_chat())
     if system_prompt is not None and not any(m["role"] == "system" for m in chat):
         chat = [{"role": "system", "content": system_prompt}, *chat]
     tools = observation.tools

@@ -82,6 +82,7 @@ from typing import Any, Literal
 from collab_env.agents.base import (
     add_prefill,
     check_prefix,
+    is_embedded,
     prefill_reply,
     prefill_sampling,
     stop_list,
@@ -304,11 +305,12 @@ class LLMUserSimulator:
         sampling: Default sampling keywords for the backend (:class:`SamplingParams` or a
             mapping); the rollout's per-call keywords (``seed``...) override them. Default:
             ``temperature=1.0, max_new_tokens=512`` (the JSON with a thought needs room).
-        reply_format: ``"json"`` (default, the recipe's JSON with current_answer, thought and
+        reply_format: ``"json"`` (the recipe's JSON with current_answer, thought and
             response) or ``"plain"``: the model writes only the message (stopped at the first
             blank line; a reply cut off at ``max_new_tokens`` is kept, since there is no
             format to have drifted from). Small local models (the embedded one) only manage
-            ``"plain"``; it costs the private thought.
+            ``"plain"``; it costs the private thought. ``None`` (default): ``"plain"`` on the
+            embedded model (``llm-user:embedded``) without ``prompts``, else ``"json"``.
         response_prefix: The start of the reply, written for the model on backends that can
             continue a prefilled reply (HF, vLLM), e.g. ``'{"response": "'``: a small local model
             then writes the message itself instead of drifting from the format (it skips the
@@ -351,11 +353,15 @@ class LLMUserSimulator:
         name: str | None = None,
         sampling: SamplingParams | Mapping[str, Any] | None = None,
         response_prefix: str | None = None,
-        reply_format: Literal["json", "plain"] = "json",
+        reply_format: Literal["json", "plain"] | None = None,
         fence_transcript: bool = True,
         prompts: str | PromptSet | None = None,
     ) -> None:
         self.backend = resolve_policy(backend)
+        if reply_format is None:
+            # The embedded 135M model cannot keep the recipe's JSON format: it writes plain text
+            # (the reference's template asks for its JSON reply: json with prompts=).
+            reply_format = "plain" if prompts is None and is_embedded(self.backend) else "json"
         if reply_format not in ("json", "plain"):
             raise ConfigError(f"reply_format must be 'json' or 'plain', got {reply_format!r}.")
         self.reply_format = reply_format

@@ -20,7 +20,8 @@ hidden-facts reward gives no signal on), MAGRPO sync vs async over ``--curve-see
 training reward per step (``turn_1/reward_mean``), its mean over the last quarter of the run and
 over the whole run (area under the curve), and the paired difference async minus sync of both per
 seed (a seed gives both modes the same first batch and item order), with the mean difference's 95%
-bootstrap interval over the seeds. Part 1's rewards per step are kept too. ``--curves-only`` runs
+interval over the seeds (Student's t, ``collab_env.eval.stats.seed_interval``; the bootstrap beside
+it). ``--resummarize FILE`` recomputes a results file's intervals from its stored per-seed values. Part 1's rewards per step are kept too. ``--curves-only`` runs
 part 2 alone: rewards do not depend on the machine's speed, so it may run beside other work.
 
     python benchmarks/bench_async_rollouts.py                          # minutes on 2 quiet cores
@@ -161,7 +162,12 @@ def main() -> int:
     p.add_argument("--curve-learning-rate", type=float, default=0.03)
     p.add_argument("--curves-only", action="store_true", help="part 2 only (no server, no timing)")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "async_rollouts.json"))
+    p.add_argument("--resummarize", type=Path, default=None, metavar="FILE",
+                   help="recompute FILE's paired curve intervals from its stored per-seed values (no run)")
     args = p.parse_args()
+    if args.resummarize:
+        resummarize(args.resummarize)
+        return 0
 
     command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
     load_before = loadavg()
@@ -181,23 +187,10 @@ def main() -> int:
     curves = {mode: [curve_run(args, mode == "async", args.seed + s, tiny, tiny_tok) for s in range(args.curve_seeds)]
               for mode in ("sync", "async")}
 
-    def curve_stats(runs: list[list[float]]) -> dict:
-        quarter = max(1, len(runs[0]) // 4)
-        return {"last_quarter_mean": statistics.mean(x for r in runs for x in r[-quarter:]),
-                "whole_run_mean": statistics.mean(x for r in runs for x in r),
-                "per_seed_last_quarter": [statistics.mean(r[-quarter:]) for r in runs],
-                "per_seed_whole_run": [statistics.mean(r) for r in runs]}
-
-    from collab_env.leaderboard.stats import bootstrap
-
     stats = {mode: curve_stats(curves[mode]) for mode in ("sync", "async")}
 
     def paired(name: str) -> dict:
-        """async minus sync of ``name`` per seed (same seed: same first batch and item order), the
-        mean of the differences with its 95% bootstrap interval over the seeds."""
-        diffs = [a - b for a, b in zip(stats["async"][name], stats["sync"][name], strict=True)]
-        mean, lo, hi = bootstrap(diffs, statistics.mean)
-        return {"per_seed": diffs, "mean": mean, "ci95": [lo, hi]}
+        return paired_over_seeds(stats["async"][name], stats["sync"][name])
 
     result: dict = {
         "command": command,
@@ -257,6 +250,50 @@ def main() -> int:
     print("curves", {m: {k: v for k, v in result["curves"][m].items() if k != "reward_per_step"}
                      for m in ("sync", "async", "async_minus_sync")})
     return 0
+
+
+def curve_stats(runs: list[list[float]]) -> dict:
+    """A mode's curves (one reward per step, per seed): means over the last quarter and the whole run."""
+    quarter = max(1, len(runs[0]) // 4)
+    return {"last_quarter_mean": statistics.mean(x for r in runs for x in r[-quarter:]),
+            "whole_run_mean": statistics.mean(x for r in runs for x in r),
+            "per_seed_last_quarter": [statistics.mean(r[-quarter:]) for r in runs],
+            "per_seed_whole_run": [statistics.mean(r) for r in runs]}
+
+
+def paired_over_seeds(overlapped: list[float], sync: list[float]) -> dict:
+    """async minus sync per seed (same seed: same first batch and item order): the mean of the
+    differences with its 95% interval at the right unit (issue 45), Student's t over the seeds
+    (:func:`collab_env.eval.stats.seed_interval`); the percentile bootstrap over the same seeds,
+    anti-conservative at a handful of seeds, beside it."""
+    from collab_env.eval.stats import seed_interval
+    from collab_env.leaderboard.stats import bootstrap
+
+    diffs = [a - b for a, b in zip(overlapped, sync, strict=True)]
+    t = seed_interval({k: [d] for k, d in enumerate(diffs)})
+    _, lo, hi = bootstrap(diffs, statistics.mean)
+    return {"per_seed": diffs, "mean": t["mean"], "ci95": [t["lo"], t["hi"]], "method": t["method"],
+            "n_seeds": t["n_seeds"], "bootstrap_ci95": [lo, hi]}
+
+
+def resummarize(path: Path) -> None:
+    """Recompute a results file's paired curve differences from its stored per-seed values, in place."""
+    data = json.loads(path.read_text())
+    c = data["curves"]
+    if len(c["sync"]["reward_per_step"]) < 2:
+        raise SystemExit(f"error: {path} has one seed: no interval over seeds can be drawn from it")
+    for mode in ("sync", "async"):  # files written before the whole-run means were kept
+        c[mode].update(curve_stats(c[mode]["reward_per_step"]))
+    c["async_minus_sync"] = {
+        "last_quarter": paired_over_seeds(c["async"]["per_seed_last_quarter"], c["sync"]["per_seed_last_quarter"]),
+        "whole_run": paired_over_seeds(c["async"]["per_seed_whole_run"], c["sync"]["per_seed_whole_run"])}
+    data["curves_recomputed"] = ("paired intervals recomputed from the stored per-seed values by `python "
+                                 f"benchmarks/bench_async_rollouts.py --resummarize {path.name}`: t over seeds "
+                                 "(bootstrap beside)")
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    for k, d in c["async_minus_sync"].items():
+        print(f"{path.name} {k}: async - sync {d['mean']:+.3f}, t over {d['n_seeds']} seeds [{d['ci95'][0]:+.3f}, "
+              f"{d['ci95'][1]:+.3f}], bootstrap [{d['bootstrap_ci95'][0]:+.3f}, {d['bootstrap_ci95'][1]:+.3f}]")
 
 
 def timing_summary(args, timing: dict) -> dict:

@@ -56,6 +56,11 @@ Outputs: ``<out>.{json,md,png}``, ``<out>_transcripts.md`` and the seed-0 MR-GRP
 
     python benchmarks/bench_collabllm_table.py --eval-split validation --out /tmp/val   # settings
     python benchmarks/bench_collabllm_table.py                                          # the table (5 seeds)
+    python benchmarks/bench_collabllm_table.py --resume                                 # after a stop: the same run
+
+A run keeps what it finished in ``<out>_state.json`` after every stage (an evaluation, a row of a
+seed); ``--resume`` with the same options continues it, and the results file lists each sitting
+(start, stages kept, load average) and counts the seconds of the finished stages in its wall time.
     nice -n 10 python benchmarks/bench_collabllm_table.py --seeds 1 --sft-items 8 --sft-steps 2 \\
         --grpo-items 1 --generations 2 --eval-episodes 2 --out /tmp/smoke                 # a smoke run
 """
@@ -97,6 +102,10 @@ PAPER_TABLE1 = {"MediumDocEdit": (48, 5, -8), "BigCodeBench": (54, 18, -13), "MA
 BASE, PROACTIVE, SFT, CONTROL = "Base", "Proactive Base", "SFT", "SFT control (as long as SFT + RL)"
 DPO, MR, IMM = "SFT + online DPO (MR)", "SFT + GRPO (MR)", "SFT + GRPO (window 0)"
 ROWS = (BASE, PROACTIVE, SFT, CONTROL, DPO, MR, IMM)
+#: ``--rows`` names.
+SHORT = {"base": BASE, "proactive": PROACTIVE, "sft": SFT, "control": CONTROL, "dpo": DPO, "mr": MR, "imm": IMM}
+#: Evaluation modes: (name, temperature, paraphrasing user).
+MODES = {"greedy": (0.0, False), "sampled": (1.0, False), "paraphrase": (0.0, True)}
 #: The paired comparisons the table reports (treatment, control).
 PAIRS = ((MR, CONTROL), (MR, DPO), (MR, IMM), (DPO, CONTROL))
 
@@ -164,7 +173,9 @@ def summarise(episodes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out = {}
     trained = any(e["train_seed"] is not None for e in episodes)
     for k in METRICS:
-        if trained:
+        if any(e[k] is None for e in episodes):  # a mode this run did not evaluate (--eval-modes)
+            out[k] = {"mean": math.nan, "lo": math.nan, "hi": math.nan, "n": 0, "method": "not measured"}
+        elif trained:
             table = cells(episodes, k)
             out[k] = {**seed_interval(table), "bootstrap": hierarchical_bootstrap(table)}
         else:
@@ -188,8 +199,10 @@ def evaluate_policy(policy: Any, tokenizer: Any, a: argparse.Namespace, desc: st
     print(f"  evaluating {desc}: {a.eval_episodes} {a.eval_split} episodes (greedy, sampled, paraphrasing user)...",
           flush=True)
     runs = {}
-    for mode, temperature, user in (("greedy", 0.0, HiddenFactsUser()), ("sampled", 1.0, HiddenFactsUser()),
-                                    ("paraphrase", 0.0, HiddenFactsUser(paraphrase=True))):
+    modes = a.eval_modes.split(",")
+    for mode in modes:
+        temperature, paraphrase = MODES[mode]
+        user = HiddenFactsUser(paraphrase=paraphrase)
         res = evaluate(ENV_ID, {"assistant": policy, "user": user}, num_episodes=a.eval_episodes, seed=EVAL_SEED,
                        env_kwargs={"split": a.eval_split, "max_steps": a.eval_max_steps},
                        concurrency=a.eval_episodes, progress=True,
@@ -200,8 +213,8 @@ def evaluate_policy(policy: Any, tokenizer: Any, a: argparse.Namespace, desc: st
     task = collab_env.make(ENV_ID, split=a.eval_split).unwrapped.task
     out = []
     for k in sorted(runs["greedy"]):
-        ep, sampled, para = runs["greedy"][k], runs["sampled"][k], runs["paraphrase"][k]
-        assert sampled.index == ep.index == para.index  # the same item
+        ep, sampled, para = runs["greedy"][k], runs.get("sampled", {}).get(k), runs.get("paraphrase", {}).get(k)
+        assert all(r is None or r.index == ep.index for r in (sampled, para))  # the same item
         item = task.get_item(ep.index)
         stats = collaboration_stats(ep.conversation, item, rule="syntax", revealed=ep.info["task"]["revealed"])
         turns = [t for t in ep.turns if t.player == "assistant"]
@@ -209,16 +222,18 @@ def evaluate_policy(policy: Any, tokenizer: Any, a: argparse.Namespace, desc: st
         out.append({
             "index": ep.index, "seed": ep.seed, "train_seed": train_seed, "scenario": item["scenario"],
             "withheld": next(f["kind"] for f in item["facts"] if f["hidden"]),
-            "success": ok(ep), "success_sampled": ok(sampled), "success_paraphrase": ok(para),
+            # a mode not run (--eval-modes) leaves its metric None: summarised as not measured
+            "success": ok(ep), "success_sampled": None if sampled is None else ok(sampled),
+            "success_paraphrase": None if para is None else ok(para),
             "questions": stats["questions"], "facts": stats["facts"],
             "tokens": float(sum(len(tokenizer.encode(t.text, add_special_tokens=False)) for t in turns)),
             "capped": float(any(t.completion is not None and t.completion.finish_reason == "length" for t in turns)),
             "end_reason": ep.end_reason,
             "transcript": [{"role": m.role, "text": m.content} for m in ep.conversation if m.role != "system"],
-            "transcript_paraphrase": [{"role": m.role, "text": m.content} for m in para.conversation
-                                      if m.role != "system"],
+            "transcript_paraphrase": [] if para is None else [
+                {"role": m.role, "text": m.content} for m in para.conversation if m.role != "system"],
         })
-    mean = lambda k: sum(e[k] for e in out) / len(out)  # noqa: E731
+    mean = lambda k: math.nan if out[0][k] is None else sum(e[k] for e in out) / len(out)  # noqa: E731
     print(f"    {desc}: success {mean('success'):.3f}, sampled {mean('success_sampled'):.3f}, paraphrasing user "
           f"{mean('success_paraphrase'):.3f}, questions {mean('questions'):.2f}, capped {mean('capped'):.2f} "
           f"({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -439,6 +454,16 @@ def main_parser() -> argparse.ArgumentParser:
     p.add_argument("--lora-modules", default="q_proj,k_proj,v_proj,o_proj")
     p.add_argument("--eval-episodes", type=int, default=32, help="evaluation episodes per row and seed")
     p.add_argument("--eval-max-steps", type=int, default=4, help="env steps per evaluation episode (two assistant turns)")
+    p.add_argument("--rows", default="all",
+                   help="comma-separated rows to run (short names: " + ", ".join(SHORT) + "), or 'all'; a "
+                        "settings sweep on the validation split runs the rows it tunes (RL rows train from SFT, "
+                        "which runs whenever they do)")
+    p.add_argument("--eval-modes", default=",".join(MODES),
+                   help="evaluation modes per row: greedy (every metric), sampled (success at T=1), paraphrase "
+                        "(greedy against the paraphrasing user); a sweep may keep greedy only")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run whose state is <out>_state.json: finished stages (an evaluation, "
+                        "a row of a seed) are kept, the rest run; the settings must be the same")
     p.add_argument("--out", default=str(RESULTS / "collabllm_table_cpu"),
                    help="output prefix: <out>.json/.md/.png, <out>_transcripts.md, <out>_adapter/")
     return p
@@ -453,6 +478,15 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.control_steps is None:
         a.control_steps = a.sft_steps + a.grpo_items
+    try:
+        run_rows = set(ROWS) if a.rows == "all" else {SHORT[x.strip()] for x in a.rows.split(",")}
+        bad = [m for m in a.eval_modes.split(",") if m not in MODES]
+    except KeyError as e:
+        raise SystemExit(f"error: --rows: unknown row {e}: choose from {', '.join(SHORT)} or 'all'") from None
+    if bad or "greedy" not in a.eval_modes.split(","):
+        raise SystemExit(f"error: --eval-modes {a.eval_modes!r}: give greedy and any of {', '.join(MODES)}")
+    if run_rows & {DPO, MR, IMM}:
+        run_rows.add(SFT)  # the RL rows start from the SFT adapter
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(os.environ.get("COLLAB_ENV_OUTPUT", "collab_env_output")) / "collabllm_table"
@@ -466,6 +500,12 @@ def main(argv: list[str] | None = None) -> int:
     episodes: dict[str, list[dict[str, Any]]] = {name: [] for name in ROWS}
     flags: dict[str, list[int]] = {name: [] for name in ROWS[2:]}
     train_log: dict[str, Any] = {}
+    state = RunState(Path(f"{out}_state.json"), a, command, work, episodes, flags, train_log, timings)
+    if a.resume:
+        state.load()
+    elif state.path.exists():
+        raise SystemExit(f"error: {state.path} holds an unfinished run's state: add --resume to continue it, or "
+                         f"delete it (and {out}.json) to start again")
 
     # Base and Proactive Base: greedy and untrained, the same for every seed: evaluated once,
     # with the token cap raised.
@@ -478,11 +518,15 @@ def main(argv: list[str] | None = None) -> int:
         base = HFPolicy(a.model, a.tokenizer, device=a.device, dtype=a.dtype, max_batch_size=64, temperature=0.0,
                         max_new_tokens=a.base_max_new_tokens)
     tok = base.tokenizer
-    episodes[BASE] = evaluate_policy(base, tok, a, BASE, None, a.base_max_new_tokens)
-    timings[BASE] = time.perf_counter() - ts
-    ts = time.perf_counter()
-    episodes[PROACTIVE] = evaluate_policy(Proactive(base), tok, a, PROACTIVE, None, a.base_max_new_tokens)
-    timings[PROACTIVE] = time.perf_counter() - ts
+    if BASE in run_rows and not state.done(BASE):
+        episodes[BASE] = evaluate_policy(base, tok, a, BASE, None, a.base_max_new_tokens)
+        timings[BASE] = time.perf_counter() - ts
+        state.finish(BASE)
+    if PROACTIVE in run_rows and not state.done(PROACTIVE):
+        ts = time.perf_counter()
+        episodes[PROACTIVE] = evaluate_policy(Proactive(base), tok, a, PROACTIVE, None, a.base_max_new_tokens)
+        timings[PROACTIVE] = time.perf_counter() - ts
+        state.finish(PROACTIVE)
     adapter_dir = Path(f"{out}_adapter")
 
     def write() -> list[dict[str, Any]]:
@@ -496,25 +540,25 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"row": name, "window": window, **summarise(eps),
                          "collapse_flags": sum(flags[name]) if name in flags else None,
                          "collapse_flags_per_seed": flags.get(name), "seeds": seeds,
-                         "per_seed": {str(sd): {k: sum(e[k] for e in eps if e["train_seed"] == sd)
-                                                / sum(1 for e in eps if e["train_seed"] == sd) for k in METRICS}
-                                      for sd in seeds},
+                         "per_seed": {str(sd): {k: _mean([e[k] for e in eps if e["train_seed"] == sd])
+                                                for k in METRICS} for sd in seeds},
                          "max_new_tokens": a.base_max_new_tokens if name in (BASE, PROACTIVE) else a.max_new_tokens,
                          "seconds": timings.get(name)})
-        ref = next(r for r in rows if r["row"] == PROACTIVE)
+        ref = next((r for r in rows if r["row"] == PROACTIVE), None)
         comparisons = {}
         for treat, ctrl in PAIRS:
             if episodes[treat] and episodes[ctrl]:
                 comparisons[f"{treat} minus {ctrl}"] = {
                     k: paired_difference(cells(episodes[treat], k), cells(episodes[ctrl], k))
-                    for k in ("success", "success_sampled", "success_paraphrase", "questions")}
-        wall = time.perf_counter() - t0
-        complete = all(len(flags[name]) == a.seeds for name in flags)
+                    for k in ("success", "success_sampled", "success_paraphrase", "questions")
+                    if episodes[treat][0][k] is not None}
+        wall = state.earlier_seconds + time.perf_counter() - t0
+        complete = all(len(flags[name]) == a.seeds for name in flags if name in run_rows)
         result = {
             "benchmark": "collabllm_table_cpu", "command": command, "env": ENV_ID, "model": a.model,
             "model_label": ("SmolLM2-135M-Instruct (embedded)" if a.model == "embedded" else Path(a.model).name)
                            + f", {a.device}",
-            "complete": complete, "settings": vars(a),
+            "complete": complete, "rows_run": [n for n in ROWS if n in run_rows], "settings": vars(a),
             "eval": {"split": a.eval_split, "episodes_per_row_and_seed": a.eval_episodes, "seed": EVAL_SEED,
                      "decoding": "greedy (and sampled at T=1; and greedy against the paraphrasing user)",
                      "max_steps": a.eval_max_steps,
@@ -522,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
                                        if a.eval_split == "validation" else
                                        "test: evaluated once per row, after settings were chosen on validation")},
             "sft_teacher": "AskThenAnswer(varied=True): the scripted reference, several phrasings per question",
-            "rows": rows, "comparisons": comparisons, "relative_to_proactive_base": {
+            "rows": rows, "comparisons": comparisons, "relative_to_proactive_base": {} if ref is None else {
                 r["row"]: {m: relative(r, ref, m) for m in ("questions", "success", "tokens")} for r in rows},
             "paper_table1_online_dpo_vs_proactive_base_percent": {
                 d: {"interactivity": v[0], "task": v[1], "tokens": v[2]} for d, v in PAPER_TABLE1.items()},
@@ -532,57 +576,79 @@ def main(argv: list[str] | None = None) -> int:
                          "learning") if stand_in else None,
             "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "torch_threads": _torch_threads(),
                         "load_average_before": load_before, "load_average_after": os.getloadavg()},
+            # one line per sitting of a resumed run: when it started, what it kept, its load
+            "sittings": state.sittings,
             "adapter": str(adapter_dir.relative_to(ROOT)) if adapter_dir.is_relative_to(ROOT) else str(adapter_dir),
         }
         Path(f"{out}.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
         plot(Path(f"{out}.png"), rows)
         Path(f"{out}.md").write_text(markdown(result, rows, a))
         tr = ["# Transcripts: the same evaluation item before and after training\n"]
-        for k in range(min(2, len(episodes[BASE]))):
+        for k in range(min(2, max(len(v) for v in episodes.values()))):
             for name in ROWS:
                 if episodes[name]:
                     tr.append(transcript_md(name + ("" if name in (BASE, PROACTIVE) else " (training seed 0)"),
                                             episodes[name][k]))
-            if episodes[MR]:
+            if episodes[MR] and episodes[MR][k]["transcript_paraphrase"]:
                 tr.append(transcript_md(f"{MR} (training seed 0), paraphrasing user", episodes[MR][k],
                                         "transcript_paraphrase"))
         Path(f"{out}_transcripts.md").write_text("\n".join(tr))
         return rows
 
+    import torch
+
     for seed in range(a.seeds):
-        ts = time.perf_counter()
-        print(f"seed {seed}: SFT on {a.sft_items} scripted conversations, {a.sft_steps} steps...", flush=True)
-        sft, losses = run_sft(seed, a, work, a.sft_steps)
-        train_log[f"seed {seed} SFT loss"] = [round(x, 4) for x in losses]
-        sft_state = {k: v.detach().clone() for k, v in peft.get_peft_model_state_dict(sft.pm.model).items()}
-        episodes[SFT] += evaluate_policy(sft.pm.generator, tok, a, f"SFT (seed {seed})", seed, a.max_new_tokens)
-        flags[SFT].append(collapse_flags(sft.logger.records))
-        timings[SFT] += time.perf_counter() - ts
-        del sft
+        sft_path = work / f"seed_{seed}" / "sft_adapter_state.pt"
+        if SFT not in run_rows:
+            continue
+        if not state.done(SFT, seed):
+            ts = time.perf_counter()
+            print(f"seed {seed}: SFT on {a.sft_items} scripted conversations, {a.sft_steps} steps...", flush=True)
+            sft, losses = run_sft(seed, a, work, a.sft_steps)
+            train_log[f"seed {seed} SFT loss"] = [round(x, 4) for x in losses]
+            sft_state = {k: v.detach().clone() for k, v in peft.get_peft_model_state_dict(sft.pm.model).items()}
+            sft_path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(sft_state, sft_path)
+            episodes[SFT] += evaluate_policy(sft.pm.generator, tok, a, f"SFT (seed {seed})", seed, a.max_new_tokens)
+            flags[SFT].append(collapse_flags(sft.logger.records))
+            timings[SFT] += time.perf_counter() - ts
+            del sft
+            state.finish(SFT, seed)
+        elif sft_path.exists():
+            sft_state = torch.load(sft_path)
+        else:
+            raise SystemExit(f"error: seed {seed}'s SFT finished but its adapter {sft_path} is gone: run from the "
+                             "folder (and COLLAB_ENV_OUTPUT) of the stopped run, or start a new run with another --out")
 
-        ts = time.perf_counter()
-        print(f"seed {seed}: {CONTROL}: {a.control_steps} SFT steps...", flush=True)
-        ctl, losses = run_sft(seed, a, work, a.control_steps)
-        train_log[f"seed {seed} SFT control loss"] = [round(x, 4) for x in losses]
-        episodes[CONTROL] += evaluate_policy(ctl.pm.generator, tok, a, f"{CONTROL} (seed {seed})", seed,
+        if CONTROL in run_rows and not state.done(CONTROL, seed):
+            ts = time.perf_counter()
+            print(f"seed {seed}: {CONTROL}: {a.control_steps} SFT steps...", flush=True)
+            ctl, losses = run_sft(seed, a, work, a.control_steps)
+            train_log[f"seed {seed} SFT control loss"] = [round(x, 4) for x in losses]
+            episodes[CONTROL] += evaluate_policy(ctl.pm.generator, tok, a, f"{CONTROL} (seed {seed})", seed,
+                                                 a.max_new_tokens)
+            flags[CONTROL].append(collapse_flags(ctl.logger.records))
+            timings[CONTROL] += time.perf_counter() - ts
+            del ctl
+            state.finish(CONTROL, seed)
+
+        if DPO in run_rows and not state.done(DPO, seed):
+            ts = time.perf_counter()
+            print(f"seed {seed}: online DPO (MR, window {a.window}), {a.grpo_items} items x {a.generations} "
+                  f"candidates per turn...", flush=True)
+            dpo = run_online_dpo(seed, a, copy.deepcopy(sft_state), work)
+            recs = list(dpo.logger.records)
+            train_log[f"seed {seed} {DPO} pairs"] = [r.get("pairs") for r in recs if "pairs" in r]
+            flags[DPO].append(collapse_flags(recs))
+            episodes[DPO] += evaluate_policy(dpo.models[0].generator, tok, a, f"{DPO} (seed {seed})", seed,
                                              a.max_new_tokens)
-        flags[CONTROL].append(collapse_flags(ctl.logger.records))
-        timings[CONTROL] += time.perf_counter() - ts
-        del ctl
-
-        ts = time.perf_counter()
-        print(f"seed {seed}: online DPO (MR, window {a.window}), {a.grpo_items} items x {a.generations} "
-              f"candidates per turn...", flush=True)
-        dpo = run_online_dpo(seed, a, copy.deepcopy(sft_state), work)
-        recs = list(dpo.logger.records)
-        train_log[f"seed {seed} {DPO} pairs"] = [r.get("pairs") for r in recs if "pairs" in r]
-        flags[DPO].append(collapse_flags(recs))
-        episodes[DPO] += evaluate_policy(dpo.models[0].generator, tok, a, f"{DPO} (seed {seed})", seed,
-                                         a.max_new_tokens)
-        timings[DPO] += time.perf_counter() - ts
-        del dpo
+            timings[DPO] += time.perf_counter() - ts
+            del dpo
+            state.finish(DPO, seed)
 
         for window, name in ((0, IMM), (a.window, MR)):
+            if name not in run_rows or state.done(name, seed):
+                continue
             ts = time.perf_counter()
             print(f"seed {seed}: GRPO, window {window}, {a.grpo_items} items x {a.generations} replies...", flush=True)
             trainer = run_grpo(seed, window, a, copy.deepcopy(sft_state), work)
@@ -600,19 +666,90 @@ def main(argv: list[str] | None = None) -> int:
                     {"base": a.model, "env": ENV_ID, "seed": seed, "row": name, "command": command,
                      "settings": vars(a)}, indent=1) + "\n")
             del trainer, pm
+            state.finish(name, seed)
         write()
-        print(f"seed {seed} done ({(time.perf_counter() - t0) / 60:.1f} min so far)", flush=True)
+        print(f"seed {seed} done ({(state.earlier_seconds + time.perf_counter() - t0) / 60:.1f} min so far)",
+              flush=True)
     rows = write()
+    state.path.unlink()  # the run is whole: its results are <out>.json
     for r in rows:
         print(f"{r['row']:36s} success {fmt(r['success'])}  paraphrasing user {fmt(r['success_paraphrase'])}  "
               f"questions {fmt(r['questions'])}  flags {r['collapse_flags']}")
-    print(f"wall time {(time.perf_counter() - t0) / 60:.1f} min; stage seconds "
+    print(f"wall time {(state.earlier_seconds + time.perf_counter() - t0) / 60:.1f} min (every sitting); stage seconds "
           + ", ".join(f"{k}: {v:.0f}" for k, v in timings.items()) + f"; results in {out}.json/.md/.png")
     return 0
 
 
+class RunState:
+    """What a run has finished, kept in ``<out>_state.json`` after every stage (an evaluation, a
+    row of a seed) so that ``--resume`` continues where a stopped run ended: the episodes, flags,
+    training logs and stage seconds of the finished stages, and each seed's SFT adapter
+    (``<work>/seed_N/sft_adapter_state.pt``, which the later rows of that seed start from). A
+    resumed run must have the same settings (a stage of other settings is another experiment)."""
+
+    #: settings that do not change what the run computes
+    FREE = ("resume", "out")
+
+    def __init__(self, path: Path, a: argparse.Namespace, command: str, work: Path,
+                 episodes: dict[str, list[dict[str, Any]]], flags: dict[str, list[int]], train_log: dict[str, Any],
+                 timings: dict[str, float]):
+        self.path, self.a, self.command, self.work = path, a, command, work
+        self.episodes, self.flags, self.train_log, self.timings = episodes, flags, train_log, timings
+        self.finished: list[str] = []
+        self.earlier_seconds = 0.0
+        self.sittings: list[dict[str, Any]] = []
+        self.t0 = time.perf_counter()
+        self._sitting(kept=0)
+
+    def _settings(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self.a).items() if k not in self.FREE}
+
+    def _sitting(self, kept: int) -> None:
+        self.sittings.append({"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": self.command,
+                              "stages_kept": kept, "load_average_start": list(os.getloadavg())})
+
+    @staticmethod
+    def key(name: str, seed: int | None = None) -> str:
+        return name if seed is None else f"seed {seed}: {name}"
+
+    def done(self, name: str, seed: int | None = None) -> bool:
+        return self.key(name, seed) in self.finished
+
+    def finish(self, name: str, seed: int | None = None) -> None:
+        self.finished.append(self.key(name, seed))
+        self.sittings[-1]["seconds"] = time.perf_counter() - self.t0
+        self.sittings[-1]["load_average_last"] = list(os.getloadavg())
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({
+            "settings": self._settings(), "finished": self.finished, "episodes": self.episodes, "flags": self.flags,
+            "train_log": self.train_log, "timings": self.timings, "sittings": self.sittings,
+            "earlier_seconds": self.earlier_seconds}, default=float) + "\n")
+        tmp.replace(self.path)
+
+    def load(self) -> None:
+        if not self.path.exists():
+            raise SystemExit(f"error: --resume found no run state at {self.path}: run without --resume to start")
+        saved = json.loads(self.path.read_text())
+        differ = {k: (saved["settings"].get(k), v) for k, v in self._settings().items()
+                  if saved["settings"].get(k) != v}
+        if differ:
+            raise SystemExit(f"error: --resume with other settings than the stopped run ({differ}, as (then, now)): "
+                             "give the same options, or start a new run with another --out")
+        self.finished = list(saved["finished"])
+        for name, eps in saved["episodes"].items():
+            self.episodes[name][:] = eps
+        for name, fl in saved["flags"].items():
+            self.flags[name][:] = fl
+        self.train_log.update(saved["train_log"])
+        self.timings.update(saved["timings"])
+        self.earlier_seconds = sum(s.get("seconds", 0.0) for s in saved["sittings"])
+        self.sittings[:0] = saved["sittings"]
+        self.sittings[-1]["stages_kept"] = len(self.finished)
+        print(f"resuming {self.path}: {len(self.finished)} stages kept ({', '.join(self.finished)})", flush=True)
+
+
 def markdown(result: dict[str, Any], rows: list[dict[str, Any]], a: argparse.Namespace) -> str:
-    ref = next(r for r in rows if r["row"] == PROACTIVE)
+    ref = next((r for r in rows if r["row"] == PROACTIVE), None)
     md = [f"# CollabLLM's Table 1 in miniature: {result['model_label']} on {ENV_ID}", "",
           *([f"**{result['stand_in']}**", ""] if result.get("stand_in") else []),
           f"Command: `{result['command']}`  ",
@@ -643,14 +780,15 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], a: argparse.Nam
             s, b = d["seeds"], d["bootstrap"]
             md.append(f"| {name} | {k} | {d['mean']:+.3f} | [{s['lo']:+.3f}, {s['hi']:+.3f}] | "
                       f"[{b['lo']:+.3f}, {b['hi']:+.3f}] |")
-    md += ["", "## Beside the paper's Table 1 (relative change against Proactive Base)", "",
+    md += [] if ref is None else [
+           "", "## Beside the paper's Table 1 (relative change against Proactive Base)", "",
            "The paper: Llama-3.1-8B, Online DPO on MR vs Proactive Base; interactivity is its judged score. Here: "
            "questions asked per episode (no judge passes the validity check on CPU); tokens only between rows "
            "that never hit the cap.", "",
            "| | interactivity / questions | task metric / success | tokens |", "|---|---|---|---|"]
-    for d, (i, t, k) in PAPER_TABLE1.items():
+    for d, (i, t, k) in PAPER_TABLE1.items() if ref is not None else ():
         md.append(f"| paper, {d} | {i:+d}% | {t:+d}% | {k:+d}% |")
-    for r in rows:
+    for r in rows if ref is not None else ():
         if r is ref:
             continue
         md.append(f"| here, {r['row']} | {relative(r, ref, 'questions')} | {relative(r, ref, 'success')} | "
@@ -661,6 +799,11 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], a: argparse.Nam
             md.append(f"* {r['row']}, seed {sd}: success {s['success']:.3f}, paraphrasing user "
                       f"{s['success_paraphrase']:.3f}, questions {s['questions']:.2f}")
     return "\n".join(md) + "\n"
+
+
+def _mean(xs: list[Any]) -> float:
+    """The mean, NaN for a metric not measured (its values None)."""
+    return math.nan if not xs or any(x is None for x in xs) else sum(xs) / len(xs)
 
 
 def _torch_threads() -> int | None:

@@ -17,7 +17,9 @@ learning rate, ``scale_rewards="group"``, ``loss_type``, the trainer seed. Both 
 the SAME evaluation, written here: the trained model plays ``--eval-items`` items of the test split
 (``--eval-samples`` episodes each, fixed seeds) through the same rollout function, and the
 score is the mean episode return (the MR total) and the mean per-move MR. The headline is the
-difference turn - episode of the final score per seed, with a 95% bootstrap interval over seeds.
+difference turn - episode of the final score per seed, with a 95% interval over seeds (Student's t,
+``collab_env.eval.stats.seed_interval``; the bootstrap beside it). ``--resummarize FILE`` recomputes a
+results file's summary from its stored runs.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_turn_credit.py --seeds 3 --steps 8 \\
         --out benchmarks/results/turn_credit_hidden_facts_tiny.json
@@ -110,6 +112,17 @@ def bootstrap_ci(values, n=10_000, seed=0):
     return [means[int(0.025 * n)], means[int(0.975 * n) - 1]]
 
 
+def over_seeds(values):
+    """The mean of per-seed values with its 95% interval at the right unit (issue 45): Student's
+    t over the seeds (:func:`collab_env.eval.stats.seed_interval`); the percentile bootstrap over
+    the same few seeds, which is anti-conservative at 5 seeds, is kept beside it for reference."""
+    from collab_env.eval.stats import seed_interval
+
+    t = seed_interval({k: [v] for k, v in enumerate(values)})
+    return {"mean": t["mean"], "ci95": [t["lo"], t["hi"]], "method": t["method"], "n_seeds": t["n_seeds"],
+            "bootstrap_ci95": bootstrap_ci(values)}
+
+
 def summarize(runs, seeds):
     out = {}
     for metric in ("return", "move_mr"):
@@ -121,12 +134,31 @@ def summarize(runs, seeds):
                 finals[arm].append(c[-1][metric] - c[0][metric])
             diffs.append(by_arm["turn"]["curve"][-1][metric] - by_arm["episode"]["curve"][-1][metric])
         out[metric] = {
-            "gain_turn": {"mean": statistics.fmean(finals["turn"]), "ci95": bootstrap_ci(finals["turn"])},
-            "gain_episode": {"mean": statistics.fmean(finals["episode"]), "ci95": bootstrap_ci(finals["episode"])},
-            "final_turn_minus_episode": {"mean": statistics.fmean(diffs), "ci95": bootstrap_ci(diffs),
-                                         "per_seed": diffs},
+            "gain_turn": over_seeds(finals["turn"]),
+            "gain_episode": over_seeds(finals["episode"]),
+            "final_turn_minus_episode": {**over_seeds(diffs), "per_seed": diffs},
         }
     return out
+
+
+def resummarize(path: Path) -> None:
+    """Recompute a results file's summary from its stored runs (no training), in place."""
+    data = json.loads(path.read_text())
+    seeds = sorted({r["seed"] for r in data["runs"]})
+    data["summary"] = summarize(data["runs"], seeds)
+    data["summary_recomputed"] = ("intervals recomputed from the stored runs by `python benchmarks/bench_turn_credit.py "
+                                  f"--resummarize {path.name}`: t over seeds (bootstrap beside)")
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    report(data["summary"])
+    print("rewrote", path)
+
+
+def report(summary):
+    for metric, s in summary.items():
+        d = s["final_turn_minus_episode"]
+        print(f"{metric}: turn - episode = {d['mean']:+.4f} (95% CI, t over {d['n_seeds']} seeds, {d['ci95'][0]:+.4f} .. "
+              f"{d['ci95'][1]:+.4f}; bootstrap {d['bootstrap_ci95'][0]:+.4f} .. {d['bootstrap_ci95'][1]:+.4f}); "
+              f"gain turn {s['gain_turn']['mean']:+.4f}, episode {s['gain_episode']['mean']:+.4f}")
 
 
 def main():
@@ -143,7 +175,12 @@ def main():
     p.add_argument("--eval-samples", type=int, default=2)
     p.add_argument("--eval-interval", type=int, default=4)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--resummarize", type=Path, default=None, metavar="FILE",
+                   help="recompute FILE's summary from its stored runs (no training) and rewrite it")
     args = p.parse_args()
+    if args.resummarize:
+        resummarize(args.resummarize)
+        return
 
     from collab_env.testing.tiny_model import build_tiny_chat_model
 
@@ -161,10 +198,7 @@ def main():
                   f"move MR {r['curve'][0]['move_mr']:+.4f} -> {last['move_mr']:+.4f}  ({r['train_s']:.0f} s)",
                   flush=True)
     summary = summarize(runs, seeds)
-    for metric, s in summary.items():
-        d = s["final_turn_minus_episode"]
-        print(f"{metric}: turn - episode = {d['mean']:+.4f} (95% CI {d['ci95'][0]:+.4f} .. {d['ci95'][1]:+.4f}); "
-              f"gain turn {s['gain_turn']['mean']:+.4f}, episode {s['gain_episode']['mean']:+.4f}")
+    report(summary)
     if args.out:
         args.out.write_text(json.dumps({
             "command": "OMP_NUM_THREADS=1 python " + " ".join(sys.argv), "env": ENV_ID, "settings": vars(args) | {

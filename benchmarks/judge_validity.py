@@ -13,6 +13,14 @@ Writes ``benchmarks/results/judge_validity.{json,md}`` with the command, the wal
 machine's load over the run (timings are secondary here: the verdicts are what matter)::
 
     nice -n 10 .venv/bin/python -m benchmarks.judge_validity --items 40
+
+``--write-cards`` (no judging) turns the embedded judge's row of that file into the leaderboard's
+validity card (``collab_env/leaderboard/judge_cards.json``, read by
+:func:`collab_env.leaderboard.board.judge_card`) for the tracks whose judge is the embedded model
+with ``judge_prefill``: the row's verdicts are log-prob verdicts, which a reply prefix does not
+change (the prefix is for generated replies only), so the card holds for it::
+
+    .venv/bin/python -m benchmarks.judge_validity --write-cards
 """
 
 from __future__ import annotations
@@ -68,7 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--skip-embedded", action="store_true")
     p.add_argument("--out", default=str(OUT), help="output prefix: <out>.json and <out>.md")
+    p.add_argument("--write-cards", action="store_true",
+                   help="write the leaderboard's judge validity cards from <out>.json, judging nothing")
     a = p.parse_args(argv)
+    if a.write_cards:
+        return write_cards(Path(f"{a.out}.json"))
     command = "python -m benchmarks.judge_validity " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:]))
     meter = LoadMeter().start()
     t0 = time.perf_counter()
@@ -103,6 +115,32 @@ def main(argv: list[str] | None = None) -> int:
           validity_table([{**r} for r in rows])]
     Path(f"{out}.md").write_text("\n".join(md))
     print(f"wrote {out}.json/.md ({wall:.0f} s)")
+    return 0
+
+
+#: The judge specs (a track's judge mapping without its reward) that each measured row stands for.
+CARD_SPECS = {"embedded SmolLM2-135M-Instruct (log-prob verdict)": [{"backend": "embedded",
+                                                                      "options": {"judge_prefill": True}},
+                                                                     {"backend": "embedded"}]}
+
+
+def write_cards(results: Path) -> int:
+    """The leaderboard's judge validity cards from the measured rows of ``results``."""
+    from collab_env.leaderboard.board import JUDGE_CARDS_FILE
+
+    doc = json.loads(results.read_text())
+    cards = []
+    for row in doc["rows"]:
+        for spec in CARD_SPECS.get(row["judge"], []):
+            verdict = "passes" if row["passed"] else f"fails: {row['reason']}"
+            cards.append({"spec": spec, "passed": row["passed"], "auc": row["auc"], "ece": row["ece"],
+                          "items": row["items"], "min_auc": row["min_auc"], "max_ece": row["max_ece"],
+                          "summary": f"validity check {verdict} (AUC {row['auc']:.3f}, calibration error "
+                                     f"{row['ece']:.3f} on {row['items']} rule-labelled conversations; bar AUC >= "
+                                     f"{row['min_auc']}, calibration error <= {row['max_ece']}; {doc['date'][:10]})",
+                          "source": str(results.relative_to(ROOT))})
+    JUDGE_CARDS_FILE.write_text(json.dumps({"cards": cards}, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {len(cards)} card(s) to {JUDGE_CARDS_FILE}")
     return 0
 
 

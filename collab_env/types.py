@@ -15,7 +15,10 @@ Everything a player sees or produces is one of these plain, picklable dataclasse
   JSON-schema parameters) and one call of it. An assistant message may carry ``tool_calls``; a
   message of role ``"tool"`` carries one result and the ``tool_call_id`` it answers, as
   OpenAI-style APIs and Hugging Face chat templates represent them (:meth:`Conversation.to_chat`).
-  :func:`parse_tool_call` reads a reply in the one documented tool-call format.
+  :func:`parse_tool_call` reads a reply in the one documented tool-call format;
+  :func:`template_chat` and :func:`api_chat` are the one rule for giving a call to a chat
+  template (the text as the model wrote it, rendered once) or to an OpenAI-style API (the
+  ``tool_calls`` fields); see ``docs/tool_calls.md``.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any, Literal, overload
 from collab_env.errors import ConfigError
 
 __all__ = ["ROLES", "ENV_AUTHOR", "FAULT", "Message", "Conversation", "Completion", "TurnRecord", "Episode",
-           "Tool", "ToolCall", "ToolCallError", "parse_tool_call"]
+           "Tool", "ToolCall", "ToolCallError", "parse_tool_call", "template_chat", "api_chat"]
 
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
@@ -242,6 +245,64 @@ def parse_tool_call(text: str, tools: Sequence[Tool], call_id: str) -> ToolCall 
     if problem is not None:
         return bad(f"error: {name}: {problem}.", shown, args)
     return ToolCall(call_id, name, args)
+
+
+def _carries(content: str | None, calls: Sequence[Any]) -> bool:
+    """Whether ``content`` is nothing but the one call in ``calls`` as :func:`parse_tool_call`
+    reads it (the ``"tool_calls"`` entries of a chat dict)."""
+    if not content or len(calls) != 1:
+        return False
+    try:
+        call = ToolCall.from_dict(calls[0])
+        obj = json.loads(content)
+    except (ValueError, KeyError, TypeError, RecursionError, ConfigError):
+        return False
+    if not isinstance(obj, dict) or set(obj) - {"name", "arguments"} or obj.get("name") != call.name:
+        return False
+    args = obj.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            return False
+    return args == dict(call.arguments)
+
+
+def template_chat(chat: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``chat`` (:meth:`Conversation.to_chat` dicts) as a chat template or a Tinker renderer is
+    given it: a message whose ``content`` is not empty keeps its text and loses its
+    ``"tool_calls"``. The text is what the model wrote (the call included), so the template
+    renders the call once, from those very tokens, and a learner's token ids stay exactly the
+    ones generated; a template that also renders ``tool_calls`` (Qwen2.5's, Qwen3's) would
+    otherwise write the call a second time. A call with no text (as an API returns it) keeps its
+    ``tool_calls`` for the template to render. ``"tool"`` results keep their ``tool_call_id``."""
+    out = []
+    for m in chat:
+        d = dict(m)
+        if d.get("tool_calls") and d.get("content"):
+            del d["tool_calls"]
+        out.append(d)
+    return out
+
+
+def api_chat(chat: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``chat`` as an OpenAI-style API is sent it: a message that makes tool calls keeps its
+    ``"tool_calls"`` (which the API needs before the ``"tool"`` results that answer them), and
+    its ``content`` becomes ``None`` when it is nothing but that call as written in the one
+    format (:func:`parse_tool_call`); the server's own template then renders the call once.
+    Arguments are sent as JSON strings, as OpenAI's API takes them."""
+    out = []
+    for m in chat:
+        d = dict(m)
+        calls = d.get("tool_calls")
+        if calls:
+            if _carries(d.get("content"), calls):
+                d["content"] = None
+            d["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
+                               if isinstance(c.get("function", {}).get("arguments"), Mapping) else dict(c)
+                               for c in calls]
+        out.append(d)
+    return out
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,17 @@ SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "collabllm_end_to_en
 
 @pytest.mark.slow
 def test_the_tiny_form_runs_every_stage_and_the_entry_verifies(tmp_path):
+    from collab_env.agents.embedded import MODEL_FOLDER, embedded_model_dir
+
     work = tmp_path / "e2e"
+    # The run's user cache (kept verdicts and stamps of verify/build) is the test's own, not the
+    # user's; the converted embedded model is linked into it, not converted again.
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / MODEL_FOLDER).symlink_to(embedded_model_dir(), target_is_directory=True)
     run = subprocess.run([sys.executable, str(SCRIPT), "--work", str(work)], capture_output=True, text=True,
                          timeout=1500, env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-                                            "TRANSFORMERS_OFFLINE": "1"})
+                                            "TRANSFORMERS_OFFLINE": "1", "COLLAB_ENV_CACHE": str(cache)})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     stages = [line.split("]")[0][1:] for line in run.stdout.splitlines() if line.startswith("[")]
     assert [s for s in stages if s not in ("note", "transformers")] == [
@@ -47,6 +54,7 @@ def test_the_tiny_form_runs_every_stage_and_the_entry_verifies(tmp_path):
     # ... by the verdict `verify` kept for these very files (build does not re-play it again)
     kept = f"{submitted['track']}/entry: verified (kept verdict of leaderboard verify)"
     assert kept in run.stderr, run.stderr[-2000:]
+    assert list((cache / "leaderboard").rglob("*.json")), "verify kept its verdict in the run's own cache"
     page = (work / "board.html").read_text()
     board = json.loads(page.split('<script type="application/json" id="board-data">', 1)[1].split("</script>", 1)[0])
     [row] = board["entries"]

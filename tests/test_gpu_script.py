@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -176,3 +177,71 @@ def test_the_table_form_runs_end_to_end_on_cpu_with_the_tiny_model(tmp_path):
     assert len(result["training"]["seed 0 SFT control loss"]) == 3
     assert (tmp_path / "table_adapter" / "adapter_config.json").is_file()
     assert "Beside the paper's Table 1" in out.with_suffix(".md").read_text()
+    assert not Path(f"{out}_state.json").exists()  # a whole run leaves no resume state behind
+
+
+def test_a_stopped_table_run_resumes_its_finished_stages_and_refuses_other_settings(tmp_path):
+    """The table's run state (``--resume``): stages finished before a stop are kept with their
+    episodes and times; a resume with other settings is refused in one line."""
+    import bench_collabllm_table as bench
+
+    def state(**over):
+        a = bench.main_parser().parse_args(["--out", str(tmp_path / "t"), "--seeds", "2", *sum(
+            ([f"--{k.replace('_', '-')}", str(v)] for k, v in over.items()), [])])
+        eps = {name: [] for name in bench.ROWS}
+        flags = {name: [] for name in bench.ROWS[2:]}
+        return bench.RunState(tmp_path / "t_state.json", a, "cmd", tmp_path, eps, flags, {},
+                              dict.fromkeys(bench.ROWS, 0.0))
+
+    first = state()
+    first.episodes[bench.BASE].append({"success": 1.0})
+    first.timings[bench.BASE] = 12.0
+    first.finish(bench.BASE)
+    first.flags[bench.SFT].append(0)
+    first.finish(bench.SFT, 0)
+    again = state()
+    again.load()
+    assert again.done(bench.BASE) and again.done(bench.SFT, 0)
+    assert not again.done(bench.SFT, 1) and not again.done(bench.PROACTIVE)
+    assert again.episodes[bench.BASE] == [{"success": 1.0}] and again.timings[bench.BASE] == 12.0
+    assert again.flags[bench.SFT] == [0]
+    assert [s["stages_kept"] for s in again.sittings] == [0, 2]
+    with pytest.raises(SystemExit, match=r"--resume with other settings than the stopped run \(\{'seeds': \(2, 3\)\}"):
+        state(seeds=3).load()
+    (tmp_path / "t_state.json").unlink()
+    with pytest.raises(SystemExit, match="found no run state"):
+        state().load()
+
+
+@pytest.mark.slow
+def test_a_settings_sweep_runs_only_the_rows_and_modes_it_names(tmp_path):
+    """``--rows mr --eval-modes greedy`` (a validation sweep of the RL row's settings): SFT runs
+    because the RL row starts from it, nothing else does, and the modes not run are reported as
+    not measured rather than as zeros."""
+    import bench_collabllm_table as bench
+
+    out = tmp_path / "sweep"
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    old = os.environ.get("COLLAB_ENV_OUTPUT")
+    os.environ["COLLAB_ENV_OUTPUT"] = str(tmp_path / "work")
+    try:
+        assert bench.main(["--eval-split", "validation", "--model", "tiny", "--rows", "mr", "--eval-modes", "greedy",
+                           "--seeds", "1", "--sft-items", "4", "--sft-steps", "1", "--grpo-items", "1",
+                           "--generations", "2", "--eval-episodes", "2", "--max-new-tokens", "8",
+                           "--out", str(out)]) == 0
+    finally:
+        if old is None:
+            del os.environ["COLLAB_ENV_OUTPUT"]
+        else:
+            os.environ["COLLAB_ENV_OUTPUT"] = old
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert [r["row"] for r in result["rows"]] == [bench.SFT, bench.MR] == result["rows_run"]
+    assert result["complete"]
+    for r in result["rows"]:
+        assert r["success"]["n_seeds"] == 1
+        assert r["success_paraphrase"]["method"] == "not measured" and math.isnan(r["success_sampled"]["mean"])
+    assert "Beside the paper's Table 1" not in out.with_suffix(".md").read_text()  # no Proactive Base to compare
+    with pytest.raises(SystemExit, match="unknown row 'ppo'"):
+        bench.main(["--rows", "ppo", "--out", str(tmp_path / "x")])
+    with pytest.raises(SystemExit, match="give greedy"):
+        bench.main(["--eval-modes", "sampled", "--out", str(tmp_path / "y")])

@@ -74,7 +74,9 @@ def test_the_readme_collabllm_section_runs_as_written(tmp_path):
     env = {**os.environ, "PORT": str(free_port()), "KILL_FLAG": str(tmp_path / "killed"),
            "PATH": f"{shim}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+           # the judge check's kept verdict in the test's own cache (no embedded model runs here)
+           "COLLAB_ENV_CACHE": str(tmp_path / "cache")}
     t0 = time.perf_counter()
     # Its own session: the server the block starts with & is in its process group, stopped below.
     # Output to files: the server keeps the block's stdout open after bash exits.
@@ -107,7 +109,14 @@ def test_the_readme_collabllm_section_runs_as_written(tmp_path):
         assert run["env_kwargs"]["reward"] == "mr"
         assert run["policies"]["user"].startswith("llm-user:litellm:openai/my-model")
         assert "127.0.0.1" in run["env_kwargs"]["reward_kwargs"]["judge"]
-    # the resumed run printed the table with the components, and said nothing of a zero reward
-    assert "assistant reward components (mean per episode): accuracy" in out
+        # the stand-in's judge gives one canned verdict to everything: its check fails, so every line
+        # keeps the raw judged values marked invalid
+        assert r["judge_check"]["values"] == "invalid"
+    # the resumed run printed the table with the components, the judged ones refused (the stand-in
+    # judge fails its validity check: the first run checked it, the resumed one read the kept
+    # verdict), and said nothing of a zero reward
+    assert "; accuracy, interactivity, mr: judge failed validity check (AUC 0.500 < 0.8" in out
+    assert "judged columns (accuracy, interactivity, mr) refused" in out and "kept verdict" in out
     assert "2 episode records in runs/collabllm.jsonl" in out
-    assert "note:" not in out
+    assert "own reward is 0" not in out
+    assert len(list((tmp_path / "cache" / "judge_validity").glob("*.json"))) == 1

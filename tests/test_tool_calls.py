@@ -2,6 +2,7 @@
 
 import json
 import pickle
+from dataclasses import replace
 
 import pytest
 
@@ -200,7 +201,15 @@ def test_chat_template_gets_tool_calls_results_and_tools(tiny_dir):
         "{% if add_generation_prompt %}<assistant>{% endif %}")
     text = chat_prompt_text(tok, _tool_conv().view("assistant"))
     assert text.startswith("TOOLS: add")
-    assert '[call call_1 add {"a": 2, "b": 3}]' in text and "<tool>5[for call_1]" in text
+    # the call is rendered once, from the text the model wrote (types.template_chat), not again
+    # by the template from tool_calls; the result keeps its call's id
+    assert '<assistant>{"name": "add", "arguments": {"a": 2, "b": 3}}<tool>' in text and "[call" not in text
+    assert "<tool>5[for call_1]" in text
+    # a call that came with no text (as an API returns it) is the template's to render
+    conv = _tool_conv()
+    no_text = Conversation(tuple(replace(m, content="") if m.tool_calls else m for m in conv), conv.viewer)
+    text = chat_prompt_text(tok, no_text.view("assistant"))
+    assert '<assistant>[call call_1 add {"a": 2, "b": 3}]' in text
 
 
 def test_phone_support_is_listed_with_tools_in_its_card():

@@ -5,7 +5,8 @@ LLM user simulator and the judge reach it through litellm exactly as a user reac
 multiturn-aware reward. The 135M judge rarely writes the rubric's JSON, so the run uses verl's
 ``on_fault="zero"`` (a judge that fails after its retries scores 0, and the fault is counted):
 what is checked is that every role's requests reached the server and came back into the
-results, not the model's quality."""
+results, and that the judge's validity check ran before any judged number, not the model's
+quality."""
 
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ from tests_vllm.conftest import SERVED_NAME
 
 
 @pytest.mark.timeout(1800)  # the server's start (minutes on a busy 2-core machine) included
-def test_collabllm_eval_with_user_and_judge_behind_vllm_serve(server, tmp_path, capsys):
+def test_collabllm_eval_with_user_and_judge_behind_vllm_serve(server, tmp_path, capsys, monkeypatch):
     from collab_env.cli import main
+    from collab_env.eval import judge_check
     from collab_env.testing.collabllm_fixtures import write_collabllm_fixture
+
+    monkeypatch.setattr(judge_check, "CACHE_DIR", tmp_path / "judge_validity")  # not the user's cache
 
     url = server.base + "/v1"
     rows = write_collabllm_fixture(tmp_path / "rows.jsonl", n=1)
@@ -45,9 +49,16 @@ def test_collabllm_eval_with_user_and_judge_behind_vllm_serve(server, tmp_path, 
             "--reward-arg", 'judge_kwargs={"max_new_tokens": 48, "max_retries": 0}', "--out", str(out)]
     assert main(argv) == 0, capsys.readouterr().err[-3000:]
     printed = capsys.readouterr().out
-    assert "assistant reward components (mean per episode): accuracy" in printed
     [rec] = [json.loads(x) for x in out.read_text().splitlines()]
     assert set(rec["components"]["assistant"]) >= {"accuracy", "interactivity", "token_amount", "mr"}
+    # the served judge was checked for validity before any judged number (issue 45): its judged
+    # columns are numbers only if it passed; the values stay in the file either way
+    check = rec["judge_check"]
+    assert check["status"] in ("valid", "invalid") and check["validity"]["items"] == judge_check.CHECK_ITEMS
+    assert {"accuracy", "interactivity", "mr"} <= set(check["columns"])
+    assert "assistant reward components (mean per episode): " in printed
+    assert ("judge failed validity check" in printed) == (check["status"] == "invalid"), printed[-2000:]
+    print("judge check of the served 135M judge:", json.dumps(check["validity"], default=str)[:400])
     moves = rec["turns"]
     # every move came from the server
     assert {t["player"] for t in moves} == {"assistant", "user"}

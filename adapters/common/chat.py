@@ -12,14 +12,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from collab_env.errors import ConfigError
+from collab_env.types import template_chat
 
 __all__ = ["chat_ids", "cut_at_end_of_turn", "check_token_prefix"]
 
 
 def chat_ids(tokenizer: Any, messages: Sequence[Mapping[str, str]], *, generation_prompt: bool = False) -> list[int]:
     """Token ids of ``messages`` rendered with the tokenizer's chat template (the template writes
-    any BOS token, so the tokenizer adds none)."""
-    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
+    any BOS token, so the tokenizer adds none). A tool call is rendered once, from the text the
+    model wrote (:func:`~collab_env.types.template_chat`)."""
+    text = tokenizer.apply_chat_template(template_chat(messages), tokenize=False,
+                                         add_generation_prompt=generation_prompt)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

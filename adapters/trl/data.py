@@ -9,6 +9,7 @@ from typing import Any
 from collab_env.adapters.trl.envs import env_builder, other_policies, trained_player
 from collab_env.errors import ConfigError, require
 from collab_env.rollout import advance
+from collab_env.types import template_chat
 
 #: The key of the first prompt message that names the task item: ``{"index": i, "seed": s}``.
 TAG = "collab_env"
@@ -64,7 +65,7 @@ def dataset_rows(env_id_or_factory: Any, *, split: str | None = None, n: int | N
         run = await advance(env, others, obs=obs, infos=infos, until=(player,), seed=lambda k: s + k)
         if run.done:
             raise ConfigError(f"item {i}: the episode ended before {player!r} was on turn; nothing to train on.")
-        chat = [dict(m) for m in run.obs[player].to_chat()]
+        chat = template_chat(run.obs[player].to_chat())  # TRL renders it with the template
         chat[0][TAG] = json.dumps({"index": i, "seed": s})
         return {"prompt": chat, "index": i, "seed": s}
 

@@ -30,6 +30,7 @@ from collab_env.adapters.verl.loop import (
 )
 from collab_env.adapters.verl.policy import ServerPolicy
 from collab_env.adapters.verl.reward import compute_score
+from collab_env.types import template_chat
 
 __all__ = ["AGENT_NAME", "CONFIG_KEYS", "CollabEnvAgentLoop", "ServerPolicy", "compute_score", "dataset_rows",
            "episode_output", "play_episode", "write_dataset"]
@@ -53,7 +54,7 @@ def dataset_rows(env_id: str, items: Iterable[int], *, seed: int = 0, env_kwargs
         for k, index in enumerate(items):
             obs, _ = env.reset(seed=seed + k, options={"index": int(index)})
             rows.append({
-                "prompt": obs[who].to_chat(), "data_source": env_id, "agent_name": AGENT_NAME,
+                "prompt": template_chat(obs[who].to_chat()), "data_source": env_id, "agent_name": AGENT_NAME,
                 "reward_model": {"style": "collab_env", "ground_truth": ""},
                 "collab_env": {"env_id": env_id, "env_kwargs": dict(env_kwargs or {}), "index": int(index),
                                "seed": seed + k, "player": who},

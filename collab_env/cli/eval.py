@@ -37,6 +37,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--sampling", action="append", metavar="PLAYER.KEY=VALUE",
                    help="sampling parameter for a policy, e.g. assistant.temperature=0.7; repeatable")
     q.add_argument("--no-progress", action="store_true", help="no progress bar")
+    q.add_argument("--no-judge-check", action="store_true",
+                   help="with a judged reward, skip the judge's validity check (its judged columns are then "
+                        "reported unchecked, and the result file says so); by default a judge below the bar "
+                        "(collab_env.eval.judge_check) has its judged columns refused")
     add_reward_args(q)
     add_connection_args(q)
     add_env_args(q)
@@ -59,6 +63,7 @@ def run(args: argparse.Namespace, out: Writer) -> int:
         env_kwargs=kwargs,
         sampling=parse_sampling(args.sampling),
         progress=not args.no_progress,
+        judge_check=not args.no_judge_check,
     )
     print(result.summary_table(), file=out)
     if args.out:

@@ -42,9 +42,12 @@ The measures (every user reply after the opening is a turn; an episode counts on
     user stated, and the reference assistant's success, beside the same numbers against the
     env's scripted user; the difference is paired by seed.
 
-A fact is *stated* by a user message when one sentence of it names the fact's object
-(singular or plural) and holds its value (digits or a number word up to twenty); *withheld*
-facts are those whose sentence is not in the opening.
+A fact is *stated* by a user message by the env's own rule, the one that records what a user
+revealed (:func:`collab_env.tasks.hidden_facts.states_fact`): the message holds the fact's
+sentence, or one of its sentences names the fact's object (singular or plural; no name needed
+when the item has one object) and holds its value (digits, or a number word two..twenty); the
+item's distractor sentences are left out. *Withheld* facts are those whose sentence is not in
+the opening.
 """
 
 from __future__ import annotations
@@ -63,11 +66,12 @@ from collab_env.errors import ConfigError
 from collab_env.eval.stats import interval
 from collab_env.exploits.policies import USER_INJECTIONS
 from collab_env.policy import PolicySpec, ScriptedPolicy, describe, resolve_policy
-from collab_env.tasks.hidden_facts import AskThenAnswer, HiddenFactsUser, visible_facts
+from collab_env.tasks.hidden_facts import AskThenAnswer, HiddenFactsUser, said_of, states_fact, visible_facts
+from collab_env.tasks.questions import numbers_in
 from collab_env.types import Conversation, Episode
 
 __all__ = ["check_user", "acheck_user", "UserCard", "MEASURES", "Measure", "PROBES", "DEFAULT_ENV", "CODE_WORD",
-           "states_fact", "breaks_role", "episode_measures", "AskOneProbe", "NoAskProbe", "ReAskProbe",
+           "breaks_role", "episode_measures", "AskOneProbe", "NoAskProbe", "ReAskProbe",
            "InjectProbe", "card_rows"]
 
 #: The env the card is measured on by default (two objects, every quantity withheld).
@@ -113,50 +117,17 @@ MEASURES: tuple[Measure, ...] = (
 )
 _BY_NAME = {m.name: m for m in MEASURES}
 
-_NUMBER_WORDS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-                 "fifteen sixteen seventeen eighteen nineteen twenty").split()
-_SENTENCES = re.compile(r"(?<=[.!?;\n])\s+|\n+")
 _ROLE_LABEL = re.compile(r"^\s*(?:\*\*)?(?:assistant|ai|chatbot)(?:\*\*)?\s*:", re.IGNORECASE | re.MULTILINE)
 _ASSISTANT_PHRASES = re.compile(
     r"\b(?:how (?:can|may) i (?:help|assist)|as an ai\b|i(?:'m| am) an ai\b|"
     r"i(?:'m| am) (?:a |an |your )?(?:helpful )?(?:ai )?assistant\b|i'd be (?:happy|glad) to help you|"
     r"is there anything else i can)", re.IGNORECASE)
 _BOXED = re.compile(r"\\boxed\s*\{")
-_DIGITS = re.compile(r"\d+")
 
 
 # ---------------------------------------------------------------------------------------------
 # The rules
 # ---------------------------------------------------------------------------------------------
-def _numbers(text: str) -> set[int]:
-    """The whole numbers of ``text``: digit runs and the number words up to twenty."""
-    out = {int(d) for d in _DIGITS.findall(text)}
-    words = re.findall(r"[a-z]+", text.lower())
-    out |= {_NUMBER_WORDS.index(w) for w in words if w in _NUMBER_WORDS}
-    return out
-
-
-def _names(sentence: str, fact: Mapping[str, Any]) -> bool:
-    low = sentence.lower()
-    return any(re.search(r"\b" + re.escape(str(w).lower()) + r"\b", low) for w in (fact["object"], fact["plural"]))
-
-
-def states_fact(text: str, fact: Mapping[str, Any]) -> bool:
-    """Whether ``text`` states ``fact`` (a hidden-facts fact: ``object``, ``plural``,
-    ``value``): one of its sentences names the object, singular or plural, and holds the value,
-    in digits or as a number word up to twenty."""
-    return any(_names(s, fact) and int(fact["value"]) in _numbers(s) for s in _SENTENCES.split(text))
-
-
-def _object_numbers(text: str, fact: Mapping[str, Any]) -> set[int]:
-    """The numbers of the sentences of ``text`` that name ``fact``'s object."""
-    out: set[int] = set()
-    for s in _SENTENCES.split(text):
-        if _names(s, fact):
-            out |= _numbers(s)
-    return out
-
-
 def breaks_role(text: str, answer: int, known: set[int]) -> bool:
     """Whether a user message is written as the assistant: it holds a ``\\boxed{}``, starts a
     line with an assistant's label (``Assistant:``, ``AI:``), uses an assistant's stock phrase
@@ -165,7 +136,7 @@ def breaks_role(text: str, answer: int, known: set[int]) -> bool:
     the facts, which a user may say)."""
     if _BOXED.search(text) or _ROLE_LABEL.search(text) or _ASSISTANT_PHRASES.search(text):
         return True
-    return answer not in known and answer in _numbers(text)
+    return answer not in known and answer in numbers_in(text, digit_one=True)
 
 
 @dataclass
@@ -175,6 +146,8 @@ class _Goal:
     signal: str
     answer: int
     known: set[int]
+    single: bool  # the item has one object: its numbers need no name
+    distractors: tuple[str, ...]  # sentences whose numbers answer nothing
 
 
 def _goal(conversation: Conversation) -> _Goal:
@@ -192,7 +165,8 @@ def _goal(conversation: Conversation) -> _Goal:
     answer = sum(v.get("count", 1) * v.get("unit", 1) for v in values.values())
     return _Goal(facts=facts, withheld=[i for i, f in enumerate(facts) if f["sentence"] not in opening],
                  signal=str(hidden["termination_signal"]), answer=answer,
-                 known=_numbers(opening) | {int(f["value"]) for f in facts})
+                 known=numbers_in(opening, digit_one=True) | {int(f["value"]) for f in facts},
+                 single=len(hidden.get("objects", ())) == 1, distractors=tuple(hidden.get("distractors", ())))
 
 
 @dataclass
@@ -227,9 +201,11 @@ def _turns(episode: Episode) -> tuple[_Goal, list[_Turn]]:
         obs = conv[:i].view("user")
         ref = reference.respond(obs, rng)
         asked = {j for j in goal.withheld if goal.facts[j]["sentence"] in ref} - stated_before
-        stated = {j for j in goal.withheld if states_fact(m.content, goal.facts[j])} - stated_before
+        stated = {j for j in goal.withheld if states_fact(goal.facts[j], m.content, single=goal.single,
+                                                           distractors=goal.distractors)} - stated_before
         turns.append(_Turn(asked=asked, stated=stated,
-                           numbers={j: _object_numbers(m.content, goal.facts[j]) for j in goal.withheld},
+                           numbers={j: said_of(goal.facts[j], m.content, single=goal.single)
+                                    for j in goal.withheld},
                            signal=goal.signal in m.content, boxed_before=boxed,
                            broke_role=breaks_role(m.content.replace(goal.signal, ""), goal.answer, goal.known),
                            text=m.content))

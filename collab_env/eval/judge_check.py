@@ -41,6 +41,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,7 +52,9 @@ from collab_env.types import Conversation
 
 __all__ = ["KINDS", "MIN_AUC", "MAX_ECE", "AskThenMiscount", "JudgedConversation", "judged_conversations",
            "JudgeValidity", "check_judge", "acheck_judge", "require_valid_judge", "auc", "calibration",
-           "validity_table"]
+           "validity_table", "CACHE_DIR", "CHECK_ITEMS", "JudgeCheck", "judged_metrics", "judge_identity",
+           "identity_key", "cache_dir", "checked_validity", "reward_judges", "run_judge_check",
+           "failure_reasons", "refusal_text"]
 
 KINDS = ("ask-correct", "ask-wrong", "direct-correct", "direct-wrong")
 #: The default bar: a judge below it refuses to report judged columns.
@@ -257,13 +260,7 @@ async def acheck_judge(judge: Any, conversations: Sequence[JudgedConversation] |
     a = auc(probs, labels)
     cal = calibration(probs, labels)
     errors = sum(r is None for r in results)
-    fails = []
-    if not a >= min_auc:
-        fails.append(f"AUC {a:.2f} < {min_auc}")
-    if not cal["ece"] <= max_ece:
-        fails.append(f"calibration error {cal['ece']:.2f} > {max_ece}")
-    if errors:
-        fails.append(f"{errors} item(s) unscored")
+    fails = failure_reasons(a, cal["ece"], errors, min_auc=min_auc, max_ece=max_ece, digits=2)
     per_kind = {k: {"items": float(sum(c.kind == k for c in convs)),
                     "mean_probability_correct": float(np.mean([p for p, c in zip(probs, convs, strict=True)
                                                                if c.kind == k]))}
@@ -273,6 +270,27 @@ async def acheck_judge(judge: Any, conversations: Sequence[JudgedConversation] |
                          probability="p_true" if uses_p else "score", min_auc=min_auc, max_ece=max_ece,
                          passed=not fails, reason="; ".join(fails), per_kind=per_kind, reliability=cal["bins"],
                          seconds=seconds)
+
+
+def failure_reasons(auc: float, ece: float, errors: int, *, min_auc: float, max_ece: float,
+                    digits: int = 3) -> list[str]:
+    """Why a judge with these measures misses the bar (empty when it meets it): the AUC below
+    ``min_auc``, the calibration error above ``max_ece``, items it could not score."""
+    why = []
+    if not auc >= min_auc:
+        why.append(f"AUC {auc:.{digits}f} < {min_auc}")
+    if not ece <= max_ece:
+        why.append(f"calibration error {ece:.{digits}f} > {max_ece}")
+    if errors:
+        why.append(f"{errors} item(s) unscored")
+    return why
+
+
+def refusal_text(auc: float, ece: float, errors: int, *, min_auc: float, max_ece: float) -> str:
+    """What a table or the board prints instead of a judged number of a judge below the bar:
+    ``judge failed validity check (AUC 0.398 < 0.8; calibration error 0.271 > 0.25)``."""
+    why = failure_reasons(auc, ece, errors, min_auc=min_auc, max_ece=max_ece)
+    return f"judge failed validity check ({'; '.join(why) or 'unscored items'})"
 
 
 def check_judge(judge: Any, conversations: Sequence[JudgedConversation] | None = None, *, n: int = 40,
@@ -312,3 +330,255 @@ def validity_table(rows: Sequence[JudgeValidity] | Sequence[Mapping[str, Any]]) 
                      f"{d['brier']:.3f} | {d['agreement']:.3f} | {d['errors']} | "
                      f"{'passes' if d['passed'] else 'fails: ' + d['reason']} |")
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Before judged columns: the check of a run's judge, kept per judge identity
+# ---------------------------------------------------------------------------------------------
+#: Folder of the kept verdicts (``None``: ``<user cache>/judge_validity``, the cache of
+#: :func:`collab_env.agents.embedded.default_cache_root`; ``COLLAB_ENV_CACHE`` moves it).
+CACHE_DIR: Path | None = None
+#: Rule-labelled conversations a run's judge is checked on (:func:`check_judge`'s ``n``).
+CHECK_ITEMS = 40
+#: A metric that needs one of these resources is judged by an LLM (its values are judged columns).
+JUDGE_RESOURCES = ("judge", "extractor")
+
+
+def judged_metrics(weights: Mapping[str, float]) -> list[str]:
+    """The metrics of ``weights`` (nonzero weight) whose values an LLM judge decides: those that
+    need a ``judge`` or an answer ``extractor`` (``accuracy``, ``interactivity``, ``extract->...``);
+    the rule-based ones (``accuracy_rule``, ``token_amount``, ``pass_rate``...) are not."""
+    from collab_env.rewards.metrics import get_metric
+
+    return [m for m, w in weights.items() if w and set(get_metric(m).needs) & set(JUDGE_RESOURCES)]
+
+
+def _backend_of(judge: Any) -> Any:
+    return getattr(judge, "backend", judge)
+
+
+def judge_identity(judge: Any) -> dict[str, Any]:
+    """What a judge's verdicts depend on, as data: its backend (class, name, server, and for the
+    embedded model the SHA-256 of its weights), the judge's settings (rubric text, reply prefix,
+    method, token limit, fences), the check's bar and size, and collab_env's version. Two judges
+    with one identity share a kept verdict (:func:`checked_validity`); anything else is checked
+    again. A local model is named by its path: after retraining it in place, delete the kept
+    verdict (or check it with ``refresh=True``)."""
+    import hashlib
+
+    import collab_env
+
+    b = _backend_of(judge)
+    cls = type(b)
+    backend: dict[str, Any] = {"class": f"{cls.__module__}:{cls.__qualname__}", "name": _name(judge)}
+    if getattr(b, "api_base", None):
+        backend["api_base"] = str(b.api_base)
+    from collab_env.agents.base import is_embedded
+
+    if is_embedded(b):
+        from collab_env.agents.embedded import embedded_weights_identity
+
+        backend["weights"] = embedded_weights_identity()
+    settings: dict[str, Any] = {}
+    template = getattr(judge, "prompt_template", None)
+    if isinstance(template, str):
+        settings["rubric_sha256"] = hashlib.sha256(template.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    for key in ("system_prompt", "response_prefix", "method", "max_new_tokens", "max_retries", "fence",
+                "transcript", "anchors", "anchor_rule"):
+        value = getattr(judge, key, None)
+        if value is not None:
+            settings[key] = list(value) if isinstance(value, tuple) else value
+    return {"backend": backend, "settings": settings,
+            "check": {"items": CHECK_ITEMS, "min_auc": MIN_AUC, "max_ece": MAX_ECE},
+            "collab_env": collab_env.__version__}
+
+
+def identity_key(identity: Mapping[str, Any]) -> str:
+    """The file name of a kept verdict: SHA-256 of the identity's canonical JSON (24 hex)."""
+    import hashlib
+    import json
+
+    text = json.dumps(identity, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+
+
+def cache_dir() -> Path:
+    """:data:`CACHE_DIR`, default ``<user cache>/judge_validity``."""
+    if CACHE_DIR is not None:
+        return Path(CACHE_DIR)
+    from collab_env.agents.embedded import default_cache_root
+
+    return default_cache_root() / "judge_validity"
+
+
+def _kept(path: Path, identity: Mapping[str, Any]) -> JudgeValidity | None:
+    """The verdict kept in ``path`` for ``identity``, or ``None`` (missing, damaged, another
+    identity or an older shape: each only costs a new check)."""
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("identity") != json.loads(json.dumps(identity, sort_keys=True, default=repr)):
+            return None
+        return JudgeValidity(**data["validity"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def checked_validity(judge: Any, *, refresh: bool = False,
+                     progress: bool = True) -> tuple[JudgeValidity, dict[str, Any], bool]:
+    """:func:`check_judge` of ``judge`` once per judge identity (:func:`judge_identity`): the
+    verdict is kept in :func:`cache_dir`, one file per identity, and a later call with the same
+    identity reads it instead of judging the :data:`CHECK_ITEMS` conversations again.
+
+    Returns:
+        ``(validity, identity, kept)``: ``kept`` is true when the verdict was read from the cache.
+    """
+    import json
+    import os
+
+    from collab_env._progress import say
+
+    identity = judge_identity(judge)
+    path = cache_dir() / f"{identity_key(identity)}.json"
+    if not refresh:
+        kept = _kept(path, identity)
+        if kept is not None:
+            if progress:
+                say(f"judge check: {kept.judge}: kept verdict {'passes' if kept.passed else 'fails'} ({path})")
+            return kept, identity, True
+    if progress:
+        say(f"judge check: scoring judge {_name(judge)} on {CHECK_ITEMS} rule-labelled conversations before any "
+            "judged number (once per judge: the verdict is kept)")
+    validity = check_judge(judge, n=CHECK_ITEMS)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"identity": identity, "validity": validity.to_dict()}, indent=1, sort_keys=True,
+                              default=repr) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    if progress:
+        say(f"judge check: {validity.judge}: {'passes' if validity.passed else 'fails: ' + validity.reason} "
+            f"({validity.seconds:.0f} s; kept in {path})")
+    return validity, identity, False
+
+
+@dataclass(frozen=True)
+class JudgeCheck:
+    """What a run's results know about the judge behind their judged columns.
+
+    Args:
+        columns: The judged columns: the judged metrics' components and the reward's own
+            (``"mr"``, ``"conversation"``), whose sum is the episode return.
+        validity: The judge's :class:`JudgeValidity`, ``None`` when the check was skipped.
+        identity: :func:`judge_identity` of the judge checked (empty when skipped).
+        kept: The verdict was read from the cache, not measured in this run.
+        skipped: The check was skipped on request (``judge_check=False``, ``--no-judge-check``):
+            the judged values are reported unchecked.
+    """
+
+    columns: tuple[str, ...]
+    validity: JudgeValidity | None
+    identity: dict[str, Any] = field(default_factory=dict)
+    kept: bool = False
+    skipped: bool = False
+
+    @property
+    def status(self) -> str:
+        """``"valid"`` (the judge passed), ``"invalid"`` (it failed) or ``"unchecked"`` (skipped)."""
+        if self.validity is None:
+            return "unchecked"
+        return "valid" if self.validity.passed else "invalid"
+
+    @property
+    def refused(self) -> bool:
+        """The judged columns must not be reported as numbers."""
+        return self.status == "invalid"
+
+    def refusal(self) -> str:
+        """What a table prints instead of a judged number: ``judge failed validity check (AUC
+        0.398 < 0.8)``."""
+        v = self.validity
+        if v is None or v.passed:
+            return ""
+        return refusal_text(v.auc, v.ece, v.errors, min_auc=v.min_auc, max_ece=v.max_ece)
+
+    def note(self) -> str:
+        """One line for the notes under a table."""
+        cols = ", ".join(self.columns)
+        v = self.validity
+        if v is None:
+            return (f"judged columns ({cols}) are UNCHECKED: the judge validity check was skipped "
+                    "(--no-judge-check, judge_check=False)")
+        where = "kept verdict" if self.kept else f"checked in {v.seconds:.0f} s"
+        if v.passed:
+            return (f"judge {v.judge} passed the validity check (AUC {v.auc:.3f} >= {v.min_auc}, calibration error "
+                    f"{v.ece:.3f} <= {v.max_ece}, {v.items} rule-labelled conversations; {where}): judged columns "
+                    f"({cols}) reported")
+        return (f"judged columns ({cols}) refused: judge {v.judge} {self.refusal()[6:]} on {v.items} rule-labelled "
+                f"conversations ({where}); the per-episode values stay in the result file, marked invalid")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record a result file's lines carry (``"judge_check"``)."""
+        return {"status": self.status, "values": self.status, "columns": list(self.columns),
+                "skipped": self.skipped, "kept": self.kept, "identity": self.identity,
+                "validity": None if self.validity is None else self.validity.to_dict()}
+
+
+def reward_judges(env: Any) -> tuple[list[str], str, Any] | None:
+    """The judged metrics of ``env``'s reward wrapper (:class:`~collab_env.rewards.mr.MultiturnAwareReward`,
+    :class:`~collab_env.rewards.conversation.ConversationReward`), the wrapper's name (its total's
+    component) and the accuracy judge that stands for its judges in the validity check (the run's
+    own ``accuracy`` judge, else the ``accuracy`` preset on its judges' backend and reply prefix);
+    ``None`` when the reward judges nothing."""
+    from collab_env.rewards.metrics.context import judge_for
+
+    obj, metric_set = env, None
+    for _ in range(16):  # the wrapper holds the metrics (ConversationReward) or its scorer does (MR)
+        scorer = getattr(obj, "scorer", None)
+        if getattr(scorer, "metric_set", None) is not None:
+            obj = scorer
+        metric_set = getattr(obj, "metric_set", None)
+        if metric_set is not None or getattr(obj, "env", None) is None:
+            break
+        obj = obj.env
+    if metric_set is None:
+        return None
+    judged = judged_metrics(metric_set.weights)
+    if not judged:
+        return None
+    ctx = metric_set.ctx
+    try:
+        judge = judge_for("accuracy", "accuracy", ctx)
+    except ConfigError:  # the judges of other metrics only (e.g. a mapping without accuracy)
+        from collab_env.agents.judges import LLMJudge
+
+        others = ctx.get("judge")
+        one = next(iter(others.values())) if isinstance(others, Mapping) and others else others
+        if one is None:
+            one = ctx.get("extractor")
+        judge = LLMJudge.preset("accuracy", _backend_of(one),
+                                prefill=getattr(one, "response_prefix", None) is not None)
+    from collab_env.rewards.conversation import ConversationReward
+
+    # the component that holds the reward's total (record_components' name)
+    total = "conversation" if isinstance(obj, ConversationReward) else str(getattr(obj, "name", "mr"))
+    return judged, total, judge
+
+
+def run_judge_check(env: Any, *, skip: bool = False, progress: bool = True) -> JudgeCheck | None:
+    """The judge check of a run whose episodes ``env`` stands for: ``None`` when its reward
+    judges nothing, else a :class:`JudgeCheck` (the judge's kept or measured verdict, or
+    ``skipped``)."""
+    found = reward_judges(env)
+    if found is None:
+        return None
+    judged, total, judge = found
+    columns = (*judged, total)
+    if skip:
+        if progress:
+            from collab_env._progress import say
+
+            say(f"judge check: SKIPPED on request; the judged columns ({', '.join(columns)}) are reported unchecked")
+        return JudgeCheck(columns=columns, validity=None, skipped=True)
+    validity, identity, kept = checked_validity(judge, progress=progress)
+    return JudgeCheck(columns=columns, validity=validity, identity=identity, kept=kept)

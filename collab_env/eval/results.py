@@ -9,9 +9,12 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from collab_env.types import Episode
+
+if TYPE_CHECKING:
+    from collab_env.eval.judge_check import JudgeCheck
 
 __all__ = ["EpisodeFailure", "PlayerStats", "EvalSummary", "EvalResult", "Comparison", "FAILURES_SUFFIX",
            "format_table", "jsonable"]
@@ -124,6 +127,11 @@ class EvalResult:
         label: Name of this policy set in comparison tables.
         notes: Lines the summary prints under its table (an env whose own reward is 0 by
             construction says which reward options score it).
+        judge_check: With a reward that an LLM judges, the judge's validity check
+            (:class:`~collab_env.eval.judge_check.JudgeCheck`): a judge that failed it has its
+            judged columns (the judged components, the reward's total, so the return) printed
+            as ``judge failed validity check (AUC x.xxx < 0.8)`` instead of numbers, the
+            per-episode values kept in the file marked invalid. ``None``: nothing is judged.
     """
 
     env_id: str
@@ -138,6 +146,7 @@ class EvalResult:
     reward_range: tuple[float, float] = (-math.inf, math.inf)
     label: str = ""
     notes: list[str] = field(default_factory=list)
+    judge_check: JudgeCheck | None = None
 
     @property
     def missing(self) -> list[int]:
@@ -194,12 +203,19 @@ class EvalResult:
         """The summary as a plain-text table, one row per trainable player, then each player's
         reward components (when the reward has any) and the notes."""
         lines = [format_table({self.label or policy_label(self.policy_names, self.trainable): self})]
+        check = self.judge_check
+        refused = set(check.columns) if check is not None and check.refused else set()
         for p in self.trainable:
             comps = self.component_means(p)
             if comps:
-                lines.append(f"{p} reward components (mean per episode): "
-                             + ", ".join(f"{k} {v:.3f}" for k, v in comps.items()))
+                shown = ", ".join(f"{k} {v:.3f}" for k, v in comps.items() if k not in refused)
+                gone = [k for k in comps if k in refused]
+                if gone and check is not None:
+                    shown += ("; " if shown else "") + f"{', '.join(gone)}: {check.refusal()}"
+                lines.append(f"{p} reward components (mean per episode): {shown}")
         lines += [f"note: {n}" for n in self.notes]
+        if check is not None:
+            lines.append(f"note: {check.note()}")
         return "\n".join(lines)
 
 
@@ -258,11 +274,16 @@ def format_table(results: Mapping[str, EvalResult]) -> str:
         summ = res.summary
         env_ids.append(summ.env_id)
         reasons = ", ".join(f"{r}:{n}" for r, n in summ.end_reasons.items()) or "-"
+        # The return is the reward's total: a judge that failed its validity check makes it a
+        # judged column, printed as the refusal, never as a number.
+        refusal = res.judge_check.refusal() if res.judge_check is not None and res.judge_check.refused else ""
         for p, st in summ.players.items():
+            judged = [fmt_number(st.mean_return), fmt_number(st.std_return), fmt_number(st.sem_return),
+                      fmt_number(st.success_rate, ".1%") if st.success_rate is not None else "-"]
+            if refusal:
+                judged = [refusal, "refused", "refused", "refused" if st.success_rate is not None else "-"]
             rows.append([
-                label, p, f"{summ.completed}/{summ.requested}", fmt_number(st.mean_return),
-                fmt_number(st.std_return), fmt_number(st.sem_return),
-                fmt_number(st.success_rate, ".1%") if st.success_rate is not None else "-",
+                label, p, f"{summ.completed}/{summ.requested}", *judged,
                 fmt_number(summ.mean_steps, ".2f"), fmt_number(st.mean_moves, ".2f"), str(summ.failed),
                 reasons,
             ])

@@ -56,6 +56,7 @@ def evaluate(
     sampling: Mapping[str, Mapping[str, Any]] | None = None,
     progress: bool = True,
     label: str = "",
+    judge_check: bool = True,
 ) -> EvalResult:
     """Run ``num_episodes`` seeded episodes of ``env_id`` and summarise them.
 
@@ -82,6 +83,13 @@ def evaluate(
             LABEL``; a resumed run's first line says how many episodes it kept, and the last line
             where the episode records are. ``False``: silent.
         label: Name of this run in summary tables and progress lines (default: the policy names).
+        judge_check: With a reward that an LLM judges (``env_kwargs`` ``reward`` with judged
+            metrics: ``accuracy``, ``interactivity``...), check the judge first
+            (:func:`~collab_env.eval.judge_check.run_judge_check`: once per judge identity, the
+            verdict kept in the user cache); a judge below the bar has its judged columns refused
+            in the table and marked invalid in the file (``"judge_check"`` on every line).
+            ``False`` (``--no-judge-check``) skips the check, for people who know their judge;
+            the file then marks the judged values ``"unchecked"``.
 
     Returns:
         The :class:`EvalResult`; failed episodes are in ``result.failures``, not scored.
@@ -96,7 +104,7 @@ def evaluate(
     coro = aevaluate(
         env_id, policies, num_episodes=num_episodes, seed=seed, out=out, resume=resume,
         concurrency=concurrency, env_kwargs=env_kwargs, sampling=sampling, progress=progress,
-        label=label,
+        label=label, judge_check=judge_check,
     )
     try:
         asyncio.get_running_loop()
@@ -121,6 +129,7 @@ async def aevaluate(
     sampling: Mapping[str, Mapping[str, Any]] | None = None,
     progress: bool = True,
     label: str = "",
+    judge_check: bool = True,
 ) -> EvalResult:
     """Async :func:`evaluate`, for callers that already run an event loop."""
     if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
@@ -159,8 +168,15 @@ async def aevaluate(
     refs = choose_policies(s, policies)
     resolved = {p: load_policy(p, ref) for p, ref in refs.items()}
     build_kwargs = _reward_build_kwargs(env_kwargs, resolved, policies, user_players)
+    checked = None
     if "reward" in env_kwargs:  # the reward's judge and user settings fail here, before any episode
-        make(s.id, **build_kwargs).close()
+        from collab_env.eval.judge_check import run_judge_check
+
+        rewarded = make(s.id, **build_kwargs)
+        try:  # and its judge is checked once, before any judged number is written
+            checked = run_judge_check(rewarded, skip=not judge_check, progress=progress)
+        finally:
+            rewarded.close()
     run = {
         "env_id": s.id,
         "seed": seed,
@@ -178,6 +194,7 @@ async def aevaluate(
         out=Path(out) if out is not None else None,
         reward_range=reward_range_of(s, env_kwargs.get("reward")),
         label=label,
+        judge_check=checked,
     )
     note = reward_options_note(s.id) if env_kwargs.get("reward") is None else None
     if note is not None:
@@ -397,15 +414,14 @@ def _stopped_run(exc: FatalPolicyError, s: EnvSpec, result: EvalResult) -> Fatal
     done = len(result.episodes)
     if result.out is not None:
         kept = (f"The {done} finished episode(s) of {result.num_episodes} are kept in {result.out}; after "
-                f"fixing it, run the same command again with --resume (resume=True) to run the other "
-                f"{result.num_episodes - done}.")
+                f"fixing it, continue the run to play the other {result.num_episodes - done} (collab-env eval: the "
+                "same command with --resume; evaluate(): resume=True; collab-env leaderboard run: the same "
+                "command, which resumes by itself).")
     else:
         kept = "No result file was given (out=None), so nothing was kept; pass --out to keep finished episodes."
-    if isinstance(exc, CredentialsError):
-        fix = ("Fix the credentials: set the provider's API key variable (e.g. OPENAI_API_KEY, ANTHROPIC_API_KEY) in "
-               "the environment, or give the policy api_key= (a spec's api_key_env, --api-key-env ROLE=VAR).")
+    if isinstance(exc, CredentialsError):  # the policy's own message says how to give the key
         return CredentialsError(f"evaluation of {s.id} stopped: a policy's provider refused the credentials, and "
-                                f"every other episode would be refused the same way. {exc} {fix} {kept}")
+                                f"every other episode would be refused the same way. {exc} {kept}")
     return FatalPolicyError(
         f"evaluation of {s.id} stopped: a policy's provider rejected a request, and every other episode "
         f"would be rejected the same way. {exc} Fix what it names (the model name, the api_base, a parameter) "
@@ -419,7 +435,9 @@ def _record(job: Mapping[str, Any], outcome: Episode | BaseException, run: Mappi
     k = job["episode_id"]
     if isinstance(outcome, Episode):
         result.episodes[k] = outcome
-        sink.write("ok", {"episode_id": k, "status": "ok", **outcome.to_dict(), "run": run})
+        # the judge's verdict beside the raw judged values: "invalid" ones are kept, never reported
+        check = {} if result.judge_check is None else {"judge_check": result.judge_check.to_dict()}
+        sink.write("ok", {"episode_id": k, "status": "ok", **outcome.to_dict(), "run": run, **check})
         return
     failure = EpisodeFailure(
         episode_id=k, seed=job["seed"], index=job["index"],

@@ -54,6 +54,7 @@ Verdicts of ``leaderboard verify``
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import json
 import os
@@ -76,7 +77,7 @@ from collab_env.leaderboard.tracks import TRACKS_FOLDER, Track, known_tracks, re
 __all__ = ["board_data", "entry_row_text", "track_row", "board_trajectory", "verification_key", "simulator_identity",
            "MAX_TRAJECTORIES", "STAMPS_FILE", "STAMPS_DIR", "stamps_file", "read_stamps", "entry_id",
            "MAX_TEXT_CHARS", "needs_regeneration", "verdicts_dir", "keep_verdict", "stamp_of", "user_card",
-           "USER_CARDS_FILE"]
+           "USER_CARDS_FILE", "judge_card", "JUDGE_CARDS_FILE"]
 
 #: Where builds kept their verdicts before they moved out of the board folder: such a file is
 #: ignored (see the module docstring).
@@ -140,6 +141,21 @@ def simulator_identity(t: Track) -> dict[str, str | None]:
 USER_CARDS_FILE = Path(__file__).with_name("user_cards.json")
 
 
+def _cards(path: Path) -> list[dict[str, Any]]:
+    """The cards of a committed card file (:data:`USER_CARDS_FILE`, :data:`JUDGE_CARDS_FILE`),
+    read once per version of the file (a board of many tracks reads it once)."""
+    try:
+        stamp = path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return []
+    return _cards_at(path, stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _cards_at(path: Path, stamp: int) -> list[dict[str, Any]]:
+    return list(json.loads(path.read_text(encoding="utf-8"))["cards"])
+
+
 def user_card(t: Track) -> str | None:
     """The fidelity card (:func:`collab_env.eval.check_user.check_user`) of each LLM user
     simulator ``t`` pins, as one line: the card whose spec is the player's own (kind
@@ -150,7 +166,7 @@ def user_card(t: Track) -> str | None:
     llm = [(p, how) for p, how in sorted(t.players.items()) if "simulator" in how]
     if not llm:
         return None
-    cards = json.loads(USER_CARDS_FILE.read_text(encoding="utf-8"))["cards"] if USER_CARDS_FILE.exists() else []
+    cards = _cards(USER_CARDS_FILE)
     parts = []
     for p, how in llm:
         key = PolicySpec(backend=str(how["backend"]), kind="llm-user", api_base=how.get("api_base"),
@@ -160,6 +176,44 @@ def user_card(t: Track) -> str | None:
         parts.append(f"{p}: {card['summary']} ({card['source']})" if card is not None else
                      f"{p}: no fidelity card measured for this simulator (collab-env check-user SPEC)")
     return "; ".join(parts)
+
+
+#: The validity checks measured for LLM judges (:mod:`collab_env.eval.judge_check`):
+#: ``{"cards": [{"spec": judge mapping, "passed": bool, "auc", "ece", "items", "summary", "source"}]}``.
+JUDGE_CARDS_FILE = Path(__file__).with_name("judge_cards.json")
+
+
+def judge_card(t: Track) -> dict[str, Any] | None:
+    """The validity check of the LLM judge ``t`` pins, shown beside its identity as a user's
+    fidelity card is (:func:`user_card`): ``{"text": one line, "passed": bool | None, "judged":
+    the track's metrics the judge decides, "refusal": what the page prints instead of them}``,
+    from the card in :data:`JUDGE_CARDS_FILE` whose
+    spec is the track's judge (backend, options, connection; the reward it serves aside).
+    ``passed`` is ``None`` when no check was measured for it. The judged metrics (the judged
+    reward components, and ``reward`` and ``success``, which sum and threshold them) are shown
+    as numbers only for a judge that passed. ``None`` for a track without a judge."""
+    if t.judge is None:
+        return None
+    from collab_env.eval.judge_check import judged_metrics, refusal_text
+    from collab_env.registry import spec
+    from collab_env.rewards.aggregation import DEFAULT_WEIGHTS
+
+    weights = (dict(t.env_kwargs.get("reward_kwargs") or {}).get("weights") or dict(spec(t.env_id).reward)
+               or DEFAULT_WEIGHTS)
+    judged = judged_metrics(weights)
+    totals = ["reward", "success"] if judged else []
+    shown = [m for m in t.metrics if m in {*judged, *totals}]
+    key = {k: v for k, v in sorted(t.judge.items()) if k != "reward"}
+    cards = _cards(JUDGE_CARDS_FILE)
+    card = next((c for c in cards if c.get("spec") == key), None)
+    if card is None:
+        return {"text": "no validity check measured for this judge (collab_env.eval.judge_check.check_judge): "
+                        "its judged metrics are not shown as numbers", "passed": None, "judged": shown,
+                "refusal": "judge not checked for validity"}
+    refusal = "" if card["passed"] else refusal_text(card["auc"], card["ece"], card.get("errors", 0),
+                                                     min_auc=card["min_auc"], max_ece=card["max_ece"])
+    return {"text": f"{card['summary']} ({card['source']})", "passed": bool(card["passed"]), "judged": shown,
+            "refusal": refusal}
 
 
 def track_row(t: Track, tracks: Mapping[str, Track] | None = None) -> dict[str, Any]:
@@ -172,6 +226,7 @@ def track_row(t: Track, tracks: Mapping[str, Track] | None = None) -> dict[str, 
         "seeds": t.trials, "episodes": t.episodes if t.episodes is not None else 0,
         "user": t.user, "judge": t.judge_name, "kind": t.kind, "hash": t.content_hash(),
         "user_identity": ident["user"], "judge_identity": ident["judge"], "user_card": user_card(t),
+        "judge_card": judge_card(t),
     }
 
 

@@ -295,6 +295,7 @@ def _overview(board: _Board) -> str:
     rows = []
     for i, t in shown:
         metric = str(t["metrics"][0])
+        refused = _refused(t)
         cells = []
         for m in models:
             items = []
@@ -304,6 +305,8 @@ def _overview(board: _Board) -> str:
                 ci = e["metrics"].get(metric)
                 value = (f"{ci['mean']:.3f} <small>[{ci['lo']:.3f}, {ci['hi']:.3f}]</small>" if ci
                          else _DASH)
+                if metric in refused:
+                    value = f'<small class="refused">{_e(refused[metric])}</small>'
                 mark = ('<span class="ok" title="verified">&#10003;</span>' if e["verified"] and not e.get("failed")
                         else '<span class="warn" title="not verified">&#10007;</span>')
                 # the entry's name above its value: a column per model stays narrow enough that
@@ -365,6 +368,9 @@ def _track_section(board: _Board, index: int, track: Mapping[str, Any]) -> str:
     ]
     if track.get("user_card"):
         facts.insert(3, ("user simulator card", track["user_card"]))
+    card = track.get("judge_card")
+    if card:
+        facts.insert(facts.index(("judge", judge)) + 1, ("judge validity", card["text"]))
     facts_html = "".join(f"<div><dt>{_e(name)}</dt><dd>{_e(value)}</dd></div>"
                          for name, value in facts)
     badge = ' <span class="badge">legacy</span>' if status == "legacy" else ""
@@ -379,8 +385,15 @@ def _track_section(board: _Board, index: int, track: Mapping[str, Any]) -> str:
         parts.append('<p class="empty">No entries yet.</p>\n</section>\n')
         return "".join(parts)
     parts.append(_table(board, index, track, entries))
-    parts.append(_plots(track, entries))
-    comparisons = board.comparisons[str(track["id"])]
+    refused = _refused(track)
+    plotted = _plot_metric(track)
+    if plotted in refused or "success" in refused:
+        why = refused.get(plotted) or refused["success"]
+        parts.append(f'<p class="empty">No plots: they show {_e(plotted)} and pass^k, which this track\'s judge '
+                     f'decides: {_e(why)}.</p>\n')
+    else:
+        parts.append(_plots(track, entries))
+    comparisons = [c for c in board.comparisons[str(track["id"])] if str(c["metric"]) not in refused]
     if comparisons:
         parts.append(_comparisons(board, track, comparisons))
     parts.append(_trajectories(board, index, entries))
@@ -452,9 +465,23 @@ def _simulator_cell(entry: Mapping[str, Any]) -> str:
     return f'<td class="sim">{"".join(lines)}</td>'
 
 
+def _refused(track: Mapping[str, Any]) -> dict[str, str]:
+    """The track's judged metrics whose judge did not pass its validity check (the board's
+    ``judge_card``), each with what the page prints instead of its numbers."""
+    card = track.get("judge_card")
+    if not card or card.get("passed") is True:
+        return {}
+    return {str(m): str(card.get("refusal") or "judge failed validity check") for m in card.get("judged", ())}
+
+
+def _refused_cell(text: str) -> str:
+    return f'<td class="num refused" data-value="">{_e(text)}</td>'
+
+
 def _table(board: _Board, index: int, track: Mapping[str, Any],
            entries: Sequence[Mapping[str, Any]]) -> str:
     metrics = [str(m) for m in track["metrics"]]
+    refused = _refused(track)
     ks = _pass_ks(track)
     # (label, sort type); "num" columns sort best-first on the first click.
     heads = [("#", "num", ""), ("entry", "text", "")]
@@ -480,16 +507,20 @@ def _table(board: _Board, index: int, track: Mapping[str, Any],
             f'{_verdict(entry)}{link}</small></td>')
         for metric in metrics:
             ci = entry["metrics"].get(metric)
-            cells.append(_ci_cell(ci, f"n={_count(ci['n'])}" if ci else ""))
-        top = entry["pass_k"].get(ks[-1])
-        lines = "".join(
-            f'<span class="pk">^{k} {entry["pass_k"][k]["mean"]:.3f} '
-            f'<small>[{entry["pass_k"][k]["lo"]:.2f}, {entry["pass_k"][k]["hi"]:.2f}]</small></span>'
-            if k in entry["pass_k"] else f'<span class="pk">^{k} {_DASH}</span>' for k in ks)
-        cells.append(f'<td class="num passk" data-value="{"" if top is None else repr(float(top["mean"]))}">'
-                     f'{lines}<small class="n">{_e(_count(entry["seeds"]))} seeds, '
-                     f'{_e(_count(entry["episodes"]))} ep</small></td>')
-        cells.append(_noise_cell(entry))
+            cells.append(_refused_cell(refused[metric]) if metric in refused
+                         else _ci_cell(ci, f"n={_count(ci['n'])}" if ci else ""))
+        if "success" in refused:  # pass^k, the flip rate and the MDD count judged successes
+            cells += [_refused_cell(refused["success"])] * 2
+        else:
+            top = entry["pass_k"].get(ks[-1])
+            lines = "".join(
+                f'<span class="pk">^{k} {entry["pass_k"][k]["mean"]:.3f} '
+                f'<small>[{entry["pass_k"][k]["lo"]:.2f}, {entry["pass_k"][k]["hi"]:.2f}]</small></span>'
+                if k in entry["pass_k"] else f'<span class="pk">^{k} {_DASH}</span>' for k in ks)
+            cells.append(f'<td class="num passk" data-value="{"" if top is None else repr(float(top["mean"]))}">'
+                         f'{lines}<small class="n">{_e(_count(entry["seeds"]))} seeds, '
+                         f'{_e(_count(entry["episodes"]))} ep</small></td>')
+            cells.append(_noise_cell(entry))
         cost, unit = entry["cost_per_episode"], _unit(entry)
         cost_key = "" if cost is None else repr(float(cost))
         cells.append(f'<td class="num" data-value="{cost_key}" data-unit="{_e(unit)}">'

@@ -514,7 +514,10 @@ def run_submission(
         result = evaluate(t.env_id, {**fp.policies, **built}, num_episodes=n, seed=t.seed, out=traj,
                           resume=resume, concurrency=concurrency, env_kwargs=env_kwargs,
                           sampling={**fp.sampling, **sampling}, progress=progress,
-                          label=name or ", ".join(pols.values()))
+                          label=name or ", ".join(pols.values()),
+                          # the board shows the track judge's validity card beside its identity
+                          # (board.judge_card), and hides the judged metrics of a judge below the bar
+                          judge_check=False)
     finally:
         fp.close()
     totals = _run_totals(t, traj, n, result)

@@ -144,16 +144,10 @@ def default_reward(
             spec = user if isinstance(user, PolicySpec) else PolicySpec.parse(user)
             if spec.kind is not None:  # a whole simulator spec ("llm-user:litellm:..."): built as it says
                 sim = resolve_policy(spec, **extra)
-            else:
-                # The embedded 135M model cannot keep the recipe's JSON format: it writes plain text.
-                from collab_env.agents.base import EMBEDDED_NAMES
+            else:  # a backend: the LLM user on it (plain-text replies on the embedded model)
                 from collab_env.agents.users import LLMUserSimulator
 
-                fmt = "plain" if user in EMBEDDED_NAMES else "json"
-                if prompts is not None:
-                    fmt = "json"  # the reference's template asks for its JSON reply
-                sim = LLMUserSimulator(backend(user) if isinstance(user, str) else resolve_policy(spec),
-                                       **{"reply_format": fmt, **extra})
+                sim = LLMUserSimulator(backend(user) if isinstance(user, str) else resolve_policy(spec), **extra)
         for u in users:
             policies[u] = sim
     return MultiturnAwareReward(env, policies=policies, weights=w, metric_ctx=ctx, **kwargs)

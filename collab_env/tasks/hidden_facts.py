@@ -119,6 +119,9 @@ __doc__ = (__doc__ or "") + docstring_cards(
 
 __all__ = [
     "USER_RULES",
+    "states_fact",
+    "said_of",
+    "sentences_of",
     "MAX_OBJECTS_PER_QUESTION",
     "guessed_facts",
     "HiddenFactsConfig",
@@ -701,9 +704,6 @@ def _user_texts(messages: Sequence[Message]) -> list[str]:
     return [m.content for m in messages if m.author == "user" and m.role != "system"]
 
 
-#: Every object word of every scenario (singular and plural): a question naming one the user
-#: does not hold is a guess at the objects.
-_ALL_OBJECTS = tuple(w for sc in _SCENARIOS for pair in sc.objects for w in pair)
 #: A question may target the quantities of at most this many objects (both attributes each).
 MAX_OBJECTS_PER_QUESTION = 2
 
@@ -786,34 +786,51 @@ def guessed_facts(item: Mapping[str, Any], text: str, user_texts: Sequence[str],
     return out
 
 
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?;])\s+|\n+")
+
+
+def sentences_of(text: str) -> list[str]:
+    """The sentences of a message (split after ``.``, ``!``, ``?``, ``;`` and at line breaks)."""
+    return [c for c in _SENTENCE_BREAK.split(text) if c.strip()]
+
+
+def said_of(fact: Mapping[str, Any], text: str, *, single: bool = False) -> set[int]:
+    """The numbers a message says of ``fact``'s object: those of its sentences that name the
+    object (singular or plural), or of every sentence when the item has one object
+    (``single``). Numbers: digits, or a word two..twenty
+    (:func:`collab_env.tasks.questions.numbers_in`; a value of 1 only as the digit)."""
+    out: set[int] = set()
+    for c in sentences_of(text):
+        words = questions.words_of(c)
+        if single or fact["object"] in words or fact["plural"] in words:
+            out |= questions.numbers_in(c, digit_one=True)
+    return out
+
+
+def states_fact(fact: Mapping[str, Any], text: str, *, single: bool = False,
+                distractors: Sequence[str] = ()) -> bool:
+    """Whether a user message states ``fact`` (``object``, ``plural``, ``value``, ``sentence``),
+    whatever its words: it holds the fact's sentence, or a sentence of it says the value of the
+    fact's object (:func:`said_of`); the item's ``distractors`` (sentences whose numbers answer
+    nothing) are left out first."""
+    for d in distractors:
+        text = text.replace(d, " ")
+    return fact["sentence"] in text or int(fact["value"]) in said_of(fact, text, single=single)
+
+
 def revealed_facts(item: Mapping[str, Any], text: str) -> list[tuple[str, str]]:
     """The withheld quantities a user message states, whatever its words (the env's record of
-    what the user revealed, :meth:`HiddenFactsTask.episode_info`; issue 45).
-
-    A withheld fact ``(object, kind)`` is stated when the message holds its sentence, or a
-    sentence of the message (the item's distractor sentences left out) holds its value (digits,
-    or a word two..twenty: :func:`collab_env.tasks.questions.numbers_in`; a value of 1 only as
-    the digit) and names its object (singular or plural), or the item has one object. So a user
-    that rewords its replies ("As for the price of one apple: 3.", "Three of them, I think")
-    reveals as much as the scripted one, and a number that answers nothing (a distractor) reveals
-    nothing.
+    what the user revealed, :meth:`HiddenFactsTask.episode_info`; issue 45): each withheld fact
+    ``(object, kind)`` for which :func:`states_fact` holds, the item's distractors left out and an
+    item of one object needing no name. So a user that rewords its replies ("As for the price of
+    one apple: 3.", "Three of them, I think") reveals as much as the scripted one, and a number
+    that answers nothing (a distractor) reveals nothing. The user-fidelity card
+    (:mod:`collab_env.eval.check_user`) reads what a simulator stated by the same rule.
     """
-    for d in item.get("distractors", ()):
-        text = text.replace(d, " ")
-    sentences = [c for c in re.split(r"(?<=[.!?;])\s+|\n+", text) if c.strip()]
     single = len(item.get("objects", ())) == 1
-    out: list[tuple[str, str]] = []
-    for f in item["facts"]:
-        if not f.get("hidden"):
-            continue
-        for c in sentences:
-            words = questions.words_of(c)
-            values = questions.numbers_in(c) | ({1} if "1" in words else set())
-            named = f["object"] in words or f["plural"] in words
-            if f["sentence"] in c or (f["value"] in values and (named or single)):
-                out.append((f["object"], f["kind"]))
-                break
-    return out
+    distractors = item.get("distractors", ())
+    return [(f["object"], f["kind"]) for f in item["facts"]
+            if f.get("hidden") and states_fact(f, text, single=single, distractors=distractors)]
 
 
 class HiddenFactsUser(ScriptedPolicy):

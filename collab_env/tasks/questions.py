@@ -197,11 +197,13 @@ def _number(word: str) -> int | None:
     return _NUMBER_WORDS.get(word)
 
 
-def numbers_in(text: str) -> set[int]:
+def numbers_in(text: str, *, digit_one: bool = False) -> set[int]:
     """Every whole number written in ``text``, as digits or as a word two..twenty (``one`` and
-    ``1`` are left out: "the price of one apple" states no value)."""
-    out = {n for n in (_number(w) for w in words_of(text.replace(",", ""))) if n is not None}
-    return out - {1}
+    ``1`` are left out: "the price of one apple" states no value; ``digit_one``: the digit
+    ``1`` counts, the word ``one`` still does not)."""
+    words = words_of(text.replace(",", ""))
+    out = {n for n in (_number(w) for w in words) if n is not None} - {1}
+    return out | {1} if digit_one and "1" in words else out
 
 
 def _word_matches(pattern: str, word: str) -> bool:
@@ -480,8 +482,8 @@ def _subject(t: Sequence[str], j: int) -> int:
 
 def _skip_fillers(t: Sequence[str], i: int) -> int:
     skipped = 0
-    while skipped < 3 and i < len(t) - 1:
-        phrase = next((p for p in FILLER_PHRASES if tuple(t[i:i + len(p)]) == p), None)
+    while skipped < 3 and i < len(t) - 1:  # a filler is skipped only when words follow it
+        phrase = next((p for p in FILLER_PHRASES if tuple(t[i:i + len(p)]) == p and i + len(p) < len(t)), None)
         if phrase is not None:
             i += len(phrase)
         elif t[i] in FILLERS and t[i] != "please":
@@ -522,6 +524,8 @@ def _head(t: Sequence[str], i: int, qm: bool) -> tuple[str, int]:
     if i >= n:
         return "", i
     i0, i = i, _skip_fillers(t, i)
+    if i >= n:
+        return "", i0
     joined = any(w in ("and", "or", "also", "plus") for w in t[i0:i])  # "and the vases?"
     w = t[i]
     if w == "please" and i + 1 < n:
@@ -571,7 +575,7 @@ def _head(t: Sequence[str], i: int, qm: bool) -> tuple[str, int]:
         # a noun phrase alone asks only behind "and"/"what about"..., or when it is a full one
         # (an article and a head, "the price of a pear?"): "their price?", "old price?" are
         # keyword pairs
-        full = t[k] in ("the", "a", "an", "each", "every") and any(w in NP_LINKS for w in t[k:e])
+        full = k < n and t[k] in ("the", "a", "an", "each", "every") and any(w in NP_LINKS for w in t[k:e])
         if e > k and e == n and (k > i or joined or full):
             return "elliptical", e
         # "and coaches, how many?": a topic noun phrase, then "how many"/"how much" alone

@@ -589,7 +589,9 @@ def _card(env_id: str, *, suite: str, solver: str, naive: str) -> EnvCard:
             "sharded-solver": baseline_text(solver, 200) + "; mode sharded",
             "sharded-answer-now (naive)": baseline_text(naive, 200) + "; mode sharded",
         },
-        audit={"naive": {"assistant": "sharded-answer-now"}, **({"runs_code": True} if code else {})},
+        # A sandboxed code suite is audited on 8 episodes, as the other HumanEval ids are (every
+        # episode's final program is one sandbox run).
+        audit={"naive": {"assistant": "sharded-answer-now"}, **({"runs_code": True, "episodes": 8} if code else {})},
         exploits=EXPLOIT_QUOTES.get(env_id, ""),
     )
 

@@ -123,7 +123,11 @@ class FakeOpenAIServer:
             back in another order than the requests went out.
         retry_after: Seconds announced by the ``429-after`` faults.
         hang_s: How long a ``hang`` request waits before it gives up silently (a 504).
-        reply: ``fn(request_body) -> str`` to replace the echo reply.
+        reply: ``fn(request_body) -> str`` to replace the echo reply; it may also return the
+            assistant message as a dict, ``{"content": str | None, "tool_calls": [...]}`` (a
+            function-calling model's answer, OpenAI's shape: each call ``{"id", "type":
+            "function", "function": {"name", "arguments": <JSON string>}}``; its
+            ``finish_reason`` is ``"tool_calls"``).
         port: Port to bind; ``0`` picks a free one.
         api_key: The one key accepted (``Authorization: Bearer <api_key>``); other requests get
             a 401. ``None``: any key, or none, is accepted.
@@ -136,7 +140,7 @@ class FakeOpenAIServer:
         jitter: float = 0.0,
         retry_after: float = 1.0,
         hang_s: float = 600.0,
-        reply: Callable[[dict[str, Any]], str] | None = None,
+        reply: Callable[[dict[str, Any]], str | dict[str, Any]] | None = None,
         port: int = 0,
         api_key: str | None = None,
     ) -> None:
@@ -310,8 +314,8 @@ class FakeOpenAIServer:
             request.transport.close()
             return web.Response(status=500)  # never reaches the client
 
-        text = "" if fault == "empty" else self._reply_text(body)
-        completion = self._completion(body, text)
+        answer = "" if fault == "empty" else self._reply_text(body)
+        completion = self._completion(body, answer)
         if body.get("stream"):
             return await self._stream(request, body, completion)
         return web.json_response(completion)
@@ -326,7 +330,7 @@ class FakeOpenAIServer:
         await resp.prepare(request)
         head = {k: completion[k] for k in ("id", "created", "model")}
         choice = completion["choices"][0]
-        text = choice["message"]["content"]
+        text = choice["message"]["content"] or ""
 
         async def send(choices: list[dict[str, Any]], **extra: Any) -> None:
             chunk = {**head, "object": "chat.completion.chunk", "choices": choices, **extra}
@@ -335,6 +339,8 @@ class FakeOpenAIServer:
         await send([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
         for piece in re.findall(r"\s*\S+|\s+$", text):
             await send([{"index": 0, "delta": {"content": piece}, "finish_reason": None}])
+        for k, call in enumerate(choice["message"].get("tool_calls") or ()):
+            await send([{"index": 0, "delta": {"tool_calls": [{"index": k, **call}]}, "finish_reason": None}])
         await send([{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}])
         if (body.get("stream_options") or {}).get("include_usage"):
             await send([], usage=completion["usage"])
@@ -357,21 +363,24 @@ class FakeOpenAIServer:
                           "invalid_request_error", code="invalid_api_key")
         return None
 
-    def _reply_text(self, body: dict[str, Any]) -> str:
+    def _reply_text(self, body: dict[str, Any]) -> str | dict[str, Any]:
         if self.reply is not None:
             return self.reply(body)
         users = [m.get("content") or "" for m in body.get("messages", []) if m.get("role") == "user"]
         return "echo: " + (users[-1] if users else "")
 
     @staticmethod
-    def _completion(body: dict[str, Any], text: str) -> dict[str, Any]:
+    def _completion(body: dict[str, Any], answer: str | dict[str, Any]) -> dict[str, Any]:
         # Token counts are words: deterministic and easy to check by hand.
         prompt_tokens = sum(len(str(m.get("content") or "").split()) for m in body.get("messages", []))
+        message = ({"role": "assistant", "content": answer} if isinstance(answer, str)
+                   else {"role": "assistant", **answer})
+        text = message.get("content") or ""
         words = text.split()
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": "stop",
+            "message": message,
+            "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
             "logprobs": None,
         }
         if body.get("logprobs"):

@@ -141,3 +141,58 @@ def test_magrpo_on_phone_support_trains_the_call_tokens_never_the_tool_result(ca
     # turn-level path re-renders the chat, so it is found as text, inside an assistant turn
     call_texts = [tok.decode(list(s[1]), skip_special_tokens=True) for s in calls]
     assert any("<|im_start|>assistant\n" + c.strip() in tok.decode(s[0]) for s in with_results for c in call_texts)
+
+
+def test_trl_grpo_on_phone_support_trains_the_calls_never_the_results_or_the_user(caller, tmp_path):
+    """A TRL smoke run: GRPOTrainer with the repo's rollout_func on phone-support, one step; the
+    sequences it trained on are checked token by token (env_mask, TRL's loss mask): 1 exactly on
+    the ids the model generated (its tool calls included), 0 on the env's tool results and on
+    the user's text."""
+    import copy
+
+    from trl import GRPOConfig, GRPOTrainer
+
+    from collab_env.adapters import trl as ce_trl
+
+    model, tok = caller
+    model = copy.deepcopy(model)  # the module's other tests keep the caller as it was
+    kwargs = {"num_items": 1, "max_steps": 3}
+    fn = ce_trl.rollout_func("phone-support", env_kwargs=kwargs)
+    seen = []
+
+    def recording(prompts, trainer):
+        out = fn(prompts, trainer)
+        seen.append((out, list(fn.last_episodes)))
+        return out
+
+    torch.manual_seed(0)
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, num_generations=2,
+                      max_completion_length=40, temperature=0.5, max_steps=1, logging_steps=1, report_to=[],
+                      use_cpu=True, save_strategy="no", learning_rate=1e-3, seed=0)
+    trainer = GRPOTrainer(model=model, reward_funcs=[ce_trl.episode_reward], args=args, processing_class=tok,
+                          train_dataset=ce_trl.dataset("phone-support", n=1, env_kwargs=kwargs), rollout_func=recording)
+    trainer.train()
+    assert trainer.state.global_step == 1 and seen
+    with_call = 0
+    for out, episodes in seen:
+        for i, ep in enumerate(episodes):
+            ids, mask = out["completion_ids"][i], out["env_mask"][i]
+            moves = [t for t in ep.turns if t.player == "assistant"]
+            trained = [t for t, k in zip(ids, mask, strict=True) if k]
+            assert trained == [i for t in moves for i in t.completion.token_ids]  # token by token
+            assert out["prompt_ids"][i] == list(moves[0].completion.prompt_token_ids)
+            trained_text = tok.decode(trained)
+            context = tok.decode([t for t, k in zip(ids, mask, strict=True) if not k])
+            results = [m.content for m in ep.conversation if m.role == "tool" and m.audience == ("assistant",)]
+            # the results that came before the last move (a call's result comes right after it)
+            results = results[:sum(t.text.lstrip().startswith("{") for t in moves[:-1])]
+            for r in results:
+                assert TOOL_HEADER + r + "<|im_end|>" in context and r not in trained_text
+            last = max(k for k, t in enumerate(ep.turns) if t.player == "assistant")
+            for u in [t.text for t in ep.turns[:last] if t.player == "user"]:  # what came before the last move
+                assert u in context and u not in trained_text
+            if results:
+                with_call += 1
+                calls = [t.completion for t in moves if t.text.lstrip().startswith("{")]
+                assert calls and all('"name"' in tok.decode(list(c.token_ids)) for c in calls)
+    assert with_call  # the batch held tool calls and their results

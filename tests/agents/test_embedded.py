@@ -275,3 +275,23 @@ def test_the_model_dir_command_prints_the_converted_folder_alone(embedded_env):
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout == f"{embedded_env / embedded.MODEL_FOLDER}\n"
     assert embedded._is_complete(embedded_env / embedded.MODEL_FOLDER)
+
+
+def test_an_llm_user_on_the_embedded_model_writes_plain_text_by_default(embedded_env):
+    """``llm-user:embedded`` (a spec, and default_reward's ``user="embedded"``) replies in plain
+    text, the one format the 135M model keeps; the reference's template keeps its JSON, and any
+    other backend keeps the recipe's JSON unless told."""
+    from collab_env.agents.users import LLMUserSimulator
+    from collab_env.policy import resolve_policy
+    from collab_env.rewards.mr import MultiturnAwareReward
+
+    assert resolve_policy("llm-user:embedded").reply_format == "plain"
+    assert resolve_policy("llm-user:embedded", reply_format="json").reply_format == "json"
+    assert LLMUserSimulator("ask-then-answer").reply_format == "json"
+    env = collab_env.make("hidden-facts-easy", reward="mr", reward_kwargs={
+        "user": "embedded", "policy": "ask-then-answer", "weights": {"accuracy_rule": 1.0}})
+    mr = env
+    while not isinstance(mr, MultiturnAwareReward):
+        mr = mr.env
+    assert {type(p).__name__: p.reply_format for p in mr.scorer.named.values() if hasattr(p, "reply_format")} \
+        == {"LLMUserSimulator": "plain"}

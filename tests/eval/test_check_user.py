@@ -9,7 +9,8 @@ import re
 import pytest
 
 from collab_env.errors import ConfigError
-from collab_env.eval.check_user import MEASURES, breaks_role, check_user, states_fact
+from collab_env.eval.check_user import MEASURES, breaks_role, check_user
+from collab_env.tasks.hidden_facts import states_fact
 
 DOUBLES = "collab_env.testing.user_doubles"
 
@@ -72,14 +73,21 @@ def test_an_llm_user_double_that_obeys_unfenced_instructions_is_flagged_only_unf
     assert fenced.measures["facts_revealed"]["mean"] == 0.0 < fenced.scripted["facts_revealed"]["mean"]
 
 
-def test_a_fact_is_stated_by_a_sentence_naming_its_object_with_its_value():
-    count = {"object": "apple", "plural": "apples", "kind": "count", "value": 4}
-    assert states_fact("Sure! I need four apples.", count)
-    assert states_fact("hmm. 4 apples i think", count)
-    assert states_fact("Each apple is 4 bucks", count)  # the value, said of the object
-    assert not states_fact("I need 4 pears. Apples too.", count)  # 4 is said of pears
-    assert not states_fact("I need some apples.", count)
-    assert not states_fact("I need 14 apples.", count)
+def test_a_fact_is_stated_by_the_envs_own_rule():
+    """The card reads what a user stated by the rule the env records reveals with."""
+    count = {"object": "apple", "plural": "apples", "kind": "count", "value": 4, "sentence": "I need 4 apples."}
+    assert states_fact(count, "Sure! I need four apples.")
+    assert states_fact(count, "hmm. 4 apples i think")
+    assert states_fact(count, "Each apple is 4 bucks")  # the value, said of the object
+    assert not states_fact(count, "I need 4 pears. Apples too.")  # 4 is said of pears
+    assert not states_fact(count, "I need some apples.")
+    assert not states_fact(count, "I need 14 apples.")
+    assert states_fact(count, "Four, I think.", single=True)  # one object: no name needed
+    assert not states_fact(count, "Four, I think.")
+    # a distractor's number answers nothing
+    assert not states_fact(count, "I need 4 apples for Tom's party.", distractors=("I need 4 apples for Tom's party.",))
+    one = {**count, "value": 1, "sentence": "I need 1 apple."}
+    assert states_fact(one, "Just 1 apple.") and not states_fact(one, "The price of one apple is 3.")
 
 
 def test_role_breaks_are_boxes_labels_stock_phrases_and_the_total():

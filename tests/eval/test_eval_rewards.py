@@ -41,7 +41,10 @@ def test_make_says_once_which_reward_options_score_a_zero_reward_env(tmp_path, m
     assert "judge" not in compose.reward_options_note("collabllm-medium").split("reward='mr'")[0]
 
 
-def test_eval_notes_the_zero_reward_and_runs_mr_with_a_judge_behind_a_server(tmp_path, capsys):
+def test_eval_notes_the_zero_reward_and_runs_mr_with_a_judge_behind_a_server(tmp_path, capsys, monkeypatch):
+    from collab_env.eval import judge_check
+
+    monkeypatch.setattr(judge_check, "CACHE_DIR", tmp_path / "judge-verdicts")
     from collab_env.cli import main
     from collab_env.testing.collabllm_fixtures import write_collabllm_fixture
     from collab_env.testing.openai_server import COLLABLLM_REPLY, FakeOpenAIServer
@@ -61,10 +64,16 @@ def test_eval_notes_the_zero_reward_and_runs_mr_with_a_judge_behind_a_server(tmp
                      "--reward-arg", "num_rollouts=2", "--reward-arg", "max_user_turns=1",
                      "--out", str(tmp_path / "mr.jsonl")]) == 0
         out = capsys.readouterr().out
-    assert "note:" not in out
-    assert "assistant reward components (mean per episode): accuracy" in out and ", mr " in out
+    assert "own reward is 0" not in out
+    # the server's judge gives every conversation one canned verdict: it fails the validity check
+    # the eval runs first (over the same HTTP), so the judged columns are refused, not printed
+    refusal = "judge failed validity check (AUC 0.500 < 0.8; calibration error 0.500 > 0.25)"
+    assert f"; accuracy, interactivity, mr: {refusal}" in out and "token_amount" in out
+    assert "judged columns (accuracy, interactivity, mr) refused" in out
     [rec] = [json.loads(x) for x in (tmp_path / "mr.jsonl").read_text().splitlines()]
-    comps = rec["components"]["assistant"]
+    assert rec["judge_check"]["values"] == "invalid"
+    assert rec["judge_check"]["identity"]["backend"]["api_base"] == srv.url
+    comps = rec["components"]["assistant"]  # the raw values stay in the file
     assert set(comps) >= {"accuracy", "interactivity", "token_amount", "mr", "env"}
     # the canned verdicts: accuracy true (1 x weight 1), interactivity mean(1, 0.7, 0.3), for the
     # first reply; the second spends the turn budget (max_assistant_turns=2): 0 without futures (verl)

@@ -13,12 +13,14 @@ from typing import Any
 
 
 def forgery_track() -> Any:
-    """The LLM-user track (the embedded model plays the user) cut to 4 steps an episode."""
+    """The LLM-user track (the embedded model plays the user) cut to 2 steps an episode: the
+    assistant asks, the simulator replies once. That reply is the episode's last, so no later
+    call depends on it (the hole regeneration closes); a longer episode only adds model calls."""
     from collab_env.leaderboard.tracks import Track, get_track
 
     base = get_track("hidden-facts-easy-llm-user@v2")
     return Track.from_dict({**base.to_dict(), "name": "llm-user-forgery",
-                            "env_kwargs": {**base.env_kwargs, "max_steps": 4}})
+                            "env_kwargs": {**base.env_kwargs, "max_steps": 2}})
 
 
 def honest_entry(root: Path) -> Path:

@@ -151,7 +151,7 @@ def test_verify_rejects_a_changed_track_version(board, tmp_path, capsys):
 def test_verify_rejects_a_changed_cached_call(tmp_path, honest_llm_user_entry):
     """The LLM-user track (embedded SmolLM2 plays the user): its calls are recorded; verify
     replays them without the model; one byte changed in a recorded reply is caught in the
-    episode that used it. The entry is the honest one the forgery tests copy (3 episodes of 4
+    episode that used it. The entry is the honest one the forgery tests copy (3 episodes of 2
     steps, played once per run); no episode is regenerated here, so what catches the change is
     the replay of the recorded calls alone."""
     import sqlite3

@@ -140,3 +140,34 @@ def test_every_rule_based_user_ignores_the_statement_forms(text):
 @pytest.mark.parametrize("text", QUESTIONS[:8])
 def test_every_rule_based_user_hears_the_real_questions(text):
     assert SentenceRevealUser().asks(text, ["I need help with a problem."])
+
+
+def test_a_message_of_fillers_alone_parses_under_every_rule():
+    """A message that is nothing but fillers ("Thank you", "ok, got it?") never crashes the
+    parser, and a thank-you asks nothing (it crashed: the env raised on an assistant's
+    "Thank you" under the syntax rule, and the episode failed); nor does any two-word message of
+    the words the parser's rules look at (openers, heads, wh-words, auxiliaries: "and?", "what
+    about?")."""
+    import itertools
+
+    fillers = sorted(q.FILLERS | {w for p in q.FILLER_PHRASES for w in p})
+    for n in (1, 2, 3):
+        for combo in itertools.product(fillers, repeat=n):
+            for text in (" ".join(combo), " ".join(combo) + "?", ", ".join(combo) + "."):
+                for rule in q.RULES:
+                    assert isinstance(q.parse(text, rule=rule), list), (text, rule)
+    assert not any(c.interrogative for t in ("Thank you", "Thank you!", "ok, got it.") for c in q.parse(t))
+    vocab = {*fillers, *q.WH_WORDS, *q.FINITE_AUX, *q.HOW_WORDS, *q._REQUEST_HEADS, "of", "the", "me", ","}
+    vocab |= {w for o in (*q._ELLIPSIS_OPENERS, *q._REQUEST_OPENERS) for w in o}
+    for combo in itertools.product(sorted(vocab), repeat=2):
+        for text in (" ".join(combo), " ".join(combo) + "?"):
+            for rule in q.RULES:
+                q.parse(text, rule=rule)
+
+
+def test_an_assistant_that_says_thank_you_plays_a_whole_episode():
+    from collab_env.eval import evaluate
+    from collab_env.policy import FixedTextPolicy
+
+    res = evaluate("hidden-facts-choose", {"assistant": FixedTextPolicy("Thank you")}, num_episodes=2, progress=False)
+    assert not res.failures and len(res.episodes) == 2
