@@ -27,7 +27,7 @@ nav ol { display: flex; flex-wrap: wrap; gap: 0.3rem 1.5rem; padding: 0; list-st
 .facts div { display: flex; gap: 0.4rem; } .facts dt { color: var(--muted); } .facts dd { margin: 0; }
 .scroll { overflow-x: auto; }
 table { border-collapse: collapse; font-size: 0.85rem; }
-th, td { border-bottom: 1px solid var(--line); padding: 0.3rem 0.45rem; vertical-align: top;
+th, td { border-bottom: 1px solid var(--line); padding: 0.3rem 0.35rem; vertical-align: top;
          text-align: left; }
 th { background: var(--bg-alt); font-weight: 600; }
 th button { font: inherit; background: none; border: 0; padding: 0; cursor: pointer;
