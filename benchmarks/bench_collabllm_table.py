@@ -236,7 +236,7 @@ def evaluate_policy(policy: Any, tokenizer: Any, a: argparse.Namespace, desc: st
             "transcript_paraphrase": [] if para is None else [
                 {"role": m.role, "text": m.content} for m in para.conversation if m.role != "system"],
         })
-    mean = lambda k: math.nan if out[0][k] is None else sum(e[k] for e in out) / len(out)  # noqa: E731
+    mean = lambda k: _mean([e[k] for e in out])  # noqa: E731
     print(f"    {desc}: success {mean('success'):.3f}, sampled {mean('success_sampled'):.3f}, paraphrasing user "
           f"{mean('success_paraphrase'):.3f}, questions {mean('questions'):.2f}, capped {mean('capped'):.2f} "
           f"({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -487,10 +487,10 @@ def main(argv: list[str] | None = None) -> int:
         a.control_steps = a.sft_steps + a.grpo_items
     try:
         run_rows = set(ROWS) if a.rows == "all" else {SHORT[x.strip()] for x in a.rows.split(",")}
-        bad = [m for m in a.eval_modes.split(",") if m not in MODES]
     except KeyError as e:
         raise SystemExit(f"error: --rows: unknown row {e}: choose from {', '.join(SHORT)} or 'all'") from None
-    if bad or "greedy" not in a.eval_modes.split(","):
+    modes = a.eval_modes.split(",")
+    if "greedy" not in modes or any(m not in MODES for m in modes):
         raise SystemExit(f"error: --eval-modes {a.eval_modes!r}: give greedy and any of {', '.join(MODES)}")
     if run_rows & {DPO, MR, IMM}:
         run_rows.add(SFT)  # the RL rows start from the SFT adapter
