@@ -141,6 +141,10 @@ class CollabMessageEnv(MessageEnv):
         self.turns = 0
         self.done = False
         self.components: dict[str, float] = {}
+        #: The tools the env declares to the player (the ``tools=`` list of OpenAI-style APIs,
+        #: :attr:`collab_env.types.Conversation.tools`), set by :meth:`initial_observation`; a
+        #: renderer declares them with :func:`declare_tools`.
+        self.tools: list[dict[str, Any]] = []
         self._started = False
 
     async def initial_observation(self) -> list[renderers.Message]:
@@ -148,6 +152,7 @@ class CollabMessageEnv(MessageEnv):
         obs, _ = await self.view.areset(seed=self.seed, options=options)
         self._started, self.done = True, not self.view.env.agents
         self.episode_return, self.turns, self.components = 0.0, 0, {}
+        self.tools = obs.tools
         return _messages(obs)
 
     async def step(self, message: renderers.Message) -> MessageStepResult:
@@ -196,6 +201,31 @@ def _messages(obs: Any) -> list[renderers.Message]:
     return out
 
 
+def declare_tools(renderer: renderers.Renderer, messages: list[renderers.Message],
+                  tools: Sequence[Mapping[str, Any]]) -> list[renderers.Message]:
+    """``messages`` with ``tools`` (OpenAI-style entries) declared the renderer's way:
+    ``renderer.create_conversation_prefix_with_tools`` takes the leading system message's text and
+    replaces it (Qwen3: a ``<tools>`` block in the system message), as the cookbook's own tool
+    envs build their prompts. The same prefix on every step, so each observation still extends
+    the previous one token by token. No tools: ``messages`` as given."""
+    if not tools:
+        return messages
+    specs = [renderers.ToolSpec(name=f["name"], description=f.get("description", ""),
+                                parameters=dict(f.get("parameters") or {"type": "object", "properties": {}}))
+             for f in (t["function"] if t.get("type") == "function" else t for t in tools)]
+    system = ""
+    rest = list(messages)
+    if rest and rest[0]["role"] == "system":
+        system = renderers.get_text_content(rest.pop(0))
+    try:
+        prefix = renderer.create_conversation_prefix_with_tools(specs, system)
+    except NotImplementedError:
+        raise ConfigError(f"renderer {type(renderer).__name__} cannot declare tools, and this env gives the player "
+                          f"{len(specs)} ({', '.join(t['name'] for t in specs)}): choose a renderer with tool "
+                          "calling (e.g. renderer_name='qwen3').") from None
+    return prefix + rest
+
+
 class CollabTinkerEnv(Env):
     """The token-level cookbook ``Env`` of a :class:`CollabMessageEnv`, through ``renderer``.
 
@@ -226,7 +256,11 @@ class CollabTinkerEnv(Env):
         if self.message_env.done:
             raise EnvStateError(f"the episode of {self.example_id} ended before {self.message_env.player!r} "
                                 f"acted ({self.message_env.view.env.episode.end_reason}).")
-        return self.renderer.build_generation_prompt(messages), self._stop()
+        return self._prompt(messages), self._stop()
+
+    def _prompt(self, messages: list[renderers.Message]) -> tinker.ModelInput:
+        """The generation prompt of ``messages``, the env's tools declared (:func:`declare_tools`)."""
+        return self.renderer.build_generation_prompt(declare_tools(self.renderer, messages, self.message_env.tools))
 
     async def step(self, action: Action, *, extra: ActionExtra | None = None) -> StepResult:
         message, _termination = self.renderer.parse_response(action)
@@ -236,7 +270,7 @@ class CollabTinkerEnv(Env):
             message = renderers.Message(role="assistant", content=self._text(action))
         result = await self.message_env.step(message)
         nxt = (tinker.ModelInput.empty() if result.episode_done
-               else self.renderer.build_generation_prompt(result.next_messages))
+               else self._prompt(result.next_messages))
         metrics: Metrics = dict(result.metrics)
         if (extra or {}).get("stop_reason") == "length":
             metrics["truncated_reply"] = 1.0

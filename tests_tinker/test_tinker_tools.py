@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from tinker_cookbook.completers import TokensWithLogprobs
 from tinker_cookbook.rl.data_processing import trajectory_to_data
 from tinker_cookbook.rl.types import Trajectory, Transition
@@ -116,3 +117,37 @@ def test_a_reply_in_the_renderers_tool_call_block_is_the_move_as_written(tiny_qw
     mask = data[0].loss_fn_inputs["mask"].to_torch().tolist()
     targets = data[0].loss_fn_inputs["target_tokens"].to_torch().tolist()
     assert [t for t, k in zip(targets, mask, strict=True) if k] == [t for tr in traj.transitions for t in tr.ac.tokens]
+
+
+def test_the_envs_tools_are_declared_in_the_prompt_the_renderers_way(tiny_qwen3):
+    """The tools phone-support declares to the assistant reach the prompt through the renderer's
+    ``create_conversation_prefix_with_tools`` (Qwen3: a ``<tools>`` block in the system message),
+    on every step, so the episode stays one trained sequence; a renderer without tool calling is
+    refused in one line."""
+    from tinker_cookbook import renderers
+
+    from collab_env.adapters.tinker import declare_tools
+    from collab_env.errors import ConfigError
+
+    builder = CollabEnvGroupBuilder(ENV, index=INDEX, seed=SEED, group_size=1,
+                                    model_name_for_tokenizer=tiny_qwen3, renderer_name=RENDERER)
+    env = asyncio.run(builder.make_envs())[0]
+    ob, _stop = asyncio.run(env.initial_observation())
+    names = [t["function"]["name"] for t in env.message_env.tools]
+    assert "lookup_account" in names  # the env's declaration, read from the player's system message
+    prompt = env.renderer.tokenizer.decode(ob.to_ints())
+    # one declaration per tool, in the renderer's block (Qwen3's template writes "<tools>" twice)
+    assert prompt.count('{"type": "function", "function": {"name": ') == len(names)
+    assert all(f'"name": "{n}"' in prompt for n in names) and "</tools>" in prompt
+    # the system prompt's own text is kept, before the tool block
+    system = env.message_env.view.env.episode.conversation.messages[0]
+    assert prompt.index(system.content.splitlines()[0]) < prompt.index("<tools>")
+    traj, last = asyncio.run(_trajectory(env, [t.text for t in _reference_episode().turns
+                                               if t.player == "assistant"]))
+    assert last.episode_done and len(trajectory_to_data(traj, 1.0)) == 1  # still one sequence, tools and all
+    # no tools: the messages are left as they are; a renderer that cannot declare them is refused
+    msgs = [renderers.Message(role="system", content="s"), renderers.Message(role="user", content="u")]
+    assert declare_tools(env.renderer, msgs, []) == msgs
+    llama3 = renderers.get_renderer("llama3", env.renderer.tokenizer)
+    with pytest.raises(ConfigError, match=r"cannot declare tools.*renderer_name='qwen3'"):
+        declare_tools(llama3, msgs, env.message_env.tools)
