@@ -52,7 +52,9 @@ online DPO and against window 0. Tokens are compared only between rows with no c
 There is no judged column: the CPU judge fails its validity check
 (``benchmarks/results/judge_validity.md``).
 
-Outputs: ``<out>.{json,md,png}``, ``<out>_transcripts.md`` and the seed-0 MR-GRPO adapter::
+Outputs: ``<out>.{json,md,png}``, ``<out>_transcripts.md`` and the seed-0 MR-GRPO adapter
+(``<out>_choose_adapter/``, what ``make demo`` loads). The defaults are the settings the validation
+sweep chose (``benchmarks/sweep_collabllm_table.py``)::
 
     python benchmarks/bench_collabllm_table.py --eval-split validation --out /tmp/val   # settings
     python benchmarks/bench_collabllm_table.py                                          # the table (5 seeds)
@@ -417,7 +419,8 @@ def relative(row: dict[str, Any], ref: dict[str, Any], metric: str) -> str:
         r, b = row[metric]["mean"], ref[metric]["mean"]
     if b == 0:  # no relative change from 0: the absolute one
         return f"{r - b:+.2f} (absolute; base 0)" if r != 0 else "0%"
-    return f"{100.0 * (r - b) / abs(b):+.0f}%"
+    # the absolute change beside it: a percentage of a near-zero base says little on its own
+    return f"{100.0 * (r - b) / abs(b):+.0f}% ({r - b:+.2f})"
 
 
 def main_parser() -> argparse.ArgumentParser:
@@ -432,14 +435,16 @@ def main_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-split", default="test", choices=("validation", "test"),
                    help="validation: for choosing settings; test: the reported run (each row evaluated once)")
     p.add_argument("--sft-items", type=int, default=64, help="scripted collaborative conversations for SFT")
-    p.add_argument("--sft-steps", type=int, default=8,
-                   help="SFT optimiser steps before RL (8 = one epoch of the 64 conversations at batch 8)")
+    p.add_argument("--sft-steps", type=int, default=32,
+                   help="SFT optimiser steps before RL (8 = one epoch of the 64 conversations at batch 8; 32, "
+                        "four epochs, chosen on the validation split: benchmarks/results/collabllm_table_sweep)")
     p.add_argument("--control-steps", type=int, default=None,
                    help="optimiser steps of the SFT control (default: --sft-steps + --grpo-items, as long as SFT + RL)")
     p.add_argument("--sft-batch", type=int, default=8)
     p.add_argument("--sft-lr", type=float, default=1e-3)
     p.add_argument("--grpo-items", type=int, default=16, help="RL training items (one update each; GRPO and online DPO)")
-    p.add_argument("--grpo-lr", type=float, default=5e-4)
+    p.add_argument("--grpo-lr", type=float, default=1e-4,
+                   help="GRPO's learning rate (chosen on the validation split, as --dpo-lr's)")
     p.add_argument("--dpo-lr", type=float, default=5e-4)
     p.add_argument("--dpo-beta", type=float, default=0.1)
     p.add_argument("--dpo-min-gap", type=float, default=0.0,
@@ -471,13 +476,19 @@ def main_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue the run whose state is <out>_state.json: finished stages (an evaluation, "
                         "a row of a seed) are kept, the rest run; the settings must be the same")
+    p.add_argument("--report-only", action="store_true",
+                   help="write <out>.md and <out>.png again from <out>.json (a finished run's results file), after a "
+                        "change to the report alone; nothing is trained or evaluated")
     p.add_argument("--out", default=str(RESULTS / "collabllm_table_cpu"),
-                   help="output prefix: <out>.json/.md/.png, <out>_transcripts.md, <out>_adapter/")
+                   help="output prefix: <out>.json/.md/.png, <out>_transcripts.md, <out>_choose_adapter/ (seed 0's "
+                        "MR-GRPO)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     a = main_parser().parse_args(argv)
+    if a.report_only:
+        return report_only(Path(a.out))
     import peft
 
     from collab_env.agents.embedded import EmbeddedPolicy
@@ -534,7 +545,9 @@ def main(argv: list[str] | None = None) -> int:
         episodes[PROACTIVE] = evaluate_policy(Proactive(base), tok, a, PROACTIVE, None, a.base_max_new_tokens)
         timings[PROACTIVE] = time.perf_counter() - ts
         state.finish(PROACTIVE)
-    adapter_dir = Path(f"{out}_adapter")
+    # named by the level it was trained on: <out>_adapter was the previous table's (hidden-facts-copy),
+    # which board entries replay
+    adapter_dir = Path(f"{out}_{ENV_ID.removeprefix('hidden-facts-')}_adapter")
 
     def write() -> list[dict[str, Any]]:
         rows = []
@@ -762,22 +775,31 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], a: argparse.Nam
     md = [f"# CollabLLM's Table 1 in miniature: {result['model_label']} on {ENV_ID}", "",
           *([f"**{result['stand_in']}**", ""] if result.get("stand_in") else []),
           f"Command: `{result['command']}`  ",
-          f"Wall time: {result['wall_seconds'] / 60:.1f} min ({os.cpu_count()} CPUs, device {a.device}; load average "
-          f"before {result['machine']['load_average_before'][0]:.2f}, after "
-          f"{result['machine']['load_average_after'][0]:.2f}).  ",
+          f"Wall time: {result['wall_seconds'] / 60:.1f} min of finished stages ({result['machine']['cpus']} CPUs, "
+          f"device {a.device}; {len(result.get('sittings') or [None])} sitting(s): "
+          + "; ".join(f"{st['started']}, {st['stages_kept']} stages kept, 1-min load average "
+                      f"{st['load_average_start'][0]:.2f} at the start"
+                      + (f", {st['load_average_last'][0]:.2f} at its last stage" if "load_average_last" in st else "")
+                      for st in result.get("sittings") or [])
+          + f"; load average after the run {result['machine']['load_average_after'][0]:.2f}).  ",
           f"Evaluation split: **{a.eval_split}** ({result['eval']['role_of_split']}); {a.eval_episodes} episodes per "
           f"row and training seed, greedy, two assistant turns; {a.seeds} training seed(s) per trained row. "
           f"SFT teacher: {result['sft_teacher']}.  ",
-          "Intervals (95%): trained rows, Student's t over the training seeds' means (the crossed seeds x items "
-          "bootstrap in the JSON); Base and Proactive Base (one untrained evaluation), by the metric's type (Wilson "
-          "for success, t for counts). Tokens: mean over episodes that did not hit the cap ('capped' is the share "
-          "that did; Base and Proactive Base run with a raised cap). Interactivity: "
-          f"{result['interactivity']}.", "",
-          "| row | success | success, sampled (T=1) | success, paraphrasing user | questions / episode | facts "
-          "obtained | tokens (uncapped) | capped | collapse flags | time (s) |",
-          "|---|---|---|---|---|---|---|---|---|---|"]
+          "Intervals (95%): trained rows, Student's t over the training seeds' means, which measures training "
+          "randomness on these items only (every seed is evaluated on the same items, so seeds that agree give a "
+          "zero-width interval); beside success, the crossed seeds x items bootstrap, which also resamples the "
+          "items (every metric's is in the JSON). Base and Proactive Base (one untrained evaluation): by the "
+          "metric's type over the items (Wilson for success, t for counts). Tokens: mean over episodes that did "
+          "not hit the cap ('capped' is the share that did; Base and Proactive Base run with a raised cap). "
+          f"Interactivity: {result['interactivity']}.", "",
+          "| row | success (t over seeds) | success (seeds x items bootstrap) | success, sampled (T=1) | success, "
+          "paraphrasing user | questions / episode | facts obtained | tokens (uncapped) | capped | collapse flags | "
+          "time (s) |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        md.append(f"| {r['row']} | {fmt(r['success'])} | {fmt(r['success_sampled'])} | "
+        boot = r["success"].get("bootstrap")
+        md.append(f"| {r['row']} | {fmt(r['success'])} | {'-' if boot is None else fmt(boot)} | "
+                  f"{fmt(r['success_sampled'])} | "
                   f"{fmt(r['success_paraphrase'])} | {fmt(r['questions'], 2)} | {fmt(r['facts'], 2)} | "
                   f"{r['tokens_uncapped']['mean']:.1f} (n={r['tokens_uncapped']['n']}) | {r['capped']['mean']:.2f} | "
                   f"{'-' if r['collapse_flags'] is None else r['collapse_flags']} | {r['seconds']:.0f} |")
@@ -789,13 +811,19 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], a: argparse.Nam
             f"{_mean([e['success'] for e in eps if e['withheld'] == w]):.3f} "
             f"({sum(1 for e in eps if e['withheld'] == w)})" for w in WITHHELD) + " |")
     md += ["", "## Paired differences (same training seeds, same items)", "",
-           "Mean of the per-cell differences; interval: t over the seeds' mean differences (bootstrap beside).", "",
-           "| comparison | metric | mean | t over seeds | crossed bootstrap |", "|---|---|---|---|---|"]
+           "Mean of the per-cell differences; interval: t over the seeds' mean differences (bootstrap beside); "
+           "cells: the (training seed, item) cells in which the two rows differ, of those both have.", "",
+           "| comparison | metric | mean | t over seeds | crossed bootstrap | cells that differ |",
+           "|---|---|---|---|---|---|"]
     for name, comp in result["comparisons"].items():
+        treat, ctrl = name.split(" minus ")
         for k, d in comp.items():
             s, b = d["seeds"], d["bootstrap"]
+            ca, cb = cells(result["episodes"][treat], k), cells(result["episodes"][ctrl], k)
+            both = [(sd, i) for sd in ca for i in ca[sd] if i in cb.get(sd, {})]
+            differ = sum(ca[sd][i] != cb[sd][i] for sd, i in both)
             md.append(f"| {name} | {k} | {d['mean']:+.3f} | [{s['lo']:+.3f}, {s['hi']:+.3f}] | "
-                      f"[{b['lo']:+.3f}, {b['hi']:+.3f}] |")
+                      f"[{b['lo']:+.3f}, {b['hi']:+.3f}] | {differ} of {len(both)} |")
     md += [] if ref is None else [
            "", "## Beside the paper's Table 1 (relative change against Proactive Base)", "",
            "The paper: Llama-3.1-8B, Online DPO on MR vs Proactive Base; interactivity is its judged score. Here: "
@@ -815,6 +843,22 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], a: argparse.Nam
             md.append(f"* {r['row']}, seed {sd}: success {s['success']:.3f}, paraphrasing user "
                       f"{s['success_paraphrase']:.3f}, questions {s['questions']:.2f}")
     return "\n".join(md) + "\n"
+
+
+def report_only(out: Path) -> int:
+    """``--report-only``: the report (``<out>.md``, ``<out>.png``) of the run whose results are
+    ``<out>.json``, from that file alone, with the run's own settings."""
+    path = out.with_suffix(".json")
+    if not path.is_file():
+        raise SystemExit(f"error: --report-only needs a finished run's results at {path}: run the table first")
+    result = json.loads(path.read_text())
+    if "episodes" not in result:
+        raise SystemExit(f"error: {path} has no episode cells (a results file older than the report): run the table "
+                         "again")
+    Path(f"{out}.md").write_text(markdown(result, result["rows"], argparse.Namespace(**result["settings"])))
+    plot(Path(f"{out}.png"), result["rows"])
+    print(f"wrote {out}.md and {out}.png from {path}")
+    return 0
 
 
 def _mean(xs: list[Any]) -> float:

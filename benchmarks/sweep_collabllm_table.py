@@ -52,7 +52,7 @@ for _sft in ("sft32", "sft48x128", "sft64x128"):
 
 #: What the sweep chose for the table's test run, and by which rule (stated before the test run).
 CHOICE = """\
-**Chosen for the test run** (`python benchmarks/bench_collabllm_table.py --sft-steps 32 --grpo-lr 1e-4 --dpo-lr 5e-4`):
+**Chosen for the test run** (`python benchmarks/bench_collabllm_table.py --sft-steps 32 --grpo-lr 1e-4 --dpo-lr 5e-4`, since then the defaults):
 
 * SFT: 32 steps on 64 conversations (sft32: 0.625; 48 steps on 128 conversations: 0.125; the
   first validation run's 8 steps: 0.000 and 24 steps: 0.250). The SFT control then trains

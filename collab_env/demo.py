@@ -1,20 +1,25 @@
 """The main job on the embedded default, offline (``make demo``).
 
-1. The scripted baselines ("ask then answer", "answer at once") on the four levels of the
-   built-in collaboration suite, the same seeded episodes for each.
+1. The scripted baselines ("ask then answer", "answer at once") on four levels of the built-in
+   collaboration suite, the same seeded episodes for each.
 2. The embedded model (SmolLM2-135M-Instruct, a real but weak chat model shipped as a PyPI
-   package) as the assistant on held-out test items of ``hidden-facts-copy`` (the level where
-   the withheld fact is the answer, so success measures asking, not arithmetic), **before and
-   after collab_env training**: the base model ("Base"), the base model with CollabLLM's
-   collaborative system prompt ("Proactive Base"), and the same model with the LoRA adapter
-   that ``benchmarks/bench_collabllm_table.py`` trained (SFT on scripted collaborative
-   conversations, then GRPO on the multiturn-aware reward; committed in
-   ``benchmarks/results/collabllm_table_cpu_adapter/``; when it is missing, the demo says so
-   and prints the one command that regenerates it). Greedy decoding, so the rows are
+   package) as the assistant on test items of ``hidden-facts-choose`` (the level where the
+   withheld fact is either the count or the unit value, so the model must choose what to ask;
+   the test split's scenarios, objects, units and phrasings are never seen in training),
+   **before and after collab_env training**: the base model ("Base"), the base model with
+   CollabLLM's collaborative system prompt ("Proactive Base"), and the same model with the LoRA
+   adapter that ``benchmarks/bench_collabllm_table.py`` trained (training seed 0: SFT on the
+   scripted reference's conversations, then GRPO on the multiturn-aware reward; committed in
+   ``benchmarks/results/collabllm_table_cpu_choose_adapter/``; when it is missing, the demo says
+   so and prints the one command that regenerates it). Greedy decoding, so the rows are
    reproducible; two assistant turns per episode, as the benchmark evaluates; the episodes'
    calls are merged into batched ``generate`` calls. Each row: success and questions asked per
-   episode, with 95% intervals over the held-out items (Wilson's for success, Student's t for questions),
-   share of the withheld facts the user revealed.
+   episode, with 95% intervals over the test items (Wilson's for success, Student's t for
+   questions), share of the withheld facts the user revealed (the env's record).
+3. The headline of the full table (``benchmarks/results/collabllm_table_cpu.json``, read, not
+   re-run): its strongest comparison of a trained row with the untrained model, and whether RL
+   on MR did better than the SFT control trained as long, each with its interval over training
+   seeds.
 
 The user is the suite's scripted user (it reveals a fact only to a question for it). Each
 episode is appended to ``runs/demo/<time>/<env>/<policy>.jsonl`` as it ends. Progress: a bar
@@ -24,6 +29,7 @@ on a terminal, plain lines on stderr when it is redirected (``make demo > out.tx
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -33,26 +39,30 @@ from collab_env._progress import progress_bar
 from collab_env.eval import compare
 from collab_env.eval.stats import interval
 
-ENVS = ("hidden-facts-easy", "hidden-facts", "hidden-facts-hard", "hidden-facts-copy")
+ENVS = ("hidden-facts-easy", "hidden-facts", "hidden-facts-hard", "hidden-facts-choose")
 BASELINES = {
     "ask-then-answer": {"assistant": "ask-then-answer"},
     "answer-at-once": {"assistant": "answer-at-once"},
 }
 #: The env the adapter was trained on; the model rows use its held-out test split.
-MODEL_ENV = "hidden-facts-copy"
+MODEL_ENV = "hidden-facts-choose"
 #: Env steps of a model-row episode: two assistant turns (ask for the withheld fact, then
 #: answer), as the benchmark evaluates the adapter.
 MODEL_MAX_STEPS = 4
 #: Reply length of the model rows (the benchmark's).
 MAX_NEW_TOKENS = 40
-#: Where ``benchmarks/bench_collabllm_table.py`` saves the adapter (relative to the repository).
-ADAPTER = Path("benchmarks") / "results" / "collabllm_table_cpu_adapter"
+#: Where ``benchmarks/bench_collabllm_table.py`` saves the adapter (relative to the repository;
+#: ``collabllm_table_cpu_adapter`` is the previous table's, trained on ``hidden-facts-copy``, which
+#: board entries replay).
+ADAPTER = Path("benchmarks") / "results" / "collabllm_table_cpu_choose_adapter"
 #: The one command that trains and saves that adapter (and the full table).
 TRAIN_COMMAND = "python benchmarks/bench_collabllm_table.py"
 #: Where the full table is.
 TABLE = "benchmarks/results/collabllm_table_cpu.md"
 #: The row labels of the model rows.
-BASE, PROACTIVE, TRAINED = "Base", "Proactive Base", "trained (SFT + GRPO on MR)"
+BASE, PROACTIVE, TRAINED = "Base", "Proactive Base", "trained (SFT + GRPO on MR, seed 0)"
+#: The table's row names (benchmarks/bench_collabllm_table.py) the headline compares.
+MR_ROW, CONTROL_ROW, DPO_ROW = "SFT + GRPO (MR)", "SFT control (as long as SFT + RL)", "SFT + online DPO (MR)"
 
 
 def default_adapter() -> Path:
@@ -84,16 +94,19 @@ def model_policy_sets(max_new_tokens: int, adapter: Path | None) -> dict[str, di
 
 def collaboration_rows(result: Any, split: str = "test") -> dict[str, dict[str, dict[str, Any]]]:
     """Label -> ``success`` / ``questions`` / ``facts`` with their 95% intervals
-    (:func:`collab_env.eval.stats.interval`, by each metric's type), read from each episode's transcript with
-    :func:`collab_env.tasks.hidden_facts.collaboration_stats`."""
+    (:func:`collab_env.eval.stats.interval`, by each metric's type), read from each episode with
+    :func:`collab_env.tasks.hidden_facts.collaboration_stats`: questions by the rule the env's user
+    follows, facts from the env's record of what the user revealed."""
     import collab_env
-    from collab_env.tasks.hidden_facts import collaboration_stats
+    from collab_env.tasks.hidden_facts import _clause_rule, collaboration_stats
 
     task = collab_env.make(MODEL_ENV, split=split).unwrapped.task
+    rule = _clause_rule(task.config.user_rule)
     rows = {}
     for label, res in result.results.items():
         eps = [res.episodes[k] for k in sorted(res.episodes)]
-        stats = [collaboration_stats(e.conversation, task.get_item(e.index)) for e in eps]
+        stats = [collaboration_stats(e.conversation, task.get_item(e.index), rule=rule,
+                                     revealed=e.info["task"]["revealed"]) for e in eps]
         rows[label] = {
             "success": interval([float(e.components.get("assistant", {}).get("accuracy", 0.0) >= 1.0)
                                  for e in eps], "binary"),
@@ -157,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t0 = time.perf_counter()
     if not adapter.is_dir():
-        print(f"No trained adapter at {adapter}: the trained row is skipped. Train it (about an hour on 2 "
-              f"cores) with:\n    {TRAIN_COMMAND}\n", flush=True)
+        print(f"No trained adapter at {adapter}: the trained row is skipped. Train it (the full table: about "
+              f"three hours on 2 cores) with:\n    {TRAIN_COMMAND}\n", flush=True)
     print("loading the embedded model (the first run converts it once, about a minute)...", file=sys.stderr,
           flush=True)
     sets = model_policy_sets(args.max_new_tokens, adapter if adapter.is_dir() else None)
@@ -170,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     if steps is not None:
         steps.close()
     rows = collaboration_rows(result)
-    print(f"Held-out test items of {MODEL_ENV} ({args.model_episodes} episodes per row, two assistant turns, "
-          "greedy): the embedded model before and after collab_env training")
+    print(f"Test items of {MODEL_ENV} (scenarios, objects and units never seen in training; {args.model_episodes} "
+          "episodes per row, two assistant turns, greedy): the embedded model before and after collab_env training")
     print(format_rows(rows))
     print(f"({time.perf_counter() - t0:.0f} s for the model rows, {time.perf_counter() - t_start:.0f} s in all; "
           f"the adapter is {'loaded from ' + str(adapter) if adapter.is_dir() else 'missing'})\n")
@@ -179,14 +192,75 @@ def main(argv: list[str] | None = None) -> int:
         tr, un = rows[TRAINED]["success"], max((rows[BASE]["success"], rows[PROACTIVE]["success"]),
                                               key=lambda r: r["hi"])
         apart = tr["lo"] > un["hi"]
-        print(f"Shown: after SFT + GRPO on the multiturn-aware reward, the 135M model asks for the withheld fact "
-              f"and then answers (success {tr['mean']:.2f} vs {un['mean']:.2f} untrained; 95% intervals "
-              f"{'apart' if apart else 'overlapping'}).")
+        print(f"Here: the adapter of training seed 0 succeeds on {tr['mean']:.2f} of the test items vs "
+              f"{un['mean']:.2f} untrained (95% intervals over items {'apart' if apart else 'overlapping'}).")
     else:
-        print("Shown: the untrained model and its Proactive prompt on the held-out items (no trained adapter).")
-    print(f"The full table (SFT, immediate-reward vs MR ablation, 3 seeds, intervals): {TABLE}")
+        print("Here: the untrained model and its Proactive prompt on the test items (no trained adapter).")
+    table_json = Path(__file__).resolve().parents[1] / Path(TABLE).with_suffix(".json")
+    for line in table_headline(table_json if table_json.is_file() else Path(TABLE).with_suffix(".json")):
+        print(line)
     print(_closing_line(run_dir, t_start), flush=True)
     return 0
+
+
+def _iv(s: dict[str, Any], sign: str = "") -> str:
+    return f"[{s['lo']:{sign}.2f}, {s['hi']:{sign}.2f}]"
+
+
+def _cells_differ(d: dict[str, Any], treat: str, ctrl: str, metric: str) -> tuple[int, int]:
+    """How many (training seed, item) cells of ``metric`` differ between two rows, of those both have."""
+    def cells(row: str) -> dict[tuple[Any, Any], float]:
+        return {(e["train_seed"], e["index"]): e[metric] for e in d.get("episodes", {}).get(row, [])}
+    a, b = cells(treat), cells(ctrl)
+    both = [k for k in a if k in b]
+    return sum(a[k] != b[k] for k in both), len(both)
+
+
+def table_headline(path: Path) -> list[str]:
+    """The full table's headline, read from its results file: what the SFT teacher was; the trained
+    row whose interval has the highest lower bound (the crossed seeds x items bootstrap, which
+    resamples items too; Student's t over the training seeds' means beside it) against the better
+    untrained row; and MR-GRPO's paired differences by seed and item with the SFT control and with
+    online DPO, whatever they show. One line saying what to run when the file is missing."""
+    if not path.is_file():
+        return [f"The full table is not here ({path}): {TRAIN_COMMAND} makes it."]
+    d = json.loads(path.read_text())
+    rows = {r["row"]: r for r in d["rows"]}
+    untrained = [rows[n] for n in (BASE, PROACTIVE) if n in rows]
+    trained = [r for r in d["rows"] if r.get("seeds")]
+    if not untrained or not trained:
+        return [f"The full table ({TABLE}) has no trained and untrained rows to compare."]
+    if any("n_seeds" not in r["success"] for r in trained) or "eval" not in d:
+        return [f"The full table's results ({path}) are of an older format, without intervals over training seeds: "
+                f"{TRAIN_COMMAND} makes them again."]
+    best = max(trained, key=lambda r: r["success"].get("bootstrap", r["success"])["lo"])
+    un = max(untrained, key=lambda r: r["success"]["hi"])
+    s, u = best["success"], un["success"]
+    n = s["n_seeds"]
+    split = d["eval"]["split"]
+    boot = f"; {_iv(s['bootstrap'])} seeds x items bootstrap" if "bootstrap" in s else ""
+    lines = [
+        f"The full table ({TABLE}: {len(d['rows'])} rows, {n} training seeds, the {split} split evaluated once per "
+        f"row, settings chosen on the validation split). The SFT teacher: {d['sft_teacher']}.",
+        f"Its strongest comparison: {best['row']} succeeds on {s['mean']:.2f} of the {split} items (95%: "
+        f"{_iv(s)} t over the {n} seed means{boot}) vs {u['mean']:.2f} {_iv(u)} for {un['row']} (Wilson over "
+        "items)."]
+    for ctrl, what in ((CONTROL_ROW, "the SFT control trained as long"),
+                       (DPO_ROW, "online DPO on MR (the paper's row)")):
+        c = d["comparisons"].get(f"{MR_ROW} minus {ctrl}", {}).get("success")
+        if c is None:
+            continue
+        sd = c["seeds"]
+        differ, cells = _cells_differ(d, MR_ROW, ctrl, "success")
+        zero = sd["lo"] <= 0.0 <= sd["hi"]
+        lines.append(f"GRPO on MR minus {what}: success {sd['mean']:+.2f} (paired by seed and item: {_iv(sd, '+')} "
+                     f"t over {sd['n_seeds']} seeds" + (f"; {_iv(c['bootstrap'], '+')} bootstrap" if "bootstrap" in c
+                                                        else "")
+                     + (f"; the rows differ in {differ} of {cells} cells" if cells else "") + "): "
+                     + ("no difference shown." if zero else ("better." if sd["lo"] > 0 else "worse.")))
+    if not d.get("complete", False):
+        lines.append("(The table's run is not complete: some rows have fewer seeds than asked.)")
+    return lines
 
 
 def _closing_line(run_dir: Path, t_start: float) -> str:

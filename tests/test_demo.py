@@ -6,7 +6,10 @@ import pytest
 from collab_env.demo import (
     ADAPTER,
     BASE,
+    CONTROL_ROW,
+    DPO_ROW,
     MODEL_ENV,
+    MR_ROW,
     PROACTIVE,
     TABLE,
     TRAIN_COMMAND,
@@ -15,6 +18,7 @@ from collab_env.demo import (
     default_adapter,
     format_rows,
     main,
+    table_headline,
 )
 from collab_env.eval import compare
 
@@ -24,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_demo_prints_the_table_and_writes_results(tmp_path, capsys):
     assert main(["--episodes", "6", "--model-episodes", "0", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    for env_id in ("hidden-facts-easy-v3", "hidden-facts-v3", "hidden-facts-hard-v3", "hidden-facts-copy-v2"):
+    for env_id in ("hidden-facts-easy-v3", "hidden-facts-v3", "hidden-facts-hard-v3", "hidden-facts-choose-v0"):
         assert env_id in out
     assert "ask-then-answer" in out and "answer-at-once" in out
     files = sorted(f for f in tmp_path.rglob("*.jsonl") if not f.name.endswith(".failures.jsonl"))
@@ -41,7 +45,7 @@ def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path, capsys):
     err = captured.err
     steps = [line for line in err.splitlines() if line.startswith("demo: ")]
     assert [s.split()[1] for s in steps] == ["1/4", "2/4", "3/4", "4/4"], err
-    assert "baselines on hidden-facts-copy" in steps[-1]
+    assert "baselines on hidden-facts-choose" in steps[-1]
     # the last line says where the outputs went: 4 envs x 2 baselines, one file each
     run_dir = next(tmp_path.iterdir())
     last = captured.out.strip().splitlines()[-1]
@@ -55,9 +59,10 @@ def test_collaboration_rows_read_the_transcripts_with_intervals():
                   num_episodes=6, progress=False, env_kwargs=kw)
     rows = collaboration_rows(res)
     ask, once = rows["ask"], rows["once"]
-    # The reference asks one question (the count), the user tells it, it boxes it: success 6/6.
+    # The reference asks one question (for the withheld count or unit value), the user tells it, it
+    # boxes it: success 6/6.
     assert ask["success"]["mean"] == 1.0 and ask["questions"]["mean"] == 1.0 and ask["facts"]["mean"] == 1.0
-    # Answering at once boxes 1 x 1 on a level whose count is 2..30: never right, never asks.
+    # Answering at once boxes 1 x 1 on a level whose withheld number is 2..30: never right, never asks.
     assert once["success"]["mean"] == 0.0 and once["questions"]["mean"] == 0.0 and once["facts"]["mean"] == 0.0
     # Wilson's interval for 6/6 and 0/6 (hand values: 0.6097, 0.3903), a proper interval, not a point.
     assert ask["success"]["lo"] == pytest.approx(0.6097, abs=1e-4) and ask["success"]["hi"] == pytest.approx(1.0)
@@ -69,13 +74,63 @@ def test_collaboration_rows_read_the_transcripts_with_intervals():
 def test_the_adapter_path_and_the_command_that_makes_it():
     # The committed adapter of a source checkout is found from the module's own location; the
     # command the demo prints when it is missing is the benchmark whose default output prefix
-    # (benchmarks/results/collabllm_table_cpu) puts the adapter at <prefix>_adapter.
-    assert default_adapter().parts[-3:] == ("benchmarks", "results", "collabllm_table_cpu_adapter")
+    # (benchmarks/results/collabllm_table_cpu) puts the adapter at <prefix>_choose_adapter (named by
+    # the level it trains on, hidden-facts-choose).
+    assert default_adapter().parts[-3:] == ("benchmarks", "results", "collabllm_table_cpu_choose_adapter")
     bench = ROOT / TRAIN_COMMAND.split()[-1]
     text = bench.read_text()
-    assert 'RESULTS / "collabllm_table_cpu"' in text and 'f"{out}_adapter"' in text
-    assert ADAPTER == Path("benchmarks/results/collabllm_table_cpu_adapter")
+    assert 'RESULTS / "collabllm_table_cpu"' in text
+    assert '''f"{out}_{ENV_ID.removeprefix('hidden-facts-')}_adapter"''' in text
+    assert 'ENV_ID = "hidden-facts-choose"' in text and MODEL_ENV == "hidden-facts-choose"
+    assert ADAPTER == Path("benchmarks/results/collabllm_table_cpu_choose_adapter")
     assert (ROOT / TABLE).with_suffix(".json").name == "collabllm_table_cpu.json"
+    # the row names the headline reads are the benchmark's
+    for name in (MR_ROW, CONTROL_ROW, DPO_ROW):
+        assert f'"{name}"' in text
+
+
+def _table(rows: dict, diffs: dict) -> dict:
+    """A results file in the benchmark's shape: rows' success (mean, lo, hi) and success differences."""
+    def stat(m: float, lo: float, hi: float, seeds: bool) -> dict:
+        return {"mean": m, "lo": lo, "hi": hi, **({"n_seeds": 5} if seeds else {"n": 32})}
+    return {"eval": {"split": "test"}, "sft_teacher": "the scripted reference", "complete": True,
+            "rows": [{"row": name, "seeds": [] if name in (BASE, PROACTIVE) else [0, 1, 2, 3, 4],
+                      "success": stat(*v, seeds=name not in (BASE, PROACTIVE))} for name, v in rows.items()],
+            "comparisons": {k: {"success": {"seeds": stat(*v, seeds=True)}} for k, v in diffs.items()}}
+
+
+def test_the_headline_reads_the_tables_strongest_comparison_and_says_a_null_plainly(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(_table(
+        {BASE: (0.0, 0.0, 0.11), PROACTIVE: (0.03, 0.01, 0.16), "SFT": (0.70, 0.66, 0.75),
+         CONTROL_ROW: (0.75, 0.74, 0.76), MR_ROW: (0.76, 0.60, 0.90)},
+        {f"{MR_ROW} minus {CONTROL_ROW}": (0.01, -0.03, 0.05), f"{MR_ROW} minus {DPO_ROW}": (0.20, 0.05, 0.35)})))
+    lines = table_headline(path)
+    assert "5 training seeds" in lines[0] and lines[0].endswith("The SFT teacher: the scripted reference.")
+    # the trained row with the highest lower bound (the control, not MR's higher mean), against the
+    # untrained row with the higher upper bound
+    assert lines[1].startswith(f"Its strongest comparison: {CONTROL_ROW} succeeds on 0.75 of the test items (95%: "
+                               "[0.74, 0.76] t over the 5 seed means)")
+    assert lines[1].endswith("vs 0.03 [0.01, 0.16] for Proactive Base (Wilson over items).")
+    assert lines[2].startswith("GRPO on MR minus the SFT control trained as long: success +0.01 (paired by seed and "
+                               "item: [-0.03, +0.05] t over 5 seeds")
+    assert lines[2].endswith("): no difference shown.")
+    assert lines[3].endswith("): better.") and len(lines) == 4
+    # with the episodes' cells and the bootstrap, the row is picked by the bootstrap's lower bound
+    # and the comparison counts the cells in which the rows differ
+    d = json.loads(path.read_text())
+    for r in d["rows"]:
+        r["success"]["bootstrap"] = {"mean": r["success"]["mean"], "lo": 0.5 if r["row"] == "SFT" else 0.2,
+                                     "hi": 0.9}
+    d["episodes"] = {MR_ROW: [{"train_seed": 0, "index": i, "success": 1.0} for i in range(4)],
+                     CONTROL_ROW: [{"train_seed": 0, "index": i, "success": float(i > 0)} for i in range(4)]}
+    path.write_text(json.dumps(d))
+    lines = table_headline(path)
+    assert lines[1].startswith("Its strongest comparison: SFT succeeds on 0.70")
+    assert "[0.50, 0.90] seeds x items" in lines[1]
+    assert "the rows differ in 1 of 4 cells" in lines[2]
+    assert table_headline(tmp_path / "missing.json") == [
+        f"The full table is not here ({tmp_path / 'missing.json'}): {TRAIN_COMMAND} makes it."]
 
 
 @pytest.mark.skipif(not (ROOT / ADAPTER / "adapter_config.json").is_file(),
@@ -89,8 +144,11 @@ def test_model_rows_before_and_after_with_the_committed_adapter(tmp_path, capsys
     for label in (BASE, PROACTIVE, TRAINED):
         assert label in out
     assert "success (95% CI)" in out and "questions/episode (95% CI)" in out and "loaded from" in out
-    last = out.strip().splitlines()[-3:]
-    assert last[0].startswith("Shown: ") and last[1].endswith(TABLE)
+    last = out.strip().splitlines()
+    here = next(i for i, line in enumerate(last) if line.startswith("Here: the adapter of training seed 0 succeeds"))
+    assert last[here + 1].startswith(f"The full table ({TABLE}: 7 rows, 5 training seeds")
+    assert "The SFT teacher: " in last[here + 1] and last[here + 2].startswith("Its strongest comparison: ")
+    assert last[here + 3].startswith("GRPO on MR minus the SFT control")
     # the closing line: where the episode files went (4 envs x 2 baselines + 3 model rows)
-    assert last[2].startswith("demo finished in ") and " 11 episode files " in last[2]
-    assert last[2].endswith(f" in {next(tmp_path.iterdir())}/")
+    assert last[-1].startswith("demo finished in ") and " 11 episode files " in last[-1]
+    assert last[-1].endswith(f" in {next(tmp_path.iterdir())}/")

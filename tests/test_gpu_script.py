@@ -175,9 +175,20 @@ def test_the_table_form_runs_end_to_end_on_cpu_with_the_tiny_model(tmp_path):
     # the SFT control really trains longer (3 optimiser steps against SFT's 1)
     assert len(result["training"]["seed 0 SFT loss"]) == 1
     assert len(result["training"]["seed 0 SFT control loss"]) == 3
-    assert (tmp_path / "table_adapter" / "adapter_config.json").is_file()
-    assert "Beside the paper's Table 1" in out.with_suffix(".md").read_text()
+    assert (tmp_path / "table_choose_adapter" / "adapter_config.json").is_file()
+    md = out.with_suffix(".md").read_text()
+    assert "Beside the paper's Table 1" in md and "| cells that differ |" in md
     assert not Path(f"{out}_state.json").exists()  # a whole run leaves no resume state behind
+    # the report is a function of the results file alone: --report-only writes the same one again
+    out.with_suffix(".md").unlink()
+    bench = ROOT / "benchmarks/bench_collabllm_table.py"
+    again = subprocess.run([sys.executable, str(bench), "--report-only", "--out", str(out)], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert out.with_suffix(".md").read_text() == md
+    missing = subprocess.run([sys.executable, str(bench), "--report-only", "--out", str(tmp_path / "none")],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert missing.returncode != 0 and "needs a finished run's results" in missing.stderr
 
 
 def test_a_stopped_table_run_resumes_its_finished_stages_and_refuses_other_settings(tmp_path):
