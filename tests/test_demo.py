@@ -152,3 +152,23 @@ def test_model_rows_before_and_after_with_the_committed_adapter(tmp_path, capsys
     # the closing line: where the episode files went (4 envs x 2 baselines + 3 model rows)
     assert last[-1].startswith("demo finished in ") and " 11 episode files " in last[-1]
     assert last[-1].endswith(f" in {next(tmp_path.iterdir())}/")
+
+
+def test_the_readmes_table_is_the_results_file():
+    """README's CollabLLM table quotes benchmarks/results/collabllm_table_cpu.json: every row's
+    success with its t interval over seeds (Wilson for the untrained rows), its seeds x items
+    bootstrap and its sampled success, to the digit."""
+    result = json.loads((ROOT / TABLE).with_suffix(".json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    short = {"SFT control (as long as SFT + RL)": "SFT control"}
+    for r in result["rows"]:
+        s = r["success"]
+        cell = f"{s['mean']:.3f} [{s['lo']:.3f}, {s['hi']:.3f}]"
+        boot = "-" if "bootstrap" not in s else f"[{s['bootstrap']['lo']:.3f}, {s['bootstrap']['hi']:.3f}]"
+        line = next((x for x in readme.splitlines() if x.startswith(f"  | {short.get(r['row'], r['row'])} | ")), None)
+        assert line is not None, r["row"]
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        sampled = f"{r['success_sampled']['mean']:.3f}"
+        assert cells[1].startswith(cell) and cells[2] == boot and cells[3] == sampled, line
+    mr_vs_control = result["comparisons"][f"{MR_ROW} minus {CONTROL_ROW}"]["success"]["seeds"]
+    assert f"{mr_vs_control['mean']:+.3f} [{mr_vs_control['lo']:+.3f}, {mr_vs_control['hi']:+.3f}]" in readme
