@@ -193,6 +193,25 @@ def test_concurrency_bounds_episodes_in_flight():
     assert stub.max_active == 5  # one agent_0 call per episode at a time
 
 
+def test_a_batch_that_fills_during_the_ramp_leaves_before_the_ramp_ends():
+    """Episodes start a group at a time (one pass of the event loop per group, not per
+    episode), and a batch filled by the first groups is sent before the later groups start."""
+    from collab_env.rollout.engine import _RAMP_GROUP
+
+    started_at_call = []
+
+    class Recording(Stub):
+        async def act(self, observations, **kw):
+            started_at_call.append(eng.stats.submitted)
+            return await super().act(observations, **kw)
+
+    eng = lr_engine(Recording(0.0), concurrency=128, max_batch_size=8, max_wait_ms=1000.0)
+    eng.run(128, raise_on_error=True)
+    # The first batch filled within the first group; it left once that group's episodes had
+    # moved and the next group had started: far from all 128 (a ramp that never yielded).
+    assert started_at_call[0] == 2 * _RAMP_GROUP < 128
+
+
 def test_max_concurrent_calls_bounds_policy_calls_of_all_episodes():
     stub = Stub(0.01)
     eng = lr_engine(stub, concurrency=20, batching=False, max_concurrent_calls=3)
