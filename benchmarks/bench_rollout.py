@@ -238,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         ramp, gc_s, gcs = engine.ramp_seconds, engine.gc_seconds, engine.gc_collections  # type: ignore[attr-defined]
         print(f"engine      {engine_wall:8.3f}s  (concurrency={n}, max_batch_size={args.batch}: {b.batches} stub calls "
               f"for {b.observations} observations, mean batch {b.mean_batch_size:.1f})")
-        print(f"            last first move sent at {ramp:.3f}s (the ramp); {gcs} garbage collection(s), {gc_s:.3f}s CPU")
+        print(f"            last first move sent at {ramp:.3f}s (the ramp); "
+              f"{gcs} garbage collection(s), {gc_s:.3f}s CPU")
     load1 = os.getloadavg()[0]
     cpu_us = engine_cpu / (n * T) * 1e6
     print(f"engine CPU  {engine_cpu:8.3f}s  = {cpu_us:.1f} us per episode-turn  (load average "
