@@ -547,6 +547,45 @@ def test_the_collector_threshold_is_raised_while_a_run_is_in_flight_and_restored
         RolloutEngine("length-ratio", {}, gc_threshold=0)
 
 
+def test_a_run_ends_without_a_collection_scanning_the_objects_it_leaves():
+    """The last run to end moves the young objects (mostly the episodes its caller keeps) to the
+    oldest generation before it restores the threshold, so no collection scans them as the run
+    ends; not once gc_threshold objects moved so wait for a full collection, nor when someone
+    froze objects (unfreezing them would undo that)."""
+    import gc
+
+    from collab_env.rollout import jobs
+
+    started = []
+
+    def on_gc(phase, info):
+        if phase == "start":
+            started.append(info["generation"])
+
+    def run():
+        engine = lr_engine(Stub(0.0), concurrency=64)
+        gc.collect(0)  # so that what comes before the run raises the threshold starts no collection
+        started.clear()
+        assert len(engine.run(64, raise_on_error=True)) == 64
+        return list(started)
+
+    gc.collect()  # a full collection: nothing moved waits for one
+    gc.callbacks.append(on_gc)
+    try:
+        assert run() == []
+        jobs._GC_PROMOTED = RolloutConfig().gc_threshold  # as if that many were waiting already
+        assert run() != []  # left young: the restored threshold's collection scanned them
+        gc.collect()  # examines what was moved: the count starts again
+        assert run() == []
+        gc.freeze()
+        try:
+            assert run() != [] and gc.get_freeze_count() > 0  # still frozen (unfreezing empties it)
+        finally:
+            gc.unfreeze()
+    finally:
+        gc.callbacks.remove(on_gc)
+
+
 # -- behaviour kept across engine changes ------------------------------------------------------
 class _Echo:
     """Replies with its row seed and what it saw: a transcript shows every seed and observation."""
