@@ -29,7 +29,9 @@ The figure of merit printed last is ``engine / ideal`` from this one run (target
 ``sequential / engine`` and ``vector / engine``. Beside the wall time it prints the process's CPU
 time per episode-turn during the engine's run (``time.process_time``): the engine's own cost,
 much less sensitive than wall time to other load on the machine (``uptime``'s load average is
-printed with it).
+printed with it), when the last episode's first move reached the stub (the ramp: every episode's
+reset and first move come before it, so the wall time is at least the ramp plus ``T x L``) and the
+CPU of the garbage collections during the run.
 
 ``--ray-workers K`` runs the engine as a :class:`~collab_env.rollout.RayRolloutEngine` of K Ray
 workers (one CPU each) instead: each worker runs a local engine on the chunks of jobs it is sent
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import math
 import os
@@ -73,10 +76,13 @@ class FixedLatencyStub:
         self.latency = latency
         self.calls = 0
         self.observations = 0
+        self.last_first_move = 0.0  # perf_counter of the last call holding an episode's first move
 
     async def act(self, observations, **sampling):
         self.calls += 1
         self.observations += len(observations)
+        if any(len(o) == 1 for o in observations):  # the prompt alone: an episode's first move
+            self.last_first_move = time.perf_counter()
         await asyncio.sleep(self.latency)
         return [Completion(TEXT, finish_reason="stop") for _ in observations]
 
@@ -86,11 +92,26 @@ def bench_engine(n: int, turns: int, latency: float, batch: int) -> tuple[float,
     engine = RolloutEngine(ENV, {"agent_0": stub}, env_kwargs={"num_turns": turns}, concurrency=n,
                            max_batch_size=batch, max_wait_ms=2.0, progress=False)
     engine.prepare_envs(n)
-    c0, t0 = time.process_time(), time.perf_counter()
-    results = engine.run(n)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    collections: list[float] = []
+
+    def on_gc(phase: str, info: dict) -> None:  # CPU of each collection during the run
+        if phase == "start":
+            collections.append(time.process_time())
+        elif collections:
+            collections[-1] = time.process_time() - collections[-1]
+
+    gc.callbacks.append(on_gc)
+    try:
+        c0, t0 = time.process_time(), time.perf_counter()
+        results = engine.run(n)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        gc.callbacks.remove(on_gc)
     _check(results, turns)
     engine.cpu_seconds = cpu  # type: ignore[attr-defined]
+    engine.ramp_seconds = stub.last_first_move - t0  # type: ignore[attr-defined]
+    engine.gc_seconds = sum(collections)  # type: ignore[attr-defined]
+    engine.gc_collections = len(collections)  # type: ignore[attr-defined]
     return wall, stub, engine
 
 
@@ -203,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"work: N={n} episodes of {ENV} (num_turns={T}), stub latency L={L}s per call; ideal T*L = {ideal:.3f}s")
 
     load0 = os.getloadavg()[0]
+    ramp = gc_s = gcs = None
     if args.ray_workers:
         engine_wall, engine_cpu = bench_ray(n, T, L, args.batch, args.ray_workers, args.chunk_size)
         mean_batch = None
@@ -213,8 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         engine_cpu = engine.cpu_seconds  # type: ignore[attr-defined]
         b = engine.stats.batches["stub"]
         mean_batch = b.mean_batch_size
+        ramp, gc_s, gcs = engine.ramp_seconds, engine.gc_seconds, engine.gc_collections  # type: ignore[attr-defined]
         print(f"engine      {engine_wall:8.3f}s  (concurrency={n}, max_batch_size={args.batch}: {b.batches} stub calls "
               f"for {b.observations} observations, mean batch {b.mean_batch_size:.1f})")
+        print(f"            last first move sent at {ramp:.3f}s (the ramp); "
+              f"{gcs} garbage collection(s), {gc_s:.3f}s CPU")
     load1 = os.getloadavg()[0]
     cpu_us = engine_cpu / (n * T) * 1e6
     print(f"engine CPU  {engine_cpu:8.3f}s  = {cpu_us:.1f} us per episode-turn  (load average "
@@ -245,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                      "ideal_s": ideal, "engine_over_ideal": round(engine_wall / ideal, 4),
                      "cpu_s": round(engine_cpu, 4), "cpu_us_per_episode_turn": round(cpu_us, 2),
                      "mean_batch": None if mean_batch is None else round(mean_batch, 2),
+                     "ramp_s": None if ramp is None else round(ramp, 4),
+                     "gc_s": None if gc_s is None else round(gc_s, 4), "gc_collections": gcs,
                      "load_avg_1min_before": round(load0, 2), "load_avg_1min_after": round(load1, 2),
                      "cores": os.cpu_count(), "collab_env": str(Path(collab_env.__file__).parent.parent),
                      "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})

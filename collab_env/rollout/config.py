@@ -51,9 +51,15 @@ class RolloutConfig:
             thousands of episodes alive each collection rescans their state: at 4,096 episodes
             the default threshold cost about half of the engine's CPU, 50,000 still ~0.5 s of
             ~2.8 s in 12 collections, 1,000,000 ~0.25 s in one (none of them found garbage: the
-            episodes' objects are freed by reference counting). The price: cyclic garbage, if
-            any, waits for up to that many net allocations (on the order of 100 MB). ``None``
-            leaves the collector alone (results never depend on it).
+            episodes' objects are freed by reference counting), and that one came as the run
+            ended, when the restored threshold had the next allocation scan every object the run
+            left (the episodes kept: ~520,000 objects at 4,096 episodes). So the last run to end
+            first moves the young objects to the oldest generation, unscanned
+            (:func:`~collab_env.rollout.jobs.collector_threshold`). The price: cyclic garbage, if
+            any, waits for up to that many net allocations (on the order of 100 MB) during a run,
+            and what a run leaves waits for the next full collection (at most this many objects
+            moved so at once; none moved while a caller has frozen objects). ``None`` leaves the
+            collector alone (results never depend on it).
         clock: Monotonic clock of the rate limiter (injectable for tests).
         sleep: Async sleep of the rate limiter (injectable for tests).
     """

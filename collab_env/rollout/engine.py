@@ -38,6 +38,9 @@ from collab_env.types import Episode
 
 __all__ = ["RolloutEngine"]
 
+#: Episodes started per pass of the event loop while a run ramps up (see ``astream``'s ``fill``).
+_RAMP_GROUP = 16
+
 def _players_and_spec(env: Any, factory: Callable[[], CollabEnv]) -> tuple[list[str], Any]:
     if isinstance(env, str):
         from collab_env.registry import spec
@@ -248,13 +251,19 @@ class RolloutEngine:
                     fatal.append(f)
 
         async def fill() -> None:
+            started = 0
             for job in feeder.take(lambda: len(running), lambda: bool(fatal)):
                 task = asyncio.ensure_future(self.arun_job(job))
                 task.add_done_callback(on_end)
                 running.add(task)
-                # Ramp up one episode at a time: a batch that fills while episodes are still
-                # starting goes out at once, instead of queueing behind every other episode's
-                # reset. Batches then come back staggered, not all in the same instant.
+                started += 1
+                # Ramp up a few episodes at a time: a batch that fills while episodes are still
+                # starting goes out after at most _RAMP_GROUP more first moves, instead of
+                # queueing behind every other episode's reset, and batches come back staggered.
+                # Not one at a time: each yield is a pass of the event loop (a select call).
+                if started % _RAMP_GROUP == 0:
+                    await asyncio.sleep(0)
+            if started % _RAMP_GROUP:
                 await asyncio.sleep(0)
 
         try:

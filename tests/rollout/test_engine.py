@@ -193,6 +193,25 @@ def test_concurrency_bounds_episodes_in_flight():
     assert stub.max_active == 5  # one agent_0 call per episode at a time
 
 
+def test_a_batch_that_fills_during_the_ramp_leaves_before_the_ramp_ends():
+    """Episodes start a group at a time (one pass of the event loop per group, not per
+    episode), and a batch filled by the first groups is sent before the later groups start."""
+    from collab_env.rollout.engine import _RAMP_GROUP
+
+    started_at_call = []
+
+    class Recording(Stub):
+        async def act(self, observations, **kw):
+            started_at_call.append(eng.stats.submitted)
+            return await super().act(observations, **kw)
+
+    eng = lr_engine(Recording(0.0), concurrency=128, max_batch_size=8, max_wait_ms=1000.0)
+    eng.run(128, raise_on_error=True)
+    # The first batch filled within the first group; it left once that group's episodes had
+    # moved and the next group had started: far from all 128 (a ramp that never yielded).
+    assert started_at_call[0] == 2 * _RAMP_GROUP < 128
+
+
 def test_max_concurrent_calls_bounds_policy_calls_of_all_episodes():
     stub = Stub(0.01)
     eng = lr_engine(stub, concurrency=20, batching=False, max_concurrent_calls=3)
@@ -526,6 +545,45 @@ def test_the_collector_threshold_is_raised_while_a_run_is_in_flight_and_restored
     assert seen == [before[0]]
     with pytest.raises(ConfigError, match="gc_threshold"):
         RolloutEngine("length-ratio", {}, gc_threshold=0)
+
+
+def test_a_run_ends_without_a_collection_scanning_the_objects_it_leaves():
+    """The last run to end moves the young objects (mostly the episodes its caller keeps) to the
+    oldest generation before it restores the threshold, so no collection scans them as the run
+    ends; not once gc_threshold objects moved so wait for a full collection, nor when someone
+    froze objects (unfreezing them would undo that)."""
+    import gc
+
+    from collab_env.rollout import jobs
+
+    started = []
+
+    def on_gc(phase, info):
+        if phase == "start":
+            started.append(info["generation"])
+
+    def run():
+        engine = lr_engine(Stub(0.0), concurrency=64)
+        gc.collect(0)  # so that what comes before the run raises the threshold starts no collection
+        started.clear()
+        assert len(engine.run(64, raise_on_error=True)) == 64
+        return list(started)
+
+    gc.collect()  # a full collection: nothing moved waits for one
+    gc.callbacks.append(on_gc)
+    try:
+        assert run() == []
+        jobs._GC_PROMOTED = RolloutConfig().gc_threshold  # as if that many were waiting already
+        assert run() != []  # left young: the restored threshold's collection scanned them
+        gc.collect()  # examines what was moved: the count starts again
+        assert run() == []
+        gc.freeze()
+        try:
+            assert run() != [] and gc.get_freeze_count() > 0  # still frozen (unfreezing empties it)
+        finally:
+            gc.unfreeze()
+    finally:
+        gc.callbacks.remove(on_gc)
 
 
 # -- behaviour kept across engine changes ------------------------------------------------------
