@@ -98,10 +98,10 @@ def collaboration_rows(result: Any, split: str = "test") -> dict[str, dict[str, 
     :func:`collab_env.tasks.hidden_facts.collaboration_stats`: questions by the rule the env's user
     follows, facts from the env's record of what the user revealed."""
     import collab_env
-    from collab_env.tasks.hidden_facts import _clause_rule, collaboration_stats
+    from collab_env.tasks.hidden_facts import clause_rule, collaboration_stats
 
     task = collab_env.make(MODEL_ENV, split=split).unwrapped.task
-    rule = _clause_rule(task.config.user_rule)
+    rule = clause_rule(task.config.user_rule)
     rows = {}
     for label, res in result.results.items():
         eps = [res.episodes[k] for k in sorted(res.episodes)]

@@ -137,6 +137,7 @@ __all__ = [
     "ASK_PHRASINGS",
     "SPLIT_SCENARIOS",
     "collaboration_stats",
+    "clause_rule",
     "TERMINATION_SIGNAL",
 ]
 
@@ -148,7 +149,7 @@ TERMINATION_SIGNAL = "[[TERMINATE CHAT]]"
 USER_RULES = ("syntax", "question", "keyword")
 
 
-def _clause_rule(user_rule: str) -> str:
+def clause_rule(user_rule: str) -> str:
     """The :mod:`collab_env.tasks.questions` rule a user rule judges clauses by."""
     return questions.SYNTAX if user_rule == "syntax" else questions.OPENER
 
@@ -643,7 +644,7 @@ class HiddenFactsTask(Task):
                     reason="answered",
                 )
             if cfg.guess_is_wrong and guessed_facts(state.item, moves["assistant"], _user_texts(state.messages),
-                                                    rule=_clause_rule(cfg.user_rule)):
+                                                    rule=clause_rule(cfg.user_rule)):
                 penalty = cfg.cost_per_turn * (state.moves["assistant"] - 1)
                 comp = {"accuracy": 0.0, "turn_cost": -penalty}
                 return Outcome(
@@ -895,7 +896,7 @@ class HiddenFactsUser(ScriptedPolicy):
             reply = self._keyword_reveal(hidden, asked, said)
         else:
             reply = self._question_reveal(hidden, asked, _user_texts(list(observation)),
-                                          _clause_rule(hidden.get("user_rule", "question")))
+                                          clause_rule(hidden.get("user_rule", "question")))
         if reply and not reply[0].startswith(_UNHELPFUL):
             if self.paraphrase:
                 by_sentence = {f["sentence"]: f for f in hidden["facts"]}
