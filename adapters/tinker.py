@@ -51,7 +51,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from collab_env.errors import ConfigError, EnvStateError, require
-from collab_env.types import ToolCall, template_chat
+from collab_env.types import Tool, ToolCall, template_chat
 
 _cookbook = require("tinker_cookbook", "tinker", "collab_env.adapters.tinker")
 import chz  # noqa: E402
@@ -210,9 +210,8 @@ def declare_tools(renderer: renderers.Renderer, messages: list[renderers.Message
     the previous one token by token. No tools: ``messages`` as given."""
     if not tools:
         return messages
-    specs = [renderers.ToolSpec(name=f["name"], description=f.get("description", ""),
-                                parameters=dict(f.get("parameters") or {"type": "object", "properties": {}}))
-             for f in (t["function"] if t.get("type") == "function" else t for t in tools)]
+    specs = [renderers.ToolSpec(name=t.name, description=t.description, parameters=dict(t.parameters))
+             for t in map(Tool.from_dict, tools)]
     system = ""
     rest = list(messages)
     if rest and rest[0]["role"] == "system":
