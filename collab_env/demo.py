@@ -207,15 +207,6 @@ def _iv(s: dict[str, Any], sign: str = "") -> str:
     return f"[{s['lo']:{sign}.2f}, {s['hi']:{sign}.2f}]"
 
 
-def _cells_differ(d: dict[str, Any], treat: str, ctrl: str, metric: str) -> tuple[int, int]:
-    """How many (training seed, item) cells of ``metric`` differ between two rows, of those both have."""
-    def cells(row: str) -> dict[tuple[Any, Any], float]:
-        return {(e["train_seed"], e["index"]): e[metric] for e in d.get("episodes", {}).get(row, [])}
-    a, b = cells(treat), cells(ctrl)
-    both = [k for k in a if k in b]
-    return sum(a[k] != b[k] for k in both), len(both)
-
-
 def table_headline(path: Path) -> list[str]:
     """The full table's headline, read from its results file: what the SFT teacher was; the trained
     row whose interval has the highest lower bound (the crossed seeds x items bootstrap, which
@@ -251,12 +242,11 @@ def table_headline(path: Path) -> list[str]:
         if c is None:
             continue
         sd = c["seeds"]
-        differ, cells = _cells_differ(d, MR_ROW, ctrl, "success")
         zero = sd["lo"] <= 0.0 <= sd["hi"]
         lines.append(f"GRPO on MR minus {what}: success {sd['mean']:+.2f} (paired by seed and item: {_iv(sd, '+')} "
                      f"t over {sd['n_seeds']} seeds" + (f"; {_iv(c['bootstrap'], '+')} bootstrap" if "bootstrap" in c
                                                         else "")
-                     + (f"; the rows differ in {differ} of {cells} cells" if cells else "") + "): "
+                     + f"; the rows differ in {c['differ']} of {c['cells']} cells): "
                      + ("no difference shown." if zero else ("better." if sd["lo"] > 0 else "worse.")))
     if not d.get("complete", False):
         lines.append("(The table's run is not complete: some rows have fewer seeds than asked.)")

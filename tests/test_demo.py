@@ -21,6 +21,7 @@ from collab_env.demo import (
     table_headline,
 )
 from collab_env.eval import compare
+from collab_env.eval.stats import paired_difference
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,7 +97,8 @@ def _table(rows: dict, diffs: dict) -> dict:
     return {"eval": {"split": "test"}, "sft_teacher": "the scripted reference", "complete": True,
             "rows": [{"row": name, "seeds": [] if name in (BASE, PROACTIVE) else [0, 1, 2, 3, 4],
                       "success": stat(*v, seeds=name not in (BASE, PROACTIVE))} for name, v in rows.items()],
-            "comparisons": {k: {"success": {"seeds": stat(*v, seeds=True)}} for k, v in diffs.items()}}
+            "comparisons": {k: {"success": {"seeds": stat(*v, seeds=True), "cells": 160, "differ": 7}}
+                            for k, v in diffs.items()}}
 
 
 def test_the_headline_reads_the_tables_strongest_comparison_and_says_a_null_plainly(tmp_path):
@@ -116,14 +118,16 @@ def test_the_headline_reads_the_tables_strongest_comparison_and_says_a_null_plai
                                "item: [-0.03, +0.05] t over 5 seeds")
     assert lines[2].endswith("): no difference shown.")
     assert lines[3].endswith("): better.") and len(lines) == 4
-    # with the episodes' cells and the bootstrap, the row is picked by the bootstrap's lower bound
-    # and the comparison counts the cells in which the rows differ
+    assert "the rows differ in 7 of 160 cells" in lines[2]
+    # with the bootstrap, the row is picked by the bootstrap's lower bound; the comparison quotes
+    # the cells in which the rows differ as the results file counts them (paired_difference)
     d = json.loads(path.read_text())
     for r in d["rows"]:
         r["success"]["bootstrap"] = {"mean": r["success"]["mean"], "lo": 0.5 if r["row"] == "SFT" else 0.2,
                                      "hi": 0.9}
-    d["episodes"] = {MR_ROW: [{"train_seed": 0, "index": i, "success": 1.0} for i in range(4)],
-                     CONTROL_ROW: [{"train_seed": 0, "index": i, "success": float(i > 0)} for i in range(4)]}
+    d["comparisons"][f"{MR_ROW} minus {CONTROL_ROW}"]["success"].update(
+        paired_difference({0: {i: 1.0 for i in range(4)}}, {0: {i: float(i > 0) for i in range(4)}}, num_boot=10),
+        seeds=d["comparisons"][f"{MR_ROW} minus {CONTROL_ROW}"]["success"]["seeds"])
     path.write_text(json.dumps(d))
     lines = table_headline(path)
     assert lines[1].startswith("Its strongest comparison: SFT succeeds on 0.70")

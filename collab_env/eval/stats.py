@@ -178,7 +178,9 @@ def paired_difference(a: Mapping[Any, Mapping[Any, float]], b: Mapping[Any, Mapp
                       level: float = 0.95, seed: int = 0, num_boot: int = NUM_BOOT) -> dict[str, Any]:
     """``a - b`` per (seed, item) cell that both rows have, with :func:`seed_interval` of the
     per-seed mean differences (``"seeds"``) and :func:`hierarchical_bootstrap` (``"bootstrap"``);
-    ``"cells"`` counts the pairs. Rows that share no cell are an error."""
+    ``"cells"`` counts the pairs and ``"differ"`` those whose values differ (a zero-width interval
+    over seeds is then read as "the rows agree in every cell" or not). Rows that share no cell are
+    an error."""
     diff: dict[Any, dict[Any, float]] = {}
     for s in a:
         if s in b:
@@ -189,7 +191,8 @@ def paired_difference(a: Mapping[Any, Mapping[Any, float]], b: Mapping[Any, Mapp
         raise ConfigError("the two rows share no (seed, item) cell: a paired difference needs the same seeds "
                           "and items in both.")
     seeds = seed_interval(diff, level)
-    return {"mean": seeds["mean"], "cells": sum(len(v) for v in diff.values()), "seeds": seeds,
+    return {"mean": seeds["mean"], "cells": sum(len(v) for v in diff.values()),
+            "differ": sum(x != 0.0 for v in diff.values() for x in v.values()), "seeds": seeds,
             "bootstrap": hierarchical_bootstrap(diff, level=level, seed=seed, num_boot=num_boot)}
 
 

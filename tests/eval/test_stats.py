@@ -86,6 +86,7 @@ def test_paired_difference_uses_only_the_shared_cells():
     b = {0: {0: 0.0, 1: 1.0}, 1: {0: 0.0, 1: 0.0, 5: 1.0}}
     d = paired_difference(a, b, num_boot=200)
     assert d["cells"] == 4 and d["seeds"]["n_seeds"] == 2
+    assert d["differ"] == 2  # seed 0: items 0 (1 - 0) and 1 (equal); seed 1: items 0 (1 - 0) and 1 (equal)
     assert d["seeds"]["seed_means"] == {0: 0.5, 1: 0.5} and d["mean"] == 0.5
     with pytest.raises(ConfigError, match="share no"):
         paired_difference({0: {0: 1.0}}, {1: {0: 1.0}})
