@@ -60,7 +60,7 @@ def caller(tiny_dir, tmp_path_factory):
     model, tok = load_tiny_chat_model(tiny_dir)
     sft = SFTTrainer(model=model, tokenizer=tok,
                      train_dataset=[{"messages": obs.to_chat() + [{"role": "assistant", "content": call}]}],
-                     args=SFTConfig(learning_rate=1e-2, num_train_epochs=80, per_device_train_batch_size=1,
+                     args=SFTConfig(learning_rate=3e-3, num_train_epochs=80, per_device_train_batch_size=1,
                                     max_length=4096, eval_interval=0, logging_steps=80, plot=False,
                                     output_dir=str(tmp_path_factory.mktemp("sft"))))
     sft.train()
@@ -194,5 +194,8 @@ def test_trl_grpo_on_phone_support_trains_the_calls_never_the_results_or_the_use
             if results:
                 with_call += 1
                 calls = [t.completion for t in moves if t.text.lstrip().startswith("{")]
-                assert calls and all('"name"' in tok.decode(list(c.token_ids)) for c in calls)
+                # every move sent as a call is the ids the model generated; at least one is a named call
+                # (at temperature 0.5 a later move may be a garbled "{...", which the env answers with an error)
+                assert calls and all(tok.decode(list(c.token_ids)).startswith(c.text) for c in calls)
+                assert any('"name"' in tok.decode(list(c.token_ids)) for c in calls)
     assert with_call  # the batch held tool calls and their results
