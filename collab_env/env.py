@@ -106,7 +106,8 @@ class EpisodeState:
 
     index: int | None
     item: Mapping[str, Any]
-    rng: np.random.Generator
+    rng_seed: int
+    """The seed of :attr:`rng` (drawn from the env's ``np_random`` at reset)."""
     messages: list[Message] = field(default_factory=list)
     step: int = 0
     on_turn: tuple[str, ...] = ()
@@ -126,6 +127,20 @@ class EpisodeState:
     """Per player, the tool calls it made (malformed ones included)."""
     tool_errors: dict[str, int] = field(default_factory=dict)
     """Per player, the tool calls that failed (malformed, unknown tool, bad arguments, refused)."""
+    _rng: np.random.Generator | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The episode's own generator (``np.random.default_rng(rng_seed)``), for tasks that draw
+        during an episode. Built on first use: most tasks never draw, and building one costs more
+        than the rest of a reset of a small task."""
+        if self._rng is None:
+            self._rng = np.random.default_rng(self.rng_seed)
+        return self._rng
+
+    @rng.setter
+    def rng(self, value: np.random.Generator) -> None:
+        self._rng = value
 
     @property
     def conversation(self) -> Conversation:
@@ -141,7 +156,7 @@ class EpisodeState:
         return EpisodeState(
             index=self.index,
             item=self.item,
-            rng=copy.deepcopy(self.rng),
+            rng_seed=self.rng_seed,
             messages=list(self.messages),
             step=self.step,
             on_turn=self.on_turn,
@@ -157,6 +172,7 @@ class EpisodeState:
             seed=self.seed,
             tool_calls=dict(self.tool_calls),
             tool_errors=dict(self.tool_errors),
+            _rng=None if self._rng is None else copy.deepcopy(self._rng),
         )
 
 
@@ -427,9 +443,9 @@ class CollabEnv(ParallelEnv[str, Conversation, str]):
                 have = f"indices 0..{n - 1}" if n is not None else "indices 0 and up (generated items)"
                 raise ConfigError(f"options['index']={index} is out of range: the task has {have}; "
                                   "pass an index in that range.")
-        episode_rng = np.random.default_rng(int(rng.integers(2**63 - 1)))
+        rng_seed = int(rng.integers(2**63 - 1))
         item = self.task.item_from_row(row) if row is not None else self.task.get_item(index)
-        state = EpisodeState(index=index, item=item, rng=episode_rng, seed=None if seed is None else int(seed))
+        state = EpisodeState(index=index, item=item, rng_seed=rng_seed, seed=None if seed is None else int(seed))
         state.moves = dict.fromkeys(self.possible_agents, 0)
         state.chars = dict.fromkeys(self.possible_agents, 0)
         start = self.task.start(state, {k: v for k, v in options.items() if k in self.task.option_keys})

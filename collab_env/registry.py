@@ -33,6 +33,7 @@ import re
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from collab_env.errors import ConfigError, DeprecatedEnvWarning, UnknownEnvError, did_you_mean
@@ -343,11 +344,12 @@ class EnvSpec:
                 f"spec's reward_range {list(self.reward_range)}; make them the same bounds."
             )
 
-    @property
+    # Cached: every make() looks up its env's versions among all registered specs.
+    @cached_property
     def name(self) -> str:
         return _ID_RE.match(self.id).group("name")  # type: ignore[union-attr]
 
-    @property
+    @cached_property
     def version(self) -> int:
         return int(_ID_RE.match(self.id).group("version"))  # type: ignore[union-attr]
 

@@ -14,6 +14,7 @@ Used by :class:`~collab_env.tasks.dataset_task.DatasetTask` (behind
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import numbers
@@ -69,11 +70,22 @@ def callable_name(fn: Any) -> str:
 
 def signature_of(fn: Callable[..., Any]) -> inspect.Signature | None:
     """``inspect.signature(fn)``, or ``None`` for a callable that has none (some builtins and C
-    callables): such a function gets no optional keywords and is not checked."""
+    callables): such a function gets no optional keywords and is not checked. Kept per function
+    (every env built reads the signatures of its task's functions again)."""
+    try:
+        return _signature_cached(fn)
+    except TypeError:  # an unhashable callable object: not kept
+        return _signature(fn)
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
     try:
         return inspect.signature(fn)
     except (TypeError, ValueError):  # some builtins and C callables have none
         return None
+
+
+_signature_cached = functools.lru_cache(maxsize=1024)(_signature)
 
 
 def declared_keywords(sig: inspect.Signature | None, names: Sequence[str]) -> tuple[str, ...]:
