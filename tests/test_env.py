@@ -102,6 +102,31 @@ def test_clone_is_independent_and_exact():
     assert fork.episode.step == 3 and env.episode.step == 2
 
 
+def test_the_episode_generator_is_seeded_by_the_reset_and_forks_where_it_stands():
+    """``EpisodeState.rng`` is built on first use from the seed drawn at reset: a seeded reset
+    gives the same draws every time, other seeds give others, and a clone (drawn from or not)
+    continues the stream from where the original stands."""
+    import numpy as np
+
+    def draws(seed):
+        env = make_two_writers()
+        env.reset(seed=seed)
+        return env.episode.rng.integers(1 << 30, size=4).tolist()
+
+    assert draws(5) == draws(5) and draws(5) != draws(6)
+    env = make_two_writers()
+    env.reset(seed=5)
+    untouched = env.clone()  # forked before any draw: starts the stream itself
+    first = env.episode.rng.integers(1 << 30, size=2).tolist()
+    fork = env.clone()  # forked after two draws: continues from there
+    rest = env.episode.rng.integers(1 << 30, size=2).tolist()
+    assert first + rest == draws(5)
+    assert fork.episode.rng.integers(1 << 30, size=2).tolist() == rest
+    assert untouched.episode.rng.integers(1 << 30, size=4).tolist() == draws(5)
+    assert env.episode.rng_seed == untouched.episode.rng_seed
+    assert draws(5) == np.random.default_rng(env.episode.rng_seed).integers(1 << 30, size=4).tolist()
+
+
 def test_pickle_mid_episode():
     env = make_two_writers()
     env.reset(seed=0)
