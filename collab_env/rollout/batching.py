@@ -89,14 +89,17 @@ class _Batch:
     resolves them, so a batch that answers schedules no callback per caller.
     """
 
-    __slots__ = ("calls", "task")
+    __slots__ = ("calls", "task", "cancelled")
 
     def __init__(self, calls: list[_Call]) -> None:
         self.calls = calls
         self.task: asyncio.Task | None = None
+        self.cancelled = 0  # callers cancelled so far (counted: a stopped run cancels them one by one)
 
-    def __call__(self, _future: asyncio.Future) -> None:
-        if self.task is not None and not self.task.done() and all(c.future.cancelled() for c in self.calls):
+    def __call__(self, future: asyncio.Future) -> None:
+        if future.cancelled():
+            self.cancelled += 1
+        if self.cancelled == len(self.calls) and self.task is not None and not self.task.done():
             self.task.cancel()
 
 

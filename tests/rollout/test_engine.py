@@ -353,6 +353,23 @@ def test_a_batch_whose_callers_were_all_cancelled_is_abandoned_or_never_sent():
     assert stub.log == [] and stub.active == 0  # the running batch was cancelled, not answered
 
 
+def test_a_batch_keeps_running_while_one_of_its_callers_is_not_cancelled():
+    stub = Stub(0.1)
+    batched = BatchedPolicy(stub, max_batch_size=3, max_wait_ms=50)
+
+    async def main():
+        obs = Conversation()
+        callers = [asyncio.ensure_future(batched.act([obs], seed=s)) for s in (1, 2, 3)]
+        await asyncio.sleep(0.02)
+        callers[0].cancel()
+        callers[2].cancel()
+        return await callers[1]
+
+    [answer] = asyncio.run(main())
+    assert [n for n, _ in stub.calls] == [3] and len(stub.log) == 1  # sent once, answered, not cancelled
+    assert answer.text
+
+
 def test_a_missing_api_key_stops_a_litellm_rollout_after_one_round_of_requests(monkeypatch):
     pytest.importorskip("litellm")
     from collab_env.agents.limiter import ConcurrencyLimiter
