@@ -49,6 +49,9 @@ TRUSTED_KEYS: dict[str, str] = {
     # entries of the current tracks (v4 hidden-facts, the -mini CollabLLM twins, letter-requests@v2),
     # so the board was re-verified and re-signed with this one.
     "collab-env-board-2026-12c": "3f50c981a06019f7b285905ee26d041996cb31ed6c82a1c5603ca8adba629889",
+    # Pinned on 2026-12-07: the machine that held 12c's private half was replaced (the key lived
+    # outside the repository, as it must), so the board was re-verified and re-signed with this one.
+    "collab-env-board-2026-12d": "2e595db83d2389c6a5ce5da43c263212f088f6aab4f64d6acd73a7a456d56e5b",
 }
 
 
