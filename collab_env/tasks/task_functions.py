@@ -14,10 +14,10 @@ Used by :class:`~collab_env.tasks.dataset_task.DatasetTask` (behind
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 import numbers
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -70,22 +70,25 @@ def callable_name(fn: Any) -> str:
 
 def signature_of(fn: Callable[..., Any]) -> inspect.Signature | None:
     """``inspect.signature(fn)``, or ``None`` for a callable that has none (some builtins and C
-    callables): such a function gets no optional keywords and is not checked. Kept per function
-    (every env built reads the signatures of its task's functions again)."""
+    callables): such a function gets no optional keywords and is not checked. Kept while the
+    function lives (every env built reads the signatures of its task's functions again); held
+    weakly, so a kept signature never keeps a function, or what its closure holds, alive."""
     try:
-        return _signature_cached(fn)
-    except TypeError:  # an unhashable callable object: not kept
-        return _signature(fn)
-
-
-def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+        return _SIGNATURES[fn]
+    except (KeyError, TypeError):  # not seen yet, or a callable that cannot be held weakly
+        pass
     try:
-        return inspect.signature(fn)
+        sig: inspect.Signature | None = inspect.signature(fn)
     except (TypeError, ValueError):  # some builtins and C callables have none
-        return None
+        sig = None
+    try:
+        _SIGNATURES[fn] = sig
+    except TypeError:
+        pass
+    return sig
 
 
-_signature_cached = functools.lru_cache(maxsize=1024)(_signature)
+_SIGNATURES: weakref.WeakKeyDictionary[Any, inspect.Signature | None] = weakref.WeakKeyDictionary()
 
 
 def declared_keywords(sig: inspect.Signature | None, names: Sequence[str]) -> tuple[str, ...]:
