@@ -277,7 +277,7 @@ class ResponseCache:
                          else f"it has no {table} table; its tables: {sorted(tables)[:8]}")
                 raise ConfigError(f"{str(self.path)!r} is a SQLite file, but not a response cache ({found}); it was "
                                   "left as it was. Pass the cache you recorded, or a new path.")
-            conn.execute("PRAGMA journal_mode = WAL")
+            self._use_wal(conn)
             conn.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: durable at checkpoints, fast
             conn.execute(_SCHEMA)
             conn.execute(_SCORES_SCHEMA)
@@ -291,6 +291,25 @@ class ResponseCache:
             ) from exc
         self._conn, self._pid = conn, os.getpid()
         return conn
+
+    def _use_wal(self, conn: sqlite3.Connection) -> None:
+        """Put the file in WAL mode (persistent: done once per file). Changing the journal mode
+        takes an exclusive lock for which SQLite may answer "database is locked" at once, without
+        waiting out the busy timeout, while other processes open the same file (seen with 4
+        writers starting together): so it is asked only when the file is not in WAL mode yet, and
+        retried until ``busy_timeout_s`` has passed."""
+        deadline = time.monotonic() + self.busy_timeout_s
+        delay = 0.005
+        while True:
+            try:
+                if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                    conn.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(2 * delay, 0.2)
 
     def _completion(self, key: str, text: str) -> Completion:
         """A stored completion read back as plain data; damaged JSON is an error naming the key."""
