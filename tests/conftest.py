@@ -14,6 +14,24 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(_var, "1")
 
+
+def _one_thread_per_worker() -> bool:
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")) >= 2
+
+
+def pytest_runtest_setup(item):
+    """Each test on a worker starts on one torch thread, whatever a test module did at import
+    (every worker imports every module) or an earlier test did: ``torch.set_num_threads(2)`` at the
+    top of one module once gave every worker two threads on two cores, and the tests that computed
+    side by side ran 2-6x slower (OpenMP threads waiting on each other), and the suite's wall time swung by
+    minutes with which tests ran side by side."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if _one_thread_per_worker() and torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
 # The tiny model's fixtures (tiny_dir, tiny) come from collab_env.testing.pytest_fixtures, loaded
 # as a plugin by pyproject.toml's addopts.
 

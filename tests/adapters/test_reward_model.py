@@ -20,8 +20,6 @@ from collab_env.adapters.reward_model import (  # noqa: E402
 )
 from collab_env.errors import ConfigError, DataSchemaError  # noqa: E402
 
-torch.set_num_threads(2)  # a shared machine: the tiny model does not need more
-
 WORDS = ("the red box is heavy and blue ball light count then we answer how many apples are left "
          "after eat three of them").split()
 
