@@ -42,6 +42,7 @@ Episode end
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import re
 import warnings
@@ -190,6 +191,10 @@ class Task:
         turn_order: Cycle of sets of players on turn, e.g. ``(("assistant",), ("user",))``.
         option_keys: ``reset(options=...)`` keys the task understands besides ``"index"``.
         default_max_steps: Budget of env steps when the env is not given one.
+        step_blocks: :meth:`step` may block for long (it runs programs in the sandbox and waits
+            for them): ``CollabEnv.astep`` then runs it in a worker thread, so the other episodes
+            on the event loop (a rollout engine's, an audit's) go on meanwhile, and their sandbox
+            runs overlap. ``False`` for tasks whose step is quick Python.
     """
 
     players: tuple[str, ...] = ()
@@ -197,6 +202,7 @@ class Task:
     turn_order: tuple[tuple[str, ...], ...] = ()
     option_keys: ClassVar[frozenset[str]] = frozenset()
     default_max_steps: int = 20
+    step_blocks: bool = False
 
     # -- items ---------------------------------------------------------------------------
     def num_items(self) -> int | None:
@@ -396,7 +402,10 @@ class CollabEnv(ParallelEnv[str, Conversation, str]):
     async def astep(self, actions: Mapping[str, str]) -> tuple[
         dict[str, Conversation], dict[str, float], dict[str, bool], dict[str, bool], dict[str, dict[str, Any]]
     ]:
-        """Apply the moves of the players on turn; see the module docstring."""
+        """Apply the moves of the players on turn; see the module docstring. A task whose step
+        blocks (``Task.step_blocks``: it runs programs) is stepped in a worker thread."""
+        if self.task.step_blocks:
+            return await asyncio.to_thread(self._step, actions)
         return self._step(actions)
 
     # -- sync facades ------------------------------------------------------------------------

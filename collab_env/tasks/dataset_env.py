@@ -55,6 +55,7 @@ def from_dataset(
     system_prompts: str | Sequence[str | None] | Mapping[str, str] | None = None,
     reward_name: str = "reward_func",
     external_prompt_passthrough: bool | None = None,
+    step_blocks: bool = False,
     render_mode: str | None = None,
     max_message_chars: int = 100_000,
     max_total_chars: int | None = None,
@@ -137,6 +138,9 @@ def from_dataset(
         reward_name: Key of the raw reward in ``reward_components``.
         external_prompt_passthrough: ``None`` (collab_env's rule), ``True`` or ``False``
             (CoMLRL's), see Multi-turn.
+        step_blocks: The reward function or the transition blocks for long (it runs programs
+            and waits for them, or calls a service): each step then runs in a worker thread, so
+            the other episodes of a rollout go on meanwhile (``Task.step_blocks``).
         render_mode: ``"ansi"``, ``"human"`` or ``None``.
         max_message_chars: Longest reply kept (longer ones are cut and flagged).
         max_total_chars: Truncate once the agents together wrote this many characters.
@@ -168,6 +172,7 @@ def from_dataset(
         system_prompts=system_prompts,
         reward_name=reward_name,
         external_prompt_passthrough=external_prompt_passthrough,
+        step_blocks=step_blocks,
     )
     return CollabEnv(
         task,

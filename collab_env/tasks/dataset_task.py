@@ -51,6 +51,7 @@ class DatasetTask(Task):
         system_prompts: str | Sequence[str | None] | Mapping[str, str] | None = None,
         reward_name: str = "reward_func",
         external_prompt_passthrough: bool | None = None,
+        step_blocks: bool = False,
     ) -> None:
         self.dataset = self._check_dataset(dataset)
         if external_prompt_passthrough not in (None, True, False):
@@ -58,6 +59,9 @@ class DatasetTask(Task):
                 f"external_prompt_passthrough must be True, False or None, got {external_prompt_passthrough!r}."
             )
         self.external_prompt_passthrough = external_prompt_passthrough
+        if not isinstance(step_blocks, bool):
+            raise ConfigError(f"step_blocks must be True or False, got {step_blocks!r}.")
+        self.step_blocks = step_blocks
         formatters = self._check_formatters(formatters, agent_ids)
         players = self._check_agent_ids(agent_ids, len(formatters))
         if isinstance(num_turns, bool) or not isinstance(num_turns, int) or num_turns < 1:

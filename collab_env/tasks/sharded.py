@@ -332,6 +332,7 @@ class ShardedTask(Task):
                     raise ConfigError(f"mode='full' needs each row's full_prompt; rows {bare[:3]} have none "
                                       "(play them with mode='sharded' or 'concat').")
             self._size = len(self._rows)
+            self.step_blocks = any(r["task"] != "math" for r in self._rows)  # code rows run in the sandbox
             longest = max(len(r["shards"]) for r in self._rows)
             self.default_max_steps = 2 * (max(longest, cfg.max_shards) + cfg.extra_turns)
         elif cfg.suite == "humaneval":
@@ -340,6 +341,7 @@ class ShardedTask(Task):
             problems = [humaneval_problem(t) for t in cfg.task_ids] if cfg.task_ids else load_humaneval()
             self._problems = problems[: cfg.num_items] if cfg.num_items else problems
             self._size = len(self._problems)
+            self.step_blocks = True  # an attempt's program runs in the sandbox
         else:
             self._size = cfg.num_items or 1000
 

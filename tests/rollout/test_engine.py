@@ -185,6 +185,48 @@ def test_episodes_advance_on_their_own_a_fast_episode_is_not_held_by_a_slow_one(
     assert log.index(("yielded", 1000)) < first_slow
 
 
+_STEP_BARRIER: dict = {}
+
+
+def _rendezvous_reward(completions, **_):
+    """A reward that blocks until two episodes' steps are in it at once (a stand-in for a
+    sandbox run that waits for its program): it cannot finish while steps run one at a time."""
+    _STEP_BARRIER["barrier"].wait()
+    return [1.0]
+
+
+def _blocking_env(step_blocks: bool):
+    from collab_env.tasks import from_dataset
+
+    return from_dataset([{"q": "one"}, {"q": "two"}], [lambda item: item["q"]], _rendezvous_reward,
+                        step_blocks=step_blocks)
+
+
+@pytest.mark.parametrize("step_blocks", [True, False])
+def test_a_task_whose_step_blocks_is_stepped_in_a_thread_so_episodes_overlap(step_blocks):
+    """``Task.step_blocks`` (the code envs: their step runs the sandbox): two episodes' steps run
+    at the same time, where a step on the event loop would hold every other episode. Without the
+    flag the rendezvous cannot happen (its timeout breaks it: the control shows the test can fail)."""
+    import threading
+
+    _STEP_BARRIER["barrier"] = threading.Barrier(2, timeout=30 if step_blocks else 1)
+    eng = RolloutEngine(lambda: _blocking_env(step_blocks), {"agent_0": Stub()}, concurrency=2, progress=False)
+    results = eng.run([{"index": 0}, {"index": 1}])
+    if step_blocks:
+        assert [ep.returns["agent_0"] for ep in results] == [1.0, 1.0]
+    else:
+        assert all(isinstance(r, Exception) for r in results), results
+        assert "BrokenBarrierError" in repr(results[0]) or "BrokenBarrierError" in repr(results[0].__cause__)
+
+
+def test_the_code_envs_step_in_a_thread():
+    assert collab_env.make("humaneval").unwrapped.task.step_blocks
+    assert collab_env.make("coop-humaneval").unwrapped.task.step_blocks
+    assert collab_env.make("sharded-humaneval").unwrapped.task.step_blocks
+    assert not collab_env.make("sharded-math").unwrapped.task.step_blocks
+    assert not collab_env.make("length-ratio").unwrapped.task.step_blocks
+
+
 def test_concurrency_bounds_episodes_in_flight():
     stub = Stub(0.01)
     eng = lr_engine(stub, concurrency=5, batching=False)

@@ -64,6 +64,7 @@ def _build(kwargs: dict[str, Any], where: str, formatters: list, reward: Callabl
         num_turns=cfg.num_turns, agent_ids=agent_ids,
         external_transition=external_transition(cfg.feedback, cfg.sandbox_slice),
         reward_processor=cfg.reward_processor, reward_name="comlrl_code",
+        step_blocks=True,  # every step runs the asserts in the sandbox
         render_mode=render_mode, **env_kw,
     )
 
