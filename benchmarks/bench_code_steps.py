@@ -28,9 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._machine import LoadMeter  # noqa: E402
-
 import collab_env  # noqa: E402
+from benchmarks._machine import LoadMeter  # noqa: E402
 from collab_env.env import CollabEnv  # noqa: E402
 from collab_env.rollout import RolloutEngine  # noqa: E402
 
