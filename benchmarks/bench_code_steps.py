@@ -89,19 +89,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     rows = []
-    meter = LoadMeter().start()
-    if True:  # the load is measured over the whole run
-        engine_run(4, 4)  # warm: imports, the dataset, the sandbox's first start
-        for r in range(args.rounds):
-            for name in (("before", "after") if r % 2 == 0 else ("after", "before")):
-                with arm(name):
-                    rows.append({"work": f"engine, humaneval canonical x{args.problems}, {args.concurrency} in flight",
-                                 "arm": name, "round": r, **timed(lambda: engine_run(args.problems, args.concurrency))})
-                print(rows[-1], flush=True)
-        for name in ("before", "after"):
+    meter = LoadMeter().start()  # the load over the whole run
+    engine_run(4, 4)  # warm: imports, the dataset, the sandbox's first start
+    for r in range(args.rounds):
+        for name in (("before", "after") if r % 2 == 0 else ("after", "before")):
             with arm(name):
-                rows.append({"work": "exploit audit of humaneval-v0", "arm": name, "round": 0, **timed(audit_run)})
+                rows.append({"work": f"engine, humaneval canonical x{args.problems}, {args.concurrency} in flight",
+                             "arm": name, "round": r, **timed(lambda: engine_run(args.problems, args.concurrency))})
             print(rows[-1], flush=True)
+    for name in ("before", "after"):
+        with arm(name):
+            rows.append({"work": "exploit audit of humaneval-v0", "arm": name, "round": 0, **timed(audit_run)})
+        print(rows[-1], flush=True)
     load = meter.stop()
     out = {"command": "python " + " ".join(["benchmarks/bench_code_steps.py", *(argv or sys.argv[1:])]),
            "machine": load.to_dict(), "rows": rows}

@@ -8,27 +8,26 @@ for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(_var, "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
+#: Under pytest-xdist (make test's `-n auto`), whatever the worker count.
+_XDIST_WORKER = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+if _XDIST_WORKER:
     # One process per core (make test's `-n auto`): each worker computes on one thread, or every
     # worker's torch/OpenMP pool would take every core and they would fight over them.
     for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(_var, "1")
 
 
-def _one_thread_per_worker() -> bool:
-    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")) >= 2
-
-
 def pytest_runtest_setup(item):
     """Each test on a worker starts on one torch thread, whatever a test module did at import
     (every worker imports every module) or an earlier test did: ``torch.set_num_threads(2)`` at the
     top of one module once gave every worker two threads on two cores, and the tests that computed
-    side by side ran 2-6x slower (OpenMP threads waiting on each other), and the suite's wall time swung by
-    minutes with which tests ran side by side."""
+    side by side ran 2-6x slower (OpenMP threads waiting on each other): the suite's wall time swung by
+    minutes with the order."""
     import sys
 
     torch = sys.modules.get("torch")
-    if _one_thread_per_worker() and torch is not None and torch.get_num_threads() != 1:
+    if _XDIST_WORKER and torch is not None and torch.get_num_threads() != 1:
         torch.set_num_threads(1)
 
 
