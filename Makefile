@@ -26,6 +26,10 @@ demo: $(STAMP)
 # one per core; tests/conftest.py gives each worker one torch/OpenMP thread); an idle worker takes
 # tests queued for a busy one (--dist worksteal); the files holding a test marked slow start first, so
 # the run does not end on one long test (tests/conftest.py). `make test WORKERS=0` runs them in this process.
+# Bytecode is written (to the __pycache__ folders git ignores) even where PYTHONDONTWRITEBYTECODE is
+# set: about 130 of the tests' Python subprocesses (the CLI, examples, torchrun and Ray workers)
+# import the library, and without it each compiled every module it imports from source again
+# (the CLI's imports: 0.44 s of CPU without the cache, 0.30 s with it).
 ifndef SEED
 SEED := $(shell $(PYTHON) -c 'import random; print(random.randrange(1, 2**31))')
 endif
@@ -43,7 +47,7 @@ test: $(STAMP)
 	$(PY) -m tools.typecheck_tree
 	$(PY) -m mypy
 	@echo "test order: --randomly-seed=$(SEED) (replay: make test SEED=$(SEED))"
-	COLLAB_ENV_EXTRAS=$(EXTRAS) $(OFFLINE) $(PY) -m pytest -q -n $(WORKERS) --dist worksteal -p randomly \
+	COLLAB_ENV_EXTRAS=$(EXTRAS) PYTHONDONTWRITEBYTECODE= $(OFFLINE) $(PY) -m pytest -q -n $(WORKERS) --dist worksteal -p randomly \
 		--randomly-seed=$(SEED) --durations=60
 
 clean:

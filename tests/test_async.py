@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from collab_env._async import run_sync
 
 SCRIPT = textwrap.dedent("""
@@ -51,3 +53,34 @@ def test_run_sync_reuses_one_loop_per_thread_and_works_inside_a_running_loop():
 
     outer = run_sync(nested())
     assert outer.is_closed()  # it ran on a fresh loop in a worker thread, closed by asyncio.run
+
+
+def test_run_main_returns_the_result_without_formatting_it():
+    """run_main is asyncio.run whose main task returns nothing: on Python 3.11 asyncio.run
+    formats its finished main task, result included, when it restores the SIGINT handler (the
+    control below counts it), which for an evaluation's result walked every message."""
+    import asyncio
+
+    from collab_env._async import run_main
+
+    formatted = []
+
+    class Large:
+        def __repr__(self) -> str:
+            formatted.append(1)
+            return "Large()"
+
+    async def work():
+        await asyncio.sleep(0)
+        return Large()
+
+    assert isinstance(run_main(work()), Large) and formatted == []
+    if sys.version_info[:2] == (3, 11):  # the control: what asyncio.run does there
+        asyncio.run(work())
+        assert formatted, "asyncio.run no longer formats its result: run_main can go"
+
+    async def fails():
+        raise KeyError("x")
+
+    with pytest.raises(KeyError):
+        run_main(fails())

@@ -109,8 +109,10 @@ def evaluate(
     try:
         asyncio.get_running_loop()
     except RuntimeError:
+        from collab_env._async import run_main
+
         # asyncio.run turns Ctrl-C into a clean cancellation of the episodes in flight.
-        return asyncio.run(coro)
+        return run_main(coro)
     from collab_env._async import run_sync  # inside a running loop (Jupyter): a worker thread
 
     return run_sync(coro)

@@ -343,7 +343,8 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
 
     cache_path = folder / CACHE_FILE
     with reuse_test_results():
-        problems = asyncio.run(_replay_all(t, sub, by_id, cache_path if needs_cache else None, data_files))
+        problems = asyncio.run(_replay_all(t, sub, by_id, cache_path if needs_cache else None, data_files,
+                                           label=f"verify {t.id}/{folder.name}"))
     v.problems.extend(problems)
     v.episodes = len(by_id)
     # 5. The track's own players, regenerated: the recorded calls are the submitter's file, so a
@@ -351,7 +352,7 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
     # trajectory. Played again from the pinned models, such an episode differs.
     if needs_cache:
         regen = _regenerate_sample(t, sub, by_id, data_files, regenerate=regenerate, full=full,
-                                   sample_seed=sample_seed)
+                                   sample_seed=sample_seed, label=f"verify {t.id}/{folder.name}")
         v.regenerated, v.regeneration = regen.episodes, regen.note
         v.needs_regeneration = t.kind != "api"
         v.problems.extend(regen.problems)
@@ -582,7 +583,7 @@ class _Regeneration:
 
 def _regenerate_sample(t: Track, sub: Mapping[str, Any], by_id: Mapping[int, Mapping[str, Any]],
                        data_files: Sequence[str] | None, *, regenerate: int | None, full: bool,
-                       sample_seed: int | None) -> _Regeneration:
+                       sample_seed: int | None, label: str = "verify") -> _Regeneration:
     """Play a random sample of episodes (all with ``full``) again with the track's pinned models,
     every call compared; an API track's calls are replayed only (not reproducible bit for bit)."""
     n_regen = len(by_id) if full else min(len(by_id), regeneration_count(len(by_id)) if regenerate is None
@@ -596,7 +597,8 @@ def _regenerate_sample(t: Track, sub: Mapping[str, Any], by_id: Mapping[int, Map
 
     rng = random.Random(sample_seed) if sample_seed is not None else random.SystemRandom()
     drawn = sorted(rng.sample(sorted(by_id), n_regen))
-    problems = asyncio.run(_replay_all(t, sub, {k: by_id[k] for k in drawn}, None, data_files, regenerate=True))
+    problems = asyncio.run(_replay_all(t, sub, {k: by_id[k] for k in drawn}, None, data_files, regenerate=True,
+                                       label=label))
     return _Regeneration(drawn, f"{n_regen} of {len(by_id)} episodes regenerated with the track's own "
                                 f"{'models' if t.judge is not None else 'user simulator'}, every call compared "
                                 f"(one forged episode is caught with probability {n_regen / len(by_id):.2f})",
@@ -635,12 +637,14 @@ def _cause(exc: BaseException, kind: type[BaseException]) -> BaseException | Non
 
 async def _replay_all(t: Track, sub: Mapping[str, Any], by_id: Mapping[int, Mapping[str, Any]],
                       cache_path: Path | None, data_files: Sequence[str] | None, *,
-                      regenerate: bool = False) -> list[str]:
+                      regenerate: bool = False, label: str = "verify") -> list[str]:
     """Re-play the episodes ``by_id``: the track's players from the submission's recorded calls
     (``cache_path``), or, with ``regenerate``, from the track's pinned models themselves (their
-    calls go to a scratch cache that is thrown away)."""
+    calls go to a scratch cache that is thrown away). Progress as eval shows it (a bar on a
+    terminal, else a line per tenth and at least one a minute), labelled ``label`` and the pass."""
     import tempfile
 
+    from collab_env._progress import progress_bar
     from collab_env.compose import make
     from collab_env.rollout import arun_episode
 
@@ -661,34 +665,40 @@ async def _replay_all(t: Track, sub: Mapping[str, Any], by_id: Mapping[int, Mapp
         fp = fixed_players(t, None)
     env_kwargs = track_env_kwargs(t, fp.env_kwargs, data_files)
     sampling = {**fp.sampling, **{p: dict(kw) for p, kw in (sub.get("sampling") or {}).items() if p in t.submitted}}
+
+    async def replay(k: int) -> list[str]:
+        rec = by_id[k]
+        where = f"episode {k} (seed {rec.get('seed')}, task {rec.get('index')})"
+        moves = {p: RecordedMoves(p, [m for m in rec.get("turns", []) if m.get("player") == p]) for p in t.submitted}
+        env = make(t.env_id, **env_kwargs)
+        try:
+            ep = await arun_episode(env, {**fp.policies, **moves}, seed=rec.get("seed"), index=rec.get("index"),
+                                    sampling=sampling)
+        except CollabEnvError as exc:
+            miss = _cause(exc, CacheMissError)
+            if miss is None and "replay cache" in str(exc) and "has no " in str(exc):
+                miss = exc  # a policy that re-raised the miss as its own error, unchained
+            if miss is None:
+                return [f"{where}: cannot be re-played: {type(exc).__name__}: {exc}"]
+            return [f"{where}: a call of the track's simulator or judge is not among the recorded calls "
+                    f"(the prompts differ from the track's, or the cache was changed): {miss}"]
+        finally:
+            env.close()
+        found = _compare(k, rec, ep.to_dict(), t.submitted, _BATCH_DEPENDENT if regenerate else ())
+        if regenerate:
+            found = [f"{p} (regenerated with the track's own pinned models: the recorded call is not what "
+                     "the track's model writes)" for p in found]
+        return found
+
+    bar = progress_bar(len(by_id), f"{label}: {'regenerate' if regenerate else 'replay'}", lines=True)
     try:
         for k in sorted(by_id):
-            rec = by_id[k]
-            where = f"episode {k} (seed {rec.get('seed')}, task {rec.get('index')})"
-            moves = {p: RecordedMoves(p, [m for m in rec.get("turns", []) if m.get("player") == p])
-                     for p in t.submitted}
-            env = make(t.env_id, **env_kwargs)
-            try:
-                ep = await arun_episode(env, {**fp.policies, **moves}, seed=rec.get("seed"), index=rec.get("index"),
-                                        sampling=sampling)
-            except CollabEnvError as exc:
-                miss = _cause(exc, CacheMissError)
-                if miss is None and "replay cache" in str(exc) and "has no " in str(exc):
-                    miss = exc  # a policy that re-raised the miss as its own error, unchained
-                if miss is None:
-                    problems.append(f"{where}: cannot be re-played: {type(exc).__name__}: {exc}")
-                    continue
-                problems.append(f"{where}: a call of the track's simulator or judge is not among the recorded calls "
-                                f"(the prompts differ from the track's, or the cache was changed): {miss}")
-                continue
-            finally:
-                env.close()
-            found = _compare(k, rec, ep.to_dict(), t.submitted, _BATCH_DEPENDENT if regenerate else ())
-            if regenerate:
-                found = [f"{p} (regenerated with the track's own pinned models: the recorded call is not what "
-                         "the track's model writes)" for p in found]
-            problems.extend(found)
+            problems.extend(await replay(k))
+            if bar is not None:
+                bar.update(1)
     finally:
+        if bar is not None:
+            bar.close()
         fp.close()
         if scratch is not None:
             scratch.cleanup()

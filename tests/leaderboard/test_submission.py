@@ -148,7 +148,7 @@ def test_verify_rejects_a_changed_track_version(board, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_verify_rejects_a_changed_cached_call(tmp_path, honest_llm_user_entry):
+def test_verify_rejects_a_changed_cached_call(tmp_path, honest_llm_user_entry, capsys):
     """The LLM-user track (embedded SmolLM2 plays the user): its calls are recorded; verify
     replays them without the model; one byte changed in a recorded reply is caught in the
     episode that used it. The entry is the honest one the forgery tests copy (3 episodes of 2
@@ -162,7 +162,11 @@ def test_verify_rejects_a_changed_cached_call(tmp_path, honest_llm_user_entry):
     folder = copy_entry(honest_llm_user_entry, tmp_path / "llm")
     sub = load_submission(folder)
     assert sub["kind"] == "custom" and sub["cache"]["responses"] > 0
+    capsys.readouterr()
     assert verify_submission(folder, track=track, regenerate=0).ok
+    # stderr is not a terminal here: the re-play says what it plays, a line per tenth (issue 42)
+    lines = capsys.readouterr().err.splitlines()
+    assert f"verify {track.id}/llm: replay: 3/3 ep (100%)" in "\n".join(lines), lines
     users = {}
     for r in _records(folder):
         for t in r["turns"]:
