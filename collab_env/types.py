@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, overload
 
 from collab_env.errors import ConfigError
@@ -364,16 +364,17 @@ class Message:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly dict with every field."""
-        d = asdict(self)
-        d["audience"] = list(self.audience) if self.audience is not None else None
-        d["meta"] = dict(self.meta)
+        # Field by field (dataclasses.asdict deep-copied every field, then most were replaced:
+        # a third of an evaluation's time went there).
+        d: dict[str, Any] = {"role": self.role, "content": self.content, "author": self.author,
+                             "trainable": self.trainable,
+                             "audience": list(self.audience) if self.audience is not None else None,
+                             "meta": dict(self.meta)}
         # Written only when set, so messages without tools read and write as they always did.
         if self.tool_calls:
             d["tool_calls"] = [c.to_dict() for c in self.tool_calls]
-        else:
-            del d["tool_calls"]
-        if self.tool_call_id is None:
-            del d["tool_call_id"]
+        if self.tool_call_id is not None:
+            d["tool_call_id"] = self.tool_call_id
         return d
 
     def to_chat(self) -> dict[str, Any]:
@@ -589,12 +590,12 @@ class Completion:
         return self.finish_reason == FAULT
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        for name in ("token_ids", "logprobs", "prompt_token_ids"):
-            if d[name] is not None:
-                d[name] = list(d[name])
-        d["usage"], d["meta"] = dict(self.usage), dict(self.meta)
-        return d
+        def listed(v: tuple[Any, ...] | None) -> list[Any] | None:
+            return list(v) if v is not None else None
+
+        return {"text": self.text, "token_ids": listed(self.token_ids), "logprobs": listed(self.logprobs),
+                "prompt_token_ids": listed(self.prompt_token_ids), "finish_reason": self.finish_reason,
+                "usage": dict(self.usage), "meta": dict(self.meta)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Completion:

@@ -86,3 +86,28 @@ def test_episode_json_round_trip_with_odd_text():
     assert back.turns[0].completion == ep.turns[0].completion
     assert back.to_dict() == ep.to_dict()
     assert back.num_steps == 1 and len(back.completions("assistant")) == 1
+
+
+def test_to_dict_writes_every_field_as_asdict_would():
+    """Message.to_dict and Completion.to_dict name their fields one by one (dataclasses.asdict
+    deep-copied each, most then replaced); a field added later must be written too, with the
+    value asdict gives, containers as lists and mappings as their own copies."""
+    from dataclasses import asdict, fields
+
+    from collab_env.types import ToolCall
+
+    call = ToolCall(id="c1", name="lookup", arguments={"q": "x"})
+    m = Message("assistant", "hi", author="a", trainable=True, audience=("a",), meta={"k": [1, {"n": 2}]},
+                tool_calls=(call,))
+    d = m.to_dict()
+    assert set(d) == {f.name for f in fields(Message)} - {"tool_call_id"}
+    ref = asdict(m)
+    ref.update(audience=["a"], tool_calls=[call.to_dict()])
+    del ref["tool_call_id"]  # written only when set, as tool_calls
+    assert d == ref and d["meta"] is not m.meta
+    assert set(Message("tool", "r", tool_call_id="c1").to_dict()) == {f.name for f in fields(Message)} - {"tool_calls"}
+    c = Completion("t", token_ids=(1, 2), logprobs=(-0.1, -0.2), prompt_token_ids=(5,), finish_reason="stop",
+                   usage={"prompt_tokens": 1.0}, meta={"m": 1})
+    cd = c.to_dict()
+    ref = {**asdict(c), "token_ids": [1, 2], "logprobs": [-0.1, -0.2], "prompt_token_ids": [5]}
+    assert cd == ref and list(cd) == [f.name for f in fields(Completion)] and cd["usage"] is not c.usage
