@@ -56,10 +56,12 @@ def test_run_sync_reuses_one_loop_per_thread_and_works_inside_a_running_loop():
 
 
 def test_run_main_returns_the_result_without_formatting_it():
-    """run_main is asyncio.run whose main task returns nothing: on Python 3.11 asyncio.run
-    formats its finished main task, result included, when it restores the SIGINT handler (the
-    control below counts it), which for an evaluation's result walked every message."""
+    """run_main is asyncio.run whose main task returns nothing: on Python 3.11 asyncio.run, when
+    Ctrl-C has its default handler (a program's main thread), formats its finished main task,
+    result included, as it restores that handler (the control below counts it); for an
+    evaluation's result that walked every message."""
     import asyncio
+    import signal
 
     from collab_env._async import run_main
 
@@ -74,13 +76,18 @@ def test_run_main_returns_the_result_without_formatting_it():
         await asyncio.sleep(0)
         return Large()
 
-    assert isinstance(run_main(work()), Large) and formatted == []
-    if sys.version_info[:2] == (3, 11):  # the control: what asyncio.run does there
-        asyncio.run(work())
-        assert formatted, "asyncio.run no longer formats its result: run_main can go"
-
     async def fails():
         raise KeyError("x")
 
-    with pytest.raises(KeyError):
-        run_main(fails())
+    # As in a program's main thread (a pytest-xdist worker ignores Ctrl-C, and asyncio.run then
+    # leaves the handler alone).
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert isinstance(run_main(work()), Large) and formatted == []
+        with pytest.raises(KeyError):
+            run_main(fails())
+        if sys.version_info[:2] == (3, 11):  # the control: what asyncio.run does there
+            asyncio.run(work())
+            assert formatted, "asyncio.run no longer formats its result: run_main can go"
+    finally:
+        signal.signal(signal.SIGINT, old)
