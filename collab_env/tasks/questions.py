@@ -357,7 +357,7 @@ def parse(text: str, quoted: Iterable[str] = (), rule: str = SYNTAX) -> list[Cla
     return list(_parse(text, tuple(quoted), rule))
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096)  # the replies of the episodes in flight, their futures included
 def _parse(text: str, quoted: tuple[str, ...], rule: str) -> tuple[Clause, ...]:
     """:func:`parse`, kept per (text, quoted, rule): a function of them alone, asked again for
     the same reply by every future of the multiturn-aware reward and by each rule that reads
