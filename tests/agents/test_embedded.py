@@ -46,18 +46,29 @@ _RACER = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def raced_root(tmp_path_factory):
-    """A cache root filled by two processes that started converting at the same time."""
-    root = tmp_path_factory.mktemp("embedded-cache")
-    procs = [subprocess.Popen([sys.executable, "-c", _RACER, str(root)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=600)
-        assert p.returncode == 0, err[-3000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return root, results
+    """A cache root filled by two processes that started converting at the same time, once per
+    test run: under xdist in the run's folder that every worker shares (the first worker to get
+    here races the two converters, under the lock; the others read its results), so a split of
+    this module across workers does not convert twice."""
+    import os
+
+    base = tmp_path_factory.getbasetemp()
+    base = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    root, done = base / "embedded-cache", base / "embedded-cache.json"
+    with embedded._file_lock(base / "embedded-cache.lock"):
+        if not done.is_file():
+            root.mkdir(exist_ok=True)
+            procs = [subprocess.Popen([sys.executable, "-c", _RACER, str(root)], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True) for _ in range(2)]
+            results = []
+            for p in procs:
+                out, err = p.communicate(timeout=600)
+                assert p.returncode == 0, err[-3000:]
+                results.append(json.loads(out.strip().splitlines()[-1]))
+            done.write_text(json.dumps(results))
+    return root, json.loads(done.read_text())
 
 
 @pytest.fixture
