@@ -690,6 +690,9 @@ async def _replay_all(t: Track, sub: Mapping[str, Any], by_id: Mapping[int, Mapp
                      "the track's model writes)" for p in found]
         return found
 
+    # One episode at a time: replayed at 8 at once, humaneval@v2's 656 canonical episodes took
+    # 18.8 s against 19.6 s, with 18% more CPU (2 cores: one scoring already runs the program
+    # and its tests side by side).
     bar = progress_bar(len(by_id), f"{label}: {'regenerate' if regenerate else 'replay'}", lines=True)
     try:
         for k in sorted(by_id):
