@@ -43,8 +43,8 @@ def run_main(coro: Coroutine[Any, Any, T]) -> T:
 
     On Python 3.11, ``asyncio.run`` looks up its SIGINT handler when it ends
     (``signal.getsignal``), whose enum lookup formats the handler, and with it the finished main
-    task and its whole result: a run that returns every episode spent a fifth of its time
-    formatting them (``benchmarks/bench_asyncio_run.py``).
+    task and its whole result: an exploit audit, an evaluation per policy, spent a third of its
+    time formatting its episodes (``benchmarks/bench_asyncio_run.py``).
     """
     box: list[T] = []
 
