@@ -18,6 +18,14 @@ if _XDIST_WORKER:
         os.environ.setdefault(_var, "1")
 
 
+@pytest.fixture(scope="session")
+def run_tmp(tmp_path_factory):
+    """The folder of this test run that every xdist worker shares (else this session's own): what
+    is built there, under a lock, is built once per run however the tests are split."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if _XDIST_WORKER else base
+
+
 def pytest_runtest_setup(item):
     """Each test on a worker starts on one torch thread, whatever a test module did at import
     (every worker imports every module) or an earlier test did: ``torch.set_num_threads(2)`` at the

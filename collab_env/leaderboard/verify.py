@@ -342,9 +342,10 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
     from collab_env.sandbox.harness import reuse_test_results
 
     cache_path = folder / CACHE_FILE
+    label = f"verify {t.id}/{folder.name}"  # what its progress lines say runs
     with reuse_test_results():
         problems = asyncio.run(_replay_all(t, sub, by_id, cache_path if needs_cache else None, data_files,
-                                           label=f"verify {t.id}/{folder.name}"))
+                                           label=label))
     v.problems.extend(problems)
     v.episodes = len(by_id)
     # 5. The track's own players, regenerated: the recorded calls are the submitter's file, so a
@@ -352,7 +353,7 @@ def verify_submission(folder: str | os.PathLike[str], *, track: Track | str | No
     # trajectory. Played again from the pinned models, such an episode differs.
     if needs_cache:
         regen = _regenerate_sample(t, sub, by_id, data_files, regenerate=regenerate, full=full,
-                                   sample_seed=sample_seed, label=f"verify {t.id}/{folder.name}")
+                                   sample_seed=sample_seed, label=label)
         v.regenerated, v.regeneration = regen.episodes, regen.note
         v.needs_regeneration = t.kind != "api"
         v.problems.extend(regen.problems)

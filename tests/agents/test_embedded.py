@@ -47,15 +47,12 @@ _RACER = textwrap.dedent(
 
 
 @pytest.fixture(scope="session")
-def raced_root(tmp_path_factory):
+def raced_root(run_tmp):
     """A cache root filled by two processes that started converting at the same time, once per
-    test run: under xdist in the run's folder that every worker shares (the first worker to get
-    here races the two converters, under the lock; the others read its results), so a split of
-    this module across workers does not convert twice."""
-    import os
-
-    base = tmp_path_factory.getbasetemp()
-    base = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    test run, in the run's folder that every worker shares (the first worker to get here races
+    the two converters, under the lock; the others read its results), so a split of this module
+    across workers does not convert twice."""
+    base = run_tmp
     root, done = base / "embedded-cache", base / "embedded-cache.json"
     with embedded._file_lock(base / "embedded-cache.lock"):
         if not done.is_file():

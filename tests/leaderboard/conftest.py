@@ -12,12 +12,9 @@ def _kept_verdicts_in_tmp(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def honest_llm_user_entry(tmp_path_factory):
-    """The honest LLM-user entry of tests/leaderboard/forgery.py, played once per run: under
-    xdist in the run's folder that every worker shares, else in this session's own."""
-    import os
-
+def honest_llm_user_entry(run_tmp):
+    """The honest LLM-user entry of tests/leaderboard/forgery.py, played once per run, in the
+    run's folder that every worker shares."""
     from tests.leaderboard.forgery import honest_entry
 
-    base = tmp_path_factory.getbasetemp()
-    return honest_entry(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
+    return honest_entry(run_tmp)
