@@ -475,7 +475,10 @@ def _refused(track: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _refused_cell(text: str) -> str:
-    return f'<td class="num refused" data-value="">{_e(text)}</td>'
+    """A judged column's cell without its number: "refused", the reason as its title (the section's
+    judge-validity line states it in full; a track that judges many columns would otherwise be as
+    wide as the reason is long, times the columns)."""
+    return f'<td class="num refused" data-value="" title="{_e(text)}">refused</td>'
 
 
 def _table(board: _Board, index: int, track: Mapping[str, Any],

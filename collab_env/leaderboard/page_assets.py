@@ -37,6 +37,7 @@ th[aria-sort=descending] button::after { content: " \\25BC"; }
 td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
 td.num small.n, td.num small.ci, td.sim .ident, td.sim small.n, td.passk .pk { display: block; }
 td.num small.n { font-size: 0.75rem; }
+td.num.refused { color: var(--muted); }
 td.passk .pk small { font-size: 0.72rem; }
 td.sim { max-width: 17rem; font-size: 0.75rem; overflow-wrap: anywhere; }
 table.board, table.overview { width: 100%; }
