@@ -84,6 +84,8 @@ def test_the_page_refuses_the_judged_numbers_of_a_failing_judge():
     assert html.count(escape(FAILS)) >= 2 * 2 + 1  # success and accuracy of both entries, and the plots' note
     assert "0.625" not in html and "0.900" not in html  # accuracy and success: no numbers
     assert "3.250" in html  # turns is not judged: still a number
+    # each refused cell is a word, the reason its title: a track judging many columns stays narrow
+    assert html.count(f'<td class="num refused" data-value="" title="{escape(FAILS)}">refused</td>') == 2 * 2 + 2 * 2
     assert "Paired comparisons" not in html  # its one comparison is of a judged metric
     assert "No plots" in html
 
